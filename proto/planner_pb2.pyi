@@ -1,0 +1,208 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_STATE_UNSPECIFIED: _ClassVar[JobState]
+    JOB_STATE_VALIDATING: _ClassVar[JobState]
+    JOB_STATE_IN_PROGRESS: _ClassVar[JobState]
+    JOB_STATE_FINALIZING: _ClassVar[JobState]
+    JOB_STATE_COMPLETED: _ClassVar[JobState]
+    JOB_STATE_FAILED: _ClassVar[JobState]
+    JOB_STATE_CANCELLING: _ClassVar[JobState]
+    JOB_STATE_CANCELLED: _ClassVar[JobState]
+
+class ResultKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RESULT_KIND_UNSPECIFIED: _ClassVar[ResultKind]
+    RESULT_KIND_OUTPUT: _ClassVar[ResultKind]
+    RESULT_KIND_ERROR: _ClassVar[ResultKind]
+    RESULT_KIND_ALL: _ClassVar[ResultKind]
+JOB_STATE_UNSPECIFIED: JobState
+JOB_STATE_VALIDATING: JobState
+JOB_STATE_IN_PROGRESS: JobState
+JOB_STATE_FINALIZING: JobState
+JOB_STATE_COMPLETED: JobState
+JOB_STATE_FAILED: JobState
+JOB_STATE_CANCELLING: JobState
+JOB_STATE_CANCELLED: JobState
+RESULT_KIND_UNSPECIFIED: ResultKind
+RESULT_KIND_OUTPUT: ResultKind
+RESULT_KIND_ERROR: ResultKind
+RESULT_KIND_ALL: ResultKind
+
+class RequestCounts(_message.Message):
+    __slots__ = ("total", "completed", "failed")
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    total: int
+    completed: int
+    failed: int
+    def __init__(self, total: _Optional[int] = ..., completed: _Optional[int] = ..., failed: _Optional[int] = ...) -> None: ...
+
+class QueueDepth(_message.Message):
+    __slots__ = ("groups_waiting", "groups_leased", "depth")
+    GROUPS_WAITING_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_LEASED_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_FIELD_NUMBER: _ClassVar[int]
+    groups_waiting: int
+    groups_leased: int
+    depth: int
+    def __init__(self, groups_waiting: _Optional[int] = ..., groups_leased: _Optional[int] = ..., depth: _Optional[int] = ...) -> None: ...
+
+class JobError(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class Job(_message.Message):
+    __slots__ = ("id", "idempotency_key", "model", "state", "request_counts", "queue", "groups_total", "groups_done", "prefix_tokens_saved", "prompt_tokens", "completion_tokens", "created_at", "in_progress_at", "finished_at", "error", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_DONE_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_TOKENS_SAVED_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    IN_PROGRESS_AT_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    idempotency_key: str
+    model: str
+    state: JobState
+    request_counts: RequestCounts
+    queue: QueueDepth
+    groups_total: int
+    groups_done: int
+    prefix_tokens_saved: int
+    prompt_tokens: int
+    completion_tokens: int
+    created_at: float
+    in_progress_at: float
+    finished_at: float
+    error: JobError
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., model: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., request_counts: _Optional[_Union[RequestCounts, _Mapping]] = ..., queue: _Optional[_Union[QueueDepth, _Mapping]] = ..., groups_total: _Optional[int] = ..., groups_done: _Optional[int] = ..., prefix_tokens_saved: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., created_at: _Optional[float] = ..., in_progress_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., error: _Optional[_Union[JobError, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class CreateJobRequest(_message.Message):
+    __slots__ = ("model", "idempotency_key", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    idempotency_key: str
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, model: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class AddRequestsChunk(_message.Message):
+    __slots__ = ("job_id", "lines")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    lines: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, job_id: _Optional[str] = ..., lines: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class AddRequestsResponse(_message.Message):
+    __slots__ = ("accepted", "rejected", "total")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    accepted: int
+    rejected: int
+    total: int
+    def __init__(self, accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
+
+class SealJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class GetJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[Job]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ...) -> None: ...
+
+class WatchJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class StreamResultsRequest(_message.Message):
+    __slots__ = ("job_id", "offset", "kind", "follow")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    offset: int
+    kind: ResultKind
+    follow: bool
+    def __init__(self, job_id: _Optional[str] = ..., offset: _Optional[int] = ..., kind: _Optional[_Union[ResultKind, str]] = ..., follow: _Optional[bool] = ...) -> None: ...
+
+class ResultLine(_message.Message):
+    __slots__ = ("index", "is_error", "line")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    IS_ERROR_FIELD_NUMBER: _ClassVar[int]
+    LINE_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    is_error: bool
+    line: str
+    def __init__(self, index: _Optional[int] = ..., is_error: _Optional[bool] = ..., line: _Optional[str] = ...) -> None: ...
+
+class CancelJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class GetQueueDepthRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
