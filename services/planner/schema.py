@@ -1,0 +1,253 @@
+"""Everything the planner and the workers keep in Redis: keys, typed records with encode/decode, and the
+Lua scripts that move counters exactly once.
+
+Layout (prefix `pg:`):
+  pg:jobs                 sorted set of job ids by creation time
+  pg:idem:{key}           job id created under an idempotency key
+  pg:job:{id}             hash: JobRecord
+  pg:job:{id}:req         hash: line index -> RequestRecord
+  pg:job:{id}:grp         hash: group id -> GroupRecord
+  pg:job:{id}:res         hash: line index -> ResultRecord (first write wins)
+  pg:job:{id}:leased      set of group ids a worker holds now
+  pg:job:{id}:done        set of group ids finished (or dropped by a cancel)
+  pg:queue:{model}        stream of {job, group}; consumer group `workers`
+  pg:models               set of models that have a queue
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import struct
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+PREFIX = "pg:"
+CONSUMER_GROUP = "workers"
+JOBS = PREFIX + "jobs"
+MODELS = PREFIX + "models"
+
+
+class JobState(enum.StrEnum):
+    VALIDATING = "validating"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
+
+    @property
+    def runnable(self) -> bool:
+        """Whether a worker should run this job's groups."""
+        return self in (JobState.VALIDATING, JobState.IN_PROGRESS)
+
+
+@dataclass(frozen=True)
+class JobKeys:
+    job_id: str
+
+    @property
+    def job(self) -> str:
+        return f"{PREFIX}job:{self.job_id}"
+
+    @property
+    def requests(self) -> str:
+        return f"{self.job}:req"
+
+    @property
+    def groups(self) -> str:
+        return f"{self.job}:grp"
+
+    @property
+    def results(self) -> str:
+        return f"{self.job}:res"
+
+    @property
+    def leased(self) -> str:
+        return f"{self.job}:leased"
+
+    @property
+    def done(self) -> str:
+        return f"{self.job}:done"
+
+    def all(self) -> list[str]:
+        return [self.job, self.requests, self.groups, self.results, self.leased, self.done]
+
+
+def idempotency_key(key: str) -> str:
+    return f"{PREFIX}idem:{key}"
+
+
+def queue_key(model: str) -> str:
+    return f"{PREFIX}queue:{model}"
+
+
+@dataclass
+class JobRecord:
+    id: str
+    model: str
+    state: JobState = JobState.VALIDATING
+    idempotency_key: str = ""
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+    groups_total: int = 0
+    groups_done: int = 0
+    prefix_tokens_saved: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    created_at: float = 0.0
+    in_progress_at: float = 0.0
+    finished_at: float = 0.0
+    error_code: str = ""
+    error_message: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    def encode(self) -> dict[str, str]:
+        out = {k: str(v) for k, v in asdict(self).items() if k != "metadata"}
+        out["state"] = self.state.value
+        out["metadata"] = json.dumps(self.metadata)
+        return out
+
+    @classmethod
+    def decode(cls, raw: dict[bytes, bytes] | dict[str, str]) -> JobRecord:
+        h = {_s(k): _s(v) for k, v in raw.items()}
+        ints = ("total", "completed", "failed", "groups_total", "groups_done",
+                "prefix_tokens_saved", "prompt_tokens", "completion_tokens")  # fmt: skip
+        floats = ("created_at", "in_progress_at", "finished_at")
+        return cls(
+            id=h["id"],
+            model=h["model"],
+            state=JobState(h["state"]),
+            idempotency_key=h.get("idempotency_key", ""),
+            error_code=h.get("error_code", ""),
+            error_message=h.get("error_message", ""),
+            metadata=json.loads(h.get("metadata") or "{}"),
+            **{k: int(h.get(k) or 0) for k in ints},
+            **{k: float(h.get(k) or 0.0) for k in floats},
+        )
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """A validated, tokenized request as a worker needs it."""
+
+    custom_id: str
+    endpoint: str  # "completions" | "chat"
+    params: dict[str, Any]
+    prompt_token_ids: np.ndarray  # int32
+
+    def encode(self) -> bytes:
+        head = json.dumps({"c": self.custom_id, "e": self.endpoint, "p": self.params}).encode()
+        tokens = np.ascontiguousarray(self.prompt_token_ids, dtype="<i4").tobytes()
+        return struct.pack("<I", len(head)) + head + tokens
+
+    @classmethod
+    def decode(cls, blob: bytes) -> RequestRecord:
+        (n,) = struct.unpack_from("<I", blob)
+        head = json.loads(blob[4 : 4 + n])
+        tokens = np.frombuffer(blob, dtype="<i4", offset=4 + n)
+        return cls(head["c"], head["e"], head["p"], tokens)
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    """A unit of work: requests (by line index) that share their first prefix_len tokens."""
+
+    prefix_len: int
+    indices: list[int]
+
+    def encode(self) -> str:
+        return json.dumps({"p": self.prefix_len, "i": self.indices})
+
+    @classmethod
+    def decode(cls, blob: bytes | str) -> GroupRecord:
+        obj = json.loads(blob)
+        return cls(obj["p"], obj["i"])
+
+
+@dataclass(frozen=True)
+class ResultRecord:
+    """One answered request: an output line, or an error-file line."""
+
+    is_error: bool
+    line: str
+
+    def encode(self) -> bytes:
+        return (b"e" if self.is_error else b"o") + self.line.encode()
+
+    @classmethod
+    def decode(cls, blob: bytes) -> ResultRecord:
+        return cls(blob[:1] == b"e", blob[1:].decode())
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+# KEYS: results, job. ARGV: now, then (index, blob, failed 0|1, completion_tokens) per result.
+# A result already written is left as it was and moves no counter.
+WRITE_RESULTS = """
+local written, completed, failed, tokens = 0, 0, 0, 0
+for i = 2, #ARGV, 4 do
+  if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 then
+    written = written + 1
+    if ARGV[i + 2] == '1' then failed = failed + 1 else completed = completed + 1 end
+    tokens = tokens + tonumber(ARGV[i + 3])
+  end
+end
+if written > 0 then
+  redis.call('HINCRBY', KEYS[2], 'completed', completed)
+  redis.call('HINCRBY', KEYS[2], 'failed', failed)
+  redis.call('HINCRBY', KEYS[2], 'completion_tokens', tokens)
+end
+local h = redis.call('HMGET', KEYS[2], 'state', 'total', 'completed', 'failed')
+if h[1] == 'in_progress' and tonumber(h[3]) + tonumber(h[4]) >= tonumber(h[2]) then
+  redis.call('HSET', KEYS[2], 'state', 'completed', 'finished_at', ARGV[1])
+end
+return written
+"""
+
+# KEYS: done, leased, job. ARGV: group id, now. Returns 1 the first time a group finishes.
+FINISH_GROUP = """
+local first = redis.call('SADD', KEYS[1], ARGV[1])
+if first == 1 then redis.call('HINCRBY', KEYS[3], 'groups_done', 1) end
+redis.call('SREM', KEYS[2], ARGV[1])
+if redis.call('HGET', KEYS[3], 'state') == 'cancelling' and redis.call('SCARD', KEYS[2]) == 0 then
+  redis.call('HSET', KEYS[3], 'state', 'cancelled', 'finished_at', ARGV[2])
+end
+return first
+"""
+
+# KEYS: job, leased. ARGV: now. Returns the state after the call.
+CANCEL = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state == 'validating' or state == 'in_progress' then
+  state = 'cancelling'
+  redis.call('HSET', KEYS[1], 'state', state)
+end
+if state == 'cancelling' and redis.call('SCARD', KEYS[2]) == 0 then
+  state = 'cancelled'
+  redis.call('HSET', KEYS[1], 'state', state, 'finished_at', ARGV[1])
+end
+return state
+"""
+
+# KEYS: job. ARGV: now. Moves a validating job to in_progress, or straight to completed when every
+# request is already answered (all invalid). Returns the state after the call.
+START = """
+local h = redis.call('HMGET', KEYS[1], 'state', 'total', 'completed', 'failed')
+if h[1] ~= 'validating' then return h[1] end
+local state = 'in_progress'
+if tonumber(h[3]) + tonumber(h[4]) >= tonumber(h[2]) then state = 'completed' end
+redis.call('HSET', KEYS[1], 'state', state, 'in_progress_at', ARGV[1])
+if state == 'completed' then redis.call('HSET', KEYS[1], 'finished_at', ARGV[1]) end
+return state
+"""

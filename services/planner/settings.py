@@ -1,0 +1,158 @@
+"""Configuration of the planner and the worker: command-line flags over PREFIXGROVE_* environment
+variables over defaults. The only module that reads the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
+
+ENV_PREFIX = "PREFIXGROVE_"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class IngestSettings:
+    """Limits on what a job's input may hold; shared by the planner and the local run."""
+
+    max_line_bytes: int = 1 << 20
+    max_requests_per_job: int = 5_000_000
+    default_max_tokens: int = 256
+    max_model_len: int | None = None  # None: the model's own limit
+    tokenize_batch: int = 512
+    block_size: int = 16  # the engine's KV block size: shared prefixes are whole blocks
+    min_prefix_len: int = 32
+    max_group_requests: int = 256  # larger prefix groups are split so several workers share them
+    ungrouped_chunk: int = 64  # requests without a shared prefix travel in units of this many
+
+    def __post_init__(self) -> None:
+        for name in ("max_line_bytes", "max_requests_per_job", "default_max_tokens",
+                     "tokenize_batch", "max_group_requests", "ungrouped_chunk", "block_size",
+                     "min_prefix_len"):  # fmt: skip
+            _positive(self, name)
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len={self.max_model_len} is invalid: expected >= 2")
+
+
+@dataclass(frozen=True)
+class SecuritySettings:
+    """gRPC transport security; a token is compared in constant time and never logged."""
+
+    auth_token: str | None = None
+    tls_cert: str | None = None  # server: its certificate; client: unused
+    tls_key: str | None = None
+    tls_ca: str | None = None  # server: require client certificates signed by it (mutual TLS)
+    tls_client_cert: str | None = None  # client side of mutual TLS
+    tls_client_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key must be given together")
+
+    def __repr__(self) -> str:
+        token = "<set>" if self.auth_token else None
+        return f"SecuritySettings(auth_token={token}, tls_cert={self.tls_cert!r}, tls_ca={self.tls_ca!r})"
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    host: str = "0.0.0.0"
+    port: int = 50051
+    model: str = "tiny-random-llama"
+    metrics_port: int = 0  # 0: no Prometheus endpoint
+    max_message_bytes: int = 64 << 20
+
+    def __post_init__(self) -> None:
+        _port(self, "port")
+        _port(self, "metrics_port")
+        _positive(self, "max_message_bytes")
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    model: str = "tiny-random-llama"
+    device: str = "auto"
+    dtype: str = "auto"
+    consumer: str = ""  # empty: host name and process id
+    lease_timeout_s: float = 30.0  # a group idle this long in another worker's hands is taken over
+    max_groups_in_flight: int = 8
+    max_num_seqs: int = 256
+    cancel_poll_s: float = 1.0
+    metrics_port: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device={self.device!r} is invalid: expected auto, cpu or cuda")
+        if self.lease_timeout_s < 1.0:
+            raise ValueError(f"lease_timeout_s={self.lease_timeout_s} is invalid: expected >= 1")
+        _positive(self, "max_groups_in_flight")
+        _positive(self, "max_num_seqs")
+        _port(self, "metrics_port")
+
+    @property
+    def keepalive_s(self) -> float:
+        return self.lease_timeout_s / 3
+
+
+def add_arguments(parser: argparse.ArgumentParser, *classes: type) -> None:
+    """Adds one --flag per field of the given settings classes; defaults stay None so the
+    environment and the dataclass default can fill what the command line leaves out."""
+    seen: set[str] = set()
+    for cls in classes:
+        for f in fields(cls):
+            if f.name in seen:
+                continue
+            seen.add(f.name)
+            flag = "--" + f.name.replace("_", "-")
+            parser.add_argument(flag, dest=f.name, default=None)
+
+
+def load(
+    cls: type[T],
+    args: argparse.Namespace | Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> T:
+    """Builds settings from flags (when not None), then PREFIXGROVE_<FIELD>, then defaults."""
+    values = vars(args) if isinstance(args, argparse.Namespace) else dict(args or {})
+    env = os.environ if env is None else env
+    kwargs: dict[str, Any] = {}
+    for f in fields(cls):  # type: ignore[arg-type]
+        if values.get(f.name) is not None:
+            kwargs[f.name] = _convert(f.type, values[f.name], f.name)
+        elif (raw := env.get(ENV_PREFIX + f.name.upper())) not in (None, ""):
+            kwargs[f.name] = _convert(f.type, raw, ENV_PREFIX + f.name.upper())
+    return cls(**kwargs)
+
+
+def _convert(annotation: Any, raw: Any, name: str) -> Any:
+    kind = str(annotation)
+    if not isinstance(raw, str):
+        return raw
+    try:
+        if kind.startswith("int"):
+            return int(raw)
+        if kind.startswith("float"):
+            return float(raw)
+        if kind.startswith("bool"):
+            return raw.lower() in ("1", "true", "yes", "on")
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is invalid: expected {kind.split(' ')[0]}") from None
+    return raw
+
+
+def _positive(obj: object, name: str) -> None:
+    value = getattr(obj, name)
+    if value <= 0:
+        raise ValueError(f"{name}={value} is invalid: expected > 0")
+
+
+def _port(obj: object, name: str) -> None:
+    value = getattr(obj, name)
+    if not 0 <= value <= 65535:
+        raise ValueError(f"{name}={value} is invalid: expected a port in [0, 65535]")
