@@ -1,0 +1,159 @@
+{{/* Names, labels and shared snippets. Every resource name is built here. */}}
+
+{{- define "prefixgrove.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "prefixgrove.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* "<fullname>-<component>", kept within 63 characters. Call with (list $ "planner"). */}}
+{{- define "prefixgrove.componentName" -}}
+{{- $root := index . 0 -}}
+{{- printf "%s-%s" (include "prefixgrove.fullname" $root | trunc 50 | trimSuffix "-") (index . 1) }}
+{{- end }}
+
+{{- define "prefixgrove.planner.fullname" -}}{{ include "prefixgrove.componentName" (list . "planner") }}{{- end }}
+{{- define "prefixgrove.worker.fullname" -}}{{ include "prefixgrove.componentName" (list . "worker") }}{{- end }}
+{{- define "prefixgrove.workerMetrics.fullname" -}}{{ include "prefixgrove.componentName" (list . "worker-metrics") }}{{- end }}
+{{- define "prefixgrove.operator.fullname" -}}{{ include "prefixgrove.componentName" (list . "operator") }}{{- end }}
+{{- define "prefixgrove.redis.fullname" -}}{{ include "prefixgrove.componentName" (list . "redis") }}{{- end }}
+{{- define "prefixgrove.auth.fullname" -}}{{ include "prefixgrove.componentName" (list . "auth") }}{{- end }}
+{{- define "prefixgrove.data.fullname" -}}{{ include "prefixgrove.componentName" (list . "data") }}{{- end }}
+{{- define "prefixgrove.dashboard.fullname" -}}{{ include "prefixgrove.componentName" (list . "dashboard") }}{{- end }}
+
+{{- define "prefixgrove.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every resource. Call with (list $ "component"). */}}
+{{- define "prefixgrove.labels" -}}
+{{- $root := index . 0 -}}
+helm.sh/chart: {{ include "prefixgrove.chart" $root }}
+{{ include "prefixgrove.selectorLabels" . }}
+app.kubernetes.io/version: {{ $root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ $root.Release.Service }}
+app.kubernetes.io/part-of: prefixgrove
+{{- with $root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Selector labels: stable for the life of a release. Call with (list $ "component"). */}}
+{{- define "prefixgrove.selectorLabels" -}}
+{{- $root := index . 0 -}}
+app.kubernetes.io/name: {{ include "prefixgrove.name" $root }}
+app.kubernetes.io/instance: {{ $root.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{/* Full image reference. Call with (list $ .Values.planner.image). */}}
+{{- define "prefixgrove.image" -}}
+{{- $root := index . 0 -}}
+{{- $tag := default $root.Chart.AppVersion $root.Values.image.tag }}
+{{- printf "%s/%s:%s" (trimSuffix "/" $root.Values.image.registry) (index . 1).name $tag }}
+{{- end }}
+
+{{- define "prefixgrove.operator.serviceAccountName" -}}
+{{- include "prefixgrove.operator.fullname" . }}
+{{- end }}
+
+{{- define "prefixgrove.planner.address" -}}
+{{- printf "%s.%s.svc:%d" (include "prefixgrove.planner.fullname" .) .Release.Namespace (int .Values.planner.port) }}
+{{- end }}
+
+{{/* Random secret value that survives upgrades: reuse the one already in the cluster. */}}
+{{- define "prefixgrove.stickyRandom" -}}
+{{- $root := index . 0 -}}
+{{- $existing := lookup "v1" "Secret" $root.Release.Namespace (index . 1) }}
+{{- if and $existing (hasKey $existing.data (index . 2)) }}
+{{- index $existing.data (index . 2) | b64dec }}
+{{- else }}
+{{- randAlphaNum 32 }}
+{{- end }}
+{{- end }}
+
+{{/* Env entries giving PREFIXGROVE_REDIS_URL, with the password taken from a Secret. */}}
+{{- define "prefixgrove.redisEnv" -}}
+{{- if .Values.redis.enabled -}}
+- name: REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ default (include "prefixgrove.redis.fullname" .) .Values.redis.auth.existingSecret }}
+      key: {{ .Values.redis.auth.existingSecretKey }}
+# NOTE: $(REDIS_PASSWORD) is expanded by the kubelet, so the password never appears in the pod spec.
+- name: PREFIXGROVE_REDIS_URL
+  value: {{ printf "redis://:$(REDIS_PASSWORD)@%s:%d/0" (include "prefixgrove.redis.fullname" .) (int .Values.redis.port) | quote }}
+{{- else if .Values.redis.external.existingSecret -}}
+- name: PREFIXGROVE_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.redis.external.existingSecret }}
+      key: {{ .Values.redis.external.existingSecretKey }}
+{{- else -}}
+- name: PREFIXGROVE_REDIS_URL
+  value: {{ required "redis.external.url (or redis.external.existingSecret) is required when redis.enabled is false" .Values.redis.external.url | quote }}
+{{- end }}
+{{- end }}
+
+{{/* Env entry carrying the planner's bearer token when auth is on. Call with (list $ "ENV_NAME"). */}}
+{{- define "prefixgrove.authEnv" -}}
+{{- $root := index . 0 -}}
+{{- if $root.Values.auth.enabled -}}
+- name: {{ index . 1 }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ default (include "prefixgrove.auth.fullname" $root) $root.Values.auth.existingSecret }}
+      key: {{ $root.Values.auth.existingSecretKey }}
+{{- end }}
+{{- end }}
+
+{{/* Cluster-scoped names must not collide between releases of the same name in two namespaces. */}}
+{{- define "prefixgrove.operator.clusterRoleName" -}}
+{{- printf "%s-%s" .Release.Namespace (include "prefixgrove.operator.fullname" .) }}
+{{- end }}
+
+{{/* The shared data volume (a claim, or an emptyDir to try things out). */}}
+{{- define "prefixgrove.dataVolume" -}}
+- name: data
+{{- if .Values.data.existingClaim }}
+  persistentVolumeClaim:
+    claimName: {{ .Values.data.existingClaim }}
+{{- else if .Values.data.persistence.enabled }}
+  persistentVolumeClaim:
+    claimName: {{ include "prefixgrove.data.fullname" . }}
+{{- else }}
+  emptyDir: {}
+{{- end }}
+{{- end }}
+
+{{/* PodDisruptionBudget API: policy/v1 from Kubernetes 1.21, policy/v1beta1 before. */}}
+{{- define "prefixgrove.pdb.apiVersion" -}}
+{{- if .Capabilities.APIVersions.Has "policy/v1/PodDisruptionBudget" }}policy/v1{{ else }}policy/v1beta1{{ end }}
+{{- end }}
+
+{{/* A writable /tmp for a read-only root file system (torch, triton and tokenizer caches). */}}
+{{- define "prefixgrove.tmpVolume" -}}
+- name: tmp
+  emptyDir: {}
+{{- end }}
+
+{{/* ServiceMonitors need the Prometheus Operator's API; say so instead of failing at apply time. */}}
+{{- define "prefixgrove.serviceMonitor.enabled" -}}
+{{- if .Values.metrics.serviceMonitor.enabled }}
+{{- if not (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor") }}
+{{- fail "metrics.serviceMonitor.enabled needs the monitoring.coreos.com/v1 API (Prometheus Operator CRDs); install them or pass --api-versions monitoring.coreos.com/v1/ServiceMonitor" }}
+{{- end }}
+{{- true }}
+{{- end }}
+{{- end }}
