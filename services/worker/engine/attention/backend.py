@@ -1,0 +1,67 @@
+"""Attention over the paged KV cache, through one of two implementations of the same kernels:
+"triton" (the default on CUDA; on CPU it runs under TRITON_INTERPRET=1) and "torch" (plain references).
+
+Rules both follow: the step's new K/V are in the cache before attention runs; query i of sequence s attends
+keys [kv_start[s], its own position] of its block table, plus, when the step has cascade metadata and s is in
+one of its groups, that group's whole prefix (attended once for all the group's queries, merged by
+log-sum-exp); rows of padded sequences may hold anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .metadata import AttentionMetadata
+
+
+@dataclass(frozen=True)
+class AttentionBackend:
+    name: str
+    paged: Any  # paged_attention or its reference (prefixgrove.kernels.paged_attention)
+    prefix: Any  # prefix_attention or its reference (prefixgrove.kernels.cascade_attention)
+
+    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        # q: [num_tokens, num_heads, head_dim]; caches: [num_blocks, block_size, num_kv_heads, head_dim]
+        prefix_out = prefix_lse = None
+        if meta.cascade is not None:
+            c = meta.cascade
+            prefix_out, prefix_lse = self.prefix(
+                q, k_cache, v_cache, group_cu_q=c.group_cu_q, group_prefix_lens=c.group_prefix_lens,
+                group_block_tables=c.group_block_tables, scale=scale, max_group_q=c.max_group_q)
+        out = torch.empty_like(q)
+        self.paged(q, k_cache, v_cache, out, cu_seqlens_q=meta.cu_seqlens_q, seq_lens=meta.seq_lens,
+                   block_tables=meta.block_tables, scale=scale, max_query_len=meta.max_query_len,
+                   kv_start=meta.kv_start, prefix_out=prefix_out, prefix_lse=prefix_lse)
+        return out
+
+
+@dataclass
+class ForwardContext:
+    """What every attention layer needs in one step: the cache, the step's metadata and the backend."""
+
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (k, v)
+    metadata: AttentionMetadata
+    backend: AttentionBackend
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               scale: float) -> torch.Tensor:
+        k_cache, v_cache = self.kv_caches[layer]
+        slots = self.metadata.slot_mapping
+        k_cache.view(-1, *k.shape[1:]).index_copy_(0, slots, k.to(k_cache.dtype))
+        v_cache.view(-1, *v.shape[1:]).index_copy_(0, slots, v.to(v_cache.dtype))
+        return self.backend.forward(q, k_cache, v_cache, self.metadata, scale)
+
+
+def create_backend(name: str) -> AttentionBackend:
+    from prefixgrove.kernels import cascade_attention as cascade
+    from prefixgrove.kernels import paged_attention as paged
+
+    if name == "triton":
+        return AttentionBackend("triton", paged.paged_attention, cascade.prefix_attention)
+    if name == "torch":
+        return AttentionBackend("torch", paged.paged_attention_ref, cascade.prefix_attention_ref)
+    raise ValueError(f"attention_backend={name!r} is unknown; expected 'triton' or 'torch'")

@@ -1,0 +1,32 @@
+"""Per-step attention metadata: built once per step by the input builder, read by every layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class CascadeMetadata:
+    """The groups of this step whose shared prefix is attended once for all their query tokens.
+
+    Queries of group g are the contiguous rows [group_cu_q[g], group_cu_q[g+1]) of the step's flat query
+    tensor; padded (empty) groups have no rows.
+    """
+
+    group_cu_q: torch.Tensor  # [num_groups + 1] int32
+    group_prefix_lens: torch.Tensor  # [num_groups] int32, multiples of the block size
+    group_block_tables: torch.Tensor  # [num_groups, max_prefix_blocks] int32
+    max_group_q: int  # host bound on rows per group (grid sizing)
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot each new token's K/V is written to
+    cu_seqlens_q: torch.Tensor  # [num_seqs + 1] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32: KV length of each sequence after this step's tokens
+    block_tables: torch.Tensor  # [num_seqs, max_blocks_per_seq] int32
+    max_query_len: int
+    kv_start: torch.Tensor | None = None  # [num_seqs] int32: first key of the suffix pass (cascade)
+    cascade: CascadeMetadata | None = None

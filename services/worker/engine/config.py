@@ -1,0 +1,138 @@
+"""Engine configuration: frozen dataclasses, validated on construction, derived values as properties."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .models.arch import ModelArch
+from .models.presets import load_hf_config
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
+           "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str  # a local Hugging Face directory or a built-in preset name
+    arch: ModelArch
+    dtype: torch.dtype
+    max_model_len: int
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_model_len < 2:
+            raise ValueError(f"max_model_len={self.max_model_len}: must be at least 2")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    num_blocks: int | None = None  # explicit size; otherwise measured from free device memory
+
+    def __post_init__(self) -> None:
+        if self.block_size < 8 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size={self.block_size}: must be a power of two >= 8")
+        if not 0.05 <= self.gpu_memory_utilization <= 0.99:
+            raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization}: "
+                             "expected a fraction between 0.05 and 0.99")
+        if self.num_blocks is not None and self.num_blocks < 2:
+            raise ValueError(f"num_blocks={self.num_blocks}: must be at least 2")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    num_scheduler_steps: int = 1  # decode steps per CPU round trip when a batch is decode-only
+    first_wave: int = 4  # suffixes of a new group that must fit beside its prefix before it is admitted
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "num_scheduler_steps", "first_wave"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    device: str = "cpu"
+    attention_backend: str = "torch"
+    enable_prefix_grouping: bool = True
+    enable_cascade_attention: bool = True
+    enforce_eager: bool = False
+    tokenizer: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.attention_backend not in ("triton", "torch"):
+            raise ValueError(f"attention_backend={self.attention_backend!r}: expected 'triton' or 'torch'")
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device={self.device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+        if self.scheduler.max_num_batched_tokens < self.scheduler.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens={self.scheduler.max_num_batched_tokens} is below "
+                             f"max_num_seqs={self.scheduler.max_num_seqs}: every running request needs a token")
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @classmethod
+    def create(cls, model: str, *, dtype: str | torch.dtype = "auto", device: str = "auto", seed: int = 0,
+               max_model_len: int | None = None, gpu_memory_utilization: float = 0.9,
+               max_num_seqs: int = 256, max_num_batched_tokens: int | None = None,
+               block_size: int = 16, num_gpu_blocks: int | None = None,
+               attention_backend: str = "auto", enable_prefix_grouping: bool = True,
+               enable_cascade_attention: bool = True, num_scheduler_steps: int | None = None,
+               enforce_eager: bool = False, tokenizer: str | None = None, **unknown: Any) -> EngineConfig:
+        """Builds a config from vLLM-style keyword arguments, resolving the 'auto' choices."""
+        if unknown:
+            raise TypeError(f"unknown engine argument(s): {', '.join(sorted(unknown))}")
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        cuda = device.startswith("cuda")
+        hf_config = load_hf_config(model)
+        arch = ModelArch.from_hf_config(hf_config)
+        limit = arch.max_position_embeddings
+        if arch.sliding_window:
+            limit = min(limit, arch.sliding_window)  # attention is full; stay where that is exact
+        if max_model_len is None:
+            max_model_len = min(limit, 8192 if cuda else 2048)
+        elif max_model_len > limit:
+            raise ValueError(f"max_model_len={max_model_len} exceeds what {model} supports ({limit})")
+        model_cfg = ModelConfig(model=model, arch=arch, dtype=_resolve_dtype(dtype, hf_config, cuda),
+                                max_model_len=max_model_len, seed=seed)
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = max(8192 if cuda else 2048, max_num_seqs)
+        return cls(
+            model=model_cfg,
+            cache=CacheConfig(block_size, gpu_memory_utilization, num_gpu_blocks),
+            scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens,
+                                      num_scheduler_steps or (8 if cuda else 1)),
+            device=device,
+            attention_backend=("triton" if cuda else "torch") if attention_backend == "auto"
+            else attention_backend,
+            enable_prefix_grouping=enable_prefix_grouping,
+            enable_cascade_attention=enable_cascade_attention,
+            enforce_eager=enforce_eager or not cuda,
+            tokenizer=tokenizer,
+        )
+
+
+def _resolve_dtype(dtype: str | torch.dtype, hf_config: Any, cuda: bool) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if not cuda:
+            return torch.float32
+        declared = getattr(hf_config, "torch_dtype", None) or getattr(hf_config, "dtype", None)
+        declared = str(declared).removeprefix("torch.") if declared else "bfloat16"
+        return _DTYPES.get(declared, torch.bfloat16) if declared != "float32" else torch.bfloat16
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r} is unknown; expected auto, {', '.join(sorted(_DTYPES))}")
+    return _DTYPES[dtype]

@@ -1,0 +1,212 @@
+"""The engine loop: requests and groups in, one scheduled step at a time, finished requests out."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Sequence as Seq
+
+import numpy as np
+
+from .block_manager import BlockManager
+from .config import EngineConfig
+from .detokenizer import Detokenizer, DetokState
+from .metrics import EngineMetrics
+from .model_runner import ModelRunner
+from .models.presets import load_tokenizer
+from .outputs import CompletionOutput, Logprob, RequestOutput
+from .sampling_params import SamplingParams
+from .scheduler import ScheduledSeq, Scheduler
+from .sequence import Group, Sequence
+
+logger = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        arch = config.model.arch
+        self.tokenizer = load_tokenizer(config.model.model, config.tokenizer)
+        self.runner = ModelRunner(config)
+        num_blocks = self.runner.num_blocks_to_allocate()
+        self.runner.allocate_kv_cache(num_blocks)
+        self.blocks = BlockManager(num_blocks, config.cache.block_size)
+        self.scheduler = Scheduler(config.scheduler, self.blocks)
+        self.detokenizer = Detokenizer(self.tokenizer, arch.vocab_size)
+        eos = set(arch.eos_token_ids)
+        if getattr(self.tokenizer, "eos_token_id", None) is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = frozenset(eos)
+        self.metrics = EngineMetrics()
+        self._requests: dict[str, Sequence] = {}
+        self._detok: dict[int, DetokState] = {}
+        self._seeds = random.Random(config.model.seed)
+        self._next_id = 0
+
+    # -- intake -----------------------------------------------------------------------------------------
+
+    def validate(self, prompt_token_ids: Seq[int], params: SamplingParams) -> None:
+        """Raises ValueError naming the problem; nothing is queued."""
+        vocab = self.config.model.arch.vocab_size
+        if len(prompt_token_ids) == 0:
+            raise ValueError("prompt is empty: at least one token is needed")
+        bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        limit = self.config.model.max_model_len
+        if len(prompt_token_ids) + params.max_tokens > limit:
+            raise ValueError(f"prompt of {len(prompt_token_ids)} tokens + max_tokens={params.max_tokens} "
+                             f"exceeds max_model_len={limit}")
+        need = self.blocks.blocks_for(len(prompt_token_ids) + params.max_tokens)
+        if need > self.blocks.num_usable:
+            raise ValueError(f"request needs {need} KV blocks but the cache holds {self.blocks.num_usable}")
+
+    def add_request(self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams,
+                    prompt: str | None = None) -> None:
+        self.scheduler.add(self._new_sequence(request_id, prompt_token_ids, params, prompt))
+
+    def add_group(self, group_id: str, prefix_len: int,
+                  requests: Seq[tuple[str, Seq[int], SamplingParams]]) -> None:
+        """Adds requests whose prompts share their first prefix_len tokens, computed once for all.
+
+        The prefix is cut to whole KV blocks and to leave every request at least one token of its own;
+        if nothing worth sharing is left, the requests run on their own.
+        """
+        bs = self.config.cache.block_size
+        shortest = min(len(p) for _, p, _ in requests)
+        prefix_len = min(prefix_len, shortest - 1) // bs * bs
+        first = list(requests[0][1][:prefix_len])
+        for rid, prompt, _ in requests:
+            if list(prompt[:prefix_len]) != first:
+                raise ValueError(f"request {rid!r} of group {group_id!r} does not start with the group's "
+                                 f"{prefix_len}-token prefix")
+        members = [self._new_sequence(rid, p, sp) for rid, p, sp in requests]
+        if prefix_len == 0 or len(members) < 2:
+            for m in members:
+                self.scheduler.add(m)
+            return
+        prefix = Sequence(self._take_id(), f"{group_id}/prefix", first, SamplingParams(max_tokens=1), 0,
+                          is_prefix=True)
+        group = Group(group_id, prefix_len, prefix, members)
+        prefix.group = group
+        for m in members:
+            m.group = group
+        self.scheduler.add(group)
+
+    def _new_sequence(self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams,
+                      prompt: str | None = None) -> Sequence:
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in the engine")
+        ids = [int(t) for t in prompt_token_ids]
+        self.validate(ids, params)
+        seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+        seq = Sequence(self._take_id(), request_id, ids, params, seed, prompt=prompt)
+        self._requests[request_id] = seq
+        return seq
+
+    def _take_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    def abort(self, request_ids: Seq[str]) -> None:
+        for rid in request_ids:
+            seq = self._requests.pop(rid, None)
+            if seq is not None and not seq.finished:
+                seq.finish_reason = "abort"
+                self.scheduler.finish(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- one step ---------------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        self.metrics.preemptions = self.scheduler.num_preemptions
+        if not out.batch:
+            return []
+        order, rows = self.runner.execute(out.batch)
+        self.metrics.steps += 1
+        finished: list[Sequence] = []
+        sampled = iter(rows)
+        for item in order:
+            self._count(item)
+            self.scheduler.complete_chunk(item)
+            if item.sample and self._append_token(item.seq, next(sampled)):
+                finished.append(item.seq)
+        outputs = []
+        for seq in finished:
+            self.scheduler.finish(seq)
+            self._requests.pop(seq.request_id, None)
+            self.metrics.requests_finished += 1
+            outputs.append(self._output(seq))
+        return outputs
+
+    def _count(self, item: ScheduledSeq) -> None:
+        seq = item.seq
+        if item.num_tokens == 1 and seq.output_token_ids and seq.num_uncomputed == 1:
+            self.metrics.decode_tokens += 1
+        else:
+            self.metrics.prefill_tokens += item.num_tokens
+        if seq.num_shared_blocks and seq.num_computed_tokens == seq.num_cached_tokens:
+            self.metrics.prefix_tokens_reused += seq.num_cached_tokens  # first chunk after joining
+            self.metrics.kv_blocks_shared += seq.num_shared_blocks
+
+    def _append_token(self, seq: Sequence, row: np.ndarray) -> bool:
+        """Adds the sampled token; returns whether the request is now finished."""
+        token = int(row[0])
+        seq.output_token_ids.append(token)
+        p = seq.params
+        if p.logprobs is not None:
+            self._record_logprobs(seq, token, row)
+        if token in p.stop_token_ids:
+            seq.finish_reason, seq.stop_reason = "stop", token
+        elif not p.ignore_eos and token in self.eos_token_ids:
+            seq.finish_reason = "stop"
+        elif p.stop and p.detokenize and self._hit_stop_string(seq):
+            seq.finish_reason = "stop"
+        elif len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.config.model.max_model_len:
+            seq.finish_reason = "length"
+        return seq.finish_reason is not None
+
+    def _record_logprobs(self, seq: Sequence, token: int, row: np.ndarray) -> None:
+        k = seq.params.logprobs or 0
+        entry = {token: Logprob(float(row[1]), int(row[2]))}
+        top_ids, top_vals = row[3: 3 + (len(row) - 3) // 2], row[3 + (len(row) - 3) // 2:]
+        for rank, (tid, val) in enumerate(zip(top_ids[:k], top_vals[:k], strict=True), start=1):
+            entry.setdefault(int(tid), Logprob(float(val), rank))
+        if seq.logprobs is None:
+            seq.logprobs = []
+        seq.logprobs.append(entry)
+        seq.cumulative_logprob += float(row[1])
+
+    def _hit_stop_string(self, seq: Sequence) -> bool:
+        state = self._detok.setdefault(seq.seq_id, DetokState())
+        new = self.detokenizer.step(state, seq.output_token_ids, seq.params.skip_special_tokens)
+        if not new:
+            return False
+        window = len(new) + max(len(s) for s in seq.params.stop)
+        tail_start = max(0, len(state.text) - window)
+        hits = [(state.text.find(s, tail_start), s) for s in seq.params.stop]
+        hits = [(i, s) for i, s in hits if i >= 0]
+        if not hits:
+            return False
+        at, stop = min(hits)
+        keep = at + len(stop) if seq.params.include_stop_str_in_output else at
+        seq.output_text = state.text[:keep]
+        seq.stop_reason = stop
+        return True
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        p = seq.params
+        text = seq.output_text
+        if not text and p.detokenize and not isinstance(seq.stop_reason, str):
+            text = self.detokenizer.decode(seq.output_token_ids, p.skip_special_tokens)
+        self._detok.pop(seq.seq_id, None)
+        completion = CompletionOutput(
+            index=0, text=text, token_ids=list(seq.output_token_ids), finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason, logprobs=seq.logprobs,
+            cumulative_logprob=seq.cumulative_logprob if p.logprobs is not None else None)
+        return RequestOutput(request_id=seq.request_id, prompt=seq.prompt,
+                             prompt_token_ids=seq.prompt_token_ids, outputs=[completion], finished=True,
+                             num_cached_tokens=seq.num_cached_tokens)

@@ -1,0 +1,19 @@
+"""Counters of what the engine did, for benchmarks, logs and the worker's Prometheus metrics."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class EngineMetrics:
+    steps: int = 0
+    prefill_tokens: int = 0  # prompt tokens whose KV was computed (prefixes once, suffixes, recomputes)
+    decode_tokens: int = 0
+    prefix_tokens_reused: int = 0  # prompt tokens a request took from its group's prefix instead
+    kv_blocks_shared: int = 0  # block references taken on a group's prefix (one per request and block)
+    preemptions: int = 0
+    requests_finished: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)

@@ -1,0 +1,92 @@
+"""The architecture facts the engine needs, read once from a Hugging Face config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                           "Qwen3ForCausalLM")
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """Shapes and switches of a Llama-family decoder; one type covers Llama 2/3, Mistral, Qwen2 and Qwen3."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool  # Qwen2 (and Llama configs with attention_bias)
+    qk_norm: bool  # Qwen3: RMSNorm on each head of q and k before rotary
+    sliding_window: int | None
+    eos_token_ids: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if self.architecture not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(f"architecture {self.architecture!r} is not supported; supported: "
+                             f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_attention_heads={self.num_heads} is not a multiple of "
+                             f"num_key_value_heads={self.num_kv_heads}")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def num_params(self) -> int:
+        attn = self.hidden_size * (self.q_size + 2 * self.kv_size) + self.q_size * self.hidden_size
+        mlp = 3 * self.hidden_size * self.intermediate_size
+        embed = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * (attn + mlp) + embed
+
+    @classmethod
+    def from_hf_config(cls, config: Any) -> ModelArch:
+        archs = getattr(config, "architectures", None) or ["LlamaForCausalLM"]
+        arch = archs[0]
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        eos = getattr(config, "eos_token_id", None)
+        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
+        rope_params = getattr(config, "rope_parameters", None)  # transformers >= 5
+        scaling = getattr(config, "rope_scaling", None)
+        theta = getattr(config, "rope_theta", None)
+        if isinstance(rope_params, dict):
+            theta = rope_params.get("rope_theta", theta)
+            if rope_params.get("rope_type", "default") != "default":
+                scaling = dict(rope_params)
+        qwen2 = arch == "Qwen2ForCausalLM"
+        sliding = getattr(config, "sliding_window", None) if getattr(
+            config, "use_sliding_window", arch == "MistralForCausalLM") else None
+        return cls(
+            architecture=arch,
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_layers=config.num_hidden_layers,
+            num_heads=config.num_attention_heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+            head_dim=head_dim,
+            rms_norm_eps=config.rms_norm_eps,
+            rope_theta=float(theta if theta is not None else 10000.0),
+            rope_scaling=dict(scaling) if scaling else None,
+            max_position_embeddings=config.max_position_embeddings,
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            qkv_bias=qwen2 or bool(getattr(config, "attention_bias", False)),
+            qk_norm=arch == "Qwen3ForCausalLM",
+            sliding_window=sliding,
+            eos_token_ids=eos_ids,
+        )

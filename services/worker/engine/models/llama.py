@@ -1,0 +1,161 @@
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) over a flat batch of tokens.
+
+The batch is one flat token list mixing prefill chunks and decode tokens of many sequences; attention reads
+and writes the paged KV cache through the step's `ForwardContext`. q/k/v and gate/up are fused into one
+matrix each at load time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .arch import ModelArch
+from .rotary import RotaryEmbedding
+
+if TYPE_CHECKING:
+    from ..attention.backend import ForwardContext
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, arch: ModelArch, layer_idx: int, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = arch.num_heads, arch.num_kv_heads, arch.head_dim
+        self.q_size, self.kv_size = arch.q_size, arch.kv_size
+        self.qkv_proj = nn.Linear(arch.hidden_size, arch.q_size + 2 * arch.kv_size, bias=arch.qkv_bias)
+        self.o_proj = nn.Linear(arch.q_size, arch.hidden_size, bias=False)
+        self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
+        self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
+        self.rotary = rotary
+        self.scale = arch.head_dim**-0.5
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        out = ctx.attend(self.layer_idx, q, k, v, self.scale)
+        return self.o_proj(out.view(-1, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, arch: ModelArch) -> None:
+        super().__init__()
+        self.intermediate = arch.intermediate_size
+        self.gate_up_proj = nn.Linear(arch.hidden_size, 2 * arch.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, arch: ModelArch, layer_idx: int, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.self_attn = Attention(arch, layer_idx, rotary)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.mlp = MLP(arch)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, ctx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, arch: ModelArch, max_positions: int) -> None:
+        super().__init__()
+        self.arch = arch
+        rotary = RotaryEmbedding(arch.head_dim, max_positions, arch.rope_theta, arch.rope_scaling)
+        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(arch, i, rotary) for i in range(arch.num_layers))
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.lm_head = None if arch.tie_word_embeddings else nn.Linear(
+            arch.hidden_size, arch.vocab_size, bias=False)
+        # The rotary table is shared by every layer; keep one registered copy.
+        self.rotary = rotary
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
+                ) -> torch.Tensor:
+        # input_ids, positions: [num_tokens] -> hidden states [num_tokens, hidden]
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, positions, ctx)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copies Hugging Face tensors in, fusing q/k/v and gate/up; every parameter must be filled once."""
+        params = dict(self.named_parameters())
+        filled: set[str] = set()
+        for hf_name, tensor in weights:
+            target = _map_name(hf_name)
+            if target is None:
+                continue
+            name, shard = target
+            if name not in params:
+                if name == "lm_head.weight" and self.lm_head is None:
+                    continue  # tied checkpoints may still store lm_head
+                raise ValueError(f"checkpoint tensor {hf_name!r} has no place in {self.arch.architecture}")
+            self._copy_shard(params[name], name, shard, tensor)
+            filled.add(f"{name}:{shard}")
+        expected = {f"{n}:{s}" for n in params for s in self._shards_of(n)}
+        missing = sorted(expected - filled)
+        if missing:
+            raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
+
+    def _shards_of(self, name: str) -> tuple[str, ...]:
+        if ".qkv_proj." in name:
+            return ("q", "k", "v")
+        if ".gate_up_proj." in name:
+            return ("gate", "up")
+        return ("",)
+
+    def _copy_shard(self, param: nn.Parameter, name: str, shard: str, tensor: torch.Tensor) -> None:
+        a = self.arch
+        offsets = {"q": (0, a.q_size), "k": (a.q_size, a.kv_size), "v": (a.q_size + a.kv_size, a.kv_size),
+                   "gate": (0, a.intermediate_size), "up": (a.intermediate_size, a.intermediate_size)}
+        dest = param.data if not shard else param.data.narrow(0, *offsets[shard])
+        if dest.shape != tensor.shape:
+            raise ValueError(f"tensor for {name}[{shard or 'all'}] has shape {tuple(tensor.shape)}, "
+                             f"expected {tuple(dest.shape)}")
+        dest.copy_(tensor)
+
+
+_FUSED = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+          "gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up")}
+
+
+def _map_name(hf_name: str) -> tuple[str, str] | None:
+    """HF name -> (our parameter name, shard of a fused matrix or '')."""
+    if "rotary_emb.inv_freq" in hf_name:
+        return None
+    name = hf_name.removeprefix("model.")
+    for part, (fused, shard) in _FUSED.items():
+        if f".{part}." in name:
+            return name.replace(f".{part}.", f".{fused}."), shard
+    return name, ""

@@ -1,0 +1,158 @@
+"""One batched pass that turns the step's logits into tokens (and logprobs) for every request.
+
+Randomness comes from a counter-based hash of (request seed, output index, token id), not from a stateful
+generator: a seeded request draws the same tokens whatever else is in its batch, on CPU or GPU, and however
+many decode steps run per CPU round trip. Everything the CPU needs comes back in one packed tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .sequence import Sequence
+
+_MASK32 = 0xFFFFFFFF
+
+
+def hash32(x: torch.Tensor | int) -> torch.Tensor | int:
+    # A 32-bit integer mixer; every product stays below 2**59, so int64 arithmetic never overflows.
+    x = (((x >> 16) ^ x) * 0x45D9F3B) & _MASK32
+    x = (((x >> 16) ^ x) * 0x45D9F3B) & _MASK32
+    return (x >> 16) ^ x
+
+
+def row_key(seed: int, step: int) -> int:
+    """The noise key of one request's `step`-th output token."""
+    lo, hi = seed & _MASK32, (seed >> 32) & _MASK32
+    base = int(hash32(lo ^ int(hash32(hi))))
+    return int(hash32(base ^ ((step * 0x9E3779B9) & _MASK32)))
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row sampling settings of one step, on the device."""
+
+    temperature: torch.Tensor  # [n] fp32 (0 = greedy)
+    top_k: torch.Tensor  # [n] int64 (0 = off)
+    top_p: torch.Tensor  # [n] fp32
+    min_p: torch.Tensor  # [n] fp32
+    keys: torch.Tensor  # [n] int64 noise keys
+    all_greedy: bool
+    need_sort: bool
+    need_min_p: bool
+    num_logprobs: int  # top-n alternatives to return (max over rows); -1 = no logprobs at all
+    penalties: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None
+
+    @classmethod
+    def build(cls, seqs: list[Sequence], device: torch.device, vocab_size: int,
+              step_offset: int = 0) -> SamplingBatch:
+        ps = [s.params for s in seqs]
+        floats = np.array([[p.temperature, p.top_p, p.min_p] for p in ps], dtype=np.float32).reshape(-1, 3)
+        ints = np.array([[p.top_k, row_key(s.sampling_seed, len(s.output_token_ids) + step_offset)]
+                         for s, p in zip(seqs, ps, strict=True)], dtype=np.int64).reshape(-1, 2)
+        f = torch.from_numpy(floats).to(device, non_blocking=True)
+        i = torch.from_numpy(ints).to(device, non_blocking=True)
+        logprob_counts = [p.logprobs for p in ps if p.logprobs is not None]
+        return cls(
+            temperature=f[:, 0], top_p=f[:, 1], min_p=f[:, 2], top_k=i[:, 0], keys=i[:, 1],
+            all_greedy=all(p.greedy for p in ps),
+            need_sort=any(not p.greedy and (p.top_k > 0 or p.top_p < 1.0) for p in ps),
+            need_min_p=any(not p.greedy and p.min_p > 0 for p in ps),
+            num_logprobs=max(logprob_counts) if logprob_counts else -1,
+            penalties=_penalty_tensors(seqs, device, vocab_size)
+            if any(p.has_penalties for p in ps) else None,
+        )
+
+
+def _penalty_tensors(seqs: list[Sequence], device: torch.device, vocab: int):
+    n = len(seqs)
+    out_len = max(1, max(len(s.output_token_ids) for s in seqs))
+    prompt_len = max(1, max(s.num_prompt_tokens for s in seqs))
+    outputs = np.full((n, out_len), vocab, dtype=np.int64)
+    prompts = np.full((n, prompt_len), vocab, dtype=np.int64)
+    for r, s in enumerate(seqs):
+        outputs[r, : len(s.output_token_ids)] = s.output_token_ids
+        prompts[r, : s.num_prompt_tokens] = s.prompt_token_ids
+    values = torch.tensor([[s.params.presence_penalty, s.params.frequency_penalty,
+                            s.params.repetition_penalty] for s in seqs], dtype=torch.float32)
+    v = values.to(device)
+    return (torch.from_numpy(outputs).to(device), torch.from_numpy(prompts).to(device),
+            v[:, 0], v[:, 1], v[:, 2])
+
+
+def apply_penalties(logits: torch.Tensor, penalties) -> torch.Tensor:
+    outputs, prompts, presence, frequency, repetition = penalties
+    n, vocab = logits.shape
+    counts = torch.zeros(n, vocab + 1, device=logits.device, dtype=logits.dtype)
+    counts.scatter_add_(1, outputs, torch.ones_like(outputs, dtype=logits.dtype))
+    counts = counts[:, :vocab]
+    seen = torch.zeros(n, vocab + 1, device=logits.device, dtype=torch.bool)
+    seen.scatter_(1, prompts, True)
+    seen = seen[:, :vocab] | (counts > 0)
+    rep = repetition.unsqueeze(1)
+    logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
+    logits = logits - frequency.unsqueeze(1) * counts
+    return logits - presence.unsqueeze(1) * (counts > 0).to(logits.dtype)
+
+
+class Sampler:
+    """logits [n, vocab] fp32 -> packed [n, 3 + 2k] fp32: token, its logprob, its rank, top-k ids, top-k
+    logprobs. Token ids are exact in fp32 (vocabularies are far below 2**24)."""
+
+    def __init__(self, vocab_size: int, device: torch.device) -> None:
+        mixed = (torch.arange(vocab_size, dtype=torch.int64, device=device) * 0x27D4EB2F) & _MASK32
+        self._vocab_keys = mixed  # [vocab]
+
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        raw = logits
+        if batch.penalties is not None:
+            logits = apply_penalties(logits, batch.penalties)
+        tokens = logits.argmax(dim=-1)
+        if not batch.all_greedy:
+            sampled = self._sample(logits, batch)
+            tokens = torch.where(batch.temperature == 0, tokens, sampled)
+        return self._pack(raw, tokens, batch.num_logprobs)
+
+    def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        temp = torch.where(batch.temperature == 0, 1.0, batch.temperature).unsqueeze(1)
+        logits = logits / temp
+        if batch.need_sort:
+            logits = _top_k_top_p(logits, batch.top_k, batch.top_p)
+        probs = logits.softmax(dim=-1)
+        if batch.need_min_p:
+            keep = probs >= batch.min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
+            probs = torch.where(keep, probs, 0.0)
+        # Exponential race (Gumbel-max): argmax p_i / E_i with E_i ~ Exp(1) draws i with probability p_i.
+        x = hash32(batch.keys.unsqueeze(1) ^ self._vocab_keys.unsqueeze(0))
+        u = ((x >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+        return (probs / -torch.log(u)).argmax(dim=-1)
+
+    def _pack(self, raw: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.Tensor:
+        cols = [tokens.to(torch.float32).unsqueeze(1)]
+        if k < 0:
+            return cols[0]
+        logprobs = raw.log_softmax(dim=-1)
+        chosen = logprobs.gather(1, tokens.unsqueeze(1))
+        rank = (logprobs > chosen).sum(dim=-1, keepdim=True).to(torch.float32) + 1
+        cols += [chosen, rank]
+        if k > 0:
+            top = logprobs.topk(k, dim=-1)
+            cols += [top.indices.to(torch.float32), top.values]
+        return torch.cat(cols, dim=1)
+
+
+def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)
+    ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
+    drop = ranks >= k.unsqueeze(1)
+    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+    # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop |= mass_before >= top_p.unsqueeze(1)
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)

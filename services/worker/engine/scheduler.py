@@ -1,0 +1,241 @@
+"""Decides what each step computes: decode first, then prefill chunks, then new work, under a token budget.
+
+Groups: a group's prefix is a prefill-only sequence; once it is in the cache the group's requests join
+ahead of new work (they reuse the prefix, so they are the cheapest tokens to finish); a new group is
+admitted only when its prefix and a first wave of its requests fit in the free blocks. When blocks run
+out, the most recently admitted sequence is preempted and later recomputed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+from .block_manager import BlockManager
+from .config import SchedulerConfig
+from .sequence import Group, GroupState, Sequence, SeqStatus
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_tokens: int  # tokens computed for it in this step
+    sample: bool  # whether this step ends with a new token for it
+
+
+@dataclass
+class SchedulerOutput:
+    batch: list[ScheduledSeq]
+    num_batched_tokens: int
+
+    @property
+    def is_decode_only(self) -> bool:
+        return all(item.num_tokens == 1 and item.sample for item in self.batch)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.waiting: deque[Sequence | Group] = deque()  # ungrouped requests and not-yet-started groups
+        self.ready_groups: list[Group] = []  # prefix in the cache, requests still to start
+        self.running: list[Sequence] = []  # admission order
+        self.num_preemptions = 0
+
+    def add(self, item: Sequence | Group) -> None:
+        self.waiting.append(item)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.ready_groups or self.running)
+
+    # -- one step ---------------------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        batch: list[ScheduledSeq] = []
+        preempted = False
+        for seq in [s for s in self.running if s.is_decoding]:
+            if seq.status is not SeqStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            while not self._reserve(seq, seq.num_computed_tokens + 1):
+                preempted = True
+                if self._preempt_last() is seq:
+                    break
+            if seq.status is SeqStatus.RUNNING:
+                batch.append(ScheduledSeq(seq, 1, sample=True))
+                budget -= 1
+        for seq in [s for s in self.running if not s.is_decoding]:
+            if budget <= 0:
+                break
+            n = self._fit(seq, min(seq.num_uncomputed, budget))
+            if n > 0:
+                batch.append(self._chunk(seq, n))
+                budget -= n
+        if not preempted:
+            budget = self._admit(batch, budget)
+        if not batch and self.running:
+            self._preempt_last()  # every running prefill is starved of blocks: make room for the rest
+        elif not batch and self.waiting:
+            self._evict_idle_group()
+        return SchedulerOutput(batch, self.config.max_num_batched_tokens - budget)
+
+    def _chunk(self, seq: Sequence, n: int) -> ScheduledSeq:
+        done = seq.num_computed_tokens + n == seq.num_tokens
+        return ScheduledSeq(seq, n, sample=done and not seq.is_prefix)
+
+    # -- admission --------------------------------------------------------------------------------------
+
+    def _admit(self, batch: list[ScheduledSeq], budget: int) -> int:
+        while budget > 0 and len(self.running) < self.config.max_num_seqs:
+            item = self._next_candidate()
+            if item is None:
+                break
+            if isinstance(item, Group):
+                if not self._fits(self._group_blocks(item)):
+                    break
+                self.waiting.popleft()
+                item.state = GroupState.COMPUTING
+                seq = item.prefix_seq
+            else:
+                seq = item
+                shared = item.group.prefix_blocks if self._joins_group(item) else []
+                need = self.blocks.blocks_for(seq.num_tokens + 1) - len(shared)
+                if not self._fits(need):
+                    break
+                self._take_candidate(item)
+                if shared:
+                    self.blocks.share(shared)
+                    seq.block_table = list(shared)
+                    seq.num_shared_blocks = len(shared)
+                    seq.num_computed_tokens = seq.num_cached_tokens = item.group.prefix_len
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            n = self._fit(seq, min(seq.num_uncomputed, budget))
+            if n > 0:
+                batch.append(self._chunk(seq, n))
+                budget -= n
+        return budget
+
+    def _next_candidate(self) -> Sequence | Group | None:
+        for group in self.ready_groups:
+            if group.pending:
+                return group.pending[0]
+        return self.waiting[0] if self.waiting else None
+
+    def _take_candidate(self, seq: Sequence) -> None:
+        group = seq.group
+        if group is not None and group.state is GroupState.READY and seq in group.pending:
+            group.pending.remove(seq)
+        else:
+            self.waiting.popleft()
+
+    def _joins_group(self, seq: Sequence) -> bool:
+        return seq.group is not None and seq.group.state is GroupState.READY
+
+    def _group_blocks(self, group: Group) -> int:
+        prefix = self.blocks.blocks_for(group.prefix_len)
+        wave = group.pending[: self.config.first_wave]
+        return prefix + sum(self.blocks.blocks_for(m.num_tokens + 1) - prefix for m in wave)
+
+    def _fits(self, num_blocks: int) -> bool:
+        # Keep a small reserve so running requests can grow before anyone must be preempted; with nothing
+        # running, the whole cache is available.
+        reserve = max(1, self.blocks.num_usable // 100) if self.running else 0
+        return self.blocks.num_free - num_blocks >= reserve
+
+    # -- blocks -----------------------------------------------------------------------------------------
+
+    def _reserve(self, seq: Sequence, num_tokens: int) -> bool:
+        need = self.blocks.blocks_for(num_tokens) - len(seq.block_table)
+        if need <= 0:
+            return True
+        if not self.blocks.can_allocate(need):
+            return False
+        seq.block_table.extend(self.blocks.allocate(need))
+        return True
+
+    def _fit(self, seq: Sequence, n: int) -> int:
+        """The largest chunk <= n whose blocks can be had now (allocated here)."""
+        room = (len(seq.block_table) + self.blocks.num_free) * self.blocks.block_size
+        n = min(n, room - seq.num_computed_tokens)
+        if n <= 0 or not self._reserve(seq, seq.num_computed_tokens + n):
+            return 0
+        return n
+
+    def _preempt_last(self) -> Sequence:
+        seq = self.running.pop()
+        self.num_preemptions += 1
+        logger.info("preempting %s (recomputed later); %d preemptions so far", seq.request_id,
+                    self.num_preemptions)
+        self.blocks.release(seq.block_table)
+        seq.block_table, seq.num_shared_blocks = [], 0
+        seq.num_computed_tokens = seq.num_cached_tokens = 0
+        seq.status = SeqStatus.WAITING
+        group = seq.group
+        if seq.is_prefix and group is not None:
+            group.state = GroupState.WAITING
+            self.waiting.appendleft(group)
+        elif group is not None and group.state is GroupState.READY:
+            group.pending.insert(0, seq)
+            if group not in self.ready_groups:
+                self.ready_groups.insert(0, group)
+        else:
+            self.waiting.appendleft(seq)
+        return seq
+
+    def _evict_idle_group(self) -> None:
+        """Frees the prefix of a ready group none of whose requests run, when nothing else can move."""
+        for group in reversed(self.ready_groups):
+            if not any(m.status is SeqStatus.RUNNING for m in group.members):
+                self.ready_groups.remove(group)
+                self.blocks.release(group.prefix_seq.block_table)
+                group.prefix_seq.block_table = []
+                group.prefix_seq.num_computed_tokens = 0
+                group.state = GroupState.WAITING
+                group.pending = [m for m in group.members if not m.finished]
+                self.waiting.appendleft(group)
+                return
+
+    # -- after the step ---------------------------------------------------------------------------------
+
+    def complete_chunk(self, item: ScheduledSeq) -> None:
+        seq = item.seq
+        seq.num_computed_tokens += item.num_tokens
+        if seq.is_prefix and seq.num_uncomputed == 0 and seq.group is not None:
+            self.running.remove(seq)
+            seq.status = SeqStatus.FINISHED
+            seq.group.state = GroupState.READY
+            self.ready_groups.append(seq.group)
+
+    def finish(self, seq: Sequence) -> None:
+        """Ends a request (done or aborted): its blocks go back; a group's prefix goes with its last one."""
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.blocks.release(seq.block_table)
+        seq.block_table, seq.num_shared_blocks = [], 0
+        seq.status = SeqStatus.FINISHED
+        group = seq.group
+        if group is None:
+            return
+        if seq in group.pending:
+            group.pending.remove(seq)
+        if group.num_unfinished == 0:
+            self._close_group(group)
+
+    def _close_group(self, group: Group) -> None:
+        if group in self.ready_groups:
+            self.ready_groups.remove(group)
+        if group in self.waiting:
+            self.waiting.remove(group)
+        prefix = group.prefix_seq
+        if prefix.status is SeqStatus.RUNNING:
+            self.running.remove(prefix)
+        self.blocks.release(prefix.block_table)
+        prefix.block_table = []
+        prefix.status = SeqStatus.FINISHED
+        group.state = GroupState.DONE

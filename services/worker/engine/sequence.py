@@ -1,0 +1,111 @@
+"""One record per request, and the prefix-sharing group a request may belong to."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from .outputs import Logprob
+from .sampling_params import SamplingParams
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """A request's tokens, its place in the KV cache and its progress.
+
+    `num_computed_tokens` counts tokens whose K/V are in the cache. The first `num_shared_blocks` entries of
+    `block_table` belong to the group's prefix and are shared, not owned.
+    """
+
+    seq_id: int
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    sampling_seed: int
+    prompt: str | None = None
+    group: Group | None = None
+    is_prefix: bool = False  # a group's prefix: prefill only, never samples
+    status: SeqStatus = SeqStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    num_shared_blocks: int = 0
+    num_cached_tokens: int = 0
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float = 0.0
+    output_text: str = ""
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        return bool(self.output_token_ids) and self.num_uncomputed == 1
+
+    @property
+    def finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
+
+    @property
+    def shared_prefix_len(self) -> int:
+        return self.group.prefix_len if self.group is not None and self.num_shared_blocks else 0
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        n = len(self.prompt_token_ids)
+        if end <= n:
+            return self.prompt_token_ids[start:end]
+        return (self.prompt_token_ids + self.output_token_ids)[start:end]
+
+    def own_blocks(self) -> list[int]:
+        return self.block_table[self.num_shared_blocks:]
+
+
+class GroupState(enum.Enum):
+    WAITING = "waiting"  # nothing in the cache yet
+    COMPUTING = "computing"  # its prefix is being prefilled
+    READY = "ready"  # prefix KV in the cache; members may join
+    DONE = "done"
+
+
+@dataclass(eq=False)
+class Group:
+    """Requests whose prompts start with the same `prefix_len` tokens (a multiple of the block size).
+
+    The prefix is computed once by `prefix_seq`; its blocks stay referenced by the group until every member
+    has finished, and each running member holds its own reference on them.
+    """
+
+    group_id: str
+    prefix_len: int
+    prefix_seq: Sequence
+    members: list[Sequence]
+    state: GroupState = GroupState.WAITING
+    pending: list[Sequence] = field(default_factory=list)  # members not yet running, in input order
+
+    def __post_init__(self) -> None:
+        self.pending = list(self.members)
+
+    @property
+    def prefix_blocks(self) -> list[int]:
+        return self.prefix_seq.block_table
+
+    @property
+    def num_unfinished(self) -> int:
+        return sum(1 for m in self.members if not m.finished)
