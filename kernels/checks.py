@@ -1,0 +1,98 @@
+"""Host-side argument checks shared by the attention launchers.
+
+Every check raises ValueError (or TypeError for dtypes) naming the argument, what it was and what is
+accepted, before anything reaches a kernel, where a wrong stride means silently wrong numbers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ATTENTION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MIN_HEAD_DIM = 32
+MAX_HEAD_DIM = 256
+MIN_BLOCK_SIZE = 8
+
+
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def check_tensor(
+    name: str,
+    t: torch.Tensor,
+    *,
+    ndim: int,
+    dtypes: tuple[torch.dtype, ...],
+    device: torch.device,
+    contiguous: bool = True,
+) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        accepted = ", ".join(str(d) for d in dtypes)
+        raise TypeError(f"{name} has dtype {t.dtype}; accepted: {accepted}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but the queries are on {device}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
+
+
+def check_shape(name: str, t: torch.Tensor, expected: tuple[int, ...]) -> None:
+    if tuple(t.shape) != expected:
+        raise ValueError(f"{name} must have shape {expected}, got {tuple(t.shape)}")
+
+
+def check_index(name: str, t: torch.Tensor, *, ndim: int, device: torch.device) -> None:
+    """Index tensors are int32; block tables may be row slices of a bigger table (unit last stride)."""
+    check_tensor(name, t, ndim=ndim, dtypes=(torch.int32,), device=device, contiguous=ndim == 1)
+    if ndim == 2 and t.stride(1) != 1:
+        raise ValueError(f"{name} must have unit stride in its last dimension, got {t.stride()}")
+
+
+def check_queries(q: torch.Tensor) -> None:
+    check_tensor("q", q, ndim=3, dtypes=ATTENTION_DTYPES, device=q.device)
+    head_dim = q.shape[2]
+    if not is_power_of_two(head_dim) or not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(
+            f"head_dim {head_dim} is not supported; use a power of two in "
+            f"[{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]"
+        )
+
+
+def check_kv_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> int:
+    """Checks the paged cache against q and returns the GQA ratio (query heads per kv head)."""
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_tensor(name, cache, ndim=4, dtypes=(q.dtype,), device=q.device)
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(
+            f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ in shape"
+        )
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    if not is_power_of_two(block_size) or block_size < MIN_BLOCK_SIZE:
+        raise ValueError(f"block_size {block_size} must be a power of two >= {MIN_BLOCK_SIZE}")
+    if head_dim != q.shape[2]:
+        raise ValueError(f"cache head_dim {head_dim} != query head_dim {q.shape[2]}")
+    num_heads = q.shape[1]
+    if num_kv_heads == 0 or num_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"num_heads {num_heads} must be a multiple of the cache's num_kv_heads {num_kv_heads}"
+        )
+    return num_heads // num_kv_heads
+
+
+def check_output(name: str, t: torch.Tensor, q: torch.Tensor, dtype: torch.dtype) -> None:
+    check_tensor(name, t, ndim=3, dtypes=(dtype,), device=q.device)
+    check_shape(name, t, tuple(q.shape))
+
+
+def check_lse(name: str, t: torch.Tensor, q: torch.Tensor) -> None:
+    check_tensor(name, t, ndim=2, dtypes=(torch.float32,), device=q.device)
+    check_shape(name, t, tuple(q.shape[:2]))
+
+
+def check_scale(scale: float) -> None:
+    if not isinstance(scale, float | int) or not scale > 0:
+        raise ValueError(f"scale must be a positive number, got {scale!r}")

@@ -1,0 +1,315 @@
+"""Paged causal attention over a block-table KV cache, for decode and chunked prefill alike.
+
+One program handles BLOCK_Q query tokens of one sequence times the G query heads that share one kv
+head, so the M dimension of tl.dot is BLOCK_Q * G even in decode (tensor cores with GQA). Keys come
+from the paged cache through the block table in tiles of BLOCK_N, with an online softmax. With a
+prefix result (o, lse) given, this is the suffix pass of cascade attention and the merge is fused.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from prefixgrove.kernels import checks
+from prefixgrove.kernels.merge_states import merge_pair
+from prefixgrove.kernels.reference_math import attend, merge_states
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def find_segment(cu_ptr, tile_idx, num_segments, BLOCK_Q: tl.constexpr):
+    """Largest s with cu[s] // BLOCK_Q + s <= tile_idx: the segment owning a global query tile."""
+    lo: tl.int32 = 0
+    hi = num_segments
+    while lo < hi:
+        mid = (lo + hi) // 2
+        start = tl.load(cu_ptr + mid) // BLOCK_Q + mid
+        if start <= tile_idx:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr,  # q, out: [num_tokens, num_heads, HEAD_DIM]
+    k_ptr,  # k_cache, v_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
+    v_ptr,
+    out_ptr,
+    prefix_o_ptr,  # [num_tokens, num_heads, HEAD_DIM] fp32
+    prefix_lse_ptr,  # [num_tokens, num_heads] fp32
+    cu_q_ptr,  # [num_seqs + 1]
+    seq_lens_ptr,  # [num_seqs]
+    kv_start_ptr,  # [num_seqs]
+    block_tables_ptr,  # [num_seqs, max_blocks] (row stride stride_bt)
+    num_seqs,
+    scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_bt,
+    NUM_QUERIES_PER_KV: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TILES_PER_SEQ: tl.constexpr,  # > 0: direct grid of num_seqs * TILES_PER_SEQ; 0: search
+    HAS_KV_START: tl.constexpr,
+    HAS_PREFIX: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    tile_idx = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    if TILES_PER_SEQ > 0:
+        seq = tile_idx // TILES_PER_SEQ
+        q_tile = tile_idx % TILES_PER_SEQ
+    else:
+        seq = find_segment(cu_q_ptr, tile_idx, num_seqs, BLOCK_Q)
+        q_tile = tile_idx - (tl.load(cu_q_ptr + seq) // BLOCK_Q + seq)
+    q_begin = tl.load(cu_q_ptr + seq)
+    q_len = tl.load(cu_q_ptr + seq + 1) - q_begin
+    if q_tile * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context = seq_len - q_len
+    kv_lo = 0
+    if HAS_KV_START:
+        kv_lo = tl.load(kv_start_ptr + seq)
+
+    # Row r of the M dimension is query token r // G of this tile, head kv_head * G + r % G.
+    rows = tl.arange(0, BLOCK_M)
+    q_idx = q_tile * BLOCK_Q + rows // NUM_QUERIES_PER_KV
+    head = kv_head * NUM_QUERIES_PER_KV + rows % NUM_QUERIES_PER_KV
+    row_valid = (rows < BLOCK_Q * NUM_QUERIES_PER_KV) & (q_idx < q_len)
+    pos = context + q_idx
+    dims = tl.arange(0, HEAD_DIM)
+    row_offs = (q_begin + q_idx).to(tl.int64) * stride_qt + head * stride_qh
+    q = tl.load(q_ptr + row_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
+
+    kv_hi = context + tl.minimum((q_tile + 1) * BLOCK_Q, q_len)  # one past the last key needed
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    for tile in range(kv_lo // BLOCK_N, tl.cdiv(kv_hi, BLOCK_N)):
+        keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        key_valid = (keys >= kv_lo) & (keys < kv_hi)
+        block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0)
+        kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
+        kv_offs += kv_head * stride_kh
+        # k: [HEAD_DIM, BLOCK_N], v: [BLOCK_N, HEAD_DIM]
+        k = tl.load(k_ptr + kv_offs[None, :] + dims[:, None], mask=key_valid[None, :], other=0.0)
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
+        allowed = key_valid[None, :] & (keys[None, :] <= pos[:, None])
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # NOTE: rows with nothing allowed yet keep m = -inf; shift by 0 to avoid inf - inf.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_shift)
+        p = tl.exp2(s - m_shift[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + kv_offs[:, None] + dims[None, :], mask=key_valid[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    has_keys = l_i > 0.0
+    o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if HAS_PREFIX:
+        lse = tl.where(
+            has_keys,
+            (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) / 1.4426950408889634,
+            float("-inf"),
+        )
+        lse_offs = (q_begin + q_idx).to(tl.int64) * (stride_qt // HEAD_DIM) + head
+        lse_p = tl.load(prefix_lse_ptr + lse_offs, mask=row_valid, other=float("-inf"))
+        o_p = tl.load(
+            prefix_o_ptr + row_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0
+        )
+        o, _ = merge_pair(o_p, lse_p, o, lse)
+    tl.store(
+        out_ptr + row_offs[:, None] + dims[None, :],
+        o.to(out_ptr.dtype.element_ty),
+        mask=row_valid[:, None],
+    )
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    # fp32 inputs would otherwise go through tf32 tensor cores (10-bit mantissa).
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _tile_shape(head_dim: int, group: int, max_query_len: int) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N): 16 rows when all of a sequence's queries fit (decode), bigger for prefill."""
+    min_m = max(16, triton.next_power_of_2(group))
+    block_m = min_m if max_query_len * group <= min_m else max(min_m, 64 if head_dim <= 128 else 32)
+    block_n = 64 if head_dim <= 128 else 32
+    return block_m, block_n
+
+
+def _check_metadata(
+    q: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    kv_start: torch.Tensor | None,
+    max_query_len: int,
+) -> int:
+    device = q.device
+    checks.check_index("cu_seqlens_q", cu_seqlens_q, ndim=1, device=device)
+    num_seqs = cu_seqlens_q.shape[0] - 1
+    if num_seqs < 0:
+        raise ValueError("cu_seqlens_q must have num_seqs + 1 >= 1 entries, got 0")
+    checks.check_index("seq_lens", seq_lens, ndim=1, device=device)
+    checks.check_shape("seq_lens", seq_lens, (num_seqs,))
+    checks.check_index("block_tables", block_tables, ndim=2, device=device)
+    if block_tables.shape[0] != num_seqs:
+        raise ValueError(
+            f"block_tables has {block_tables.shape[0]} rows but cu_seqlens_q describes "
+            f"{num_seqs} sequences"
+        )
+    if kv_start is not None:
+        checks.check_index("kv_start", kv_start, ndim=1, device=device)
+        checks.check_shape("kv_start", kv_start, (num_seqs,))
+    if not isinstance(max_query_len, int) or max_query_len < 0:
+        raise ValueError(f"max_query_len must be a non-negative int, got {max_query_len!r}")
+    return num_seqs
+
+
+def _check_prefix(
+    q: torch.Tensor, prefix_out: torch.Tensor | None, prefix_lse: torch.Tensor | None
+) -> None:
+    if (prefix_out is None) != (prefix_lse is None):
+        raise ValueError("prefix_out and prefix_lse must be given together (or neither)")
+    if prefix_out is not None and prefix_lse is not None:
+        checks.check_output("prefix_out", prefix_out, q, torch.float32)
+        checks.check_lse("prefix_lse", prefix_lse, q)
+
+
+def check_paged_attention_args(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+    kv_start: torch.Tensor | None,
+    prefix_out: torch.Tensor | None,
+    prefix_lse: torch.Tensor | None,
+) -> tuple[int, int]:
+    """Validates everything on the host; returns (num_seqs, GQA ratio)."""
+    checks.check_queries(q)
+    group = checks.check_kv_cache(q, k_cache, v_cache)
+    checks.check_output("out", out, q, q.dtype)
+    checks.check_scale(scale)
+    num_seqs = _check_metadata(q, cu_seqlens_q, seq_lens, block_tables, kv_start, max_query_len)
+    _check_prefix(q, prefix_out, prefix_lse)
+    return num_seqs, group
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+    kv_start: torch.Tensor | None = None,
+    prefix_out: torch.Tensor | None = None,
+    prefix_lse: torch.Tensor | None = None,
+) -> None:
+    """Causal attention of each sequence's new queries over its paged keys; writes `out`.
+
+    q, out: [num_tokens, num_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size,
+    num_kv_heads, head_dim]; cu_seqlens_q: [num_seqs + 1]; seq_lens, kv_start: [num_seqs];
+    block_tables: [num_seqs, max_blocks]; all index tensors int32. Query i of sequence s sits at
+    position seq_lens[s] - q_len_s + i and attends keys [kv_start[s], position]. max_query_len must
+    be >= every q_len_s (padding is fine). prefix_out / prefix_lse (fp32) are merged in by
+    log-sum-exp. The grid depends on host ints only, so the call can be captured in a CUDA graph.
+    """
+    num_seqs, group = check_paged_attention_args(
+        q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, scale, max_query_len,
+        kv_start, prefix_out, prefix_lse,
+    )  # fmt: skip
+    num_tokens, _, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    if num_tokens == 0 or num_seqs == 0 or max_query_len == 0:
+        return
+    block_m, block_n = _tile_shape(head_dim, group, max_query_len)
+    block_q = block_m // group
+    tiles_per_seq = triton.cdiv(max_query_len, block_q)
+    searched_tiles = num_tokens // block_q + num_seqs
+    direct = num_seqs * tiles_per_seq <= searched_tiles
+    grid = (num_seqs * tiles_per_seq if direct else searched_tiles, num_kv_heads)
+    has_prefix = prefix_out is not None
+    _paged_attention_kernel[grid](
+        q, k_cache, v_cache, out,
+        prefix_out if has_prefix else out,
+        prefix_lse if has_prefix else seq_lens,
+        cu_seqlens_q, seq_lens,
+        kv_start if kv_start is not None else seq_lens,
+        block_tables, num_seqs, scale * LOG2E,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+        NUM_QUERIES_PER_KV=group, HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1],
+        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
+        TILES_PER_SEQ=tiles_per_seq if direct else 0,
+        HAS_KV_START=kv_start is not None, HAS_PREFIX=has_prefix,
+        DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=4, num_stages=3 if head_dim <= 128 else 2,
+    )  # fmt: skip
+
+
+def paged_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+    kv_start: torch.Tensor | None = None,
+    prefix_out: torch.Tensor | None = None,
+    prefix_lse: torch.Tensor | None = None,
+) -> None:
+    """Torch version of `paged_attention` (same contract), one sequence at a time in fp32."""
+    num_seqs, _ = check_paged_attention_args(
+        q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, scale, max_query_len,
+        kv_start, prefix_out, prefix_lse,
+    )  # fmt: skip
+    block_size = k_cache.shape[1]
+    cu = cu_seqlens_q.tolist()
+    lens = seq_lens.tolist()
+    starts = kv_start.tolist() if kv_start is not None else [0] * num_seqs
+    for s in range(num_seqs):
+        q_len = cu[s + 1] - cu[s]
+        if q_len == 0:
+            continue
+        seq_len, lo = lens[s], starts[s]
+        blocks = block_tables[s, : triton.cdiv(seq_len, block_size)].long()
+        k = k_cache[blocks].flatten(0, 1)[lo:seq_len]
+        v = v_cache[blocks].flatten(0, 1)[lo:seq_len]
+        positions = torch.arange(seq_len - q_len, seq_len, device=q.device)
+        key_pos = torch.arange(lo, seq_len, device=q.device)
+        allowed = key_pos[None, :] <= positions[:, None]
+        o, lse = attend(q[cu[s] : cu[s + 1]], k, v, scale, allowed)
+        if prefix_out is not None and prefix_lse is not None:
+            rows = slice(cu[s], cu[s + 1])
+            o, _ = merge_states(prefix_out[rows], prefix_lse[rows], o, lse)
+        out[cu[s] : cu[s + 1]] = o.to(out.dtype)
