@@ -1,0 +1,357 @@
+"""Global prefix grouping: find the shared prefixes of a whole job and form prefix groups.
+
+Each prompt's shareable part is its first ``floor((len - 1) / block_size) * block_size`` tokens:
+the engine shares whole KV blocks, and every request keeps at least one own token to produce
+logits (a prompt equal to a shared prefix therefore shares one block less than the others).
+The shareable parts are sorted as bytes (C-level comparisons) and the longest common prefix of
+sorted neighbours, in whole blocks, defines the radix tree of the job (its LCP intervals).
+
+Grouping rule: one prefix per request (one cascade level), maximising
+``tokens_saved = sum over groups of (size - 1) * prefix_len``. It is solved exactly by dynamic
+programming over the tree: a leaf belongs to its deepest chosen ancestor, and each node is chosen
+or not given the deepest chosen node above it. This contains BatchLLM's prefix enlargement
+(a child of ``k`` leaves merges into its parent's group when ``(k - 1) * (len_child - len_parent)
+<= len_parent``) but also sees when the parent has too few other members for its group to pay.
+Groups over ``max_group_size`` / ``max_group_tokens`` are then split into several groups with the
+same prefix (the same ``prefix_id``); requests that fit in no group stay ungrouped.
+"""
+
+from __future__ import annotations
+
+import array
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+Prompt = Sequence[int] | np.ndarray
+_U32 = next(code for code in "IL" if array.array(code).itemsize == 4)
+
+
+@dataclass(frozen=True)
+class GroupingConfig:
+    """How groups are formed. ``max_group_tokens`` caps prefix_len + the group's own tokens."""
+
+    min_prefix_len: int = 32
+    min_group_size: int = 2
+    block_size: int = 16
+    max_group_size: int | None = None
+    max_group_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_int("block_size", self.block_size, 1)
+        _check_int("min_prefix_len", self.min_prefix_len, 1)
+        _check_int("min_group_size", self.min_group_size, 2)
+        if self.max_group_size is not None:
+            _check_int("max_group_size", self.max_group_size, self.min_group_size)
+        if self.max_group_tokens is not None:
+            smallest = self.min_shared_len + self.min_group_size
+            _check_int("max_group_tokens", self.max_group_tokens, smallest)
+
+    @property
+    def min_shared_len(self) -> int:
+        """The shortest prefix a group can have: min_prefix_len rounded up to whole blocks."""
+        return -(-self.min_prefix_len // self.block_size) * self.block_size
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"GroupingConfig.{name} must be an integer >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class PrefixGroup:
+    """Requests sharing ``prompts[i][:prefix_len]``; split groups of one prefix share prefix_id."""
+
+    prefix_len: int
+    request_indices: tuple[int, ...]
+    prefix_id: int
+
+    @property
+    def size(self) -> int:
+        return len(self.request_indices)
+
+    def prefix(self, prompts: Sequence[Prompt]) -> Prompt:
+        """The shared prefix tokens, sliced from the job's first member (no copy for arrays)."""
+        return prompts[self.request_indices[0]][: self.prefix_len]
+
+
+@dataclass(frozen=True)
+class GroupingStats:
+    num_requests: int
+    num_tokens: int
+    num_groups: int
+    grouped_requests: int
+    mean_group_size: float
+    prefix_tokens: int
+    tokens_saved: int
+
+
+@dataclass(frozen=True)
+class GroupingResult:
+    """Groups ordered by first request index; every request is in one group or in ungrouped."""
+
+    groups: list[PrefixGroup]
+    ungrouped: list[int]
+    num_requests: int
+    num_tokens: int
+
+    @property
+    def tokens_saved(self) -> int:
+        return sum((g.size - 1) * g.prefix_len for g in self.groups)
+
+    @property
+    def stats(self) -> GroupingStats:
+        grouped = sum(g.size for g in self.groups)
+        return GroupingStats(
+            num_requests=self.num_requests,
+            num_tokens=self.num_tokens,
+            num_groups=len(self.groups),
+            grouped_requests=grouped,
+            mean_group_size=grouped / len(self.groups) if self.groups else 0.0,
+            prefix_tokens=sum(g.prefix_len for g in self.groups),
+            tokens_saved=self.tokens_saved,
+        )
+
+
+def group_prompts(
+    prompts: Sequence[Prompt], config: GroupingConfig | None = None
+) -> GroupingResult:
+    """Group a whole job's prompts (token ids in [0, 2**32)) by shared prefix."""
+    cfg = config or GroupingConfig()
+    lengths = np.fromiter((len(p) for p in prompts), dtype=np.int64, count=len(prompts))
+    shareable = (lengths - 1) // cfg.block_size * cfg.block_size
+    candidates = np.flatnonzero(shareable >= cfg.min_shared_len)
+    keys = [_encode(prompts[i], int(shareable[i]), i) for i in candidates.tolist()]
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+    lcp = _neighbour_lcp_blocks(keys, order, cfg.block_size)
+    del keys
+    tree = _Tree.build(lcp, len(order))
+    chosen = tree.choose(cfg)
+    members = tree.assign(chosen, candidates[np.asarray(order, dtype=np.int64)])
+    members = _drop_small_groups(tree, chosen, members, cfg.min_group_size)
+    groups: list[PrefixGroup] = []
+    for prefix_id, (node, indices) in enumerate(sorted(members.items(), key=lambda kv: kv[1][0])):
+        prefix_len = tree.depth[node] * cfg.block_size
+        groups.extend(_split(prefix_len, indices, lengths, prefix_id, cfg))
+    groups.sort(key=lambda g: g.request_indices[0])
+    in_groups = np.zeros(len(prompts), dtype=bool)
+    for g in groups:
+        in_groups[list(g.request_indices)] = True
+    ungrouped = np.flatnonzero(~in_groups).tolist()
+    return GroupingResult(groups, ungrouped, len(prompts), int(lengths.sum()))
+
+
+def _encode(prompt: Prompt, length: int, index: int) -> bytes:
+    """Fixed-width bytes of the shareable tokens: byte order keeps equal prefixes adjacent."""
+    try:
+        if isinstance(prompt, np.ndarray):
+            head = prompt[:length]
+            if head.dtype.kind not in "iu":
+                raise TypeError(f"dtype {head.dtype} is not an integer type")
+            if head.size and not _fits_u32(head):
+                raise OverflowError("a token id is outside [0, 2**32)")
+            return head.astype(np.uint32, copy=False).tobytes()
+        return array.array(_U32, prompt[:length]).tobytes()
+    except (TypeError, OverflowError) as err:
+        raise ValueError(
+            f"prompt {index}: token ids must be integers in [0, 2**32): {err}"
+        ) from err
+
+
+def _fits_u32(tokens: np.ndarray) -> bool:
+    unsigned = tokens.dtype.kind == "u"
+    if unsigned and tokens.dtype.itemsize <= 4:
+        return True
+    if tokens.dtype.itemsize <= 4:
+        return int(tokens.min()) >= 0
+    return (unsigned or int(tokens.min()) >= 0) and int(tokens.max()) < 2**32
+
+
+def _neighbour_lcp_blocks(keys: list[bytes], order: list[int], block_size: int) -> list[int]:
+    """Longest common prefix, in whole blocks, of each pair of neighbours in sorted order."""
+    block_bytes = 4 * block_size
+    word = np.uint64 if block_bytes % 8 == 0 else np.uint32
+    words_per_block = block_bytes // np.dtype(word).itemsize
+    lcp: list[int] = []
+    for a, b in itertools.pairwise(order):
+        ka, kb = keys[a], keys[b]
+        if ka[:block_bytes] != kb[:block_bytes]:
+            lcp.append(0)
+            continue
+        n_words = min(len(ka), len(kb)) // block_bytes * words_per_block
+        differ = np.frombuffer(ka, word, n_words) != np.frombuffer(kb, word, n_words)
+        first = int(differ.argmax())
+        lcp.append((first if differ[first] else n_words) // words_per_block)
+    return lcp
+
+
+@dataclass
+class _Tree:
+    """LCP intervals of the sorted keys: node v covers sorted positions lb[v]..rb[v]."""
+
+    depth: list[int]  # shared prefix of the node, in blocks
+    lb: list[int]
+    rb: list[int]
+    children: list[list[int]]
+    postorder: list[int]  # children before parents; node 0 is the root (depth 0)
+
+    @classmethod
+    def build(cls, lcp: list[int], n: int) -> _Tree:
+        tree = cls([0], [0], [max(n - 1, 0)], [[]], [])
+        stack = [0]
+        for i in range(n):
+            cur = lcp[i] if i < n - 1 else 0
+            left, last = i, -1
+            while cur < tree.depth[stack[-1]]:
+                v = stack.pop()
+                tree.rb[v] = i
+                tree.postorder.append(v)
+                left, last = tree.lb[v], v
+                if cur <= tree.depth[stack[-1]]:
+                    tree.children[stack[-1]].append(v)
+                    last = -1
+            if cur > tree.depth[stack[-1]]:
+                stack.append(tree._add(cur, left, [last] if last >= 0 else []))
+        tree.postorder.append(0)
+        return tree
+
+    def _add(self, depth: int, lb: int, children: list[int]) -> int:
+        self.depth.append(depth)
+        self.lb.append(lb)
+        self.rb.append(lb)
+        self.children.append(children)
+        return len(self.depth) - 1
+
+    def size(self, v: int) -> int:
+        return self.rb[v] - self.lb[v] + 1
+
+    def choose(self, cfg: GroupingConfig) -> list[bool]:
+        """Nodes whose groups maximise tokens_saved (exact DP, ignoring the size caps)."""
+        n_nodes = len(self.depth)
+        choosable = [
+            self.depth[v] * cfg.block_size >= cfg.min_prefix_len
+            and self.size(v) >= cfg.min_group_size
+            for v in range(n_nodes)
+        ]
+        # chain[v]: depths (tokens) a leaf under v can go to: 0 (none), then choosable ancestors.
+        chain = [np.zeros(1, dtype=np.int64)] * n_nodes
+        for v in reversed(self.postorder):
+            here = np.append(chain[v], self.depth[v] * cfg.block_size) if choosable[v] else chain[v]
+            for c in self.children[v]:
+                chain[c] = here
+        # best[v][i]: best value under v when the deepest chosen ancestor is chain[v][i]. It rises
+        # with i, so node v is chosen exactly when i < threshold[v].
+        best: list[np.ndarray] = [chain[0]] * n_nodes
+        threshold = [0] * n_nodes
+        for v in self.postorder:
+            k = len(chain[v])
+            summed = np.zeros(k + choosable[v], dtype=np.int64)
+            leaves = self.size(v)
+            for c in self.children[v]:
+                summed += best[c]
+                leaves -= self.size(c)
+            skip = summed[:k] + leaves * chain[v]
+            if choosable[v]:
+                take = int(summed[k]) + (leaves - 1) * self.depth[v] * cfg.block_size
+                threshold[v] = int(np.searchsorted(skip, take, side="left"))
+                np.maximum(skip, take, out=skip)
+            best[v] = skip
+        chosen = [False] * n_nodes
+        index = [0] * n_nodes
+        for v in reversed(self.postorder):
+            chosen[v] = index[v] < threshold[v]
+            for c in self.children[v]:
+                index[c] = len(chain[v]) if chosen[v] else index[v]
+        return chosen
+
+    def assign(self, chosen: list[bool], original: np.ndarray) -> dict[int, list[int]]:
+        """Each sorted position goes to its deepest chosen node; members in input order."""
+        owner = np.full(len(original), -1, dtype=np.int64)
+        for v in reversed(self.postorder):
+            if chosen[v]:
+                owner[self.lb[v] : self.rb[v] + 1] = v
+        taken = owner >= 0
+        owners, indices = owner[taken], original[taken]
+        by_owner = np.lexsort((indices, owners))
+        owners, indices = owners[by_owner], indices[by_owner]
+        cuts = np.flatnonzero(np.diff(owners)) + 1
+        return {
+            int(part_owner[0]): part.tolist()
+            for part_owner, part in zip(
+                np.split(owners, cuts), np.split(indices, cuts), strict=True
+            )
+            if len(part)
+        }
+
+
+def _drop_small_groups(
+    tree: _Tree, chosen: list[bool], members: dict[int, list[int]], min_size: int
+) -> dict[int, list[int]]:
+    """Groups under min_group_size hand their members to the nearest chosen ancestor."""
+    if all(len(m) >= min_size for m in members.values()):
+        return members
+    parent = [0] * len(tree.depth)
+    for v in tree.postorder:
+        for c in tree.children[v]:
+            parent[c] = v
+    members = {v: list(m) for v, m in members.items()}
+    for v in tree.postorder:
+        if v not in members or len(members[v]) >= min_size:
+            continue
+        moved = members.pop(v)
+        chosen[v] = False
+        up = parent[v]
+        while up != 0 and not chosen[up]:
+            up = parent[up]
+        if up != 0:
+            members[up] = sorted(members.get(up, []) + moved)
+    return members
+
+
+def _split(
+    prefix_len: int, indices: list[int], lengths: np.ndarray, prefix_id: int, cfg: GroupingConfig
+) -> list[PrefixGroup]:
+    """Cut a group into contiguous (input order) parts within the caps, sizes balanced."""
+    own = lengths[indices] - prefix_len
+    budget = None if cfg.max_group_tokens is None else cfg.max_group_tokens - prefix_len
+    if _fits(own, cfg.max_group_size, budget):
+        return [PrefixGroup(prefix_len, tuple(indices), prefix_id)]
+    if budget is not None:
+        fits = own <= budget
+        indices, own = [i for i, f in zip(indices, fits, strict=True) if f], own[fits]
+    parts = _greedy_parts(own, cfg.max_group_size, budget)
+    for n_parts in (len(parts), len(parts) + 1):
+        balanced = np.array_split(np.arange(len(indices)), n_parts) if indices else []
+        if all(_fits(own[p], cfg.max_group_size, budget) for p in balanced):
+            parts = [(int(p[0]), int(p[-1]) + 1) for p in balanced if len(p)]
+            break
+    return [
+        PrefixGroup(prefix_len, tuple(indices[start:stop]), prefix_id)
+        for start, stop in parts
+        if stop - start >= cfg.min_group_size
+    ]
+
+
+def _greedy_parts(
+    own: np.ndarray, max_size: int | None, budget: int | None
+) -> list[tuple[int, int]]:
+    """The fewest contiguous parts within the caps (greedy is optimal for contiguous cuts)."""
+    if _fits(own, max_size, budget):
+        return [(0, len(own))] if len(own) else []
+    parts, start, used = [], 0, 0
+    for i, tokens in enumerate(own.tolist()):
+        full = max_size is not None and i - start >= max_size
+        if full or (budget is not None and used + tokens > budget):
+            parts.append((start, i))
+            start, used = i, 0
+        used += tokens
+    parts.append((start, len(own)))
+    return parts
+
+
+def _fits(own: np.ndarray, max_size: int | None, budget: int | None) -> bool:
+    return (max_size is None or len(own) <= max_size) and (
+        budget is None or int(own.sum()) <= budget
+    )
