@@ -242,7 +242,7 @@ class _Tree:
             for c in self.children[v]:
                 chain[c] = here
         # best[v][i]: best value under v when the deepest chosen ancestor is chain[v][i]. It rises
-        # with i, so node v is chosen exactly when i < threshold[v].
+        # with i, so node v is chosen exactly when i < threshold[v]; ties go to fewer groups.
         best: list[np.ndarray] = [chain[0]] * n_nodes
         threshold = [0] * n_nodes
         for v in self.postorder:
@@ -296,7 +296,7 @@ def _drop_small_groups(
     for v in tree.postorder:
         for c in tree.children[v]:
             parent[c] = v
-    members = {v: list(m) for v, m in members.items()}
+    chosen, members = list(chosen), {v: list(m) for v, m in members.items()}
     for v in tree.postorder:
         if v not in members or len(members[v]) >= min_size:
             continue
