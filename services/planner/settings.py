@@ -83,6 +83,10 @@ class WorkerSettings:
     max_groups_in_flight: int = 8
     max_num_seqs: int = 256
     cancel_poll_s: float = 1.0
+    drain_timeout_s: float = (
+        120.0  # on SIGTERM: finish groups in flight for this long, then give back
+    )
+    max_model_len: int | None = None  # None: the engine's default for the model and device
     metrics_port: int = 0
     seed: int = 0
 

@@ -1,0 +1,222 @@
+"""Job state in Redis, as the planner and the workers read and write it (records in schema.py)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import redis
+from prefixgrove.planner import schema
+from prefixgrove.planner.ingest import IngestedBatch, JobPlan
+from prefixgrove.planner.requests import RequestError
+from prefixgrove.planner.schema import GroupRecord, JobKeys, JobRecord, JobState, ResultRecord
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+_BATCH = 1000
+
+
+def connect(url: str, *, retries: int = 30) -> redis.Redis:
+    """A client that rides out a restarting Redis: each command retries with backoff (~1 min)."""
+    retry = Retry(ExponentialBackoff(cap=2.0, base=0.05), retries)
+    client = redis.Redis.from_url(
+        url,
+        retry=retry,
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError],
+        health_check_interval=10,
+        socket_connect_timeout=5,
+    )
+    return client
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    waiting: int
+    leased: int
+
+    @property
+    def depth(self) -> int:
+        return self.waiting + self.leased
+
+
+class JobStore:
+    def __init__(self, client: redis.Redis) -> None:
+        self.r = client
+        self._write_results = client.register_script(schema.WRITE_RESULTS)
+        self._finish_group = client.register_script(schema.FINISH_GROUP)
+        self._cancel = client.register_script(schema.CANCEL)
+        self._start = client.register_script(schema.START)
+
+    # --- jobs -------------------------------------------------------------------------------
+    def create_job(
+        self, model: str, idempotency_key: str = "", metadata: dict[str, str] | None = None
+    ) -> tuple[JobRecord, bool]:
+        """Returns (job, created); a key used before gives back its job."""
+        job = JobRecord(id=f"job_{uuid.uuid4().hex[:20]}", model=model, idempotency_key=idempotency_key,
+                        created_at=time.time(), metadata=dict(metadata or {}))  # fmt: skip
+        if idempotency_key:
+            key = schema.idempotency_key(idempotency_key)
+            if not self.r.set(key, job.id, nx=True):
+                existing = self.get_job(self.r.get(key).decode())  # type: ignore[union-attr]
+                if existing is not None:
+                    return existing, False
+                self.r.set(key, job.id)
+        pipe = self.r.pipeline()
+        pipe.hset(JobKeys(job.id).job, mapping=job.encode())  # type: ignore[arg-type]
+        pipe.zadd(schema.JOBS, {job.id: job.created_at})
+        pipe.execute()
+        return job, True
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        raw = self.r.hgetall(JobKeys(job_id).job)
+        return JobRecord.decode(raw) if raw else None  # type: ignore[arg-type]
+
+    def job_state(self, job_id: str) -> JobState | None:
+        raw = self.r.hget(JobKeys(job_id).job, "state")
+        return JobState(raw.decode()) if raw else None  # type: ignore[union-attr]
+
+    def list_jobs(self, limit: int) -> list[JobRecord]:
+        ids = self.r.zrevrange(schema.JOBS, 0, limit - 1)
+        jobs = (self.get_job(i.decode()) for i in ids)  # type: ignore[union-attr]
+        return [j for j in jobs if j is not None]
+
+    def jobs_in_state(self, state: JobState) -> list[JobRecord]:
+        ids = self.r.zrange(schema.JOBS, 0, -1)
+        jobs = (self.get_job(i.decode()) for i in ids)  # type: ignore[union-attr]
+        return [j for j in jobs if j is not None and j.state == state]
+
+    def fail_job(self, job_id: str, code: str, message: str) -> None:
+        fields = {"state": JobState.FAILED.value, "error_code": code, "error_message": message,
+                  "finished_at": str(time.time())}  # fmt: skip
+        self.r.hset(JobKeys(job_id).job, mapping=fields)  # type: ignore[arg-type]
+
+    def cancel(self, job_id: str) -> JobState:
+        keys = JobKeys(job_id)
+        return JobState(self._cancel(keys=[keys.job, keys.leased], args=[time.time()]).decode())
+
+    # --- ingest -----------------------------------------------------------------------------
+    def write_requests(
+        self, job_id: str, batch: IngestedBatch, total: int, prompt_tokens: int
+    ) -> None:
+        keys = JobKeys(job_id)
+        for start in range(0, len(batch.requests), _BATCH):
+            records = {
+                str(request.index): schema.RequestRecord(
+                    request.custom_id, request.endpoint, request.params, tokens
+                ).encode()
+                for request, tokens in batch.requests[start : start + _BATCH]
+            }
+            self.r.hset(keys.requests, mapping=records)  # type: ignore[arg-type]
+        self.write_errors(job_id, batch.errors)
+        self.r.hset(keys.job, mapping={"total": total, "prompt_tokens": prompt_tokens})
+
+    def write_errors(self, job_id: str, errors: Sequence[RequestError]) -> int:
+        results = [(e.index, ResultRecord(True, e.to_line()), 0) for e in errors]
+        return self.write_results(job_id, results)
+
+    def queue_plan(self, job_id: str, model: str, plan: JobPlan) -> JobState:
+        """Writes the groups, queues them, and starts the job."""
+        keys = JobKeys(job_id)
+        stream = schema.queue_key(model)
+        self.ensure_queue(model)
+        self.r.hset(keys.job, mapping={"groups_total": len(plan.units),
+                                       "prefix_tokens_saved": plan.prefix_tokens_saved})  # fmt: skip
+        for start in range(0, len(plan.units), _BATCH):
+            chunk = plan.units[start : start + _BATCH]
+            gids = range(start, start + len(chunk))
+            pipe = self.r.pipeline(transaction=False)
+            pipe.hset(
+                keys.groups, mapping={str(g): u.encode() for g, u in zip(gids, chunk, strict=True)}
+            )
+            for gid in gids:
+                pipe.xadd(stream, {"job": job_id, "group": str(gid)})
+            pipe.execute()
+        return JobState(self._start(keys=[keys.job], args=[time.time()]).decode())
+
+    def ensure_queue(self, model: str) -> None:
+        self.r.sadd(schema.MODELS, model)
+        try:
+            self.r.xgroup_create(
+                schema.queue_key(model), schema.CONSUMER_GROUP, id="0", mkstream=True
+            )
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    # --- work -------------------------------------------------------------------------------
+    def load_group(
+        self, job_id: str, group_id: str
+    ) -> tuple[GroupRecord, list[schema.RequestRecord]] | None:
+        keys = JobKeys(job_id)
+        raw = self.r.hget(keys.groups, group_id)
+        if raw is None:
+            return None
+        group = GroupRecord.decode(raw)  # type: ignore[arg-type]
+        blobs = self.r.hmget(keys.requests, [str(i) for i in group.indices])
+        return group, [schema.RequestRecord.decode(b) for b in blobs]  # type: ignore[arg-type]
+
+    def write_results(self, job_id: str, results: Sequence[tuple[int, ResultRecord, int]]) -> int:
+        """(line index, result, completion tokens) each; first write wins. Returns how many were new."""
+        keys = JobKeys(job_id)
+        written = 0
+        for start in range(0, len(results), _BATCH):
+            args: list[object] = [time.time()]
+            for index, result, tokens in results[start : start + _BATCH]:
+                args += [index, result.encode(), int(result.is_error), tokens]
+            written += int(self._write_results(keys=[keys.results, keys.job], args=args))
+        return written
+
+    def mark_leased(self, job_id: str, group_id: str) -> None:
+        self.r.sadd(JobKeys(job_id).leased, group_id)
+
+    def finish_group(self, job_id: str, group_id: str) -> bool:
+        keys = JobKeys(job_id)
+        return bool(
+            self._finish_group(
+                keys=[keys.done, keys.leased, keys.job], args=[group_id, time.time()]
+            )
+        )
+
+    def is_group_done(self, job_id: str, group_id: str) -> bool:
+        return bool(self.r.sismember(JobKeys(job_id).done, group_id))
+
+    def read_answered(self, job_id: str, indices: Sequence[int]) -> set[int]:
+        """Which of these requests already have a result (a group taken over half done)."""
+        pipe = self.r.pipeline(transaction=False)
+        for index in indices:
+            pipe.hexists(JobKeys(job_id).results, str(index))
+        return {i for i, present in zip(indices, pipe.execute(), strict=True) if present}
+
+    # --- reading back -----------------------------------------------------------------------
+    def read_results(self, job_id: str, start: int, count: int) -> list[ResultRecord | None]:
+        fields = [str(i) for i in range(start, start + count)]
+        blobs = self.r.hmget(JobKeys(job_id).results, fields)
+        return [None if b is None else ResultRecord.decode(b) for b in blobs]  # type: ignore[union-attr]
+
+    def job_queue(self, job: JobRecord) -> QueueDepth:
+        if job.state.terminal or job.groups_total == 0:
+            return QueueDepth(0, 0)
+        leased = int(self.r.scard(JobKeys(job.id).leased))  # type: ignore[arg-type]
+        waiting = max(job.groups_total - job.groups_done - leased, 0)
+        return QueueDepth(waiting, leased)
+
+    def model_queue(self, model: str | None = None) -> QueueDepth:
+        """Entries not yet delivered plus entries delivered and not acknowledged, over all jobs."""
+        models = [model] if model else sorted(m.decode() for m in self.r.smembers(schema.MODELS))  # type: ignore[union-attr]
+        waiting = leased = 0
+        for name in models:
+            try:
+                infos = self.r.xinfo_groups(schema.queue_key(name))
+            except redis.ResponseError:
+                continue  # no queue for this model yet
+            for info in infos:
+                if _s(info["name"]) == schema.CONSUMER_GROUP:
+                    waiting += int(info.get("lag") or 0)
+                    leased += int(info["pending"])
+        return QueueDepth(waiting, leased)
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
