@@ -1,0 +1,318 @@
+"""The prefix pass of cascade attention (the merge lives in merge_states, fused in the suffix pass).
+
+A prefix group's queries (all its requests' tokens in this step, decode and prefill chunks alike)
+are contiguous rows of q. One program takes BLOCK_Q of those rows times the G query heads of one kv
+head as the M dimension of tl.dot, so the group's prefix KV is read once per (group, kv head, M tile)
+instead of once per request. With few groups the prefix is also split across NUM_SPLITS programs
+(flash-decoding style) whose partial (o, lse) a second kernel reduces.
+
+Rows outside every group (before group_cu_q[0], after group_cu_q[-1], or in a group whose prefix is
+empty) get o = 0 and lse = -inf, which the suffix pass treats as "no prefix".
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from prefixgrove.kernels import checks
+from prefixgrove.kernels.merge_states import (
+    merge_attention_states,
+    merge_attention_states_ref,
+    reduce_splits_kernel,
+)
+from prefixgrove.kernels.paged_attention import LOG2E, dot_precision
+from prefixgrove.kernels.reference_math import attend
+
+__all__ = [
+    "merge_attention_states",
+    "merge_attention_states_ref",
+    "prefix_attention",
+    "prefix_attention_ref",
+]
+
+MAX_SPLITS = 16
+
+
+@triton.jit
+def _segment_begin(cu_ptr, j, num_groups, num_tokens):
+    """Row where segment j begins: segment 0 is [0, cu[0]), j in 1..num_groups is group j - 1,
+    segment num_groups + 1 is [cu[num_groups], num_tokens); j = num_groups + 2 ends it all."""
+    inside = (j >= 1) & (j <= num_groups + 1)
+    begin = tl.load(cu_ptr + j - 1, mask=inside, other=0)
+    return tl.where(j > num_groups + 1, num_tokens, begin)
+
+
+@triton.jit
+def _find_segment(cu_ptr, tile_idx, num_groups, num_tokens, BLOCK_Q: tl.constexpr):
+    lo: tl.int32 = 0
+    hi = num_groups + 2
+    while lo < hi:
+        mid = (lo + hi) // 2
+        start = _segment_begin(cu_ptr, mid, num_groups, num_tokens) // BLOCK_Q + mid
+        if start <= tile_idx:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _prefix_attention_kernel(
+    q_ptr,  # [num_tokens, num_heads, HEAD_DIM]
+    k_ptr,  # k_cache, v_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
+    v_ptr,
+    o_ptr,  # [NUM_SPLITS, num_tokens, num_heads, HEAD_DIM] fp32 (split dim absent if 1)
+    lse_ptr,  # [NUM_SPLITS, num_tokens, num_heads] fp32
+    group_cu_ptr,  # [num_groups + 1]
+    prefix_lens_ptr,  # [num_groups]
+    block_tables_ptr,  # [num_groups, max_prefix_blocks] (row stride stride_bt)
+    num_groups,
+    num_tokens,
+    scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_bt,
+    NUM_QUERIES_PER_KV: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    tile_idx = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    segment = _find_segment(group_cu_ptr, tile_idx, num_groups, num_tokens, BLOCK_Q)
+    seg_begin = _segment_begin(group_cu_ptr, segment, num_groups, num_tokens)
+    seg_len = _segment_begin(group_cu_ptr, segment + 1, num_groups, num_tokens) - seg_begin
+    q_tile = tile_idx - (seg_begin // BLOCK_Q + segment)
+    if q_tile * BLOCK_Q >= seg_len:
+        return
+    group = segment - 1
+    is_group = (segment >= 1) & (segment <= num_groups)
+    prefix_len = tl.load(prefix_lens_ptr + group, mask=is_group, other=0)
+
+    rows = tl.arange(0, BLOCK_M)
+    q_idx = q_tile * BLOCK_Q + rows // NUM_QUERIES_PER_KV
+    head = kv_head * NUM_QUERIES_PER_KV + rows % NUM_QUERIES_PER_KV
+    row_valid = (rows < BLOCK_Q * NUM_QUERIES_PER_KV) & (q_idx < seg_len)
+    token = (seg_begin + q_idx).to(tl.int64)
+    dims = tl.arange(0, HEAD_DIM)
+    q_offs = token * stride_qt + head * stride_qh
+    q = tl.load(q_ptr + q_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
+
+    num_tiles = tl.cdiv(prefix_len, BLOCK_N)
+    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    tile_lo = split * tiles_per_split
+    tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    table_row = block_tables_ptr + group.to(tl.int64) * stride_bt
+    for tile in range(tile_lo, tile_hi):
+        keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        key_valid = keys < prefix_len
+        block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0)
+        kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
+        kv_offs += kv_head * stride_kh
+        # k: [HEAD_DIM, BLOCK_N], v: [BLOCK_N, HEAD_DIM]
+        k = tl.load(k_ptr + kv_offs[None, :] + dims[:, None], mask=key_valid[None, :], other=0.0)
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
+        s = tl.where(key_valid[None, :], s, float("-inf"))
+        # Every row sees at least one valid key per tile (non-causal), so m stays finite here.
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + kv_offs[:, None] + dims[None, :], mask=key_valid[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    has_keys = l_i > 0.0
+    o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    lse = tl.where(
+        has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) / 1.4426950408889634, float("-inf")
+    )
+    num_heads = stride_qt // stride_qh
+    lse_offs = (split.to(tl.int64) * num_tokens + token) * num_heads + head
+    o_offs = lse_offs * HEAD_DIM
+    tl.store(o_ptr + o_offs[:, None] + dims[None, :], o, mask=row_valid[:, None])
+    tl.store(lse_ptr + lse_offs, lse, mask=row_valid)
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _tile_shape(head_dim: int, group: int, max_group_q: int) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N): M covers a whole group's rows when it can (up to 128)."""
+    min_m = max(16, triton.next_power_of_2(group))
+    max_m = max(min_m, 128 if head_dim <= 128 else 64)
+    block_m = min(max(min_m, triton.next_power_of_2(max(1, max_group_q * group))), max_m)
+    block_n = 64 if head_dim <= 128 else 32
+    return block_m, block_n
+
+
+def default_num_splits(
+    q: torch.Tensor, num_groups: int, m_tiles_per_group: int, num_kv_heads: int
+) -> int:
+    """Enough programs for about two waves over the GPU when there are few groups."""
+    if q.device.type != "cuda":
+        return 1
+    programs = max(1, num_groups * m_tiles_per_group * num_kv_heads)
+    return max(1, min(MAX_SPLITS, triton.cdiv(2 * _num_sms(q.device.index or 0), programs)))
+
+
+def _check_prefix_args(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    group_cu_q: torch.Tensor,
+    group_prefix_lens: torch.Tensor,
+    group_block_tables: torch.Tensor,
+    scale: float,
+    max_group_q: int,
+) -> tuple[int, int]:
+    """Validates on the host; returns (num_groups, GQA ratio)."""
+    checks.check_queries(q)
+    group = checks.check_kv_cache(q, k_cache, v_cache)
+    checks.check_scale(scale)
+    checks.check_index("group_cu_q", group_cu_q, ndim=1, device=q.device)
+    num_groups = group_cu_q.shape[0] - 1
+    if num_groups < 0:
+        raise ValueError("group_cu_q must have num_groups + 1 >= 1 entries, got 0")
+    checks.check_index("group_prefix_lens", group_prefix_lens, ndim=1, device=q.device)
+    checks.check_shape("group_prefix_lens", group_prefix_lens, (num_groups,))
+    checks.check_index("group_block_tables", group_block_tables, ndim=2, device=q.device)
+    if group_block_tables.shape[0] != num_groups:
+        raise ValueError(
+            f"group_block_tables has {group_block_tables.shape[0]} rows but group_cu_q "
+            f"describes {num_groups} groups"
+        )
+    if not isinstance(max_group_q, int) or max_group_q < 0:
+        raise ValueError(f"max_group_q must be a non-negative int, got {max_group_q!r}")
+    return num_groups, group
+
+
+def _outputs(
+    q: torch.Tensor, out: torch.Tensor | None, out_lse: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if out is None:
+        out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    if out_lse is None:
+        out_lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    checks.check_output("out", out, q, torch.float32)
+    checks.check_lse("out_lse", out_lse, q)
+    return out, out_lse
+
+
+def prefix_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    group_cu_q: torch.Tensor,
+    group_prefix_lens: torch.Tensor,
+    group_block_tables: torch.Tensor,
+    scale: float,
+    max_group_q: int,
+    out: torch.Tensor | None = None,
+    out_lse: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Non-causal attention of every group's query rows over the group's whole prefix.
+
+    q: [num_tokens, num_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size,
+    num_kv_heads, head_dim]; group_cu_q: [num_groups + 1] (group g owns rows
+    group_cu_q[g]:group_cu_q[g + 1]); group_prefix_lens: [num_groups] (multiples of block_size);
+    group_block_tables: [num_groups, max_prefix_blocks]; index tensors int32. max_group_q must be
+    >= every group's row count. Returns (o_p, lse_p): [num_tokens, num_heads, head_dim] and
+    [num_tokens, num_heads], fp32, written into `out` / `out_lse` when given. The grid depends on
+    host ints only, so the call can be captured in a CUDA graph.
+    """
+    num_groups, group = _check_prefix_args(
+        q, k_cache, v_cache, group_cu_q, group_prefix_lens, group_block_tables, scale, max_group_q
+    )
+    out, out_lse = _outputs(q, out, out_lse)
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    if num_tokens == 0:
+        return out, out_lse
+    block_m, block_n = _tile_shape(head_dim, group, max_group_q)
+    block_q = block_m // group
+    if num_splits is None:
+        m_tiles = triton.cdiv(max_group_q, block_q)
+        num_splits = default_num_splits(q, num_groups, m_tiles, num_kv_heads)
+    if not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be an int in [1, {MAX_SPLITS}], got {num_splits!r}")
+    if num_splits == 1:
+        part_o, part_lse = out, out_lse
+    else:
+        part_o = torch.empty((num_splits, *q.shape), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((num_splits, *q.shape[:2]), dtype=torch.float32, device=q.device)
+    grid = (num_tokens // block_q + num_groups + 2, num_kv_heads, num_splits)
+    _prefix_attention_kernel[grid](
+        q, k_cache, v_cache, part_o, part_lse,
+        group_cu_q, group_prefix_lens, group_block_tables,
+        num_groups, num_tokens, scale * LOG2E,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        group_block_tables.stride(0),
+        NUM_QUERIES_PER_KV=group, HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1],
+        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, NUM_SPLITS=num_splits,
+        DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=8 if block_m * head_dim >= 128 * 128 else 4,
+        num_stages=3 if head_dim <= 128 else 2,
+    )  # fmt: skip
+    if num_splits > 1:
+        num_rows = num_tokens * num_heads
+        reduce_splits_kernel[(triton.cdiv(num_rows, 16),)](
+            part_o, part_lse, out, out_lse, num_rows,
+            NUM_SPLITS=num_splits, BLOCK_R=16, HEAD_DIM=head_dim,
+        )  # fmt: skip
+    return out, out_lse
+
+
+def prefix_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    group_cu_q: torch.Tensor,
+    group_prefix_lens: torch.Tensor,
+    group_block_tables: torch.Tensor,
+    scale: float,
+    max_group_q: int,
+    out: torch.Tensor | None = None,
+    out_lse: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch version of `prefix_attention` (same contract), one group at a time in fp32."""
+    num_groups, _ = _check_prefix_args(
+        q, k_cache, v_cache, group_cu_q, group_prefix_lens, group_block_tables, scale, max_group_q
+    )
+    out, out_lse = _outputs(q, out, out_lse)
+    out.zero_()
+    out_lse.fill_(float("-inf"))
+    block_size = k_cache.shape[1]
+    cu = group_cu_q.tolist()
+    prefix_lens = group_prefix_lens.tolist()
+    for g in range(num_groups):
+        if cu[g + 1] == cu[g] or prefix_lens[g] == 0:
+            continue
+        blocks = group_block_tables[g, : prefix_lens[g] // block_size].long()
+        k = k_cache[blocks].flatten(0, 1)
+        v = v_cache[blocks].flatten(0, 1)
+        allowed = torch.ones(cu[g + 1] - cu[g], k.shape[0], dtype=torch.bool, device=q.device)
+        out[cu[g] : cu[g + 1]], out_lse[cu[g] : cu[g + 1]] = attend(
+            q[cu[g] : cu[g + 1]], k, v, scale, allowed
+        )
+    return out, out_lse

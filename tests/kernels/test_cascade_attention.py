@@ -1,0 +1,232 @@
+"""Cascade attention: the prefix pass, the merge, and prefix + suffix == plain paged attention."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from paged_cases import (
+    Batch,
+    Cache,
+    Seq,
+    block_table,
+    cumulative,
+    dense_attention,
+    dense_paged,
+    gather,
+    int32,
+    make_batch,
+    make_cache,
+    random_queries,
+)
+from prefixgrove.kernels.cascade_attention import (
+    merge_attention_states,
+    merge_attention_states_ref,
+    prefix_attention,
+    prefix_attention_ref,
+)
+from prefixgrove.kernels.paged_attention import paged_attention
+
+NUM_KV_HEADS = 2
+TOLERANCE = {torch.float32: 2e-4, torch.float16: 5e-3}
+
+
+@dataclass
+class Groups:
+    """Rows group_cu_q[g]:group_cu_q[g + 1] of q belong to group g, whose prefix is `blocks[g]`."""
+
+    cu: list[int]
+    prefix_lens: list[int]
+    blocks: list[list[int]]
+
+    def tensors(self, cache: Cache) -> dict[str, torch.Tensor]:
+        device = cache.k.device
+        return {
+            "group_cu_q": int32(self.cu, device),
+            "group_prefix_lens": int32(self.prefix_lens, device),
+            "group_block_tables": block_table(self.blocks, cache.k.shape[0], device),
+        }
+
+
+def dense_prefix(
+    q: torch.Tensor, groups: Groups, cache: Cache, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    o = torch.zeros(q.shape, dtype=torch.float64)
+    lse = torch.full(q.shape[:2], float("-inf"), dtype=torch.float64)
+    for g, prefix_len in enumerate(groups.prefix_lens):
+        rows = slice(groups.cu[g], groups.cu[g + 1])
+        keys = range(prefix_len)
+        k, v = gather(cache.k, groups.blocks[g], keys), gather(cache.v, groups.blocks[g], keys)
+        allowed = torch.ones(groups.cu[g + 1] - groups.cu[g], prefix_len, dtype=torch.bool)
+        o[rows], lse[rows] = (t.cpu() for t in dense_attention(q[rows], k, v, allowed, scale))
+    return o, lse
+
+
+def assert_states_close(
+    got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor, torch.Tensor], tol: float
+) -> None:
+    torch.testing.assert_close(got[0].double().cpu(), want[0].double().cpu(), atol=tol, rtol=tol)
+    torch.testing.assert_close(got[1].double().cpu(), want[1].double().cpu(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(
+    ("head_dim", "group", "block_size"), [(64, 4, 8), (128, 8, 16), (64, 1, 32)]
+)
+def test_prefix_pass_over_many_groups_mixed_with_ungrouped_rows(
+    device: torch.device,
+    dtype: torch.dtype,
+    head_dim: int,
+    group: int,
+    block_size: int,
+    num_splits: int,
+) -> None:
+    cache = make_cache(64, block_size, NUM_KV_HEADS, head_dim, dtype, device)
+    # 3 ungrouped rows, then groups of 5, 2 (empty prefix), 0, 9 and 1 rows, 2 ungrouped rows,
+    # then a padded group with no rows.
+    prefix_blocks = [2, 0, 3, 1, 9, 0]
+    rows = [5, 2, 0, 9, 1, 0]
+    groups = Groups(
+        cu=cumulative(rows, device, start=3).tolist(),
+        prefix_lens=[n * block_size for n in prefix_blocks],
+        blocks=[cache.take(n * block_size) for n in prefix_blocks],
+    )
+    q = random_queries(3 + sum(rows) + 2, NUM_KV_HEADS * group, head_dim, dtype, device)
+    args = {**groups.tensors(cache), "scale": head_dim**-0.5, "max_group_q": 12}
+    got = prefix_attention(q, cache.k, cache.v, num_splits=num_splits, **args)
+    ref = prefix_attention_ref(q, cache.k, cache.v, **args)
+    dense = dense_prefix(q, groups, cache, head_dim**-0.5)
+    tol = TOLERANCE[dtype]
+    assert_states_close(ref, dense, tol)
+    assert_states_close(got, ref, tol)
+    ungrouped = torch.tensor([0, 1, 2, 8, 9, 20, 21])
+    assert got[1][ungrouped].isneginf().all()
+    assert (got[0][ungrouped] == 0).all()
+
+
+def test_prefix_pass_writes_into_given_buffers(device: torch.device) -> None:
+    cache = make_cache(8, 8, NUM_KV_HEADS, 32, torch.float32, device)
+    groups = Groups(cu=[0, 3], prefix_lens=[16], blocks=[cache.take(16)])
+    q = random_queries(3, NUM_KV_HEADS, 32, torch.float32, device)
+    out = torch.full(q.shape, float("nan"), device=device)
+    out_lse = torch.full(q.shape[:2], float("nan"), device=device)
+    args = {**groups.tensors(cache), "scale": 0.1, "max_group_q": 3}
+    o, lse = prefix_attention(q, cache.k, cache.v, out=out, out_lse=out_lse, **args)
+    assert o is out and lse is out_lse
+    assert_states_close((o, lse), prefix_attention_ref(q, cache.k, cache.v, **args), 1e-5)
+
+
+@dataclass
+class Request:
+    q_len: int
+    own_len: int  # tokens after the prefix, new ones included
+
+
+def build_cascade(
+    cache: Cache, layout: list[tuple[int, list[Request]]], num_heads: int, dtype: torch.dtype
+) -> tuple[Batch, Groups]:
+    """layout: (prefix_len, requests) per group in batch order; prefix_len 0 means ungrouped."""
+    seqs, cu, prefix_lens, prefix_tables = [], [0], [], []
+    for prefix_len, requests in layout:
+        shared = cache.take(prefix_len)
+        for r in requests:
+            blocks = shared + cache.take(r.own_len)
+            seqs.append(Seq(r.q_len, prefix_len + r.own_len, prefix_len, blocks))
+        cu.append(cu[-1] + sum(r.q_len for r in requests))
+        prefix_lens.append(prefix_len)
+        prefix_tables.append(shared)
+    batch = make_batch(cache, seqs, num_heads, dtype)
+    return batch, Groups(cu, prefix_lens, prefix_tables)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("head_dim", "group", "block_size"), [(64, 4, 16), (128, 8, 8)])
+def test_cascade_equals_plain_paged_attention_over_prefix_and_suffix(
+    device: torch.device,
+    dtype: torch.dtype,
+    head_dim: int,
+    group: int,
+    block_size: int,
+    num_splits: int,
+) -> None:
+    cache = make_cache(96, block_size, NUM_KV_HEADS, head_dim, dtype, device)
+    b = block_size
+    layout = [
+        (0, [Request(3, 20)]),  # ungrouped, prefill chunk with context
+        (4 * b, [Request(1, 10), Request(1, 25), Request(6, 6), Request(0, 3)]),
+        (0, [Request(1, 7)]),  # ungrouped between groups
+        (2 * b, [Request(1, 1), Request(5, 12)]),
+        (11 * b, [Request(1, 3)]),
+        (b, []),  # padded group
+    ]
+    batch, groups = build_cascade(cache, layout, NUM_KV_HEADS * group, dtype)
+    scale = head_dim**-0.5
+    meta = {
+        "cu_seqlens_q": batch.cu_seqlens_q,
+        "seq_lens": batch.seq_lens,
+        "block_tables": batch.block_tables,
+        "scale": scale,
+        "max_query_len": batch.max_query_len,
+    }
+    plain = torch.empty_like(batch.q)
+    paged_attention(batch.q, cache.k, cache.v, plain, **meta)
+    o_p, lse_p = prefix_attention(
+        batch.q, cache.k, cache.v, **groups.tensors(cache), scale=scale, max_group_q=8,
+        num_splits=num_splits,
+    )  # fmt: skip
+    cascade = torch.empty_like(batch.q)
+    paged_attention(
+        batch.q, cache.k, cache.v, cascade, **meta, kv_start=batch.kv_start, prefix_out=o_p,
+        prefix_lse=lse_p,
+    )  # fmt: skip
+    for s in batch.seqs:
+        s.kv_start = 0
+    dense, _ = dense_paged(batch, cache, scale)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(plain.double().cpu(), dense.cpu(), atol=tol, rtol=tol)
+    torch.testing.assert_close(cascade.double().cpu(), dense.cpu(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_merging_states_of_disjoint_key_sets_equals_attention_over_their_union(
+    device: torch.device, dtype: torch.dtype
+) -> None:
+    gen = torch.Generator().manual_seed(3)
+    n_q, num_heads, head_dim = 5, 4, 64
+    q = torch.randn(n_q, num_heads, head_dim, generator=gen).to(dtype)
+    k = torch.randn(30, 2, head_dim, generator=gen).to(dtype)
+    v = torch.randn(30, 2, head_dim, generator=gen).to(dtype)
+    in_a = torch.rand(n_q, 30, generator=gen) < 0.4
+    in_b = ~in_a
+    in_a[0], in_b[1], in_b[2] = False, False, False  # empty sides, and row 2 empty on both
+    in_a[2] = False
+    a = dense_attention(q, k, v, in_a, 0.125)
+    b = dense_attention(q, k, v, in_b, 0.125)
+    whole = dense_attention(q, k, v, in_a | in_b, 0.125)
+    states = [
+        (t.to(dtype) if t.dim() == 3 else t.float()).to(device).contiguous() for t in (*a, *b)
+    ]
+    got = merge_attention_states(*states)
+    ref = merge_attention_states_ref(*states)
+    tol = TOLERANCE[dtype]
+    assert got[0].dtype == dtype
+    assert_states_close(ref, whole, tol)
+    assert_states_close(got, ref, tol)
+    assert got[1][2].isneginf().all() and (got[0][2] == 0).all()
+
+
+def test_prefix_pass_rejects_bad_arguments(device: torch.device) -> None:
+    cache = make_cache(8, 8, NUM_KV_HEADS, 32, torch.float32, device)
+    groups = Groups(cu=[0, 3], prefix_lens=[16], blocks=[cache.take(16)])
+    q = random_queries(3, NUM_KV_HEADS, 32, torch.float32, device)
+    args = {**groups.tensors(cache), "scale": 0.1, "max_group_q": 3}
+    with pytest.raises(ValueError, match="num_splits must be an int in"):
+        prefix_attention(q, cache.k, cache.v, num_splits=0, **args)
+    with pytest.raises(ValueError, match="group_block_tables has 2 rows"):
+        bad = {**args, "group_block_tables": args["group_block_tables"].repeat(2, 1)}
+        prefix_attention(q, cache.k, cache.v, **bad)
+    with pytest.raises(TypeError, match=r"out has dtype torch\.float16"):
+        prefix_attention(q, cache.k, cache.v, out=torch.empty_like(q).half(), **args)
