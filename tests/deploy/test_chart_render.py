@@ -1,0 +1,288 @@
+"""What `helm template` renders: the resources the issue asks for, wired to the settings the services
+and the operator really read."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import Counter
+
+import pytest
+from deploy_tools import CHART, container, env_of, find, helm, kinds, template
+from prefixgrove.operator.settings import OperatorSettings
+from prefixgrove.planner.settings import PlannerSettings, WorkerSettings, add_arguments, load
+
+PREFIX = "t-prefixgrove"
+
+
+def test_default_install_renders_every_component() -> None:
+    objects = template()
+    assert kinds(objects) == sorted(
+        ["ClusterRole", "ClusterRoleBinding", "Deployment", "Deployment", "Deployment",
+         "PersistentVolumeClaim", "Role", "RoleBinding", "Secret", "Service", "Service", "Service",
+         "ServiceAccount", "StatefulSet"]
+    )  # fmt: skip
+    names = {o["metadata"]["name"] for o in objects if o["kind"] == "Deployment"}
+    assert names == {f"{PREFIX}-planner", f"{PREFIX}-worker", f"{PREFIX}-operator"}
+
+
+def test_each_template_file_holds_one_resource() -> None:
+    out = helm("template", "t", str(CHART), "--set", "metrics.grafanaDashboard.enabled=true",
+               "--set", "planner.podDisruptionBudget.enabled=true").stdout  # fmt: skip
+    sources = Counter(re.findall(r"^# Source: (\S+)$", out, flags=re.M))
+    assert sources, "nothing rendered"
+    assert max(sources.values()) == 1, sources
+
+
+def test_worker_runs_on_gpu_nodes_with_a_gpu_limit_and_the_model_volume() -> None:
+    objects = template(
+        "--set", "worker.modelVolume.type=persistentVolumeClaim",
+        "--set", "worker.modelVolume.claimName=llama-weights",
+        "--set", "worker.gpus=2",
+    )  # fmt: skip
+    worker = find(objects, "Deployment", f"{PREFIX}-worker")
+    pod = worker["spec"]["template"]["spec"]
+    c = container(worker, "worker")
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    models = next(v for v in pod["volumes"] if v["name"] == "models")
+    assert models["persistentVolumeClaim"] == {"claimName": "llama-weights", "readOnly": True}
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
+
+
+def test_cpu_workers_reserve_no_gpu() -> None:
+    objects = template("--set", "worker.device=cpu", "--set", "worker.gpus=0")
+    c = container(find(objects, "Deployment", f"{PREFIX}-worker"), "worker")
+    assert "nvidia.com/gpu" not in c["resources"].get("limits", {})
+    assert c["args"][c["args"].index("--device") + 1] == "cpu"
+
+
+def test_autoscaled_workers_leave_replicas_to_the_operator() -> None:
+    scaled = find(template(), "Deployment", f"{PREFIX}-worker")
+    fixed = find(template("--set", "autoscaling.enabled=false", "--set", "worker.replicas=3"),
+                 "Deployment", f"{PREFIX}-worker")  # fmt: skip
+    assert "replicas" not in scaled["spec"]
+    assert fixed["spec"]["replicas"] == 3
+
+
+def _parse_serve_args(args: list[str], settings: type) -> argparse.Namespace:
+    """Parses a container's `serve planner|worker` flags the way the CLI does: every flag must be
+    a field of the settings class, or parsing fails."""
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_arguments(parser, settings)
+    return parser.parse_args(args[2:])
+
+
+def test_planner_flags_and_env_are_what_the_planner_reads() -> None:
+    objects = template("--set", "auth.enabled=true")
+    c = container(find(objects, "Deployment", f"{PREFIX}-planner"), "planner")
+    assert c["args"][:2] == ["serve", "planner"]
+    env = env_of(c)
+    settings = load(
+        PlannerSettings,
+        _parse_serve_args(c["args"], PlannerSettings),
+        env={"PREFIXGROVE_REDIS_URL": env["PREFIXGROVE_REDIS_URL"]},
+    )
+    assert settings.port == 50051 and settings.metrics_port == 9090
+    assert settings.model == "tiny-random-llama"
+    assert settings.redis_url == f"redis://:$(REDIS_PASSWORD)@{PREFIX}-redis:6379/0"
+    assert env["REDIS_PASSWORD"]["secretKeyRef"] == {
+        "name": f"{PREFIX}-redis",
+        "key": "redis-password",
+    }
+    assert env["PREFIXGROVE_AUTH_TOKEN"]["secretKeyRef"] == {
+        "name": f"{PREFIX}-auth",
+        "key": "token",
+    }
+    service = find(objects, "Service", f"{PREFIX}-planner")
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {
+        "grpc": 50051,
+        "metrics": 9090,
+    }
+
+
+def test_worker_flags_are_what_the_worker_reads() -> None:
+    c = container(find(template(), "Deployment", f"{PREFIX}-worker"), "worker")
+    assert c["args"][:2] == ["serve", "worker"]
+    env = env_of(c)
+    settings = load(
+        WorkerSettings,
+        _parse_serve_args(c["args"], WorkerSettings),
+        env={"PREFIXGROVE_REDIS_URL": env["PREFIXGROVE_REDIS_URL"]},
+    )
+    assert (settings.model, settings.device, settings.metrics_port) == (
+        "tiny-random-llama",
+        "cuda",
+        9091,
+    )
+    assert env["PREFIXGROVE_CONSUMER"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+
+
+def test_operator_env_builds_valid_settings_pointing_at_the_chart_objects() -> None:
+    objects = template(
+        "--set", "autoscaling.minReplicas=1", "--set", "autoscaling.maxReplicas=5",
+        "--set", "autoscaling.groupsPerWorker=3", "--set", "autoscaling.scaleDownStabilizationSeconds=120",
+    )  # fmt: skip
+    c = container(find(objects, "Deployment", f"{PREFIX}-operator"), "operator")
+    plain = {
+        k: v for k, v in env_of(c).items() if k.startswith("PREFIXGROVE_") and isinstance(v, str)
+    }
+    settings = OperatorSettings.from_env(plain)
+    assert settings.planner_address == f"{PREFIX}-planner.prefixgrove.svc:50051"
+    assert settings.worker_deployment == f"{PREFIX}-worker"
+    assert settings.worker_namespace == "prefixgrove"
+    assert settings.worker_model == "tiny-random-llama"
+    assert (settings.min_workers, settings.max_workers, settings.groups_per_worker) == (1, 5, 3)
+    assert settings.scale_down_window_s == 120
+    assert settings.shared_volume_root == "/data"
+    assert {"name": "data", "mountPath": "/data"} in c["volumeMounts"]
+    assert "--namespace=prefixgrove" in c["command"] and "--standalone" in c["command"]
+
+
+def test_operator_without_autoscaling_gets_no_deployment_rights() -> None:
+    objects = template("--set", "autoscaling.enabled=false")
+    c = container(find(objects, "Deployment", f"{PREFIX}-operator"), "operator")
+    assert (
+        OperatorSettings.from_env(
+            {"PREFIXGROVE_WORKER_DEPLOYMENT": env_of(c)["PREFIXGROVE_WORKER_DEPLOYMENT"]}
+        ).autoscaling
+        is False
+    )
+    rules = find(objects, "Role")["rules"]
+    assert not any("apps" in r["apiGroups"] for r in rules)
+
+
+def _grants(rules: list[dict]) -> set[tuple[str, str, str, str]]:
+    return {
+        (group, resource, verb, ",".join(r.get("resourceNames", [])))
+        for r in rules
+        for group in r["apiGroups"]
+        for resource in r["resources"]
+        for verb in r["verbs"]
+    }
+
+
+BATCHJOB_GRANTS = {
+    ("prefixgrove.io", "batchjobs", "get", ""),
+    ("prefixgrove.io", "batchjobs", "list", ""),
+    ("prefixgrove.io", "batchjobs", "watch", ""),
+    ("prefixgrove.io", "batchjobs", "patch", ""),
+    ("prefixgrove.io", "batchjobs/status", "get", ""),
+    ("prefixgrove.io", "batchjobs/status", "patch", ""),
+    ("prefixgrove.io", "batchjobs/finalizers", "update", ""),
+    ("", "configmaps", "get", ""),
+    ("", "events", "create", ""),
+}
+SCALE_GRANTS = {
+    ("apps", "deployments", "get", f"{PREFIX}-worker"),
+    ("apps", "deployments/scale", "get", f"{PREFIX}-worker"),
+    ("apps", "deployments/scale", "patch", f"{PREFIX}-worker"),
+}
+CRD_GRANTS = {
+    ("apiextensions.k8s.io", "customresourcedefinitions", "list", ""),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "watch", ""),
+}
+
+
+@pytest.mark.parametrize("scope", ["namespace", "cluster"])
+def test_operator_rbac_is_exactly_what_it_needs(scope: str) -> None:
+    objects = template("--set", f"operator.watchScope={scope}")
+    role = _grants(find(objects, "Role")["rules"])
+    cluster_role = _grants(find(objects, "ClusterRole")["rules"])
+    if scope == "namespace":
+        assert role == SCALE_GRANTS | BATCHJOB_GRANTS
+        assert cluster_role == CRD_GRANTS
+    else:
+        assert role == SCALE_GRANTS
+        assert cluster_role == CRD_GRANTS | BATCHJOB_GRANTS
+    binding = find(objects, "RoleBinding")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": f"{PREFIX}-operator", "namespace": "prefixgrove"}
+    ]
+    # two releases of one name in two namespaces must not share a ClusterRole
+    assert find(objects, "ClusterRole")["metadata"]["name"] == f"prefixgrove-{PREFIX}-operator"
+
+
+def test_planner_and_worker_get_no_api_credentials() -> None:
+    objects = template()
+    for name in ("planner", "worker"):
+        pod = find(objects, "Deployment", f"{PREFIX}-{name}")["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False
+
+
+def test_bundled_redis_persists_with_aof_behind_a_password() -> None:
+    objects = template("--set", "redis.appendfsync=always")
+    redis = find(objects, "StatefulSet", f"{PREFIX}-redis")
+    c = container(redis, "redis")
+    args = c["args"]
+    assert args[args.index("--appendonly") + 1] == "yes"
+    assert args[args.index("--appendfsync") + 1] == "always"
+    assert args[args.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
+    assert env_of(c)["REDIS_PASSWORD"]["secretKeyRef"]["name"] == f"{PREFIX}-redis"
+    claim = redis["spec"]["volumeClaimTemplates"][0]
+    assert claim["metadata"]["name"] == "redis-data"
+    assert {"name": "redis-data", "mountPath": "/data"} in c["volumeMounts"]
+    secret = find(objects, "Secret", f"{PREFIX}-redis")
+    assert len(secret["data"]["redis-password"]) > 20
+
+
+def test_external_redis_replaces_the_bundled_one() -> None:
+    objects = template(
+        "--set", "redis.enabled=false", "--set", "redis.external.existingSecret=my-redis",
+    )  # fmt: skip
+    assert "StatefulSet" not in kinds(objects)
+    for name in ("planner", "worker"):
+        env = env_of(container(find(objects, "Deployment", f"{PREFIX}-{name}"), name))
+        assert env["PREFIXGROVE_REDIS_URL"] == {
+            "secretKeyRef": {"name": "my-redis", "key": "redis-url"}
+        }
+        assert "REDIS_PASSWORD" not in env
+
+
+def test_pod_disruption_budget_uses_policy_v1_where_served() -> None:
+    on = ["--set", "planner.podDisruptionBudget.enabled=true"]
+    assert find(template(*on), "PodDisruptionBudget")["apiVersion"] == "policy/v1"
+    assert "PodDisruptionBudget" not in kinds(template())
+
+
+def test_planner_probe_uses_grpc_only_where_kubelets_have_it() -> None:
+    new = container(
+        find(template("--kube-version", "1.29.0"), "Deployment", f"{PREFIX}-planner"), "planner"
+    )
+    old = container(
+        find(template("--kube-version", "1.20.2"), "Deployment", f"{PREFIX}-planner"), "planner"
+    )
+    assert new["readinessProbe"]["grpc"] == {"port": 50051}
+    assert old["readinessProbe"]["tcpSocket"] == {"port": "grpc"}
+
+
+def test_service_monitors_need_and_use_the_prometheus_operator_api() -> None:
+    objects = template(
+        "--set", "metrics.serviceMonitor.enabled=true", "--api-versions", "monitoring.coreos.com/v1",
+    )  # fmt: skip
+    monitors = [o for o in objects if o["kind"] == "ServiceMonitor"]
+    assert sorted(m["metadata"]["name"] for m in monitors) == [
+        f"{PREFIX}-planner",
+        f"{PREFIX}-worker",
+    ]
+    worker_metrics = find(objects, "Service", f"{PREFIX}-worker-metrics")
+    monitor = find(objects, "ServiceMonitor", f"{PREFIX}-worker")
+    labels = worker_metrics["metadata"]["labels"]
+    assert all(labels[k] == v for k, v in monitor["spec"]["selector"]["matchLabels"].items())
+    assert worker_metrics["spec"]["ports"][0]["name"] == monitor["spec"]["endpoints"][0]["port"]
+
+
+def test_grafana_dashboard_is_valid_json_on_metrics_the_planner_exports() -> None:
+    objects = template("--set", "metrics.grafanaDashboard.enabled=true")
+    dashboard = json.loads(find(objects, "ConfigMap")["data"]["prefixgrove.json"])
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    names = {n for e in exprs for n in re.findall(r"\b(prefixgrove_\w+)", e)}
+    from prefixgrove.planner.metrics import PlannerMetrics
+
+    exported = {s.name for metric in PlannerMetrics().registry.collect() for s in metric.samples}
+    planner_names = {n for n in names if not n.startswith("prefixgrove_worker_")}
+    assert planner_names and planner_names <= exported, planner_names - exported
