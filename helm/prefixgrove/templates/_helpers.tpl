@@ -139,7 +139,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 
 {{/* PodDisruptionBudget API: policy/v1 from Kubernetes 1.21, policy/v1beta1 before. */}}
 {{- define "prefixgrove.pdb.apiVersion" -}}
-{{- if .Capabilities.APIVersions.Has "policy/v1/PodDisruptionBudget" }}policy/v1{{ else }}policy/v1beta1{{ end }}
+{{- if .Capabilities.APIVersions.Has "policy/v1" }}policy/v1{{ else }}policy/v1beta1{{ end }}
 {{- end }}
 
 {{/* A writable /tmp for a read-only root file system (torch, triton and tokenizer caches). */}}
@@ -151,8 +151,8 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{/* ServiceMonitors need the Prometheus Operator's API; say so instead of failing at apply time. */}}
 {{- define "prefixgrove.serviceMonitor.enabled" -}}
 {{- if .Values.metrics.serviceMonitor.enabled }}
-{{- if not (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor") }}
-{{- fail "metrics.serviceMonitor.enabled needs the monitoring.coreos.com/v1 API (Prometheus Operator CRDs); install them or pass --api-versions monitoring.coreos.com/v1/ServiceMonitor" }}
+{{- if not (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") }}
+{{- fail "metrics.serviceMonitor.enabled needs the monitoring.coreos.com/v1 API (Prometheus Operator CRDs); install them or pass --api-versions monitoring.coreos.com/v1" }}
 {{- end }}
 {{- true }}
 {{- end }}
