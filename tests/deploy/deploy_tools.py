@@ -113,3 +113,14 @@ def container(workload: dict[str, Any], name: str) -> dict[str, Any]:
 def env_of(c: dict[str, Any]) -> dict[str, Any]:
     """Name -> literal value, or the valueFrom mapping for values from Secrets and fields."""
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
+
+
+def parse_cli(args: list[str]) -> Any:
+    """Parses a container's arguments with the real `prefixgrove` command line: an unknown flag
+    or a missing value fails exactly as it would in the pod."""
+    from prefixgrove.cli import _parser
+
+    try:
+        return _parser().parse_args(args)
+    except SystemExit as exc:
+        raise AssertionError(f"prefixgrove {' '.join(args)} is refused by the CLI") from exc

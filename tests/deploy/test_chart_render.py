@@ -3,15 +3,16 @@ and the operator really read."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from collections import Counter
 
 import pytest
-from deploy_tools import CHART, container, env_of, find, helm, kinds, template
+from deploy_tools import CHART, container, env_of, find, helm, kinds, parse_cli, template
 from prefixgrove.operator.settings import OperatorSettings
-from prefixgrove.planner.settings import PlannerSettings, WorkerSettings, add_arguments, load
+from prefixgrove.planner.metrics import PlannerMetrics
+from prefixgrove.planner.settings import PlannerSettings, WorkerSettings, load
+from prefixgrove.worker.metrics import WorkerMetrics
 
 PREFIX = "t-prefixgrove"
 
@@ -69,14 +70,6 @@ def test_autoscaled_workers_leave_replicas_to_the_operator() -> None:
     assert fixed["spec"]["replicas"] == 3
 
 
-def _parse_serve_args(args: list[str], settings: type) -> argparse.Namespace:
-    """Parses a container's `serve planner|worker` flags the way the CLI does: every flag must be
-    a field of the settings class, or parsing fails."""
-    parser = argparse.ArgumentParser(exit_on_error=False)
-    add_arguments(parser, settings)
-    return parser.parse_args(args[2:])
-
-
 def test_planner_flags_and_env_are_what_the_planner_reads() -> None:
     objects = template("--set", "auth.enabled=true")
     c = container(find(objects, "Deployment", f"{PREFIX}-planner"), "planner")
@@ -84,7 +77,7 @@ def test_planner_flags_and_env_are_what_the_planner_reads() -> None:
     env = env_of(c)
     settings = load(
         PlannerSettings,
-        _parse_serve_args(c["args"], PlannerSettings),
+        parse_cli(c["args"]),
         env={"PREFIXGROVE_REDIS_URL": env["PREFIXGROVE_REDIS_URL"]},
     )
     assert settings.port == 50051 and settings.metrics_port == 9090
@@ -111,7 +104,7 @@ def test_worker_flags_are_what_the_worker_reads() -> None:
     env = env_of(c)
     settings = load(
         WorkerSettings,
-        _parse_serve_args(c["args"], WorkerSettings),
+        parse_cli(c["args"]),
         env={"PREFIXGROVE_REDIS_URL": env["PREFIXGROVE_REDIS_URL"]},
     )
     assert (settings.model, settings.device, settings.metrics_port) == (
@@ -276,13 +269,12 @@ def test_service_monitors_need_and_use_the_prometheus_operator_api() -> None:
     assert worker_metrics["spec"]["ports"][0]["name"] == monitor["spec"]["endpoints"][0]["port"]
 
 
-def test_grafana_dashboard_is_valid_json_on_metrics_the_planner_exports() -> None:
+def test_grafana_dashboard_is_valid_json_on_metrics_the_services_export() -> None:
     objects = template("--set", "metrics.grafanaDashboard.enabled=true")
     dashboard = json.loads(find(objects, "ConfigMap")["data"]["prefixgrove.json"])
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     names = {n for e in exprs for n in re.findall(r"\b(prefixgrove_\w+)", e)}
-    from prefixgrove.planner.metrics import PlannerMetrics
-
-    exported = {s.name for metric in PlannerMetrics().registry.collect() for s in metric.samples}
-    planner_names = {n for n in names if not n.startswith("prefixgrove_worker_")}
-    assert planner_names and planner_names <= exported, planner_names - exported
+    registries = [PlannerMetrics().registry, WorkerMetrics().registry]
+    exported = {s.name for r in registries for metric in r.collect() for s in metric.samples}
+    assert len(names) >= 8
+    assert names <= exported, names - exported

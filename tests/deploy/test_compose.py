@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from deploy_tools import COMPOSE_FILE, REPO, compose_command, run
-from prefixgrove.planner.settings import PlannerSettings, WorkerSettings, add_arguments, load
+from deploy_tools import COMPOSE_FILE, REPO, compose_command, parse_cli, run
+from prefixgrove.planner.settings import PlannerSettings, WorkerSettings, load
 
 
 def compose(
@@ -90,18 +89,23 @@ def test_cli_has_the_data_folder_for_input_and_output() -> None:
     assert bind["type"] == "bind" and bind["source"] == str(REPO / "data")
 
 
-def _parse(command: list[str], settings: type) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(exit_on_error=False)
-    add_arguments(parser, settings)
-    return parser.parse_args(command[2:])
-
-
 @pytest.mark.parametrize(
     ("service", "settings"), [("planner", PlannerSettings), ("worker", WorkerSettings)]
 )
 def test_service_commands_are_what_the_services_read(service: str, settings: type) -> None:
     spec = resolved()["services"][service]
     assert spec["command"][:2] == ["serve", service]
-    loaded = load(settings, _parse(spec["command"], settings), env=spec["environment"])
+    loaded = load(settings, parse_cli(spec["command"]), env=spec["environment"])
     assert loaded.redis_url.endswith("@redis:6379/0")
     assert loaded.metrics_port in (9090, 9091)
+
+
+def test_submit_shown_in_the_compose_file_is_a_valid_cli_command() -> None:
+    header = [line.lstrip("# ").rstrip() for line in COMPOSE_FILE.read_text().splitlines()]
+    start = next(
+        i for i, line in enumerate(header) if line.startswith("docker compose run --rm cli")
+    )
+    command = header[start].removesuffix("\\") + " " + header[start + 1]
+    args = parse_cli(command.split("docker compose run --rm cli", 1)[1].split())
+    assert (args.planner, args.wait) == ("planner:50051", True)
+    assert str(args.output).startswith("/data/") and str(args.errors).startswith("/data/")
