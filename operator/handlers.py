@@ -42,11 +42,11 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
     )
-    # lifecycle Events are posted explicitly; kopf's own only for warnings and errors
+    # lifecycle Events are posted explicitly (kopf.event); kopf's own only for warnings and errors
     settings.posting.level = logging.WARNING
     _load_kube_config()
     memo.planner = PlannerClient(
-        SETTINGS.planner_address, SETTINGS.auth_token, SETTINGS.rpc_timeout_s
+        SETTINGS.planner_address, SETTINGS.planner_token, SETTINGS.rpc_timeout_s
     )
     memo.core = client.CoreV1Api()
     memo.autoscaler_stop = asyncio.Event()
@@ -111,7 +111,12 @@ def submit(
         new.get("conditions", conditions), "Submitted", True, "Submitted", f"planner job {job.id}"
     )
     patch.status.update(new)
-    kopf.info(body, reason="Submitted", message=f"planner job {job.id}, {job.total} requests")
+    kopf.event(
+        body,
+        type="Normal",
+        reason="Submitted",
+        message=f"planner job {job.id}, {job.total} requests",
+    )
 
 
 def _tracking(status: kopf.Status, **_: Any) -> bool:
@@ -169,7 +174,7 @@ def _announce(body: kopf.Body, job: JobView, new: dict[str, Any]) -> None:
     if phase == "Failed":
         kopf.warn(body, reason=phase, message=message)
     else:
-        kopf.info(body, reason=phase, message=message)
+        kopf.event(body, type="Normal", reason=phase, message=message)
 
 
 @kopf.on.update(*BATCHJOBS, field="spec")

@@ -18,8 +18,8 @@ PLURAL = "batchjobs"
 class OperatorSettings:
     # planner gRPC target, host:port
     planner_address: str = "127.0.0.1:50051"
-    # bearer token the planner asks for (the same variable the planner reads); empty: none
-    auth_token: str = ""
+    # bearer token the planner asks for; empty when it runs without one
+    planner_token: str = ""
     rpc_timeout_s: float = 10.0
     # seconds between status refreshes of a running BatchJob
     status_interval_s: float = 5.0

@@ -1,0 +1,295 @@
+"""Real components for the operator tests: the API server with the BatchJob CRD, Redis, the planner,
+a CPU worker, and the operator itself running in-process under kopf's KopfRunner."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from k8s_fixtures import REPO, KubeApi, free_port, missing
+
+CRD = REPO / "helm" / "prefixgrove" / "crds" / "batchjobs.yaml"
+MODEL = "tiny-random-llama"
+NAMESPACE = "default"
+WORKER_DEPLOYMENT = "prefixgrove-worker"
+GROUPS_PER_WORKER = 1
+MIN_WORKERS = 1
+MAX_WORKERS = 4
+SCALE_DOWN_WINDOW_S = 4.0
+AUTOSCALE_INTERVAL_S = 0.5
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout: float = 60.0, every: float = 0.2) -> Any:
+    """Polls `probe` until it returns something truthy; fails with `what` and the last value."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(every)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}; last seen: {last!r}")
+
+
+class Service:
+    """A child process of the tests, stopped by its own pid; its output is kept for failures."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path) -> None:
+        self.name = name
+        self.log = log_dir / f"{name}-{uuid.uuid4().hex[:6]}.log"
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.alive():
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def cli(*args: str) -> list[str]:
+    """The project's `prefixgrove` command, run by this interpreter."""
+    return [sys.executable, "-m", "prefixgrove.cli", *args]
+
+
+class BatchJobs:
+    """kubectl on BatchJobs, as a person would use it."""
+
+    def __init__(self, kube: KubeApi) -> None:
+        self.kube = kube
+
+    def apply(self, name: str, spec: dict[str, Any]) -> None:
+        body = {
+            "apiVersion": "prefixgrove.io/v1alpha1",
+            "kind": "BatchJob",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": spec,
+        }
+        self.kube.kubectl("apply", "-f", "-", input=json.dumps(body))
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        out = self.kube.kubectl("get", "bj", name, "-n", NAMESPACE, "-o", "json", check=False)
+        return json.loads(out) if out.strip() else None
+
+    def status(self, name: str) -> dict[str, Any]:
+        return (self.get(name) or {}).get("status") or {}
+
+    def wait_phase(self, name: str, *phases: str, timeout: float = 60.0) -> dict[str, Any]:
+        return wait_for(
+            f"BatchJob {name} to reach {phases}",
+            lambda: (s := self.status(name)).get("phase") in phases and s,
+            timeout,
+        )
+
+    def events(self, name: str) -> list[str]:
+        out = self.kube.kubectl(
+            "get", "events", "-n", NAMESPACE, "-o", "json",
+            f"--field-selector=involvedObject.name={name}",
+        )  # fmt: skip
+        return [event["reason"] for event in json.loads(out)["items"]]
+
+
+@pytest.fixture(scope="session")
+def crd(kube_api: KubeApi) -> KubeApi:
+    """The chart's BatchJob CRD, applied and established."""
+    if not CRD.exists():
+        pytest.fail(f"the BatchJob CRD is missing at {CRD}", pytrace=False)
+    kube_api.kubectl("apply", "-f", str(CRD))
+    kube_api.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", "crd/batchjobs.prefixgrove.io"
+    )
+    return kube_api
+
+
+@pytest.fixture(scope="session")
+def batchjobs(crd: KubeApi) -> BatchJobs:
+    return BatchJobs(crd)
+
+
+@pytest.fixture(scope="session")
+def logs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("logs")
+
+
+@pytest.fixture(scope="session")
+def volume(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shared data volume: BatchJob input and output paths live under it."""
+    return tmp_path_factory.mktemp("volume")
+
+
+@pytest.fixture(scope="session")
+def redis_url(logs_dir: Path) -> Iterator[str]:
+    if shutil.which("redis-server") is None:
+        missing("no redis-server on PATH; run scripts/ci/install-redis.sh")
+    port = free_port()
+    args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    server = Service("redis", [*args, "--appendonly", "no"], dict(os.environ), logs_dir)
+    try:
+        wait_for("redis-server", lambda: _ping_redis(port) or not server.alive(), 20)
+        if not server.alive():
+            pytest.fail(f"redis-server exited:\n{server.tail()}", pytrace=False)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        server.stop()
+
+
+def _ping_redis(port: int) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis(port=port, socket_timeout=0.5).ping())
+    except redis.RedisError:
+        return False
+
+
+def _service_env(redis_url: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFIXGROVE_")}
+    return {**env, "PREFIXGROVE_REDIS_URL": redis_url, "PREFIXGROVE_MODEL": MODEL}
+
+
+@pytest.fixture(scope="session")
+def planner_address(redis_url: str, logs_dir: Path) -> Iterator[str]:
+    """A real planner process on a free port, over the session's Redis."""
+    from prefixgrove.operator.planner_client import PlannerClient, PlannerUnavailable
+
+    port = free_port()
+    args = cli("serve", "planner", "--host", "127.0.0.1", "--port", str(port))
+    server = Service("planner", args, _service_env(redis_url), logs_dir)
+    address = f"127.0.0.1:{port}"
+    client = PlannerClient(address, timeout_s=2.0)
+
+    def ready() -> bool:
+        if not server.alive():
+            pytest.fail(f"the planner exited:\n{server.tail()}", pytrace=False)
+        try:
+            client.queue_depth()
+        except PlannerUnavailable:
+            return False
+        return True
+
+    try:
+        wait_for("the planner to answer", ready, timeout=60, every=0.5)
+        yield address
+    finally:
+        client.close()
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def planner(planner_address: str) -> Iterator[Any]:
+    """The operator's own client to the test planner, to check what the operator did."""
+    from prefixgrove.operator.planner_client import PlannerClient
+
+    client = PlannerClient(planner_address)
+    yield client
+    client.close()
+
+
+def start_worker(redis_url: str, logs_dir: Path) -> Service:
+    """A real worker process on the CPU serving the tiny model."""
+    worker = Service(
+        "worker", cli("serve", "worker", "--device", "cpu"), _service_env(redis_url), logs_dir
+    )
+    time.sleep(1.0)
+    if not worker.alive():
+        pytest.fail(f"the worker exited:\n{worker.tail()}", pytrace=False)
+    return worker
+
+
+@pytest.fixture(scope="module")
+def cpu_worker(redis_url: str, planner_address: str, logs_dir: Path) -> Iterator[Service]:
+    """A CPU worker for one test module."""
+    worker = start_worker(redis_url, logs_dir)
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture(scope="session")
+def operator_env(crd: KubeApi, planner_address: str, volume: Path) -> Iterator[None]:
+    """The operator's settings, set before its module is first imported (it reads them then)."""
+    env = {
+        "KUBECONFIG": str(crd.kubeconfig),
+        "PREFIXGROVE_PLANNER_ADDRESS": planner_address,
+        "PREFIXGROVE_SHARED_VOLUME_ROOT": str(volume),
+        "PREFIXGROVE_STATUS_INTERVAL_S": "0.5",
+        "PREFIXGROVE_RETRY_DELAY_S": "1",
+        "PREFIXGROVE_WORKER_DEPLOYMENT": WORKER_DEPLOYMENT,
+        "PREFIXGROVE_WORKER_NAMESPACE": NAMESPACE,
+        "PREFIXGROVE_GROUPS_PER_WORKER": str(GROUPS_PER_WORKER),
+        "PREFIXGROVE_MIN_WORKERS": str(MIN_WORKERS),
+        "PREFIXGROVE_MAX_WORKERS": str(MAX_WORKERS),
+        "PREFIXGROVE_AUTOSCALE_INTERVAL_S": str(AUTOSCALE_INTERVAL_S),
+        "PREFIXGROVE_SCALE_DOWN_WINDOW_S": str(SCALE_DOWN_WINDOW_S),
+    }
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    import prefixgrove.operator.handlers as handlers
+
+    assert handlers.SETTINGS.planner_address == planner_address, "handlers imported too early"
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def worker_deployment(crd: KubeApi) -> str:
+    """The worker Deployment the autoscaler drives (pods never run: there is no kubelet)."""
+    body = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": WORKER_DEPLOYMENT, "namespace": NAMESPACE},
+        "spec": {
+            "replicas": MIN_WORKERS,
+            "selector": {"matchLabels": {"app": WORKER_DEPLOYMENT}},
+            "template": {
+                "metadata": {"labels": {"app": WORKER_DEPLOYMENT}},
+                "spec": {"containers": [{"name": "worker", "image": "prefixgrove-worker:test"}]},
+            },
+        },
+    }
+    crd.kubectl("apply", "-f", "-", input=json.dumps(body))
+    return WORKER_DEPLOYMENT
+
+
+def replicas(kube: KubeApi) -> int:
+    out = kube.kubectl(
+        "get", "deployment", WORKER_DEPLOYMENT, "-n", NAMESPACE, "-o", "jsonpath={.spec.replicas}"
+    )
+    return int(out)
+
+
+@pytest.fixture
+def operator(operator_env: None, worker_deployment: str) -> Iterator[Any]:
+    """The operator, in-process, for one test."""
+    from kopf.testing import KopfRunner
+
+    args = [
+        "run",
+        "--standalone",
+        f"--namespace={NAMESPACE}",
+        "-m",
+        "prefixgrove.operator.handlers",
+    ]
+    with KopfRunner(args, timeout=60) as runner:
+        yield runner

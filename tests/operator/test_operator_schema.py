@@ -1,0 +1,51 @@
+"""The CRD's schema turns nonsense away at the API server, before the operator ever sees it."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from k8s_fixtures import KubeApi
+
+
+def batchjob(name: str, **spec: Any) -> str:
+    body = {
+        "apiVersion": "prefixgrove.io/v1alpha1",
+        "kind": "BatchJob",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "model": "tiny-random-llama",
+            "input": {"configMap": {"name": "questions", "key": "in.jsonl"}},
+            "output": {"path": "out/result.jsonl"},
+            **spec,
+        },
+    }
+    return json.dumps(body)
+
+
+@pytest.mark.parametrize(
+    ("spec", "complaint"),
+    [
+        ({"input": {"path": "../etc/passwd"}}, "spec.input.path"),
+        ({"input": {"path": "/etc/passwd"}}, "spec.input.path"),
+        ({"output": {"path": "a/../../b"}}, "spec.output.path"),
+        ({"input": {}}, "spec.input"),
+        ({"input": {"path": "a", "configMap": {"name": "q", "key": "k"}}}, "spec.input"),
+        ({"sampling": {"temperature": -1}}, "spec.sampling.temperature"),
+        ({"model": ""}, "spec.model"),
+    ],
+)
+def test_schema_rejects_nonsense(crd: KubeApi, spec: dict[str, Any], complaint: str) -> None:
+    name = f"bad-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(RuntimeError, match=complaint):
+        crd.kubectl("apply", "-f", "-", input=batchjob(name, **spec))
+    assert crd.kubectl("get", "bj", "--ignore-not-found", "-o", "name", name) == ""
+
+
+def test_schema_accepts_a_sound_batchjob(crd: KubeApi) -> None:
+    name = f"good-{uuid.uuid4().hex[:8]}"
+    crd.kubectl(
+        "apply", "--dry-run=server", "-f", "-", input=batchjob(name, sampling={"topP": 0.5})
+    )
