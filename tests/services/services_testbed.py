@@ -147,7 +147,13 @@ def batch_line(custom_id: str, body: dict, url: str = "/v1/completions") -> str:
 
 
 def shared_prefix_job(
-    path: Path, n: int, *, docs: int = 6, max_tokens: int = 4, seed: int = 0
+    path: Path,
+    n: int,
+    *,
+    docs: int = 6,
+    max_tokens: int = 4,
+    seed: int = 0,
+    with_errors: bool = False,
 ) -> Path:
     """n requests over a few long shared documents: completions, chats, a sampled and a logprobs one."""
     import random
@@ -173,5 +179,12 @@ def shared_prefix_job(
         if i % 13 == 6:
             body["logprobs"] = 2
         lines.append(batch_line(f"req-{i}", body))
+    if with_errors:
+        lines[n // 3] = '{"custom_id": "broken", '
+        lines.insert(n // 2, batch_line("req-1", {"prompt": "a duplicate id", "max_tokens": 2}))
+        lines.insert(
+            n // 2, batch_line("too-long", {"prompt": "z" * MAX_MODEL_LEN, "max_tokens": 2})
+        )
+        lines.insert(n // 4, batch_line("bad-token", {"prompt": [1, 2, 10**6], "max_tokens": 2}))
     path.write_text("\n".join(lines) + "\n")
     return path
