@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 from deploy_tools import CHART, container, env_of, find, helm, kinds, parse_cli, template
+
 from prefixgrove.operator.settings import OperatorSettings
 from prefixgrove.planner.metrics import PlannerMetrics
 from prefixgrove.planner.settings import PlannerSettings, WorkerSettings, load
@@ -175,6 +176,8 @@ SCALE_GRANTS = {
     ("apps", "deployments/scale", "get", f"{PREFIX}-worker"),
     ("apps", "deployments/scale", "patch", f"{PREFIX}-worker"),
 }
+# kopf lists the namespaces it was told to watch before it watches anything in them
+NAMESPACE_GRANTS = {("", "namespaces", "list", ""), ("", "namespaces", "watch", "")}
 CRD_GRANTS = {
     ("apiextensions.k8s.io", "customresourcedefinitions", "list", ""),
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch", ""),
@@ -188,7 +191,7 @@ def test_operator_rbac_is_exactly_what_it_needs(scope: str) -> None:
     cluster_role = _grants(find(objects, "ClusterRole")["rules"])
     if scope == "namespace":
         assert role == SCALE_GRANTS | BATCHJOB_GRANTS
-        assert cluster_role == CRD_GRANTS
+        assert cluster_role == CRD_GRANTS | NAMESPACE_GRANTS
     else:
         assert role == SCALE_GRANTS
         assert cluster_role == CRD_GRANTS | BATCHJOB_GRANTS

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 from deploy_tools import COMPOSE_FILE, REPO, compose_command, parse_cli, run
+
 from prefixgrove.planner.settings import PlannerSettings, WorkerSettings, load
 
 
