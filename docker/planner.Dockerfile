@@ -28,8 +28,8 @@ USER 10001:10001
 EXPOSE 50051 9090
 # The health service answers without the bearer token, so this works with auth on.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 CMD \
-  python -c "import grpc, sys; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g; \
-ch = grpc.insecure_channel('127.0.0.1:' + __import__('os').environ.get('PREFIXGROVE_PORT', '50051')); \
+  python -c "import grpc, os, sys; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g; \
+ch = grpc.insecure_channel('127.0.0.1:' + os.environ.get('PREFIXGROVE_PORT', '50051')); \
 r = g.HealthStub(ch).Check(h.HealthCheckRequest(), timeout=4); sys.exit(r.status != h.HealthCheckResponse.SERVING)"
 ENTRYPOINT ["prefixgrove"]
 CMD ["serve", "planner", "--port", "50051", "--metrics-port", "9090"]

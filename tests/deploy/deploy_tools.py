@@ -6,7 +6,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Sequence
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ CRD = CHART / "crds" / "batchjobs.yaml"
 COMPOSE_FILE = REPO / "docker-compose.yml"
 CACHE = Path.home() / ".cache" / "prefixgrove"
 HELM_BIN = Path(os.environ.get("PREFIXGROVE_HELM_BIN", CACHE / "helm-3.17" / "bin"))
+VENV_BIN = Path(sys.executable).parent
 COMPOSE_BIN = Path(os.environ.get("PREFIXGROVE_COMPOSE_BIN", CACHE / "compose-2.40" / "bin"))
 
 
@@ -124,3 +128,44 @@ def parse_cli(args: list[str]) -> Any:
         return _parser().parse_args(args)
     except SystemExit as exc:
         raise AssertionError(f"prefixgrove {' '.join(args)} is refused by the CLI") from exc
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}; last saw {last!r}")
+
+
+@dataclass
+class Process:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    @classmethod
+    def start(cls, name: str, args: list[str], env: dict[str, str], logs: Path) -> Process:
+        log = logs / f"{name}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
+        return cls(name, proc, log)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            pytest.fail(f"{self.name} exited {self.proc.returncode}:\n{self.text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

@@ -6,66 +6,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import sys
-import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from deploy_tools import CHART, CRD, helm, kubectl_path, missing, run
+from deploy_tools import CHART, CRD, VENV_BIN, Process, helm, kubectl_path, run, wait_for
 from k8s_fixtures import KubeApi, free_port
 
-BIN = Path(sys.executable).parent
 RELEASE = "pg"
 PREFIX = f"{RELEASE}-prefixgrove"
-
-
-def wait_for(what: str, probe: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}; last saw {last!r}")
-
-
-@dataclass
-class Process:
-    name: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    @classmethod
-    def start(cls, name: str, args: list[str], env: dict[str, str], logs: Path) -> Process:
-        log = logs / f"{name}.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
-        return cls(name, proc, log)
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def check_alive(self) -> None:
-        if self.proc.poll() is not None:
-            pytest.fail(f"{self.name} exited {self.proc.returncode}:\n{self.text()[-3000:]}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 class Cluster:
@@ -87,11 +40,6 @@ class Cluster:
     def get(self, kind: str, name: str) -> dict[str, Any] | None:
         out = self.kubectl("get", kind, name, "-o", "json", "--ignore-not-found")
         return json.loads(out) if out.strip() else None
-
-
-@pytest.fixture(scope="module")
-def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("logs")
 
 
 @pytest.fixture(scope="module")
@@ -133,52 +81,6 @@ def service_account_kubeconfig(cluster: Cluster, logs: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def planner_address(logs: Path) -> Iterator[str]:
-    """A real redis-server and planner process on free loopback ports."""
-    if shutil.which("redis-server") is None:
-        missing("no redis-server on PATH; run scripts/ci/install-redis.sh")
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    redis_port, planner_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFIXGROVE_")}
-    redis = Process.start(
-        "redis",
-        ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        env,
-        logs,
-    )  # fmt: skip
-    planner = Process.start(
-        "planner",
-        [str(BIN / "prefixgrove"), "serve", "planner", "--host", "127.0.0.1",
-         "--port", str(planner_port), "--redis-url", f"redis://127.0.0.1:{redis_port}/0"],
-        env,
-        logs,
-    )  # fmt: skip
-    address = f"127.0.0.1:{planner_port}"
-    channel = grpc.insecure_channel(address)
-
-    def serving() -> bool:
-        redis.check_alive()
-        planner.check_alive()
-        try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(), timeout=1
-            )
-        except grpc.RpcError:
-            return False
-        return reply.status == health_pb2.HealthCheckResponse.SERVING
-
-    try:
-        wait_for("the planner to serve", serving, timeout=90)
-        yield address
-    finally:
-        channel.close()
-        planner.stop()
-        redis.stop()
-
-
-@pytest.fixture(scope="module")
 def operator(
     cluster: Cluster, service_account_kubeconfig: Path, planner_address: str, logs: Path
 ) -> Iterator[tuple[Process, int]]:
@@ -204,7 +106,7 @@ def operator(
     base = {k: v for k, v in os.environ.items() if not k.startswith(("PREFIXGROVE_", "KUBE"))}
     process = Process.start(
         "operator",
-        [str(BIN / "kopf"), *command[1:]],
+        [str(VENV_BIN / "kopf"), *command[1:]],
         {**base, **env, "KUBECONFIG": str(service_account_kubeconfig)},
         logs,
     )
