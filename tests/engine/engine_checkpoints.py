@@ -1,0 +1,133 @@
+"""Tiny random Hugging Face checkpoints, saved with save_pretrained, and helpers shared by the engine tests.
+
+initializer_range=0.1 gives logits a spread of about one unit, so greedy choices are not near-ties that
+a different (equally correct) order of floating-point sums could flip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from prefixgrove import LLM, RequestOutput, SamplingParams
+from prefixgrove.worker.engine.models.byte_tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    EOT_ID,
+    VOCAB_SIZE,
+    byte_tokenizer,
+)
+from prefixgrove.worker.engine.models.presets import _tiny_random_llama
+
+EOS_IDS = (EOS_ID, EOT_ID)
+_SHAPES: dict[str, Any] = {
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "bos_token_id": BOS_ID,
+    "eos_token_id": list(EOS_IDS),
+    "initializer_range": 0.1,
+}
+
+
+def _llama3(tied: bool) -> tuple[PretrainedConfig, type[PreTrainedModel]]:
+    config = _tiny_random_llama()
+    config.initializer_range = 0.1
+    config.tie_word_embeddings = tied
+    return config, LlamaForCausalLM
+
+
+def _qwen2() -> tuple[PretrainedConfig, type[PreTrainedModel]]:
+    return Qwen2Config(**_SHAPES, tie_word_embeddings=False, rope_theta=1e6), Qwen2ForCausalLM
+
+
+def _qwen3() -> tuple[PretrainedConfig, type[PreTrainedModel]]:
+    return Qwen3Config(**_SHAPES, tie_word_embeddings=True, rope_theta=1e6), Qwen3ForCausalLM
+
+
+def _mistral() -> tuple[PretrainedConfig, type[PreTrainedModel]]:
+    return MistralConfig(
+        **_SHAPES, tie_word_embeddings=False, sliding_window=4096
+    ), MistralForCausalLM
+
+
+ARCHES: dict[str, Callable[[], tuple[PretrainedConfig, type[PreTrainedModel]]]] = {
+    "llama3": lambda: _llama3(tied=True),
+    "llama3-untied": lambda: _llama3(tied=False),
+    "qwen2": _qwen2,
+    "qwen3": _qwen3,
+    "mistral": _mistral,
+}
+
+
+@torch.no_grad()
+def build_model(arch: str, seed: int = 0) -> PreTrainedModel:
+    """A random model whose biases and norm weights are nonzero and not one, so loading them matters."""
+    config, model_cls = ARCHES[arch]()
+    torch.manual_seed(seed)
+    model = model_cls(config).float().eval()
+    for name, p in model.named_parameters():
+        if name.endswith(".bias"):
+            p.normal_(0.0, 0.1)
+        elif name.endswith("norm.weight"):
+            p.copy_(1.0 + 0.3 * torch.randn_like(p))
+    return model
+
+
+def save_checkpoint(
+    arch: str, path: Path, seed: int = 0, max_shard_size: str | int | None = None
+) -> str:
+    model = build_model(arch, seed)
+    kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    model.save_pretrained(path, **kwargs)
+    byte_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+def random_prompts(lengths: Sequence[int], seed: int = 0, vocab: int = 256) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
+
+
+def greedy(max_tokens: int, **kwargs: Any) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, **kwargs)
+
+
+def run(llm: LLM, prompts: Sequence[list[int]], params: Any) -> list[RequestOutput]:
+    return llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+
+
+def token_ids(outputs: Sequence[RequestOutput]) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def engine(model: str, **kwargs: Any) -> LLM:
+    return LLM(model, device="cpu", dtype="float32", **kwargs)
+
+
+def assert_no_leak(llm: LLM) -> None:
+    blocks = llm.engine.blocks
+    assert not llm.engine.has_unfinished_requests()
+    assert blocks.num_free == blocks.num_usable, (
+        f"{blocks.num_usable - blocks.num_free} KV blocks still held after the run"
+    )

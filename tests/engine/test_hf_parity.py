@@ -1,0 +1,90 @@
+"""The engine computes what transformers computes: same greedy tokens, same log-probabilities (fp32, CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from engine_checkpoints import (
+    ARCHES,
+    EOS_IDS,
+    build_model,
+    engine,
+    greedy,
+    random_prompts,
+    run,
+    save_checkpoint,
+)
+from transformers import PreTrainedModel
+
+# Several lengths in one call: below, at and across block boundaries (block_size 16).
+LENGTHS = (1, 7, 16, 33, 70)
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module", params=list(ARCHES))
+def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    path = tmp_path_factory.mktemp(request.param)
+    save_checkpoint(request.param, path)
+    return request.param, str(path), build_model(request.param)
+
+
+def hf_greedy(model: PreTrainedModel, prompt: list[int], max_tokens: int) -> list[int]:
+    """transformers' own generate; it stops at the config's EOS ids, as the engine does by default."""
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_tokens
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def hf_logprobs(model: PreTrainedModel, prompt: list[int], generated: list[int]) -> torch.Tensor:
+    """log_softmax of transformers' logits at the positions that produced each generated token."""
+    ids = torch.tensor([prompt + generated])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1]
+    return logits.float().log_softmax(dim=-1)
+
+
+def test_greedy_tokens_match_transformers_generate(checkpoint):
+    arch, path, model = checkpoint
+    prompts = random_prompts(LENGTHS, seed=1)
+    outs = run(engine(path, attention_backend="torch"), prompts, greedy(MAX_TOKENS))
+    for prompt, out in zip(prompts, outs, strict=True):
+        expected = hf_greedy(model, prompt, MAX_TOKENS)
+        assert out.outputs[0].token_ids == expected, f"{arch}, prompt of {len(prompt)} tokens"
+        ended_on_eos = expected[-1] in EOS_IDS
+        assert out.outputs[0].finish_reason == ("stop" if ended_on_eos else "length")
+
+
+@pytest.mark.parametrize("arch", ["llama3", "qwen3"])
+def test_greedy_tokens_match_transformers_on_triton_backend(arch, tmp_path: Path):
+    path = save_checkpoint(arch, tmp_path)
+    model = build_model(arch)
+    prompts = random_prompts((5, 21), seed=2)
+    outs = run(engine(path, attention_backend="triton"), prompts, greedy(4))
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert out.outputs[0].token_ids == hf_greedy(model, prompt, 4), f"{arch}, {len(prompt)}"
+
+
+def test_logprobs_match_transformers_log_softmax(checkpoint):
+    """fp32 on both sides: the same sums in another order differ by a few ulps per layer; logits of size
+    ~1 over 2-4 layers and a 261-token softmax stay within 1e-4 (a wrong rope, bias or norm is off by
+    more than 1e-2)."""
+    arch, path, model = checkpoint
+    prompts = random_prompts((9, 40), seed=3)
+    outs = run(engine(path), prompts, greedy(6, ignore_eos=True, logprobs=5))
+    for prompt, out in zip(prompts, outs, strict=True):
+        completion = out.outputs[0]
+        expected = hf_logprobs(model, prompt, completion.token_ids)
+        assert completion.logprobs is not None and len(completion.logprobs) == 6
+        for step, (token, entry) in enumerate(
+            zip(completion.token_ids, completion.logprobs, strict=True)
+        ):
+            assert entry[token].logprob == pytest.approx(expected[step, token].item(), abs=1e-4)
+            top = expected[step].topk(5)
+            for tid, value in zip(top.indices.tolist(), top.values.tolist(), strict=True):
+                assert tid in entry, f"{arch} step {step}: top-5 token {tid} missing"
+                assert entry[tid].logprob == pytest.approx(value, abs=1e-4)

@@ -1,0 +1,114 @@
+"""Bad input is refused up front with a ValueError that says which request and which field/value."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from engine_checkpoints import engine, greedy, run
+
+from prefixgrove import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm(llama_dir: str) -> LLM:
+    return engine(llama_dir, max_model_len=64)
+
+
+def _assert_nothing_queued_and_still_usable(llm: LLM) -> None:
+    assert not llm.engine.has_unfinished_requests()
+    blocks = llm.engine.blocks
+    assert blocks.num_free == blocks.num_usable
+    assert len(run(llm, [[1, 2, 3]], greedy(2))[0].outputs[0].token_ids) == 2
+
+
+def test_token_id_outside_the_vocabulary_names_request_and_id(llm: LLM):
+    with pytest.raises(ValueError, match=r"prompt 1: .*token id 999 .*vocabulary \[0, 261\)"):
+        run(llm, [[1, 2], [3, 999, 4]], greedy(2))
+    _assert_nothing_queued_and_still_usable(llm)
+
+
+def test_negative_token_id_is_refused(llm: LLM):
+    with pytest.raises(ValueError, match=r"prompt 0: .*token id -1"):
+        run(llm, [[5, -1]], greedy(2))
+
+
+def test_prompt_plus_max_tokens_over_max_model_len_names_request_and_numbers(llm: LLM):
+    with pytest.raises(ValueError, match=r"prompt 2: .*60 tokens.*max_tokens=5.*max_model_len=64"):
+        run(llm, [[1], [2], [7] * 60], greedy(5))
+    _assert_nothing_queued_and_still_usable(llm)
+
+
+def test_prompt_exactly_at_max_model_len_is_accepted(llm: LLM):
+    out = run(llm, [[7] * 60], greedy(4, ignore_eos=True))[0]
+    assert len(out.outputs[0].token_ids) == 4
+
+
+def test_empty_token_prompt_names_request(llm: LLM):
+    with pytest.raises(ValueError, match=r"prompt 1: prompt is empty"):
+        run(llm, [[1, 2], []], greedy(2))
+    _assert_nothing_queued_and_still_usable(llm)
+
+
+def test_empty_text_prompt_names_request(llm: LLM):
+    with pytest.raises(ValueError, match=r"prompt 0: prompt is empty"):
+        llm.generate([""], greedy(2), use_tqdm=False)
+
+
+def test_unknown_prompt_shape_names_request(llm: LLM):
+    with pytest.raises(ValueError, match=r"prompt 1: expected a string.*got int"):
+        llm.generate(["ok", 42], greedy(2), use_tqdm=False)  # type: ignore[list-item]
+
+
+def test_wrong_number_of_sampling_params_names_both_counts(llm: LLM):
+    with pytest.raises(ValueError, match=r"got 2 sampling_params for 3 prompts"):
+        run(llm, [[1], [2], [3]], [greedy(2), greedy(2)])
+    _assert_nothing_queued_and_still_usable(llm)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_tokens", 0),
+        ("temperature", -0.5),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_k", -2),
+        ("min_p", 1.5),
+        ("seed", -1),
+        ("logprobs", 21),
+        ("presence_penalty", 3.0),
+        ("frequency_penalty", -2.5),
+        ("repetition_penalty", 0.0),
+    ],
+)
+def test_invalid_sampling_params_name_field_and_value(field: str, value: object):
+    with pytest.raises(ValueError, match=rf"SamplingParams\.{field}={value!r} is invalid"):
+        SamplingParams(**{field: value})
+
+
+def test_empty_stop_string_is_refused():
+    with pytest.raises(ValueError, match=r"SamplingParams\.stop=\(''"):
+        SamplingParams(stop=[""])
+
+
+def test_replace_validates_again():
+    with pytest.raises(ValueError, match=r"SamplingParams\.temperature=-1"):
+        dataclasses.replace(SamplingParams(), temperature=-1.0)
+
+
+def test_engine_validate_queues_nothing(llm: LLM):
+    with pytest.raises(ValueError, match="token id 300"):
+        llm.engine.validate([1, 300], greedy(1))
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_duplicate_request_id_is_refused(llm: LLM):
+    llm.engine.add_request("dup", [1, 2, 3], greedy(1))
+    try:
+        with pytest.raises(ValueError, match="'dup' is already in the engine"):
+            llm.engine.add_request("dup", [4, 5], greedy(1))
+    finally:
+        llm.engine.abort(["dup"])
+    assert not llm.engine.has_unfinished_requests()
+    assert llm.engine.blocks.num_free == llm.engine.blocks.num_usable
