@@ -17,13 +17,15 @@ import functools
 import torch
 import triton
 import triton.language as tl
+
 from prefixgrove.kernels import checks
+from prefixgrove.kernels.launch import KernelLaunch
 from prefixgrove.kernels.merge_states import (
     merge_attention_states,
     merge_attention_states_ref,
     reduce_splits_kernel,
 )
-from prefixgrove.kernels.paged_attention import LOG2E, dot_precision
+from prefixgrove.kernels.paged_attention import LOG2E, dot_precision, tile_tier
 from prefixgrove.kernels.reference_math import attend
 
 __all__ = [
@@ -153,13 +155,12 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _tile_shape(head_dim: int, group: int, max_group_q: int) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N): M covers a whole group's rows when it can (up to 128)."""
+def _tile_shape(head_dim: int, elem_bytes: int, group: int, max_group_q: int) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N): M covers a whole group's rows when it can (up to 128 for narrow rows)."""
+    tier = tile_tier(head_dim, elem_bytes)
     min_m = max(16, triton.next_power_of_2(group))
-    max_m = max(min_m, 128 if head_dim <= 128 else 64)
-    block_m = min(max(min_m, triton.next_power_of_2(max(1, max_group_q * group))), max_m)
-    block_n = 64 if head_dim <= 128 else 32
-    return block_m, block_n
+    block_m = triton.next_power_of_2(max(1, max_group_q * group))
+    return min(max(min_m, block_m), max(min_m, 128 >> tier)), 64 >> tier
 
 
 def default_num_splits(
@@ -186,20 +187,10 @@ def _check_prefix_args(
     checks.check_queries(q)
     group = checks.check_kv_cache(q, k_cache, v_cache)
     checks.check_scale(scale)
-    checks.check_index("group_cu_q", group_cu_q, ndim=1, device=q.device)
-    num_groups = group_cu_q.shape[0] - 1
-    if num_groups < 0:
-        raise ValueError("group_cu_q must have num_groups + 1 >= 1 entries, got 0")
-    checks.check_index("group_prefix_lens", group_prefix_lens, ndim=1, device=q.device)
-    checks.check_shape("group_prefix_lens", group_prefix_lens, (num_groups,))
-    checks.check_index("group_block_tables", group_block_tables, ndim=2, device=q.device)
-    if group_block_tables.shape[0] != num_groups:
-        raise ValueError(
-            f"group_block_tables has {group_block_tables.shape[0]} rows but group_cu_q "
-            f"describes {num_groups} groups"
-        )
-    if not isinstance(max_group_q, int) or max_group_q < 0:
-        raise ValueError(f"max_group_q must be a non-negative int, got {max_group_q!r}")
+    num_groups = checks.check_segments(
+        q, "group_cu_q", group_cu_q, {"group_prefix_lens": group_prefix_lens},
+        "group_block_tables", group_block_tables, "max_group_q", max_group_q,
+    )  # fmt: skip
     return num_groups, group
 
 
@@ -213,6 +204,74 @@ def _outputs(
     checks.check_output("out", out, q, torch.float32)
     checks.check_lse("out_lse", out_lse, q)
     return out, out_lse
+
+
+def prefix_attention_launches(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    group_cu_q: torch.Tensor,
+    group_prefix_lens: torch.Tensor,
+    group_block_tables: torch.Tensor,
+    scale: float,
+    max_group_q: int,
+    out: torch.Tensor | None = None,
+    out_lse: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> tuple[list[KernelLaunch], torch.Tensor, torch.Tensor]:
+    """Checks the arguments and plans the launches `prefix_attention` makes, with its outputs."""
+    num_groups, group = _check_prefix_args(
+        q, k_cache, v_cache, group_cu_q, group_prefix_lens, group_block_tables, scale, max_group_q
+    )
+    out, out_lse = _outputs(q, out, out_lse)
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    block_m, block_n = _tile_shape(head_dim, q.element_size(), group, max_group_q)
+    block_q = block_m // group
+    if num_splits is None:
+        m_tiles = triton.cdiv(max_group_q, block_q)
+        num_splits = default_num_splits(q, num_groups, m_tiles, num_kv_heads)
+    if not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be an int in [1, {MAX_SPLITS}], got {num_splits!r}")
+    if num_tokens == 0:
+        return [], out, out_lse
+    if num_splits == 1:
+        part_o, part_lse = out, out_lse
+    else:
+        part_o = torch.empty((num_splits, *q.shape), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((num_splits, *q.shape[:2]), dtype=torch.float32, device=q.device)
+    args = (
+        q, k_cache, v_cache, part_o, part_lse,
+        group_cu_q, group_prefix_lens, group_block_tables,
+        num_groups, num_tokens, scale * LOG2E,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        group_block_tables.stride(0),
+    )  # fmt: skip
+    options = {
+        "NUM_QUERIES_PER_KV": group,
+        "HEAD_DIM": head_dim,
+        "BLOCK_SIZE": k_cache.shape[1],
+        "BLOCK_Q": block_q,
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "NUM_SPLITS": num_splits,
+        "DOT_PRECISION": dot_precision(q.dtype),
+        "num_warps": 8 if block_m * head_dim >= 128 * 128 else 4,
+        "num_stages": 3 if tile_tier(head_dim, q.element_size()) == 0 else 2,
+    }
+    grid = (num_tokens // block_q + num_groups + 2, num_kv_heads, num_splits)
+    launches = [KernelLaunch(_prefix_attention_kernel, grid, args, options)]
+    if num_splits > 1:
+        num_rows = num_tokens * num_heads
+        reduce_args = (part_o, part_lse, out, out_lse, num_rows)
+        reduce_options = {"NUM_SPLITS": num_splits, "BLOCK_R": 16, "HEAD_DIM": head_dim}
+        reduce_grid = (triton.cdiv(num_rows, 16),)
+        launches.append(
+            KernelLaunch(reduce_splits_kernel, reduce_grid, reduce_args, reduce_options)
+        )
+    return launches, out, out_lse
 
 
 def prefix_attention(
@@ -236,49 +295,17 @@ def prefix_attention(
     group_cu_q[g]:group_cu_q[g + 1]); group_prefix_lens: [num_groups] (multiples of block_size);
     group_block_tables: [num_groups, max_prefix_blocks]; index tensors int32. max_group_q must be
     >= every group's row count. Returns (o_p, lse_p): [num_tokens, num_heads, head_dim] and
-    [num_tokens, num_heads], fp32, written into `out` / `out_lse` when given. The grid depends on
-    host ints only, so the call can be captured in a CUDA graph.
+    [num_tokens, num_heads], fp32, written into `out` / `out_lse` when given. num_splits (1..16)
+    splits each prefix across programs; by default it is picked from the GPU's SM count. The grid
+    depends on host ints only, so the call can be captured in a CUDA graph.
     """
-    num_groups, group = _check_prefix_args(
-        q, k_cache, v_cache, group_cu_q, group_prefix_lens, group_block_tables, scale, max_group_q
-    )
-    out, out_lse = _outputs(q, out, out_lse)
-    num_tokens, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
-    if num_tokens == 0:
-        return out, out_lse
-    block_m, block_n = _tile_shape(head_dim, group, max_group_q)
-    block_q = block_m // group
-    if num_splits is None:
-        m_tiles = triton.cdiv(max_group_q, block_q)
-        num_splits = default_num_splits(q, num_groups, m_tiles, num_kv_heads)
-    if not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
-        raise ValueError(f"num_splits must be an int in [1, {MAX_SPLITS}], got {num_splits!r}")
-    if num_splits == 1:
-        part_o, part_lse = out, out_lse
-    else:
-        part_o = torch.empty((num_splits, *q.shape), dtype=torch.float32, device=q.device)
-        part_lse = torch.empty((num_splits, *q.shape[:2]), dtype=torch.float32, device=q.device)
-    grid = (num_tokens // block_q + num_groups + 2, num_kv_heads, num_splits)
-    _prefix_attention_kernel[grid](
-        q, k_cache, v_cache, part_o, part_lse,
-        group_cu_q, group_prefix_lens, group_block_tables,
-        num_groups, num_tokens, scale * LOG2E,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        group_block_tables.stride(0),
-        NUM_QUERIES_PER_KV=group, HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1],
-        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, NUM_SPLITS=num_splits,
-        DOT_PRECISION=dot_precision(q.dtype),
-        num_warps=8 if block_m * head_dim >= 128 * 128 else 4,
-        num_stages=3 if head_dim <= 128 else 2,
+    launches, out, out_lse = prefix_attention_launches(
+        q, k_cache, v_cache, group_cu_q=group_cu_q, group_prefix_lens=group_prefix_lens,
+        group_block_tables=group_block_tables, scale=scale, max_group_q=max_group_q, out=out,
+        out_lse=out_lse, num_splits=num_splits,
     )  # fmt: skip
-    if num_splits > 1:
-        num_rows = num_tokens * num_heads
-        reduce_splits_kernel[(triton.cdiv(num_rows, 16),)](
-            part_o, part_lse, out, out_lse, num_rows,
-            NUM_SPLITS=num_splits, BLOCK_R=16, HEAD_DIM=head_dim,
-        )  # fmt: skip
+    for launch in launches:
+        launch.run()
     return out, out_lse
 
 

@@ -96,3 +96,48 @@ def check_lse(name: str, t: torch.Tensor, q: torch.Tensor) -> None:
 def check_scale(scale: float) -> None:
     if not isinstance(scale, float | int) or not scale > 0:
         raise ValueError(f"scale must be a positive number, got {scale!r}")
+
+
+def check_segments(
+    q: torch.Tensor,
+    cu_name: str,
+    cu: torch.Tensor,
+    vectors: dict[str, torch.Tensor | None],
+    table_name: str,
+    table: torch.Tensor,
+    bound_name: str,
+    bound: int,
+) -> int:
+    """Checks segment metadata (cumulative query offsets, per-segment vectors, a block table and a
+    host bound on query rows per segment); returns the number of segments."""
+    check_index(cu_name, cu, ndim=1, device=q.device)
+    num_segments = cu.shape[0] - 1
+    if num_segments < 0:
+        raise ValueError(f"{cu_name} must have (number of segments + 1) >= 1 entries, got 0")
+    for name, vector in vectors.items():
+        if vector is not None:
+            check_index(name, vector, ndim=1, device=q.device)
+            check_shape(name, vector, (num_segments,))
+    check_index(table_name, table, ndim=2, device=q.device)
+    if table.shape[0] != num_segments:
+        raise ValueError(
+            f"{table_name} has {table.shape[0]} rows but {cu_name} describes {num_segments}"
+        )
+    if not isinstance(bound, int) or bound < 0:
+        raise ValueError(f"{bound_name} must be a non-negative int, got {bound!r}")
+    return num_segments
+
+
+def check_state(
+    q: torch.Tensor,
+    o_name: str,
+    o: torch.Tensor | None,
+    lse_name: str,
+    lse: torch.Tensor | None,
+) -> None:
+    """An optional attention state: o [num_tokens, num_heads, head_dim] and lse, both fp32."""
+    if (o is None) != (lse is None):
+        raise ValueError(f"{o_name} and {lse_name} must be given together (or neither)")
+    if o is not None and lse is not None:
+        check_output(o_name, o, q, torch.float32)
+        check_lse(lse_name, lse, q)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from prefixgrove.kernels import checks
+from prefixgrove.kernels.launch import KernelLaunch
 from prefixgrove.kernels.reference_math import merge_states
 
 
@@ -87,6 +89,33 @@ def _check_states(
         raise ValueError(f"head_dim {o_a.shape[2]} must be a power of two")
 
 
+def merge_attention_states_launch(
+    o_a: torch.Tensor,
+    lse_a: torch.Tensor,
+    o_b: torch.Tensor,
+    lse_b: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    out_lse: torch.Tensor | None = None,
+) -> tuple[KernelLaunch | None, torch.Tensor, torch.Tensor]:
+    """Checks the arguments and plans the launch `merge_attention_states` makes."""
+    _check_states(o_a, lse_a, o_b, lse_b)
+    out = torch.empty_like(o_a) if out is None else out
+    out_lse = torch.empty_like(lse_a) if out_lse is None else out_lse
+    checks.check_output("out", out, o_a, o_a.dtype)
+    checks.check_lse("out_lse", out_lse, o_a)
+    num_rows = o_a.shape[0] * o_a.shape[1]
+    if num_rows == 0:
+        return None, out, out_lse
+    args = (o_a, lse_a, o_b, lse_b, out, out_lse, num_rows)
+    options = {"BLOCK_R": 16, "HEAD_DIM": o_a.shape[2]}
+    return (
+        KernelLaunch(_merge_states_kernel, (triton.cdiv(num_rows, 16),), args, options),
+        out,
+        out_lse,
+    )
+
+
 def merge_attention_states(
     o_a: torch.Tensor,
     lse_a: torch.Tensor,
@@ -101,16 +130,11 @@ def merge_attention_states(
     o_a, o_b: [num_tokens, num_heads, head_dim] (same dtype); lse_a, lse_b: [num_tokens,
     num_heads] fp32, natural log, -inf for an empty key set. Returns (o, lse); o has o_a's dtype.
     """
-    _check_states(o_a, lse_a, o_b, lse_b)
-    out = torch.empty_like(o_a) if out is None else out
-    out_lse = torch.empty_like(lse_a) if out_lse is None else out_lse
-    checks.check_output("out", out, o_a, o_a.dtype)
-    checks.check_lse("out_lse", out_lse, o_a)
-    num_rows = o_a.shape[0] * o_a.shape[1]
-    if num_rows > 0:
-        _merge_states_kernel[(triton.cdiv(num_rows, 16),)](
-            o_a, lse_a, o_b, lse_b, out, out_lse, num_rows, BLOCK_R=16, HEAD_DIM=o_a.shape[2]
-        )
+    launch, out, out_lse = merge_attention_states_launch(
+        o_a, lse_a, o_b, lse_b, out=out, out_lse=out_lse
+    )
+    if launch is not None:
+        launch.run()
     return out, out_lse
 
 

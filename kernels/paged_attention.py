@@ -11,7 +11,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from prefixgrove.kernels import checks
+from prefixgrove.kernels.launch import KernelLaunch
 from prefixgrove.kernels.merge_states import merge_pair
 from prefixgrove.kernels.reference_math import attend, merge_states
 
@@ -144,51 +146,19 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _tile_shape(head_dim: int, group: int, max_query_len: int) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N): 16 rows when all of a sequence's queries fit (decode), bigger for prefill."""
+def tile_tier(head_dim: int, elem_bytes: int) -> int:
+    """0 for rows up to 256 bytes (bf16/fp16 up to head_dim 128), 1 up to 512, 2 beyond: wider
+    rows get smaller tiles so that they stay in registers and shared memory."""
+    row_bytes = head_dim * elem_bytes
+    return 0 if row_bytes <= 256 else 1 if row_bytes <= 512 else 2
+
+
+def _tile_shape(head_dim: int, elem_bytes: int, group: int, max_query_len: int) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N): 16 rows when all of a sequence's queries fit (decode), more for prefill."""
+    tier = tile_tier(head_dim, elem_bytes)
     min_m = max(16, triton.next_power_of_2(group))
-    block_m = min_m if max_query_len * group <= min_m else max(min_m, 64 if head_dim <= 128 else 32)
-    block_n = 64 if head_dim <= 128 else 32
-    return block_m, block_n
-
-
-def _check_metadata(
-    q: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_tables: torch.Tensor,
-    kv_start: torch.Tensor | None,
-    max_query_len: int,
-) -> int:
-    device = q.device
-    checks.check_index("cu_seqlens_q", cu_seqlens_q, ndim=1, device=device)
-    num_seqs = cu_seqlens_q.shape[0] - 1
-    if num_seqs < 0:
-        raise ValueError("cu_seqlens_q must have num_seqs + 1 >= 1 entries, got 0")
-    checks.check_index("seq_lens", seq_lens, ndim=1, device=device)
-    checks.check_shape("seq_lens", seq_lens, (num_seqs,))
-    checks.check_index("block_tables", block_tables, ndim=2, device=device)
-    if block_tables.shape[0] != num_seqs:
-        raise ValueError(
-            f"block_tables has {block_tables.shape[0]} rows but cu_seqlens_q describes "
-            f"{num_seqs} sequences"
-        )
-    if kv_start is not None:
-        checks.check_index("kv_start", kv_start, ndim=1, device=device)
-        checks.check_shape("kv_start", kv_start, (num_seqs,))
-    if not isinstance(max_query_len, int) or max_query_len < 0:
-        raise ValueError(f"max_query_len must be a non-negative int, got {max_query_len!r}")
-    return num_seqs
-
-
-def _check_prefix(
-    q: torch.Tensor, prefix_out: torch.Tensor | None, prefix_lse: torch.Tensor | None
-) -> None:
-    if (prefix_out is None) != (prefix_lse is None):
-        raise ValueError("prefix_out and prefix_lse must be given together (or neither)")
-    if prefix_out is not None and prefix_lse is not None:
-        checks.check_output("prefix_out", prefix_out, q, torch.float32)
-        checks.check_lse("prefix_lse", prefix_lse, q)
+    block_m = min_m if max_query_len * group <= min_m else max(min_m, 64 >> tier)
+    return block_m, 64 >> tier
 
 
 def check_paged_attention_args(
@@ -210,9 +180,69 @@ def check_paged_attention_args(
     group = checks.check_kv_cache(q, k_cache, v_cache)
     checks.check_output("out", out, q, q.dtype)
     checks.check_scale(scale)
-    num_seqs = _check_metadata(q, cu_seqlens_q, seq_lens, block_tables, kv_start, max_query_len)
-    _check_prefix(q, prefix_out, prefix_lse)
+    num_seqs = checks.check_segments(
+        q, "cu_seqlens_q", cu_seqlens_q, {"seq_lens": seq_lens, "kv_start": kv_start},
+        "block_tables", block_tables, "max_query_len", max_query_len,
+    )  # fmt: skip
+    checks.check_state(q, "prefix_out", prefix_out, "prefix_lse", prefix_lse)
     return num_seqs, group
+
+
+def paged_attention_launch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+    kv_start: torch.Tensor | None = None,
+    prefix_out: torch.Tensor | None = None,
+    prefix_lse: torch.Tensor | None = None,
+) -> KernelLaunch | None:
+    """Checks the arguments and plans the launch `paged_attention` makes (None: nothing to do)."""
+    num_seqs, group = check_paged_attention_args(
+        q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, scale, max_query_len,
+        kv_start, prefix_out, prefix_lse,
+    )  # fmt: skip
+    num_tokens, _, head_dim = q.shape
+    if num_tokens == 0 or num_seqs == 0 or max_query_len == 0:
+        return None
+    block_m, block_n = _tile_shape(head_dim, q.element_size(), group, max_query_len)
+    block_q = block_m // group
+    tiles_per_seq = triton.cdiv(max_query_len, block_q)
+    searched_tiles = num_tokens // block_q + num_seqs
+    direct = num_seqs * tiles_per_seq <= searched_tiles
+    grid = (num_seqs * tiles_per_seq if direct else searched_tiles, k_cache.shape[2])
+    args = (
+        q, k_cache, v_cache, out,
+        prefix_out if prefix_out is not None else out,
+        prefix_lse if prefix_lse is not None else seq_lens,
+        cu_seqlens_q, seq_lens,
+        kv_start if kv_start is not None else seq_lens,
+        block_tables, num_seqs, scale * LOG2E,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+    )  # fmt: skip
+    options = {
+        "NUM_QUERIES_PER_KV": group,
+        "HEAD_DIM": head_dim,
+        "BLOCK_SIZE": k_cache.shape[1],
+        "BLOCK_Q": block_q,
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "TILES_PER_SEQ": tiles_per_seq if direct else 0,
+        "HAS_KV_START": kv_start is not None,
+        "HAS_PREFIX": prefix_out is not None,
+        "DOT_PRECISION": dot_precision(q.dtype),
+        "num_warps": 4,
+        "num_stages": 3 if tile_tier(head_dim, q.element_size()) == 0 else 2,
+    }
+    return KernelLaunch(_paged_attention_kernel, grid, args, options)
 
 
 def paged_attention(
@@ -239,38 +269,13 @@ def paged_attention(
     be >= every q_len_s (padding is fine). prefix_out / prefix_lse (fp32) are merged in by
     log-sum-exp. The grid depends on host ints only, so the call can be captured in a CUDA graph.
     """
-    num_seqs, group = check_paged_attention_args(
-        q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, scale, max_query_len,
-        kv_start, prefix_out, prefix_lse,
+    launch = paged_attention_launch(
+        q, k_cache, v_cache, out, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens,
+        block_tables=block_tables, scale=scale, max_query_len=max_query_len, kv_start=kv_start,
+        prefix_out=prefix_out, prefix_lse=prefix_lse,
     )  # fmt: skip
-    num_tokens, _, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
-    if num_tokens == 0 or num_seqs == 0 or max_query_len == 0:
-        return
-    block_m, block_n = _tile_shape(head_dim, group, max_query_len)
-    block_q = block_m // group
-    tiles_per_seq = triton.cdiv(max_query_len, block_q)
-    searched_tiles = num_tokens // block_q + num_seqs
-    direct = num_seqs * tiles_per_seq <= searched_tiles
-    grid = (num_seqs * tiles_per_seq if direct else searched_tiles, num_kv_heads)
-    has_prefix = prefix_out is not None
-    _paged_attention_kernel[grid](
-        q, k_cache, v_cache, out,
-        prefix_out if has_prefix else out,
-        prefix_lse if has_prefix else seq_lens,
-        cu_seqlens_q, seq_lens,
-        kv_start if kv_start is not None else seq_lens,
-        block_tables, num_seqs, scale * LOG2E,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0),
-        NUM_QUERIES_PER_KV=group, HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1],
-        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
-        TILES_PER_SEQ=tiles_per_seq if direct else 0,
-        HAS_KV_START=kv_start is not None, HAS_PREFIX=has_prefix,
-        DOT_PRECISION=dot_precision(q.dtype),
-        num_warps=4, num_stages=3 if head_dim <= 128 else 2,
-    )  # fmt: skip
+    if launch is not None:
+        launch.run()
 
 
 def paged_attention_ref(

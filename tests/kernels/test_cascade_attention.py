@@ -20,6 +20,7 @@ from paged_cases import (
     make_cache,
     random_queries,
 )
+
 from prefixgrove.kernels.cascade_attention import (
     merge_attention_states,
     merge_attention_states_ref,

@@ -14,6 +14,7 @@ from paged_cases import (
     make_batch,
     make_cache,
 )
+
 from prefixgrove.kernels.paged_attention import paged_attention, paged_attention_ref
 
 NUM_KV_HEADS = 2
@@ -176,7 +177,10 @@ def _valid_args(device: torch.device) -> dict[str, object]:
         (lambda a: {"k_cache": a["k_cache"].half()}, "k_cache has dtype torch.float16"),
         (lambda a: {"q": a["q"][:, :3].contiguous()}, "multiple of the cache's num_kv_heads"),
         (lambda a: {"out": a["out"][:, :, :16].contiguous()}, "out must have shape"),
-        (lambda a: {"block_tables": a["block_tables"][:, :1].repeat(2, 1)}, "block_tables has 2"),
+        (
+            lambda a: {"block_tables": a["block_tables"][:, :1].repeat(2, 1)},
+            "block_tables has 2 rows",
+        ),
         (lambda a: {"max_query_len": -1}, "max_query_len must be"),
         (lambda a: {"prefix_lse": torch.zeros(a["q"].shape[:2])}, "given together"),
         (lambda a: {"scale": 0.0}, "scale must be a positive"),

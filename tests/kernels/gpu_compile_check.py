@@ -1,0 +1,163 @@
+"""Compiles every attention kernel configuration for an NVIDIA GPU without one (Triton, offline).
+
+Usage: python tests/kernels/gpu_compile_check.py SM [DTYPES]  (SM e.g. 80 or 90; DTYPES e.g.
+bfloat16,float32). Points Triton at a stand-in
+driver for that target, plans real launches on CPU tensors with the launchers' own choices of
+tile sizes, compiles them to cubin, and prints one JSON line per kernel (shared memory, registers,
+spills, whether loads are pipelined). Exits non-zero if a kernel fails to compile or does not fit.
+Must run in its own process without TRITON_INTERPRET (the test does that).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+
+SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
+
+
+class OfflineDriver:
+    """Just enough of a Triton driver to compile (never launch) for a chosen target."""
+
+    def __init__(self, sm: int) -> None:
+        self.target = GPUTarget("cuda", sm, 32)
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_current_target(self) -> GPUTarget:
+        return self.target
+
+    def get_active_torch_device(self) -> torch.device:
+        return torch.device("cpu")
+
+
+def resource_usage(cubin: bytes) -> dict[str, int]:
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        return {}
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run(
+            [str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True
+        ).stdout
+    found = {k: re.search(rf"{k}:(\d+)", text) for k in ("REG", "LOCAL", "STACK")}
+    return {k.lower(): int(m.group(1)) for k, m in found.items() if m}
+
+
+def paged_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
+    from prefixgrove.kernels.paged_attention import paged_attention_launch
+
+    out = []
+    # (name, tokens, seqs, max_query_len, heads, kv heads, head_dim, block_size, cascade suffix)
+    shapes = [
+        ("decode", 256, 256, 1, 32, 8, 128, 16, False),
+        ("decode_suffix", 256, 256, 1, 32, 8, 128, 16, True),
+        ("prefill", 2048, 4, 512, 32, 8, 128, 16, False),
+        ("decode_d64_mha", 64, 64, 1, 8, 8, 64, 32, False),
+        ("prefill_d256_g8", 512, 2, 256, 16, 2, 256, 16, True),
+    ]
+    for name, tokens, seqs, max_q, heads, kv_heads, dim, block, suffix in shapes:
+        q = torch.empty(tokens, heads, dim, dtype=dtype)
+        cache = torch.empty(64, block, kv_heads, dim, dtype=dtype)
+        index = torch.zeros(seqs + 1, dtype=torch.int32)
+        state = {}
+        if suffix:
+            state = {
+                "kv_start": index[:seqs],
+                "prefix_out": torch.empty(q.shape),
+                "prefix_lse": torch.empty(q.shape[:2]),
+            }
+        launch = paged_attention_launch(
+            q, cache, cache, torch.empty_like(q), cu_seqlens_q=index, seq_lens=index[:seqs],
+            block_tables=torch.zeros(seqs, 160, dtype=torch.int32), scale=0.1,
+            max_query_len=max_q, **state,
+        )  # fmt: skip
+        out.append((f"paged/{name}", launch))
+    return out
+
+
+def prefix_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
+    from prefixgrove.kernels.cascade_attention import prefix_attention_launches
+
+    out = []
+    # (name, tokens, groups, max_group_q, heads, kv heads, head_dim, splits)
+    shapes = [
+        ("degree4", 256, 64, 4, 32, 8, 128, 1),
+        ("degree16_split", 256, 16, 16, 32, 8, 128, 3),
+        ("degree64", 256, 4, 64, 32, 8, 128, 8),
+        ("d64_mha", 128, 8, 16, 8, 8, 64, 1),
+        ("d256_g8", 128, 4, 32, 16, 2, 256, 2),
+    ]
+    for name, tokens, groups, max_q, heads, kv_heads, dim, splits in shapes:
+        q = torch.empty(tokens, heads, dim, dtype=dtype)
+        cache = torch.empty(64, 16, kv_heads, dim, dtype=dtype)
+        index = torch.zeros(groups + 1, dtype=torch.int32)
+        launches, _, _ = prefix_attention_launches(
+            q, cache, cache, group_cu_q=index, group_prefix_lens=index[:groups],
+            group_block_tables=torch.zeros(groups, 500, dtype=torch.int32), scale=0.1,
+            max_group_q=max_q, num_splits=splits,
+        )  # fmt: skip
+        out += [(f"prefix/{name}/{i}", launch) for i, launch in enumerate(launches)]
+    return out
+
+
+def merge_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
+    from prefixgrove.kernels.merge_states import merge_attention_states_launch
+
+    o = torch.empty(256, 32, 128, dtype=dtype)
+    lse = torch.empty(256, 32)
+    launch, _, _ = merge_attention_states_launch(o, lse, o, lse)
+    return [("merge", launch)]
+
+
+def main(sm: int, dtypes: list[torch.dtype]) -> int:
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("unset TRITON_INTERPRET to compile for a GPU", file=sys.stderr)
+        return 2
+    driver.set_active(OfflineDriver(sm))  # type: ignore[arg-type]
+    failures = 0
+    for dtype in dtypes:
+        planned = paged_launches(dtype) + prefix_launches(dtype) + merge_launches(dtype)
+        for name, launch in planned:
+            record: dict[str, Any] = {"kernel": name, "dtype": str(dtype), "sm": sm}
+            try:
+                compiled = launch.compile()
+            except Exception as e:  # report every failing configuration, not just the first
+                failures += 1
+                record["error"] = f"{type(e).__name__}: {e}"[:2000]
+                print(json.dumps(record), flush=True)
+                continue
+            record["shared"] = compiled.metadata.shared
+            record["pipelined"] = "cp.async" in compiled.asm["ptx"]
+            record["mma"] = next(
+                (m for m in ("wgmma", "mma.sync") if m in compiled.asm["ptx"]), None
+            )
+            record |= resource_usage(compiled.asm["cubin"])
+            if record["shared"] > SHARED_LIMIT.get(sm, SHARED_LIMIT[80]):
+                failures += 1
+                record["error"] = "shared memory over the limit"
+            print(json.dumps(record), flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    names = sys.argv[2].split(",") if len(sys.argv) > 2 else ["bfloat16", "float16", "float32"]
+    sys.exit(
+        main(int(sys.argv[1]) if len(sys.argv) > 1 else 90, [getattr(torch, n) for n in names])
+    )
