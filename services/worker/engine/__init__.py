@@ -6,5 +6,15 @@ from .llm_engine import LLMEngine
 from .outputs import CompletionOutput, Logprob, RequestOutput
 from .sampling_params import SamplingParams
 
-__all__ = ["LLM", "CacheConfig", "CompletionOutput", "EngineConfig", "LLMEngine", "Logprob",
-           "ModelConfig", "RequestOutput", "SamplingParams", "SchedulerConfig"]
+__all__ = [
+    "LLM",
+    "CacheConfig",
+    "CompletionOutput",
+    "EngineConfig",
+    "LLMEngine",
+    "Logprob",
+    "ModelConfig",
+    "RequestOutput",
+    "SamplingParams",
+    "SchedulerConfig",
+]

@@ -19,7 +19,9 @@ class OutOfBlocks(Exception):
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 2:
-            raise ValueError(f"num_blocks={num_blocks}: the KV cache needs at least 2 blocks (one reserved)")
+            raise ValueError(
+                f"num_blocks={num_blocks}: the KV cache needs at least 2 blocks (one reserved)"
+            )
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._ref_counts = [0] * num_blocks

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,9 +11,15 @@ import torch
 from .models.arch import ModelArch
 from .models.presets import load_hf_config
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
-           "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16,
-           "bf16": torch.bfloat16}
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
 
 
 @dataclass(frozen=True)
@@ -38,8 +45,10 @@ class CacheConfig:
         if self.block_size < 8 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size={self.block_size}: must be a power of two >= 8")
         if not 0.05 <= self.gpu_memory_utilization <= 0.99:
-            raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization}: "
-                             "expected a fraction between 0.05 and 0.99")
+            raise ValueError(
+                f"gpu_memory_utilization={self.gpu_memory_utilization}: "
+                "expected a fraction between 0.05 and 0.99"
+            )
         if self.num_blocks is not None and self.num_blocks < 2:
             raise ValueError(f"num_blocks={self.num_blocks}: must be at least 2")
 
@@ -49,7 +58,9 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     num_scheduler_steps: int = 1  # decode steps per CPU round trip when a batch is decode-only
-    first_wave: int = 4  # suffixes of a new group that must fit beside its prefix before it is admitted
+    first_wave: int = (
+        4  # suffixes of a new group that must fit beside its prefix before it is admitted
+    )
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_scheduler_steps", "first_wave"):
@@ -71,25 +82,52 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.attention_backend not in ("triton", "torch"):
-            raise ValueError(f"attention_backend={self.attention_backend!r}: expected 'triton' or 'torch'")
+            raise ValueError(
+                f"attention_backend={self.attention_backend!r}: expected 'triton' or 'torch'"
+            )
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device={self.device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+        if (
+            self.attention_backend == "triton"
+            and not self.is_cuda
+            and os.environ.get("TRITON_INTERPRET") != "1"
+        ):
+            raise ValueError(
+                "attention_backend='triton' on the CPU runs only under Triton's interpreter: "
+                "set TRITON_INTERPRET=1, or use attention_backend='torch'"
+            )
         if self.scheduler.max_num_batched_tokens < self.scheduler.max_num_seqs:
-            raise ValueError(f"max_num_batched_tokens={self.scheduler.max_num_batched_tokens} is below "
-                             f"max_num_seqs={self.scheduler.max_num_seqs}: every running request needs a token")
+            raise ValueError(
+                f"max_num_batched_tokens={self.scheduler.max_num_batched_tokens} is below "
+                f"max_num_seqs={self.scheduler.max_num_seqs}: every running request needs a token"
+            )
 
     @property
     def is_cuda(self) -> bool:
         return self.device.startswith("cuda")
 
     @classmethod
-    def create(cls, model: str, *, dtype: str | torch.dtype = "auto", device: str = "auto", seed: int = 0,
-               max_model_len: int | None = None, gpu_memory_utilization: float = 0.9,
-               max_num_seqs: int = 256, max_num_batched_tokens: int | None = None,
-               block_size: int = 16, num_gpu_blocks: int | None = None,
-               attention_backend: str = "auto", enable_prefix_grouping: bool = True,
-               enable_cascade_attention: bool = True, num_scheduler_steps: int | None = None,
-               enforce_eager: bool = False, tokenizer: str | None = None, **unknown: Any) -> EngineConfig:
+    def create(
+        cls,
+        model: str,
+        *,
+        dtype: str | torch.dtype = "auto",
+        device: str = "auto",
+        seed: int = 0,
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.9,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int | None = None,
+        block_size: int = 16,
+        num_gpu_blocks: int | None = None,
+        attention_backend: str = "auto",
+        enable_prefix_grouping: bool = True,
+        enable_cascade_attention: bool = True,
+        num_scheduler_steps: int | None = None,
+        enforce_eager: bool = False,
+        tokenizer: str | None = None,
+        **unknown: Any,
+    ) -> EngineConfig:
         """Builds a config from vLLM-style keyword arguments, resolving the 'auto' choices."""
         if unknown:
             raise TypeError(f"unknown engine argument(s): {', '.join(sorted(unknown))}")
@@ -104,18 +142,27 @@ class EngineConfig:
         if max_model_len is None:
             max_model_len = min(limit, 8192 if cuda else 2048)
         elif max_model_len > limit:
-            raise ValueError(f"max_model_len={max_model_len} exceeds what {model} supports ({limit})")
-        model_cfg = ModelConfig(model=model, arch=arch, dtype=_resolve_dtype(dtype, hf_config, cuda),
-                                max_model_len=max_model_len, seed=seed)
+            raise ValueError(
+                f"max_model_len={max_model_len} exceeds what {model} supports ({limit})"
+            )
+        model_cfg = ModelConfig(
+            model=model,
+            arch=arch,
+            dtype=_resolve_dtype(dtype, hf_config, cuda),
+            max_model_len=max_model_len,
+            seed=seed,
+        )
         if max_num_batched_tokens is None:
             max_num_batched_tokens = max(8192 if cuda else 2048, max_num_seqs)
         return cls(
             model=model_cfg,
             cache=CacheConfig(block_size, gpu_memory_utilization, num_gpu_blocks),
-            scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens,
-                                      num_scheduler_steps or (8 if cuda else 1)),
+            scheduler=SchedulerConfig(
+                max_num_seqs, max_num_batched_tokens, num_scheduler_steps or (8 if cuda else 1)
+            ),
             device=device,
-            attention_backend=("triton" if cuda else "torch") if attention_backend == "auto"
+            attention_backend=("triton" if cuda else "torch")
+            if attention_backend == "auto"
             else attention_backend,
             enable_prefix_grouping=enable_prefix_grouping,
             enable_cascade_attention=enable_cascade_attention,

@@ -31,13 +31,17 @@ class Detokenizer:
         ids = [t for t in token_ids if t < self.known]
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def step(self, state: DetokState, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+    def step(
+        self, state: DetokState, token_ids: list[int], skip_special_tokens: bool = True
+    ) -> str:
         """Appends the text of token_ids[state.read_offset:] to state.text; returns the new part."""
-        prefix = self.decode(token_ids[state.prefix_offset: state.read_offset], skip_special_tokens)
-        full = self.decode(token_ids[state.prefix_offset:], skip_special_tokens)
+        prefix = self.decode(
+            token_ids[state.prefix_offset : state.read_offset], skip_special_tokens
+        )
+        full = self.decode(token_ids[state.prefix_offset :], skip_special_tokens)
         if full.endswith("\ufffd") or len(full) <= len(prefix):
             return ""  # an incomplete UTF-8 sequence: wait for the next token
-        new = full[len(prefix):]
+        new = full[len(prefix) :]
         state.text += new
         state.read_offset = len(token_ids)
         state.prefix_offset = max(0, state.read_offset - _CONTEXT)

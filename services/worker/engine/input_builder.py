@@ -1,5 +1,9 @@
-"""Turns a scheduled batch into the step's device inputs: flat arrays packed into one pinned host buffer
-and moved to the device with a single copy."""
+"""Turns a scheduled batch into the step's device inputs.
+
+Every per-step array lives in one fixed "arena": a pinned host buffer and its device twin, each cut into
+regions sized for the largest step. A step fills the host regions and moves them with a single host-to-device
+copy; the device regions never move, so CUDA graphs captured on views of them replay with new contents.
+"""
 
 from __future__ import annotations
 
@@ -19,40 +23,118 @@ CASCADE_MIN_PREFIX = 64
 
 @dataclass
 class StepInputs:
-    input_ids: torch.Tensor  # [num_tokens]
-    positions: torch.Tensor  # [num_tokens]
+    input_ids: torch.Tensor  # [num_tokens] int32
+    positions: torch.Tensor  # [num_tokens] int32
     logits_indices: torch.Tensor  # [num_sampled]: rows of the hidden states that produce a token
     metadata: AttentionMetadata
-    num_tokens: int
     order: list[ScheduledSeq]  # the batch in the order its rows were laid out
+    num_groups: int  # cascade groups actually present (padding excluded)
+
+
+class _Arena:
+    """Named int32 regions over one pinned host buffer and one device buffer of the same layout."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]], device: torch.device) -> None:
+        self.shapes, self.offsets, size = shapes, {}, 0
+        for name, shape in shapes.items():
+            self.offsets[name] = size
+            size += int(np.prod(shape))
+        pin = device.type == "cuda"
+        self.host = torch.zeros(size, dtype=torch.int32, pin_memory=pin)
+        self.host_np = self.host.numpy()
+        self.device = torch.zeros(size, dtype=torch.int32, device=device)
+
+    def host_view(self, name: str) -> np.ndarray:
+        start = self.offsets[name]
+        return self.host_np[start : start + int(np.prod(self.shapes[name]))].reshape(
+            self.shapes[name]
+        )
+
+    def device_view(self, name: str) -> torch.Tensor:
+        start = self.offsets[name]
+        return self.device[start : start + int(np.prod(self.shapes[name]))].view(self.shapes[name])
+
+    def upload(self) -> None:
+        self.device.copy_(self.host, non_blocking=True)  # the step's one host-to-device copy
 
 
 class InputBuilder:
-    def __init__(self, block_size: int, device: torch.device, use_cascade: bool) -> None:
+    def __init__(
+        self,
+        *,
+        block_size: int,
+        device: torch.device,
+        use_cascade: bool,
+        max_tokens: int,
+        max_seqs: int,
+        max_blocks_per_seq: int,
+    ) -> None:
         self.block_size = block_size
-        self.device = device
         self.use_cascade = use_cascade
-        self._pin = device.type == "cuda"
+        t, s, mb = max_tokens, max_seqs, max_blocks_per_seq
+        self.arena = _Arena(
+            {
+                "input_ids": (t,),
+                "positions": (t,),
+                "slot_mapping": (t,),
+                "logits_indices": (s,),
+                "cu_seqlens_q": (s + 1,),
+                "seq_lens": (s,),
+                "kv_start": (s,),
+                "group_cu_q": (s + 1,),
+                "group_prefix_lens": (s,),
+                "block_tables": (s, mb),
+                "group_block_tables": (s, mb),
+            },
+            device,
+        )
+        self._dev = {name: self.arena.device_view(name) for name in self.arena.shapes}
+        self._host = {name: self.arena.host_view(name) for name in self.arena.shapes}
 
     def build(self, batch: list[ScheduledSeq]) -> StepInputs:
-        batch, cascade_groups = self._order(batch)
-        arrays, host_ints = self._host_arrays(batch, cascade_groups)
-        names = list(arrays)
-        sizes = [arrays[n].size for n in names]
-        flat = np.concatenate([arrays[n].ravel() for n in names]).astype(np.int32, copy=False)
-        host = torch.from_numpy(flat)
-        if self._pin:
-            host = host.pin_memory()
-        dev = host.to(self.device, non_blocking=True)  # the step's one host-to-device copy
-        views, offset = {}, 0
-        for n, size in zip(names, sizes, strict=True):
-            views[n] = dev[offset: offset + size].view(arrays[n].shape)
-            offset += size
-        return self._assemble(views, host_ints, batch, bool(cascade_groups))
+        return self.fill(*self.plan(batch))
 
-    def _order(self, batch: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], list[range]]:
-        """Lays the cascade groups' rows out first, each group contiguous and back to back (the prefix pass
-        addresses a group's queries as one range), then every other row in scheduler order."""
+    def fill(
+        self,
+        order: list[ScheduledSeq],
+        groups: list[range],
+        pad_seqs: int | None = None,
+        pad_groups: int | None = None,
+        max_group_q: int | None = None,
+    ) -> StepInputs:
+        """Writes a planned batch into the arena and uploads it. With pad_seqs (decode graphs) every row
+        is one token, and the batch and its groups are padded with empty work to the captured sizes."""
+        n = len(order)
+        rows = pad_seqs or n
+        q_lens = np.ones(rows, dtype=np.int64)
+        q_lens[:n] = [item.num_tokens for item in order]
+        cu = np.zeros(rows + 1, dtype=np.int64)
+        np.cumsum(q_lens, out=cu[1:])
+        h = self._host
+        self._fill_sequences(order, groups, cu, rows)
+        sampled = [i for i, item in enumerate(order) if item.sample]
+        num_sampled = rows if pad_seqs else len(sampled)
+        h["logits_indices"][: len(sampled)] = cu[1:][sampled] - 1
+        h["logits_indices"][len(sampled) : num_sampled] = cu[len(sampled) + 1 : num_sampled + 1] - 1
+        num_groups = pad_groups if pad_seqs and pad_groups is not None else len(groups)
+        if num_groups:
+            self._fill_groups(order, groups, cu, num_groups)
+        self.arena.upload()
+        return self._views(
+            order,
+            int(cu[-1]),
+            rows,
+            num_sampled,
+            len(groups),
+            num_groups,
+            max_query_len=int(q_lens.max()),
+            max_group_q=max_group_q or max((len(r) for r in groups), default=0),
+            cascade=bool(groups) or pad_groups is not None,
+        )
+
+    def plan(self, batch: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], list[range]]:
+        """Cascade groups' rows first, each group contiguous and back to back (the prefix pass addresses a
+        group's queries as one range), then every other row in scheduler order."""
         if not self.use_cascade:
             return batch, []
         members: dict[int, list[ScheduledSeq]] = {}
@@ -69,64 +151,90 @@ class InputBuilder:
             start += len(m)
         return ordered, ranges
 
-    def _host_arrays(self, batch: list[ScheduledSeq], groups: list[range]):
-        n = len(batch)
-        q_lens = np.array([b.num_tokens for b in batch], dtype=np.int64)
-        cu = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(q_lens, out=cu[1:])
-        total = int(cu[-1])
-        max_blocks = max(len(b.seq.block_table) for b in batch)
-        block_tables = np.zeros((n, max_blocks), dtype=np.int64)
-        input_ids = np.empty(total, dtype=np.int64)
-        positions = np.empty(total, dtype=np.int64)
-        seq_lens = np.empty(n, dtype=np.int64)
-        kv_start = np.zeros(n, dtype=np.int64)
+    def _fill_sequences(
+        self, order: list[ScheduledSeq], groups: list[range], cu: np.ndarray, rows: int
+    ) -> None:
+        h, bs = self._host, self.block_size
+        n = len(order)
         cascade_rows = groups[-1].stop if groups else 0
-        for i, item in enumerate(batch):
+        tables = h["block_tables"]
+        tables[:rows] = 0  # padded rows read the reserved null block
+        h["cu_seqlens_q"][: rows + 1] = cu
+        h["seq_lens"][:rows] = 1
+        h["kv_start"][:rows] = 0
+        total = int(cu[-1])
+        h["input_ids"][:total] = 0
+        h["positions"][:total] = 0
+        for i, item in enumerate(order):
             seq, start = item.seq, item.seq.num_computed_tokens
             end = start + item.num_tokens
-            input_ids[cu[i]: cu[i + 1]] = seq.token_ids(start, end)
-            positions[cu[i]: cu[i + 1]] = np.arange(start, end)
-            seq_lens[i] = end
-            block_tables[i, : len(seq.block_table)] = seq.block_table
+            h["input_ids"][cu[i] : cu[i + 1]] = seq.token_ids(start, end)
+            h["positions"][cu[i] : cu[i + 1]] = np.arange(start, end)
+            h["seq_lens"][i] = end
+            tables[i, : len(seq.block_table)] = seq.block_table
             if i < cascade_rows:
-                kv_start[i] = seq.shared_prefix_len
-        bs = self.block_size
-        rows_of_token = np.repeat(np.arange(n), q_lens)
-        slot_mapping = block_tables[rows_of_token, positions // bs] * bs + positions % bs
-        sampled = [i for i, b in enumerate(batch) if b.sample]
-        logits_indices = cu[1:][sampled] - 1
-        arrays = {"input_ids": input_ids, "positions": positions, "slot_mapping": slot_mapping,
-                  "cu_seqlens_q": cu, "seq_lens": seq_lens, "block_tables": block_tables,
-                  "logits_indices": logits_indices, "kv_start": kv_start}
-        host_ints = {"max_query_len": int(q_lens.max()), "num_tokens": total}
-        if groups:
-            arrays.update(self._cascade_arrays(batch, groups, cu))
-            host_ints["max_group_q"] = max(int(cu[r.stop] - cu[r.start]) for r in groups)
-        return arrays, host_ints
+                h["kv_start"][i] = seq.shared_prefix_len
+        positions = h["positions"][:total].astype(np.int64)
+        row_of_token = np.repeat(np.arange(rows), np.diff(cu))
+        h["slot_mapping"][:total] = tables[row_of_token, positions // bs] * bs + positions % bs
+        if n < rows:
+            h["slot_mapping"][cu[n] : total] = 0  # padding writes into the null block
 
-    def _cascade_arrays(self, batch: list[ScheduledSeq], groups: list[range], cu: np.ndarray):
-        firsts = [batch[r.start].seq for r in groups]
-        width = max(s.num_shared_blocks for s in firsts)
-        tables = np.zeros((len(groups), width), dtype=np.int64)
-        for g, seq in enumerate(firsts):
-            tables[g, : seq.num_shared_blocks] = seq.block_table[: seq.num_shared_blocks]
-        return {"group_cu_q": cu[[0] + [r.stop for r in groups]],
-                "group_prefix_lens": np.array([s.shared_prefix_len for s in firsts], dtype=np.int64),
-                "group_block_tables": tables}
+    def _fill_groups(
+        self, order: list[ScheduledSeq], groups: list[range], cu: np.ndarray, num_groups: int
+    ) -> None:
+        h = self._host
+        ends = [int(cu[r.stop]) for r in groups]
+        h["group_cu_q"][0] = 0
+        h["group_cu_q"][1 : len(ends) + 1] = ends
+        h["group_cu_q"][len(ends) + 1 : num_groups + 1] = (
+            ends[-1] if ends else 0
+        )  # empty padded groups
+        h["group_prefix_lens"][:num_groups] = 0
+        h["group_block_tables"][:num_groups] = 0
+        for g, r in enumerate(groups):
+            seq = order[r.start].seq
+            h["group_prefix_lens"][g] = seq.shared_prefix_len
+            h["group_block_tables"][g, : seq.num_shared_blocks] = seq.block_table[
+                : seq.num_shared_blocks
+            ]
 
-    def _assemble(self, v: dict[str, torch.Tensor], host_ints: dict[str, int],
-                  order: list[ScheduledSeq], cascade: bool) -> StepInputs:
+    def _views(
+        self,
+        order: list[ScheduledSeq],
+        num_tokens: int,
+        rows: int,
+        num_sampled: int,
+        real_groups: int,
+        num_groups: int,
+        *,
+        max_query_len: int,
+        max_group_q: int,
+        cascade: bool,
+    ) -> StepInputs:
+        d = self._dev
         cascade_meta = None
         if cascade:
             cascade_meta = CascadeMetadata(
-                group_cu_q=v["group_cu_q"],
-                group_prefix_lens=v["group_prefix_lens"], group_block_tables=v["group_block_tables"],
-                max_group_q=host_ints["max_group_q"])
+                group_cu_q=d["group_cu_q"][: num_groups + 1],
+                group_prefix_lens=d["group_prefix_lens"][:num_groups],
+                group_block_tables=d["group_block_tables"][:num_groups],
+                max_group_q=max_group_q,
+            )
         meta = AttentionMetadata(
-            slot_mapping=v["slot_mapping"].long(), cu_seqlens_q=v["cu_seqlens_q"], seq_lens=v["seq_lens"],
-            block_tables=v["block_tables"], max_query_len=host_ints["max_query_len"],
-            kv_start=v["kv_start"] if cascade else None, cascade=cascade_meta)
-        return StepInputs(input_ids=v["input_ids"].long(), positions=v["positions"].long(),
-                          logits_indices=v["logits_indices"].long(), metadata=meta,
-                          num_tokens=host_ints["num_tokens"], order=order)
+            slot_mapping=d["slot_mapping"][:num_tokens],
+            cu_seqlens_q=d["cu_seqlens_q"][: rows + 1],
+            seq_lens=d["seq_lens"][:rows],
+            block_tables=d["block_tables"][:rows],
+            max_query_len=max_query_len,
+            kv_start=d["kv_start"][:rows] if cascade else None,
+            cascade=cascade_meta,
+        )
+        return StepInputs(
+            input_ids=d["input_ids"][:num_tokens],
+            positions=d["positions"][:num_tokens],
+            logits_indices=d["logits_indices"][:num_sampled],
+            metadata=meta,
+            order=order,
+            num_groups=real_groups,
+        )

@@ -35,9 +35,14 @@ class LLM:
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 
-    def generate(self, prompts: Prompt | Seq[Prompt],
-                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-                 use_tqdm: bool = True, *, groups: Any = None) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        *,
+        groups: Any = None,
+    ) -> list[RequestOutput]:
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         texts, token_ids = self._tokenize(prompts)
@@ -68,19 +73,24 @@ class LLM:
                 texts.append(p["prompt"])
                 ids.append(tokenizer.encode(p["prompt"]))
             else:
-                raise ValueError(f"prompt {i}: expected a string, {{'prompt': str}} or "
-                                 f"{{'prompt_token_ids': [...]}}, got {type(p).__name__}")
+                raise ValueError(
+                    f"prompt {i}: expected a string, {{'prompt': str}} or "
+                    f"{{'prompt_token_ids': [...]}}, got {type(p).__name__}"
+                )
         return texts, ids
 
     @staticmethod
-    def _params_per_prompt(sp: SamplingParams | Seq[SamplingParams] | None, n: int
-                           ) -> list[SamplingParams]:
+    def _params_per_prompt(
+        sp: SamplingParams | Seq[SamplingParams] | None, n: int
+    ) -> list[SamplingParams]:
         if sp is None:
             return [SamplingParams()] * n
         if isinstance(sp, SamplingParams):
             return [sp] * n
         if len(sp) != n:
-            raise ValueError(f"got {len(sp)} sampling_params for {n} prompts; give one, or one per prompt")
+            raise ValueError(
+                f"got {len(sp)} sampling_params for {n} prompts; give one, or one per prompt"
+            )
         return list(sp)
 
     def _group(self, token_ids: list[list[int]]) -> Any:
@@ -88,8 +98,14 @@ class LLM:
 
         return group_prompts(token_ids, GroupingConfig(block_size=self.config.cache.block_size))
 
-    def _submit(self, request_ids: list[str], texts: list[str | None], token_ids: list[list[int]],
-                params: list[SamplingParams], groups: Any) -> None:
+    def _submit(
+        self,
+        request_ids: list[str],
+        texts: list[str | None],
+        token_ids: list[list[int]],
+        params: list[SamplingParams],
+        groups: Any,
+    ) -> None:
         grouped: set[int] = set()
         for g, group in enumerate(getattr(groups, "groups", None) or []):
             members = [(request_ids[i], token_ids[i], params[i]) for i in group.request_indices]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Sequence as Seq
 
 import numpy as np
@@ -16,7 +17,7 @@ from .model_runner import ModelRunner
 from .models.presets import load_tokenizer
 from .outputs import CompletionOutput, Logprob, RequestOutput
 from .sampling_params import SamplingParams
-from .scheduler import ScheduledSeq, Scheduler
+from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import Group, Sequence
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ class LLMEngine:
         self.runner = ModelRunner(config)
         num_blocks = self.runner.num_blocks_to_allocate()
         self.runner.allocate_kv_cache(num_blocks)
+        self.runner.capture_graphs()
         self.blocks = BlockManager(num_blocks, config.cache.block_size)
         self.scheduler = Scheduler(config.scheduler, self.blocks)
         self.detokenizer = Detokenizer(self.tokenizer, arch.vocab_size)
@@ -55,18 +57,28 @@ class LLMEngine:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
         limit = self.config.model.max_model_len
         if len(prompt_token_ids) + params.max_tokens > limit:
-            raise ValueError(f"prompt of {len(prompt_token_ids)} tokens + max_tokens={params.max_tokens} "
-                             f"exceeds max_model_len={limit}")
+            raise ValueError(
+                f"prompt of {len(prompt_token_ids)} tokens + max_tokens={params.max_tokens} "
+                f"exceeds max_model_len={limit}"
+            )
         need = self.blocks.blocks_for(len(prompt_token_ids) + params.max_tokens)
         if need > self.blocks.num_usable:
-            raise ValueError(f"request needs {need} KV blocks but the cache holds {self.blocks.num_usable}")
+            raise ValueError(
+                f"request needs {need} KV blocks but the cache holds {self.blocks.num_usable}"
+            )
 
-    def add_request(self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams,
-                    prompt: str | None = None) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Seq[int],
+        params: SamplingParams,
+        prompt: str | None = None,
+    ) -> None:
         self.scheduler.add(self._new_sequence(request_id, prompt_token_ids, params, prompt))
 
-    def add_group(self, group_id: str, prefix_len: int,
-                  requests: Seq[tuple[str, Seq[int], SamplingParams]]) -> None:
+    def add_group(
+        self, group_id: str, prefix_len: int, requests: Seq[tuple[str, Seq[int], SamplingParams]]
+    ) -> None:
         """Adds requests whose prompts share their first prefix_len tokens, computed once for all.
 
         The prefix is cut to whole KV blocks and to leave every request at least one token of its own;
@@ -78,23 +90,36 @@ class LLMEngine:
         first = list(requests[0][1][:prefix_len])
         for rid, prompt, _ in requests:
             if list(prompt[:prefix_len]) != first:
-                raise ValueError(f"request {rid!r} of group {group_id!r} does not start with the group's "
-                                 f"{prefix_len}-token prefix")
+                raise ValueError(
+                    f"request {rid!r} of group {group_id!r} does not start with the group's "
+                    f"{prefix_len}-token prefix"
+                )
         members = [self._new_sequence(rid, p, sp) for rid, p, sp in requests]
         if prefix_len == 0 or len(members) < 2:
             for m in members:
                 self.scheduler.add(m)
             return
-        prefix = Sequence(self._take_id(), f"{group_id}/prefix", first, SamplingParams(max_tokens=1), 0,
-                          is_prefix=True)
+        prefix = Sequence(
+            self._take_id(),
+            f"{group_id}/prefix",
+            first,
+            SamplingParams(max_tokens=1),
+            0,
+            is_prefix=True,
+        )
         group = Group(group_id, prefix_len, prefix, members)
         prefix.group = group
         for m in members:
             m.group = group
         self.scheduler.add(group)
 
-    def _new_sequence(self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams,
-                      prompt: str | None = None) -> Sequence:
+    def _new_sequence(
+        self,
+        request_id: str,
+        prompt_token_ids: Seq[int],
+        params: SamplingParams,
+        prompt: str | None = None,
+    ) -> Sequence:
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
         ids = [int(t) for t in prompt_token_ids]
@@ -121,19 +146,29 @@ class LLMEngine:
     # -- one step ---------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """Runs one scheduled step, or a window of decode steps; returns the requests that finished."""
         out = self.scheduler.schedule()
         self.metrics.preemptions = self.scheduler.num_preemptions
         if not out.batch:
             return []
-        order, rows = self.runner.execute(out.batch)
-        self.metrics.steps += 1
+        steps = self._window(out)
+        start = time.perf_counter()
+        if steps == 1:
+            results = iter([self.runner.execute(out.batch)])
+        else:
+            results = self.runner.execute_window(out.batch, steps)
         finished: list[Sequence] = []
-        sampled = iter(rows)
-        for item in order:
-            self._count(item)
-            self.scheduler.complete_chunk(item)
-            if item.sample and self._append_token(item.seq, next(sampled)):
-                finished.append(item.seq)
+        for order, rows in results:
+            sampled = iter(rows)
+            for item in order:
+                row = next(sampled) if item.sample else None
+                if item.seq.finish_reason is not None:
+                    continue  # it stopped earlier in this window; its later tokens are dropped
+                self._count(item)
+                self.scheduler.complete_chunk(item)
+                if row is not None and self._append_token(item.seq, row):
+                    finished.append(item.seq)
+        self._time_step(out, steps, time.perf_counter() - start)
         outputs = []
         for seq in finished:
             self.scheduler.finish(seq)
@@ -141,6 +176,27 @@ class LLMEngine:
             self.metrics.requests_finished += 1
             outputs.append(self._output(seq))
         return outputs
+
+    def _window(self, out: SchedulerOutput) -> int:
+        """How many decode steps to run before the CPU looks again (1 unless the batch is decode-only)."""
+        steps = self.config.scheduler.num_scheduler_steps
+        if steps == 1 or not out.is_decode_only:
+            return 1
+        seqs = [item.seq for item in out.batch]
+        if any(s.params.has_penalties for s in seqs):
+            return 1  # penalties need every token on the CPU before the next step
+        steps = min(steps, max(s.params.max_tokens - len(s.output_token_ids) for s in seqs))
+        return steps if steps > 1 and self.scheduler.reserve_ahead(seqs, steps) else 1
+
+    def _time_step(self, out: SchedulerOutput, steps: int, seconds: float) -> None:
+        m = self.metrics
+        m.steps += steps
+        if out.is_decode_only:
+            m.decode_steps += steps
+            m.decode_seconds += seconds
+            m.decode_kv_tokens += steps * sum(item.seq.num_computed_tokens for item in out.batch)
+        else:
+            m.mixed_seconds += seconds
 
     def _count(self, item: ScheduledSeq) -> None:
         seq = item.seq
@@ -161,18 +217,21 @@ class LLMEngine:
             self._record_logprobs(seq, token, row)
         if token in p.stop_token_ids:
             seq.finish_reason, seq.stop_reason = "stop", token
-        elif not p.ignore_eos and token in self.eos_token_ids:
+        elif (not p.ignore_eos and token in self.eos_token_ids) or (
+            p.stop and p.detokenize and self._hit_stop_string(seq)
+        ):
             seq.finish_reason = "stop"
-        elif p.stop and p.detokenize and self._hit_stop_string(seq):
-            seq.finish_reason = "stop"
-        elif len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.config.model.max_model_len:
+        elif (
+            len(seq.output_token_ids) >= p.max_tokens
+            or seq.num_tokens >= self.config.model.max_model_len
+        ):
             seq.finish_reason = "length"
         return seq.finish_reason is not None
 
     def _record_logprobs(self, seq: Sequence, token: int, row: np.ndarray) -> None:
         k = seq.params.logprobs or 0
         entry = {token: Logprob(float(row[1]), int(row[2]))}
-        top_ids, top_vals = row[3: 3 + (len(row) - 3) // 2], row[3 + (len(row) - 3) // 2:]
+        top_ids, top_vals = row[3 : 3 + (len(row) - 3) // 2], row[3 + (len(row) - 3) // 2 :]
         for rank, (tid, val) in enumerate(zip(top_ids[:k], top_vals[:k], strict=True), start=1):
             entry.setdefault(int(tid), Logprob(float(val), rank))
         if seq.logprobs is None:
@@ -204,9 +263,19 @@ class LLMEngine:
             text = self.detokenizer.decode(seq.output_token_ids, p.skip_special_tokens)
         self._detok.pop(seq.seq_id, None)
         completion = CompletionOutput(
-            index=0, text=text, token_ids=list(seq.output_token_ids), finish_reason=seq.finish_reason,
-            stop_reason=seq.stop_reason, logprobs=seq.logprobs,
-            cumulative_logprob=seq.cumulative_logprob if p.logprobs is not None else None)
-        return RequestOutput(request_id=seq.request_id, prompt=seq.prompt,
-                             prompt_token_ids=seq.prompt_token_ids, outputs=[completion], finished=True,
-                             num_cached_tokens=seq.num_cached_tokens)
+            index=0,
+            text=text,
+            token_ids=list(seq.output_token_ids),
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+            logprobs=seq.logprobs,
+            cumulative_logprob=seq.cumulative_logprob if p.logprobs is not None else None,
+        )
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt=seq.prompt,
+            prompt_token_ids=seq.prompt_token_ids,
+            outputs=[completion],
+            finished=True,
+            num_cached_tokens=seq.num_cached_tokens,
+        )

@@ -8,12 +8,22 @@ from dataclasses import asdict, dataclass
 @dataclass
 class EngineMetrics:
     steps: int = 0
-    prefill_tokens: int = 0  # prompt tokens whose KV was computed (prefixes once, suffixes, recomputes)
+    prefill_tokens: int = (
+        0  # prompt tokens whose KV was computed (prefixes once, suffixes, recomputes)
+    )
     decode_tokens: int = 0
     prefix_tokens_reused: int = 0  # prompt tokens a request took from its group's prefix instead
-    kv_blocks_shared: int = 0  # block references taken on a group's prefix (one per request and block)
+    kv_blocks_shared: int = (
+        0  # block references taken on a group's prefix (one per request and block)
+    )
     preemptions: int = 0
     requests_finished: int = 0
+    decode_steps: int = 0  # steps whose batch was decode-only
+    decode_seconds: float = 0.0  # wall time of those steps, CPU work included
+    decode_kv_tokens: int = (
+        0  # KV entries attended over all decode-only steps (for bandwidth figures)
+    )
+    mixed_seconds: float = 0.0  # wall time of steps with prefill work
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, float]:
         return asdict(self)

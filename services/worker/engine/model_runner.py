@@ -1,37 +1,66 @@
-"""Runs the model for a scheduled batch: inputs in with one copy, tokens out with one copy."""
+"""Runs the model for a scheduled batch: inputs in with one copy, tokens out with one copy per step.
+
+Decode-only batches replay CUDA graphs and may run a window of several steps without a CPU round trip: the
+sampled tokens are written straight into the next step's inputs on the device, positions, sequence lengths
+and cache slots advance there too, and each step's tokens stream back on a side stream while the GPU goes on.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 
 from .attention.backend import ForwardContext, create_backend
 from .config import EngineConfig
-from .input_builder import InputBuilder
+from .cuda_graphs import DecodeGraphs
+from .input_builder import InputBuilder, StepInputs
 from .models.loader import load_model
 from .sampler import Sampler, SamplingBatch
 from .scheduler import ScheduledSeq
+from .sequence import Sequence
 
 logger = logging.getLogger(__name__)
 
 _CPU_DEFAULT_CACHE_TOKENS = 65536
+StepResult = tuple[
+    list[ScheduledSeq], np.ndarray
+]  # rows in batch order, one host row per sampled seq
 
 
 class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = torch.device(config.device)
-        arch = config.model.arch
-        self.model = load_model(config.model.model, arch, dtype=config.model.dtype, device=config.device,
-                                max_positions=config.model.max_model_len, seed=config.model.seed)
+        arch, s = config.model.arch, config.scheduler
+        # A decode window may run a few tokens past a request's end before the CPU sees it stop.
+        self.max_positions = config.model.max_model_len + s.num_scheduler_steps
+        self.model = load_model(
+            config.model.model,
+            arch,
+            dtype=config.model.dtype,
+            device=config.device,
+            max_positions=self.max_positions,
+            seed=config.model.seed,
+        )
         self.backend = create_backend(config.attention_backend)
-        self.builder = InputBuilder(config.cache.block_size, self.device,
-                                    use_cascade=config.enable_cascade_attention)
+        self.builder = InputBuilder(
+            block_size=config.cache.block_size,
+            device=self.device,
+            use_cascade=config.enable_cascade_attention,
+            max_tokens=s.max_num_batched_tokens,
+            max_seqs=s.max_num_seqs,
+            max_blocks_per_seq=-(-self.max_positions // config.cache.block_size),
+        )
         self.sampler = Sampler(arch.vocab_size, self.device)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.graphs: DecodeGraphs | None = None
+        cuda = self.device.type == "cuda"
+        self._copy_stream = torch.cuda.Stream(self.device) if cuda else None
+
+    # -- memory -----------------------------------------------------------------------------------------
 
     @property
     def bytes_per_block(self) -> int:
@@ -45,7 +74,9 @@ class ModelRunner:
             return c.num_blocks
         if self.device.type != "cuda":
             s = self.config.scheduler
-            tokens = min(s.max_num_seqs * self.config.model.max_model_len, _CPU_DEFAULT_CACHE_TOKENS)
+            tokens = min(
+                s.max_num_seqs * self.config.model.max_model_len, _CPU_DEFAULT_CACHE_TOKENS
+            )
             return -(-tokens // c.block_size) + 1
         return self._profile_num_blocks()
 
@@ -54,17 +85,16 @@ class ModelRunner:
         """Runs the largest step the scheduler may issue, then gives what memory is left to the cache."""
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
-        tokens = self.config.scheduler.max_num_batched_tokens
-        self.allocate_kv_cache(-(-tokens // self.config.cache.block_size) + 1)
-        from .sequence import Sequence
+        s, bs = self.config.scheduler, self.config.cache.block_size
+        seqs = min(s.max_num_seqs, s.max_num_batched_tokens)
+        per_seq = s.max_num_batched_tokens // seqs
+        self.allocate_kv_cache(-(-per_seq // bs) + 1)
         from .sampling_params import SamplingParams
 
-        seqs = min(self.config.scheduler.max_num_seqs, tokens)
-        per_seq = tokens // seqs
         dummy = []
         for i in range(seqs):
             seq = Sequence(i, f"profile-{i}", [0] * per_seq, SamplingParams(max_tokens=1), 0)
-            seq.block_table = list(range(1, 1 + -(-per_seq // self.config.cache.block_size)))
+            seq.block_table = list(range(1, 1 + -(-per_seq // bs)))
             dummy.append(ScheduledSeq(seq, per_seq, sample=True))
         self.execute(dummy)
         torch.cuda.synchronize(self.device)
@@ -76,39 +106,107 @@ class ModelRunner:
         budget = total * self.config.cache.gpu_memory_utilization - peak - used_by_others
         num_blocks = int(budget // self.bytes_per_block)
         if num_blocks < 2:
-            raise RuntimeError(f"no memory left for the KV cache: peak {peak / 2**30:.1f} GiB of "
-                               f"{total / 2**30:.1f} GiB at gpu_memory_utilization="
-                               f"{self.config.cache.gpu_memory_utilization}")
-        logger.info("KV cache: %d blocks (%.1f GiB); profiling peak %.1f GiB", num_blocks,
-                    num_blocks * self.bytes_per_block / 2**30, peak / 2**30)
+            raise RuntimeError(
+                f"no memory left for the KV cache: peak {peak / 2**30:.1f} GiB of "
+                f"{total / 2**30:.1f} GiB at gpu_memory_utilization="
+                f"{self.config.cache.gpu_memory_utilization}"
+            )
+        logger.info(
+            "KV cache: %d blocks (%.1f GiB); profiling peak %.1f GiB",
+            num_blocks,
+            num_blocks * self.bytes_per_block / 2**30,
+            peak / 2**30,
+        )
         return num_blocks
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         a, c = self.config.model.arch, self.config.cache
         shape = (num_blocks, c.block_size, a.num_kv_heads, a.head_dim)
+        dtype = self.config.model.dtype
         self.kv_caches = [
-            (torch.zeros(shape, dtype=self.config.model.dtype, device=self.device),
-             torch.zeros(shape, dtype=self.config.model.dtype, device=self.device))
+            (
+                torch.zeros(shape, dtype=dtype, device=self.device),
+                torch.zeros(shape, dtype=dtype, device=self.device),
+            )
             for _ in range(a.num_layers)
         ]
 
     @torch.inference_mode()
-    def execute(self, batch: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], np.ndarray]:
-        """Returns the batch in row order and one host row per sampling sequence, in that order."""
-        inputs = self.builder.build(batch)
+    def capture_graphs(self) -> None:
+        if self.device.type != "cuda" or self.config.enforce_eager:
+            return
+        self.graphs = DecodeGraphs(
+            self.builder,
+            self._logits,
+            self.config.scheduler.max_num_seqs,
+            cascade=self.config.enable_cascade_attention,
+        )
+        self.graphs.capture()
+
+    # -- steps ------------------------------------------------------------------------------------------
+
+    def _logits(self, inputs: StepInputs) -> torch.Tensor:
         ctx = ForwardContext(self.kv_caches, inputs.metadata, self.backend)
         hidden = self.model(inputs.input_ids, inputs.positions, ctx)
+        return self.model.compute_logits(hidden[inputs.logits_indices])
+
+    def _forward(self, batch: list[ScheduledSeq]) -> tuple[StepInputs, torch.Tensor]:
+        order, groups = self.builder.plan(batch)
+        decode = all(item.num_tokens == 1 and item.sample for item in order)
+        if decode and self.graphs is not None and self.graphs.padded_size(len(order)):
+            return self.graphs.run(order, groups)
+        inputs = self.builder.fill(order, groups)
+        return inputs, self._logits(inputs)
+
+    @torch.inference_mode()
+    def execute(self, batch: list[ScheduledSeq]) -> StepResult:
+        """One step; returns the batch in row order and one host row per sampling sequence."""
+        inputs, logits = self._forward(batch)
         sampling = [item.seq for item in inputs.order if item.sample]
         if not sampling:
             return inputs.order, np.empty((0, 1), dtype=np.float32)
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])
         params = SamplingBatch.build(sampling, self.device, self.config.model.arch.vocab_size)
-        return inputs.order, self._to_host(self.sampler(logits, params))
+        host, done = self._copy_to_host(self.sampler(logits, params))
+        return inputs.order, self._wait(host, done)
 
-    def _to_host(self, packed: torch.Tensor) -> np.ndarray:
-        """The step's one device-to-host copy, on a side stream into pinned memory."""
+    @torch.inference_mode()
+    def execute_window(self, batch: list[ScheduledSeq], steps: int) -> Iterator[StepResult]:
+        """`steps` decode steps of a decode-only batch whose blocks for them are reserved; yields each
+        step's tokens as they arrive while later steps still run."""
+        inputs, logits = self._forward(batch)
+        seqs = [item.seq for item in inputs.order]
+        n = len(seqs)
+        params = SamplingBatch.build(seqs, self.device, self.config.model.arch.vocab_size, steps)
+        copies = []
+        for j in range(steps):
+            if j:
+                logits = self._replay_next(inputs, n)
+            packed = self.sampler(logits, params, step=j)
+            copies.append(self._copy_to_host(packed))  # streams back while the next steps run
+            if j + 1 < steps:
+                self._advance(inputs, packed[:, 0], n)
+        for host, done in copies:
+            yield inputs.order, self._wait(host, done)
+
+    def _advance(self, inputs: StepInputs, tokens: torch.Tensor, n: int) -> None:
+        """Turns this step's sampled tokens into the next step's inputs, on the device."""
+        meta, bs = inputs.metadata, self.config.cache.block_size
+        inputs.input_ids[:n].copy_(tokens)
+        inputs.positions[:n] += 1
+        meta.seq_lens[:n] += 1
+        pos = inputs.positions[:n].long()
+        rows = torch.arange(n, device=pos.device)
+        meta.slot_mapping[:n].copy_(meta.block_tables[rows, pos // bs] * bs + pos % bs)
+
+    def _replay_next(self, inputs: StepInputs, n: int) -> torch.Tensor:
+        if self.graphs is not None and self.graphs.padded_size(n):
+            return self.graphs.replay_last()[:n]
+        return self._logits(inputs)
+
+    def _copy_to_host(self, packed: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """A step's one device-to-host copy, on a side stream into pinned memory."""
         if self._copy_stream is None:
-            return packed.numpy()
+            return packed, None
         host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
         self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._copy_stream):
@@ -116,5 +214,10 @@ class ModelRunner:
             packed.record_stream(self._copy_stream)
             done = torch.cuda.Event()
             done.record()
-        done.synchronize()
+        return host, done
+
+    @staticmethod
+    def _wait(host: torch.Tensor, done: torch.cuda.Event | None) -> np.ndarray:
+        if done is not None:
+            done.synchronize()
         return host.numpy()

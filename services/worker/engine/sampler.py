@@ -39,7 +39,7 @@ class SamplingBatch:
     top_k: torch.Tensor  # [n] int64 (0 = off)
     top_p: torch.Tensor  # [n] fp32
     min_p: torch.Tensor  # [n] fp32
-    keys: torch.Tensor  # [n] int64 noise keys
+    keys: torch.Tensor  # [steps, n] int64 noise keys: row j is for the j-th token from now
     all_greedy: bool
     need_sort: bool
     need_min_p: bool
@@ -47,23 +47,33 @@ class SamplingBatch:
     penalties: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None
 
     @classmethod
-    def build(cls, seqs: list[Sequence], device: torch.device, vocab_size: int,
-              step_offset: int = 0) -> SamplingBatch:
+    def build(
+        cls, seqs: list[Sequence], device: torch.device, vocab_size: int, steps: int = 1
+    ) -> SamplingBatch:
         ps = [s.params for s in seqs]
-        floats = np.array([[p.temperature, p.top_p, p.min_p] for p in ps], dtype=np.float32).reshape(-1, 3)
-        ints = np.array([[p.top_k, row_key(s.sampling_seed, len(s.output_token_ids) + step_offset)]
-                         for s, p in zip(seqs, ps, strict=True)], dtype=np.int64).reshape(-1, 2)
+        floats = np.array(
+            [[p.temperature, p.top_p, p.min_p] for p in ps], dtype=np.float32
+        ).reshape(-1, 3)
+        ints = np.empty((1 + steps, len(seqs)), dtype=np.int64)
+        ints[0] = [p.top_k for p in ps]
+        for j in range(steps):  # noise keys of this step and of the window's later steps
+            ints[1 + j] = [row_key(s.sampling_seed, len(s.output_token_ids) + j) for s in seqs]
         f = torch.from_numpy(floats).to(device, non_blocking=True)
         i = torch.from_numpy(ints).to(device, non_blocking=True)
         logprob_counts = [p.logprobs for p in ps if p.logprobs is not None]
         return cls(
-            temperature=f[:, 0], top_p=f[:, 1], min_p=f[:, 2], top_k=i[:, 0], keys=i[:, 1],
+            temperature=f[:, 0],
+            top_p=f[:, 1],
+            min_p=f[:, 2],
+            top_k=i[0],
+            keys=i[1:],
             all_greedy=all(p.greedy for p in ps),
             need_sort=any(not p.greedy and (p.top_k > 0 or p.top_p < 1.0) for p in ps),
             need_min_p=any(not p.greedy and p.min_p > 0 for p in ps),
             num_logprobs=max(logprob_counts) if logprob_counts else -1,
             penalties=_penalty_tensors(seqs, device, vocab_size)
-            if any(p.has_penalties for p in ps) else None,
+            if any(p.has_penalties for p in ps)
+            else None,
         )
 
 
@@ -76,11 +86,21 @@ def _penalty_tensors(seqs: list[Sequence], device: torch.device, vocab: int):
     for r, s in enumerate(seqs):
         outputs[r, : len(s.output_token_ids)] = s.output_token_ids
         prompts[r, : s.num_prompt_tokens] = s.prompt_token_ids
-    values = torch.tensor([[s.params.presence_penalty, s.params.frequency_penalty,
-                            s.params.repetition_penalty] for s in seqs], dtype=torch.float32)
+    values = torch.tensor(
+        [
+            [s.params.presence_penalty, s.params.frequency_penalty, s.params.repetition_penalty]
+            for s in seqs
+        ],
+        dtype=torch.float32,
+    )
     v = values.to(device)
-    return (torch.from_numpy(outputs).to(device), torch.from_numpy(prompts).to(device),
-            v[:, 0], v[:, 1], v[:, 2])
+    return (
+        torch.from_numpy(outputs).to(device),
+        torch.from_numpy(prompts).to(device),
+        v[:, 0],
+        v[:, 1],
+        v[:, 2],
+    )
 
 
 def apply_penalties(logits: torch.Tensor, penalties) -> torch.Tensor:
@@ -106,17 +126,19 @@ class Sampler:
         mixed = (torch.arange(vocab_size, dtype=torch.int64, device=device) * 0x27D4EB2F) & _MASK32
         self._vocab_keys = mixed  # [vocab]
 
-    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch, step: int = 0) -> torch.Tensor:
         raw = logits
         if batch.penalties is not None:
             logits = apply_penalties(logits, batch.penalties)
         tokens = logits.argmax(dim=-1)
         if not batch.all_greedy:
-            sampled = self._sample(logits, batch)
+            sampled = self._sample(logits, batch, batch.keys[step])
             tokens = torch.where(batch.temperature == 0, tokens, sampled)
         return self._pack(raw, tokens, batch.num_logprobs)
 
-    def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    def _sample(
+        self, logits: torch.Tensor, batch: SamplingBatch, keys: torch.Tensor
+    ) -> torch.Tensor:
         temp = torch.where(batch.temperature == 0, 1.0, batch.temperature).unsqueeze(1)
         logits = logits / temp
         if batch.need_sort:
@@ -126,7 +148,7 @@ class Sampler:
             keep = probs >= batch.min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
             probs = torch.where(keep, probs, 0.0)
         # Exponential race (Gumbel-max): argmax p_i / E_i with E_i ~ Exp(1) draws i with probability p_i.
-        x = hash32(batch.keys.unsqueeze(1) ^ self._vocab_keys.unsqueeze(0))
+        x = hash32(keys.unsqueeze(1) ^ self._vocab_keys.unsqueeze(0))
         u = ((x >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
         return (probs / -torch.log(u)).argmax(dim=-1)
 

@@ -30,7 +30,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    detokenize: bool = True  # False: token ids only (benchmarks; models whose tokenizer is not loaded)
+    detokenize: bool = (
+        True  # False: token ids only (benchmarks; models whose tokenizer is not loaded)
+    )
 
     def __post_init__(self) -> None:
         # Accept a single string / list for the sequence fields, as the OpenAI and vLLM APIs do.
@@ -46,27 +48,66 @@ class SamplingParams:
         self._validate()
 
     def _validate(self) -> None:
-        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1,
-               "max_tokens", self.max_tokens, "an integer >= 1")
-        _check(0.0 <= self.temperature <= 100.0, "temperature", self.temperature, "0 <= temperature <= 100")
+        _check(
+            isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+            "max_tokens",
+            self.max_tokens,
+            "an integer >= 1",
+        )
+        _check(
+            0.0 <= self.temperature <= 100.0,
+            "temperature",
+            self.temperature,
+            "0 <= temperature <= 100",
+        )
         _check(0.0 < self.top_p <= 1.0, "top_p", self.top_p, "0 < top_p <= 1")
-        _check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", self.top_k,
-               "0 (disabled), -1 (disabled) or a positive integer")
+        _check(
+            isinstance(self.top_k, int) and self.top_k >= 0,
+            "top_k",
+            self.top_k,
+            "0 (disabled), -1 (disabled) or a positive integer",
+        )
         _check(0.0 <= self.min_p <= 1.0, "min_p", self.min_p, "0 <= min_p <= 1")
-        _check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63),
-               "seed", self.seed, "None or an integer in [0, 2**63)")
-        _check(all(isinstance(s, str) and s for s in self.stop), "stop", self.stop,
-               "non-empty strings")
-        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
-               self.stop_token_ids, "non-negative integers")
-        _check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= _MAX_LOGPROBS),
-               "logprobs", self.logprobs, f"None or an integer in [0, {_MAX_LOGPROBS}]")
-        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", self.presence_penalty,
-               "-2 <= presence_penalty <= 2")
-        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", self.frequency_penalty,
-               "-2 <= frequency_penalty <= 2")
-        _check(0.0 < self.repetition_penalty <= 10.0, "repetition_penalty", self.repetition_penalty,
-               "0 < repetition_penalty <= 10")
+        _check(
+            self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63),
+            "seed",
+            self.seed,
+            "None or an integer in [0, 2**63)",
+        )
+        _check(
+            all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "non-empty strings"
+        )
+        _check(
+            all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+            "stop_token_ids",
+            self.stop_token_ids,
+            "non-negative integers",
+        )
+        _check(
+            self.logprobs is None
+            or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= _MAX_LOGPROBS),
+            "logprobs",
+            self.logprobs,
+            f"None or an integer in [0, {_MAX_LOGPROBS}]",
+        )
+        _check(
+            -2.0 <= self.presence_penalty <= 2.0,
+            "presence_penalty",
+            self.presence_penalty,
+            "-2 <= presence_penalty <= 2",
+        )
+        _check(
+            -2.0 <= self.frequency_penalty <= 2.0,
+            "frequency_penalty",
+            self.frequency_penalty,
+            "-2 <= frequency_penalty <= 2",
+        )
+        _check(
+            0.0 < self.repetition_penalty <= 10.0,
+            "repetition_penalty",
+            self.repetition_penalty,
+            "0 < repetition_penalty <= 10",
+        )
 
     @property
     def greedy(self) -> bool:
@@ -74,8 +115,11 @@ class SamplingParams:
 
     @property
     def has_penalties(self) -> bool:
-        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-                or self.repetition_penalty != 1.0)
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
 
 
 def _check(ok: bool, name: str, value: object, expected: str) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from .block_manager import BlockManager
 from .config import SchedulerConfig
-from .sequence import Group, GroupState, Sequence, SeqStatus
+from .sequence import Group, GroupState, SeqStatus, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,9 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
         self.config = config
         self.blocks = blocks
-        self.waiting: deque[Sequence | Group] = deque()  # ungrouped requests and not-yet-started groups
+        self.waiting: deque[Sequence | Group] = (
+            deque()
+        )  # ungrouped requests and not-yet-started groups
         self.ready_groups: list[Group] = []  # prefix in the cache, requests still to start
         self.running: list[Sequence] = []  # admission order
         self.num_preemptions = 0
@@ -146,6 +148,18 @@ class Scheduler:
         reserve = max(1, self.blocks.num_usable // 100) if self.running else 0
         return self.blocks.num_free - num_blocks >= reserve
 
+    def reserve_ahead(self, seqs: list[Sequence], steps: int) -> bool:
+        """Reserves blocks for `steps` more tokens of every sequence (a decode window); all or nothing."""
+        need = [
+            self.blocks.blocks_for(s.num_computed_tokens + steps) - len(s.block_table) for s in seqs
+        ]
+        if not self.blocks.can_allocate(sum(n for n in need if n > 0)):
+            return False
+        for seq, n in zip(seqs, need, strict=True):
+            if n > 0:
+                seq.block_table.extend(self.blocks.allocate(n))
+        return True
+
     # -- blocks -----------------------------------------------------------------------------------------
 
     def _reserve(self, seq: Sequence, num_tokens: int) -> bool:
@@ -168,8 +182,11 @@ class Scheduler:
     def _preempt_last(self) -> Sequence:
         seq = self.running.pop()
         self.num_preemptions += 1
-        logger.info("preempting %s (recomputed later); %d preemptions so far", seq.request_id,
-                    self.num_preemptions)
+        logger.info(
+            "preempting %s (recomputed later); %d preemptions so far",
+            seq.request_id,
+            self.num_preemptions,
+        )
         self.blocks.release(seq.block_table)
         seq.block_table, seq.num_shared_blocks = [], 0
         seq.num_computed_tokens = seq.num_cached_tokens = 0

@@ -74,7 +74,7 @@ class Sequence:
         return (self.prompt_token_ids + self.output_token_ids)[start:end]
 
     def own_blocks(self) -> list[int]:
-        return self.block_table[self.num_shared_blocks:]
+        return self.block_table[self.num_shared_blocks :]
 
 
 class GroupState(enum.Enum):

@@ -23,19 +23,43 @@ class AttentionBackend:
     paged: Any  # paged_attention or its reference (prefixgrove.kernels.paged_attention)
     prefix: Any  # prefix_attention or its reference (prefixgrove.kernels.cascade_attention)
 
-    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
         # q: [num_tokens, num_heads, head_dim]; caches: [num_blocks, block_size, num_kv_heads, head_dim]
         prefix_out = prefix_lse = None
         if meta.cascade is not None:
             c = meta.cascade
             prefix_out, prefix_lse = self.prefix(
-                q, k_cache, v_cache, group_cu_q=c.group_cu_q, group_prefix_lens=c.group_prefix_lens,
-                group_block_tables=c.group_block_tables, scale=scale, max_group_q=c.max_group_q)
+                q,
+                k_cache,
+                v_cache,
+                group_cu_q=c.group_cu_q,
+                group_prefix_lens=c.group_prefix_lens,
+                group_block_tables=c.group_block_tables,
+                scale=scale,
+                max_group_q=c.max_group_q,
+            )
         out = torch.empty_like(q)
-        self.paged(q, k_cache, v_cache, out, cu_seqlens_q=meta.cu_seqlens_q, seq_lens=meta.seq_lens,
-                   block_tables=meta.block_tables, scale=scale, max_query_len=meta.max_query_len,
-                   kv_start=meta.kv_start, prefix_out=prefix_out, prefix_lse=prefix_lse)
+        self.paged(
+            q,
+            k_cache,
+            v_cache,
+            out,
+            cu_seqlens_q=meta.cu_seqlens_q,
+            seq_lens=meta.seq_lens,
+            block_tables=meta.block_tables,
+            scale=scale,
+            max_query_len=meta.max_query_len,
+            kv_start=meta.kv_start,
+            prefix_out=prefix_out,
+            prefix_lse=prefix_lse,
+        )
         return out
 
 
@@ -47,10 +71,14 @@ class ForwardContext:
     metadata: AttentionMetadata
     backend: AttentionBackend
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               scale: float) -> torch.Tensor:
+    def __post_init__(self) -> None:
+        self.slots = self.metadata.slot_mapping.long()  # once per step, not once per layer
+
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> torch.Tensor:
         k_cache, v_cache = self.kv_caches[layer]
-        slots = self.metadata.slot_mapping
+        slots = self.slots
         k_cache.view(-1, *k.shape[1:]).index_copy_(0, slots, k.to(k_cache.dtype))
         v_cache.view(-1, *v.shape[1:]).index_copy_(0, slots, v.to(v_cache.dtype))
         return self.backend.forward(q, k_cache, v_cache, self.metadata, scale)

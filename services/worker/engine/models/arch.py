@@ -5,8 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                           "Qwen3ForCausalLM")
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
 
 
 @dataclass(frozen=True)
@@ -33,11 +37,15 @@ class ModelArch:
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"architecture {self.architecture!r} is not supported; supported: "
-                             f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+            raise ValueError(
+                f"architecture {self.architecture!r} is not supported; supported: "
+                f"{', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_attention_heads={self.num_heads} is not a multiple of "
-                             f"num_key_value_heads={self.num_kv_heads}")
+            raise ValueError(
+                f"num_attention_heads={self.num_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_kv_heads}"
+            )
 
     @property
     def q_size(self) -> int:
@@ -58,7 +66,9 @@ class ModelArch:
     def from_hf_config(cls, config: Any) -> ModelArch:
         archs = getattr(config, "architectures", None) or ["LlamaForCausalLM"]
         arch = archs[0]
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        head_dim = (
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
         eos = getattr(config, "eos_token_id", None)
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
         rope_params = getattr(config, "rope_parameters", None)  # transformers >= 5
@@ -69,8 +79,11 @@ class ModelArch:
             if rope_params.get("rope_type", "default") != "default":
                 scaling = dict(rope_params)
         qwen2 = arch == "Qwen2ForCausalLM"
-        sliding = getattr(config, "sliding_window", None) if getattr(
-            config, "use_sliding_window", arch == "MistralForCausalLM") else None
+        sliding = (
+            getattr(config, "sliding_window", None)
+            if getattr(config, "use_sliding_window", arch == "MistralForCausalLM")
+            else None
+        )
         return cls(
             architecture=arch,
             vocab_size=config.vocab_size,

@@ -11,8 +11,13 @@ from functools import lru_cache
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-                  "<|eot_id|>")
+SPECIAL_TOKENS = (
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+)
 BOS_ID, EOS_ID, EOT_ID = 256, 257, 260
 VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
 
@@ -25,8 +30,11 @@ CHAT_TEMPLATE = (
 
 def _byte_to_unicode() -> dict[int, str]:
     # GPT-2's reversible map from bytes to printable characters, which the ByteLevel pre-tokenizer uses.
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
-        range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars, extra = {}, 0
     for b in range(256):
         if b in printable:
@@ -44,7 +52,8 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(list(SPECIAL_TOKENS))
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=SPECIAL_TOKENS[0],
-                                 eos_token=SPECIAL_TOKENS[1])
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=SPECIAL_TOKENS[0], eos_token=SPECIAL_TOKENS[1]
+    )
     hf.chat_template = CHAT_TEMPLATE
     return hf

@@ -37,16 +37,24 @@ class Attention(nn.Module):
     def __init__(self, arch: ModelArch, layer_idx: int, rotary: RotaryEmbedding) -> None:
         super().__init__()
         self.layer_idx = layer_idx
-        self.num_heads, self.num_kv_heads, self.head_dim = arch.num_heads, arch.num_kv_heads, arch.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            arch.num_heads,
+            arch.num_kv_heads,
+            arch.head_dim,
+        )
         self.q_size, self.kv_size = arch.q_size, arch.kv_size
-        self.qkv_proj = nn.Linear(arch.hidden_size, arch.q_size + 2 * arch.kv_size, bias=arch.qkv_bias)
+        self.qkv_proj = nn.Linear(
+            arch.hidden_size, arch.q_size + 2 * arch.kv_size, bias=arch.qkv_bias
+        )
         self.o_proj = nn.Linear(arch.q_size, arch.hidden_size, bias=False)
         self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
         self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
         self.rotary = rotary
         self.scale = arch.head_dim**-0.5
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
@@ -78,7 +86,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.mlp = MLP(arch)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), positions, ctx)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -91,13 +101,17 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(arch, i, rotary) for i in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.lm_head = None if arch.tie_word_embeddings else nn.Linear(
-            arch.hidden_size, arch.vocab_size, bias=False)
+        self.lm_head = (
+            None
+            if arch.tie_word_embeddings
+            else nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        )
         # The rotary table is shared by every layer; keep one registered copy.
         self.rotary = rotary
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
-                ) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
         # input_ids, positions: [num_tokens] -> hidden states [num_tokens, hidden]
         x = self.embed_tokens(input_ids)
         for layer in self.layers:
@@ -120,7 +134,9 @@ class LlamaForCausalLM(nn.Module):
             if name not in params:
                 if name == "lm_head.weight" and self.lm_head is None:
                     continue  # tied checkpoints may still store lm_head
-                raise ValueError(f"checkpoint tensor {hf_name!r} has no place in {self.arch.architecture}")
+                raise ValueError(
+                    f"checkpoint tensor {hf_name!r} has no place in {self.arch.architecture}"
+                )
             self._copy_shard(params[name], name, shard, tensor)
             filled.add(f"{name}:{shard}")
         expected = {f"{n}:{s}" for n in params for s in self._shards_of(n)}
@@ -137,17 +153,29 @@ class LlamaForCausalLM(nn.Module):
 
     def _copy_shard(self, param: nn.Parameter, name: str, shard: str, tensor: torch.Tensor) -> None:
         a = self.arch
-        offsets = {"q": (0, a.q_size), "k": (a.q_size, a.kv_size), "v": (a.q_size + a.kv_size, a.kv_size),
-                   "gate": (0, a.intermediate_size), "up": (a.intermediate_size, a.intermediate_size)}
+        offsets = {
+            "q": (0, a.q_size),
+            "k": (a.q_size, a.kv_size),
+            "v": (a.q_size + a.kv_size, a.kv_size),
+            "gate": (0, a.intermediate_size),
+            "up": (a.intermediate_size, a.intermediate_size),
+        }
         dest = param.data if not shard else param.data.narrow(0, *offsets[shard])
         if dest.shape != tensor.shape:
-            raise ValueError(f"tensor for {name}[{shard or 'all'}] has shape {tuple(tensor.shape)}, "
-                             f"expected {tuple(dest.shape)}")
+            raise ValueError(
+                f"tensor for {name}[{shard or 'all'}] has shape {tuple(tensor.shape)}, "
+                f"expected {tuple(dest.shape)}"
+            )
         dest.copy_(tensor)
 
 
-_FUSED = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
-          "gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up")}
+_FUSED = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", "gate"),
+    "up_proj": ("gate_up_proj", "up"),
+}
 
 
 def _map_name(hf_name: str) -> tuple[str, str] | None:

@@ -14,8 +14,9 @@ from .llama import LlamaForCausalLM
 from .presets import is_preset
 
 
-def load_model(model: str, arch: ModelArch, *, dtype: torch.dtype, device: str, max_positions: int,
-               seed: int) -> LlamaForCausalLM:
+def load_model(
+    model: str, arch: ModelArch, *, dtype: torch.dtype, device: str, max_positions: int, seed: int
+) -> LlamaForCausalLM:
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # build in the target dtype: no fp32 copy of an 8B model
     try:
@@ -53,7 +54,9 @@ def iter_safetensors(model_dir: str, device: str) -> Iterator[tuple[str, torch.T
     else:
         files = sorted(n for n in os.listdir(model_dir) if n.endswith(".safetensors"))
     if not files:
-        raise ValueError(f"{model_dir} has no *.safetensors weights (other formats are not supported)")
+        raise ValueError(
+            f"{model_dir} has no *.safetensors weights (other formats are not supported)"
+        )
     for name in files:
         with safe_open(os.path.join(model_dir, name), framework="pt", device=device) as f:
             for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)

@@ -13,27 +13,50 @@ from transformers import AutoConfig, AutoTokenizer, LlamaConfig
 
 from .byte_tokenizer import BOS_ID, EOS_ID, EOT_ID, VOCAB_SIZE, byte_tokenizer
 
-_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+_LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+}
 
 
 def _tiny_random_llama() -> LlamaConfig:
     return LlamaConfig(
-        vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
-        rms_norm_eps=1e-5, rope_theta=500000.0,
+        vocab_size=VOCAB_SIZE,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
         rope_scaling={**_LLAMA3_ROPE, "original_max_position_embeddings": 1024},
-        bos_token_id=BOS_ID, eos_token_id=[EOS_ID, EOT_ID], tie_word_embeddings=True,
+        bos_token_id=BOS_ID,
+        eos_token_id=[EOS_ID, EOT_ID],
+        tie_word_embeddings=True,
         architectures=["LlamaForCausalLM"],
     )
 
 
 def _llama_31_8b_random() -> LlamaConfig:
     return LlamaConfig(
-        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
-        rms_norm_eps=1e-5, rope_theta=500000.0,
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
         rope_scaling={**_LLAMA3_ROPE, "original_max_position_embeddings": 8192},
-        bos_token_id=128000, eos_token_id=[128001, 128008, 128009], tie_word_embeddings=False,
+        bos_token_id=128000,
+        eos_token_id=[128001, 128008, 128009],
+        tie_word_embeddings=False,
         architectures=["LlamaForCausalLM"],
     )
 
@@ -63,5 +86,7 @@ def load_tokenizer(model: str, tokenizer: str | None = None) -> Any:
 
 def _check_local_dir(path: str) -> None:
     if not os.path.isdir(path) or not os.path.exists(os.path.join(path, "config.json")):
-        raise ValueError(f"model {path!r} is neither a built-in preset ({', '.join(PRESETS)}) nor a local "
-                         "Hugging Face directory with a config.json (weights are never downloaded)")
+        raise ValueError(
+            f"model {path!r} is neither a built-in preset ({', '.join(PRESETS)}) nor a local "
+            "Hugging Face directory with a config.json (weights are never downloaded)"
+        )

@@ -8,7 +8,9 @@ from typing import Any
 import torch
 
 
-def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
+def inverse_frequencies(
+    head_dim: int, theta: float, scaling: dict[str, Any] | None
+) -> torch.Tensor:
     """Per-pair rotation frequencies [head_dim // 2], with the checkpoint's rope scaling applied."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
@@ -43,8 +45,9 @@ def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Ten
 class RotaryEmbedding(torch.nn.Module):
     """Applies rotate-half (GPT-NeoX layout) rotary embeddings, as Hugging Face's Llama does."""
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float,
-                 scaling: dict[str, Any] | None) -> None:
+    def __init__(
+        self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None
+    ) -> None:
         super().__init__()
         inv_freq = inverse_frequencies(head_dim, theta, scaling)
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
@@ -53,8 +56,9 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer("cos_sin", cache, persistent=False)
         self.half = head_dim // 2
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         # q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim], positions: [tokens]
         cos, sin = self.cos_sin[positions].unsqueeze(1).split(self.half, dim=-1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)

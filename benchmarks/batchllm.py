@@ -1,0 +1,113 @@
+"""The canonical shared-prefix workload (DESIGN.md, from the BatchLLM RFC): Llama-3.1-8B shapes, random
+weights, bf16; groups of 16 requests sharing a 2,000-token random prefix, each with 200 unique tokens and 100
+output tokens, EOS ignored; 400 groups (6,400 requests) for the full run.
+
+Modes, each on a fresh engine in this one process (so their ratios are measured side by side):
+  shuffled-nogroup  input shuffled, no grouping (every request prefills its whole prompt)
+  sorted-nogroup    input sorted by prefix, no grouping
+  group-nocascade   shuffled input, global grouping (prefix computed once, KV blocks shared), plain kernel
+  group-cascade     shuffled input, global grouping and cascade attention
+Prints one JSON line per mode. Usage: python benchmarks/batchllm.py [--groups 400] [--modes a,b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+
+import torch
+
+from prefixgrove import LLM, SamplingParams
+from prefixgrove.planner.grouping import GroupingConfig, GroupingResult, group_prompts
+
+from _common import device_name, emit, shared_prefix_prompts, timed
+
+MODES = ("shuffled-nogroup", "sorted-nogroup", "group-nocascade", "group-cascade")
+
+
+def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> dict:
+    llm = LLM(
+        args.model,
+        dtype="bfloat16",
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_cascade_attention=mode == "group-cascade",
+        num_scheduler_steps=args.num_scheduler_steps,
+    )
+    params = SamplingParams(
+        max_tokens=args.output_len, temperature=0.0, ignore_eos=True, detokenize=False
+    )
+    warm = [{"prompt_token_ids": p} for p in prompts[:32]]
+    llm.generate(
+        warm, SamplingParams(max_tokens=4, ignore_eos=True, detokenize=False), use_tqdm=False
+    )
+    llm.engine.metrics.__init__()
+    torch.cuda.reset_peak_memory_stats()
+
+    grouped = mode.startswith("group")
+    inputs = sorted(prompts) if mode == "sorted-nogroup" else prompts
+    config = GroupingConfig(block_size=llm.config.cache.block_size)
+    groups = GroupingResult([], list(range(len(inputs))), len(inputs), 0)
+    grouping_s = 0.0
+    if grouped:  # grouping is part of the job: its time counts
+        groups, grouping_s = timed(lambda: group_prompts(inputs, config))
+    outs, generate_s = timed(
+        lambda: llm.generate(
+            [{"prompt_token_ids": p} for p in inputs], params, use_tqdm=False, groups=groups
+        )
+    )
+    seconds = grouping_s + generate_s
+    m = llm.engine.metrics
+    out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    record = {
+        "benchmark": "batchllm",
+        "mode": mode,
+        "device": device_name(),
+        "requests": len(prompts),
+        "seconds": round(seconds, 2),
+        "requests_per_s": round(len(prompts) / seconds, 2),
+        "output_tokens_per_s": round(out_tokens / seconds, 1),
+        "total_tokens_per_s": round((sum(map(len, prompts)) + out_tokens) / seconds, 1),
+        "grouping_seconds": round(grouping_s, 3),
+        "prefill_tokens": m.prefill_tokens,
+        "prefix_tokens_reused": m.prefix_tokens_reused,
+        "kv_blocks_shared": m.kv_blocks_shared,
+        "preemptions": m.preemptions,
+        "decode_steps": m.decode_steps,
+        "decode_seconds": round(m.decode_seconds, 2),
+        "mixed_seconds": round(m.mixed_seconds, 2),
+        "num_scheduler_steps": llm.config.scheduler.num_scheduler_steps,
+        "peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
+    }
+    return record
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="llama-3.1-8b-random")
+    ap.add_argument("--groups", type=int, default=400)
+    ap.add_argument("--per-group", type=int, default=16)
+    ap.add_argument("--prefix-len", type=int, default=2000)
+    ap.add_argument("--suffix-len", type=int, default=200)
+    ap.add_argument("--output-len", type=int, default=100)
+    ap.add_argument("--max-num-seqs", type=int, default=512)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    ap.add_argument("--num-scheduler-steps", type=int, default=None)
+    ap.add_argument("--modes", default=",".join(MODES))
+    args = ap.parse_args()
+    vocab = 128256
+    prompts = shared_prefix_prompts(
+        args.groups, args.per_group, args.prefix_len, args.suffix_len, vocab, seed=0
+    )
+    random.Random(1).shuffle(prompts)
+    for mode in args.modes.split(","):
+        if mode not in MODES:
+            raise SystemExit(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+        emit(run_mode(mode, prompts, args))
+        gc.collect()  # the mode's engine is gone: give its memory back before the next one
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""The engine on a real GPU, in bf16: agreement with transformers and with its own fp32 run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+from prefixgrove import LLM, SamplingParams
+from prefixgrove.worker.engine.models.byte_tokenizer import byte_tokenizer
+from prefixgrove.worker.engine.models.presets import _tiny_random_llama
+
+pytestmark = pytest.mark.gpu
+STEPS = 64
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    torch.manual_seed(0)
+    config = _tiny_random_llama()
+    config.initializer_range = 0.1
+    path = tmp_path_factory.mktemp("tiny")
+    LlamaForCausalLM(config).save_pretrained(path)
+    byte_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+def _prompts(n: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(1)
+    return [
+        torch.randint(0, 256, (int(length),), generator=gen).tolist()
+        for length in torch.randint(5, 300, (n,), generator=gen)
+    ]
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_bf16_top1_agreement_with_transformers(checkpoint, backend):
+    """Teacher-forced: at every one of 64 steps, does transformers (bf16, sdpa) pick the engine's token?"""
+    prompts = _prompts(16)
+    llm = LLM(checkpoint, dtype="bfloat16", attention_backend=backend, gpu_memory_utilization=0.3)
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts],
+        SamplingParams(max_tokens=STEPS, temperature=0.0, ignore_eos=True),
+        use_tqdm=False,
+    )
+    hf = LlamaForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).cuda().eval()
+    agree = total = 0
+    for prompt, out in zip(prompts, outs, strict=True):
+        tokens = out.outputs[0].token_ids
+        ids = torch.tensor([prompt + tokens], device="cuda")
+        with torch.no_grad():
+            logits = hf(ids).logits[0, len(prompt) - 1 : -1]
+        agree += (logits.argmax(-1).cpu() == torch.tensor(tokens)).sum().item()
+        total += len(tokens)
+    rate = agree / total
+    print(f"bf16 top-1 agreement ({backend}): {rate:.4f} over {total} steps")
+    assert rate >= 0.97
+
+
+def test_grouped_cascade_matches_ungrouped_in_fp32(checkpoint):
+    base = torch.Generator().manual_seed(2)
+    prefixes = [torch.randint(0, 256, (int(n),), generator=base).tolist() for n in (300, 700, 1200)]
+    prompts = [
+        prefixes[i % 3] + torch.randint(0, 256, (1 + i % 40,), generator=base).tolist()
+        for i in range(48)
+    ]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    results = []
+    for grouping in (False, True):
+        llm = LLM(
+            checkpoint, dtype="float32", enable_prefix_grouping=grouping, gpu_memory_utilization=0.3
+        )
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        results.append([o.outputs[0].token_ids for o in outs])
+    assert results[0] == results[1]
