@@ -7,6 +7,7 @@ import filecmp
 from pathlib import Path
 
 import pytest
+
 from prefixgrove.planner import settings as cfg
 from prefixgrove.planner.settings import PlannerSettings, SecuritySettings, WorkerSettings
 

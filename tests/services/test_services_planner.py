@@ -9,11 +9,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+from services_testbed import MODEL, RedisServer, batch_line
+
 from prefixgrove.planner.client import PlannerClient
 from prefixgrove.planner.server import build_server
 from prefixgrove.planner.settings import IngestSettings, PlannerSettings, SecuritySettings
 from prefixgrove.proto import planner_pb2 as pb
-from services_testbed import MODEL, RedisServer, batch_line
 
 
 def start(redis: RedisServer, security: SecuritySettings | None = None) -> tuple[grpc.Server, int]:

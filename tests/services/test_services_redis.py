@@ -6,11 +6,12 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from services_testbed import RedisServer
+
 from prefixgrove.planner.ingest import JobPlan
 from prefixgrove.planner.schema import GroupRecord, JobState, RequestRecord, ResultRecord
 from prefixgrove.planner.store import JobStore, connect
 from prefixgrove.worker.lease import GroupQueue
-from services_testbed import RedisServer
 
 MODEL = "m"
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from services_testbed import MODEL, batch_line
+
 from prefixgrove.planner.ingest import JobIngestor
 from prefixgrove.planner.requests import BatchRequest, RequestError, parse_line
 from prefixgrove.planner.settings import IngestSettings
 from prefixgrove.planner.tokenize import PromptTokenizer
-from services_testbed import MODEL, batch_line
 
 
 @pytest.fixture(scope="module")
