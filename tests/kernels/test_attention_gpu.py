@@ -1,0 +1,180 @@
+"""The kernels in bf16/fp16 on a real GPU against the fp32 torch reference, on larger shapes.
+
+Tolerances (absolute and relative, on outputs of magnitude <= ~1): bf16 2e-2, fp16 5e-3. The kernel
+reads the same rounded K/V as the reference; its extra error comes from rounding the softmax
+weights to the input dtype before P @ V and from rounding the output.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from paged_cases import Batch, Cache, Seq, cumulative, int32, make_batch, make_cache
+
+from prefixgrove.kernels.cascade_attention import (
+    merge_attention_states,
+    merge_attention_states_ref,
+    prefix_attention,
+    prefix_attention_ref,
+)
+from prefixgrove.kernels.paged_attention import paged_attention, paged_attention_ref
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
+LOW_PRECISION = [torch.bfloat16, torch.float16]
+NUM_KV_HEADS, GROUP, HEAD_DIM, BLOCK = 8, 4, 128, 16
+
+
+def fp32_copy(cache: Cache) -> Cache:
+    return Cache(cache.k.float(), cache.v.float(), [])
+
+
+def paged_meta(batch: Batch, scale: float) -> dict[str, object]:
+    return {
+        "cu_seqlens_q": batch.cu_seqlens_q,
+        "seq_lens": batch.seq_lens,
+        "block_tables": batch.block_tables,
+        "scale": scale,
+        "max_query_len": batch.max_query_len,
+    }
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+def test_decode_and_chunked_prefill_match_the_fp32_reference(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(1)
+    cache = make_cache(8192, BLOCK, NUM_KV_HEADS, HEAD_DIM, dtype, torch.device("cuda"))
+    lengths = torch.randint(1, 2000, (64,), generator=gen).tolist()
+    seqs = [Seq(1, n) for n in lengths]
+    seqs += [Seq(300, 800), Seq(512, 512), Seq(77, 1500), Seq(0, 0), Seq(0, 0)]
+    batch = make_batch(cache, seqs, NUM_KV_HEADS * GROUP, dtype)
+    meta = paged_meta(batch, HEAD_DIM**-0.5)
+    out = torch.empty_like(batch.q)
+    paged_attention(batch.q, cache.k, cache.v, out, **meta)
+    want = torch.empty_like(batch.q, dtype=torch.float32)
+    wide = fp32_copy(cache)
+    paged_attention_ref(batch.q.float(), wide.k, wide.v, want, **meta)
+    assert_close(out, want, dtype)
+
+
+def build_groups(
+    cache: Cache, degree: int, prefix_len: int, own_len: int, num_groups: int, dtype: torch.dtype
+) -> tuple[Batch, dict[str, torch.Tensor], int]:
+    """num_groups groups of `degree` decode requests; returns the batch, group metadata, max rows."""
+    seqs, prefix_tables = [], []
+    for _ in range(num_groups):
+        shared = cache.take(prefix_len)
+        prefix_tables.append(shared)
+        seqs += [
+            Seq(1, prefix_len + own_len, prefix_len, shared + cache.take(own_len))
+            for _ in range(degree)
+        ]
+    batch = make_batch(cache, seqs, NUM_KV_HEADS * GROUP, dtype)
+    device = cache.k.device
+    width = max(len(t) for t in prefix_tables)
+    tables = torch.zeros(num_groups, width, dtype=torch.int32)
+    for g, t in enumerate(prefix_tables):
+        tables[g, : len(t)] = torch.tensor(t, dtype=torch.int32)
+    groups = {
+        "group_cu_q": cumulative([degree] * num_groups, device),
+        "group_prefix_lens": int32([prefix_len] * num_groups, device),
+        "group_block_tables": tables.to(device),
+    }
+    return batch, groups, degree
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+@pytest.mark.parametrize(("degree", "prefix_len", "num_splits"), [(16, 2000, None), (64, 4000, 16)])
+def test_cascade_matches_plain_paged_attention_and_the_reference(
+    dtype: torch.dtype, degree: int, prefix_len: int, num_splits: int | None
+) -> None:
+    cache = make_cache(4096, BLOCK, NUM_KV_HEADS, HEAD_DIM, dtype, torch.device("cuda"))
+    batch, groups, max_group_q = build_groups(cache, degree, prefix_len, 200, 128 // degree, dtype)
+    scale = HEAD_DIM**-0.5
+    meta = paged_meta(batch, scale)
+    plain = torch.empty_like(batch.q)
+    paged_attention(batch.q, cache.k, cache.v, plain, **meta)
+    o_p, lse_p = prefix_attention(
+        batch.q, cache.k, cache.v, **groups, scale=scale, max_group_q=max_group_q,
+        num_splits=num_splits,
+    )  # fmt: skip
+    wide = fp32_copy(cache)
+    ref_o, ref_lse = prefix_attention_ref(
+        batch.q.float(), wide.k, wide.v, **groups, scale=scale, max_group_q=max_group_q
+    )
+    torch.testing.assert_close(lse_p, ref_lse, atol=1e-2, rtol=1e-3)
+    assert_close(o_p, ref_o, dtype)
+    cascade = torch.empty_like(batch.q)
+    paged_attention(
+        batch.q, cache.k, cache.v, cascade, **meta, kv_start=batch.kv_start, prefix_out=o_p,
+        prefix_lse=lse_p,
+    )  # fmt: skip
+    want = torch.empty_like(batch.q, dtype=torch.float32)
+    paged_attention_ref(batch.q.float(), wide.k, wide.v, want, **meta)
+    assert_close(cascade, want, dtype)
+    assert_close(plain, want, dtype)
+
+
+def test_merge_kernel_matches_reference_in_bf16() -> None:
+    gen = torch.Generator().manual_seed(2)
+    shape = (300, 32, HEAD_DIM)
+    o_a, o_b = (torch.randn(shape, generator=gen).to("cuda", torch.bfloat16) for _ in range(2))
+    lse_a, lse_b = (torch.randn(shape[:2], generator=gen).cuda() * 4 for _ in range(2))
+    lse_a[:10] = float("-inf")
+    got = merge_attention_states(o_a, lse_a, o_b, lse_b)
+    want = merge_attention_states_ref(o_a, lse_a, o_b, lse_b)
+    assert_close(got[0], want[0], torch.bfloat16)
+    torch.testing.assert_close(got[1], want[1])
+
+
+def test_cascade_replays_in_a_cuda_graph_with_new_metadata() -> None:
+    """Capture once, then change the metadata in place (same shapes): the replay must follow it."""
+    dtype = torch.bfloat16
+    cache = make_cache(2048, BLOCK, NUM_KV_HEADS, HEAD_DIM, dtype, torch.device("cuda"))
+    batch, groups, max_group_q = build_groups(cache, 8, 512, 100, 8, dtype)
+    scale = HEAD_DIM**-0.5
+    meta = paged_meta(batch, scale)
+    out = torch.empty_like(batch.q)
+
+    def step() -> None:
+        o_p, lse_p = prefix_attention(
+            batch.q, cache.k, cache.v, **groups, scale=scale, max_group_q=max_group_q
+        )
+        paged_attention(
+            batch.q, cache.k, cache.v, out, **meta, kv_start=batch.kv_start, prefix_out=o_p,
+            prefix_lse=lse_p,
+        )  # fmt: skip
+
+    step()  # compiles the kernels outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    # Same shapes, new contents: other queries, one group fewer (padded), shorter suffixes.
+    other, other_groups, _ = build_groups(cache, 8, 256, 40, 7, dtype)
+    num_rows = other.q.shape[0]
+    batch.q.zero_()[:num_rows] = other.q
+    batch.cu_seqlens_q.copy_(torch.cat([other.cu_seqlens_q, other.cu_seqlens_q[-1:].repeat(8)]))
+    batch.seq_lens.zero_()[: len(other.seqs)] = other.seq_lens
+    batch.kv_start.zero_()[: len(other.seqs)] = other.kv_start
+    rows, cols = other.block_tables.shape
+    batch.block_tables[:rows, :cols] = other.block_tables
+    last = other_groups["group_cu_q"][-1:]
+    groups["group_cu_q"].copy_(torch.cat([other_groups["group_cu_q"], last]))
+    groups["group_prefix_lens"].zero_()[:7] = other_groups["group_prefix_lens"]
+    prefix_cols = other_groups["group_block_tables"].shape[1]
+    groups["group_block_tables"][:7, :prefix_cols] = other_groups["group_block_tables"]
+    graph.replay()
+    torch.cuda.synchronize()
+    want = torch.empty_like(batch.q, dtype=torch.float32)
+    wide = fp32_copy(cache)
+    paged_attention_ref(batch.q.float(), wide.k, wide.v, want, **meta)
+    assert_close(out[:num_rows], want[:num_rows], dtype)
