@@ -13,7 +13,12 @@ for _name in ("merge_states", "paged_attention", "cascade_attention"):
         importlib.reload(_module)
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 from engine_checkpoints import save_checkpoint  # noqa: E402
+
+# The models here are tiny: intra-op threads only contend for the machine's few shared cores (a decode
+# step took 25x longer with two threads than with one under load).
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -131,3 +131,23 @@ def assert_no_leak(llm: LLM) -> None:
     assert blocks.num_free == blocks.num_usable, (
         f"{blocks.num_usable - blocks.num_free} KV blocks still held after the run"
     )
+
+
+StepRecord = list[
+    tuple[str, int, bool]
+]  # (request id, tokens computed, samples a token) per batch item
+
+
+def record_steps(llm: LLM) -> list[StepRecord]:
+    """Records what the real scheduler hands the model each step (it keeps scheduling as before)."""
+    steps: list[StepRecord] = []
+    scheduler = llm.engine.scheduler
+    schedule = scheduler.schedule
+
+    def recording_schedule(*args: Any, **kwargs: Any) -> Any:
+        out = schedule(*args, **kwargs)
+        steps.append([(i.seq.request_id, i.num_tokens, i.sample) for i in out.batch])
+        return out
+
+    scheduler.schedule = recording_schedule  # type: ignore[method-assign]
+    return steps

@@ -1,0 +1,200 @@
+"""Prefix-sharing groups: the prefix is computed once, its blocks are shared, and nothing a request
+generates depends on whether it ran in a group, with or without cascade attention."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+from engine_checkpoints import (
+    assert_no_leak,
+    engine,
+    greedy,
+    random_prompts,
+    run,
+    token_ids,
+)
+
+from prefixgrove import LLM
+from prefixgrove.planner.grouping import GroupingConfig, group_prompts
+
+PREFIX_LEN = 80  # 5 blocks of 16, above the cascade pass's 64-token threshold
+PARAMS = greedy(5, ignore_eos=True)
+
+
+def shared_prefix_job(
+    num_prefixes: int, per_prefix: int, prefix_len: int = PREFIX_LEN, seed: int = 0
+) -> list[list[int]]:
+    """Shuffled prompts: `num_prefixes` random prefixes, each followed by short distinct suffixes."""
+    rng = random.Random(seed)
+    prefixes = random_prompts([prefix_len] * num_prefixes, seed=seed)
+    prompts = []
+    for prefix in prefixes:
+        firsts = rng.sample(
+            range(256), per_prefix
+        )  # distinct first suffix tokens: sharing ends here
+        for first in firsts:
+            suffix = [first] + [rng.randrange(256) for _ in range(rng.randrange(2, 12))]
+            prompts.append(prefix + suffix)
+    rng.shuffle(prompts)
+    return prompts
+
+
+@pytest.fixture(scope="module")
+def job() -> list[list[int]]:
+    return shared_prefix_job(num_prefixes=4, per_prefix=4)
+
+
+@pytest.fixture(scope="module")
+def ungrouped(llama_dir: str, job: list[list[int]]) -> list[list[int]]:
+    llm = engine(llama_dir, enable_prefix_grouping=False, enable_cascade_attention=False)
+    outs = run(llm, job, PARAMS)
+    assert [o.num_cached_tokens for o in outs] == [0] * len(job)
+    assert_no_leak(llm)
+    return token_ids(outs)
+
+
+def count_prefix_passes(llm: LLM) -> list[int]:
+    """Counts calls of the backend's cascade prefix pass (one per layer and step that uses it)."""
+    calls = [0]
+    runner = llm.engine.runner
+    prefix = runner.backend.prefix
+
+    def counting_prefix(*args, **kwargs):
+        calls[0] += 1
+        return prefix(*args, **kwargs)
+
+    runner.backend = dataclasses.replace(runner.backend, prefix=counting_prefix)
+    return calls
+
+
+@pytest.mark.parametrize("cascade", [True, False], ids=["cascade", "no-cascade"])
+@pytest.mark.parametrize("grouping", [True, False], ids=["grouped", "ungrouped"])
+def test_grouping_and_cascade_leave_greedy_tokens_unchanged(
+    llama_dir, job, ungrouped, grouping, cascade
+):
+    llm = engine(llama_dir, enable_prefix_grouping=grouping, enable_cascade_attention=cascade)
+    outs = run(llm, job, PARAMS)
+    assert [o.prompt_token_ids for o in outs] == job  # input order
+    assert token_ids(outs) == ungrouped
+    assert_no_leak(llm)
+
+
+def test_grouped_cascade_on_triton_backend_matches_ungrouped(llama_dir, ungrouped, job):
+    llm = engine(llama_dir, attention_backend="triton")
+    assert llm.engine.runner.backend.name == "triton"
+    passes = count_prefix_passes(llm)
+    outs = run(llm, job[:8], PARAMS)
+    assert token_ids(outs) == ungrouped[:8]
+    assert passes[0] > 0
+    assert_no_leak(llm)
+
+
+def test_cascade_prefix_pass_runs_only_when_enabled(llama_dir, job):
+    on, off = engine(llama_dir), engine(llama_dir, enable_cascade_attention=False)
+    on_passes, off_passes = count_prefix_passes(on), count_prefix_passes(off)
+    run(on, job, PARAMS)
+    run(off, job, PARAMS)
+    assert on_passes[0] > 0 and off_passes[0] == 0
+
+
+def test_num_cached_tokens_reports_the_reused_prefix(llama_dir, job):
+    outs = run(engine(llama_dir), job, PARAMS)
+    assert [o.num_cached_tokens for o in outs] == [PREFIX_LEN] * len(job)
+
+
+def test_prefix_is_prefilled_once_per_group(llama_dir, job):
+    llm = engine(llama_dir)
+    outs = run(llm, job, PARAMS)
+    m = llm.engine.metrics
+    suffix_tokens = sum(len(p) - PREFIX_LEN for p in job)
+    assert m.prefill_tokens == 4 * PREFIX_LEN + suffix_tokens
+    assert m.prefix_tokens_reused == sum(o.num_cached_tokens for o in outs) == 16 * PREFIX_LEN
+    assert m.kv_blocks_shared == 16 * (PREFIX_LEN // 16)
+    assert m.requests_finished == len(job)
+
+
+def test_ungrouped_run_shares_nothing(llama_dir, job):
+    llm = engine(llama_dir, enable_prefix_grouping=False)
+    run(llm, job, PARAMS)
+    m = llm.engine.metrics
+    assert m.prefix_tokens_reused == 0 and m.kv_blocks_shared == 0
+    assert m.prefill_tokens == sum(len(p) for p in job)
+
+
+def test_many_groups_through_a_small_cache_finish_without_leaking(llama_dir):
+    # 60 groups of 3 (64-token prefixes); the cache holds only a few groups at a time.
+    prompts = shared_prefix_job(num_prefixes=60, per_prefix=3, prefix_len=64, seed=5)
+    params = greedy(4, ignore_eos=True)
+    llm = engine(llama_dir, num_gpu_blocks=24, max_num_batched_tokens=256)
+    outs = run(llm, prompts, params)
+    assert llm.engine.metrics.prefix_tokens_reused >= 60 * 3 * 64
+    assert [o.num_cached_tokens for o in outs] == [64] * len(prompts)
+    reference = engine(llama_dir, enable_prefix_grouping=False)
+    assert token_ids(outs) == token_ids(run(reference, prompts, params))
+    assert_no_leak(llm)
+
+
+def test_groups_under_preemption_give_the_same_tokens(llama_dir, job, ungrouped):
+    # A member grows to ~105 tokens = 7 blocks, 5 of them the shared prefix; 9 usable blocks cannot hold
+    # a whole group's own blocks, so members are preempted while their group's prefix is in use.
+    llm = engine(llama_dir, num_gpu_blocks=10, max_num_batched_tokens=64, max_num_seqs=8)
+    outs = run(llm, job, greedy(12, ignore_eos=True))
+    assert llm.engine.metrics.preemptions > 0
+    assert [t[: PARAMS.max_tokens] for t in token_ids(outs)] == ungrouped
+    assert_no_leak(llm)
+
+
+def test_planner_grouping_is_used_as_given(llama_dir, job):
+    grouping = group_prompts(job, GroupingConfig(block_size=16))
+    assert len(grouping.groups) == 4
+    llm = engine(llama_dir, enable_prefix_grouping=False)
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in job], PARAMS, use_tqdm=False, groups=grouping
+    )
+    assert [o.num_cached_tokens for o in outs] == [PREFIX_LEN] * len(job)
+    assert_no_leak(llm)
+
+
+def test_add_group_streams_members_through_the_engine(llama_dir, job, ungrouped):
+    llm = engine(llama_dir)
+    first = job[0][:PREFIX_LEN]
+    members = [i for i, p in enumerate(job) if p[:PREFIX_LEN] == first]
+    llm.engine.add_group("g", PREFIX_LEN, [(f"r{i}", job[i], PARAMS) for i in members])
+    finished = {}
+    while llm.engine.has_unfinished_requests():
+        for out in llm.engine.step():
+            finished[out.request_id] = out
+    assert sorted(finished) == sorted(f"r{i}" for i in members)
+    for i in members:
+        assert finished[f"r{i}"].outputs[0].token_ids == ungrouped[i]
+        assert finished[f"r{i}"].num_cached_tokens == PREFIX_LEN
+    assert_no_leak(llm)
+
+
+def test_add_group_cuts_the_prefix_to_whole_blocks(llama_dir, job):
+    llm = engine(llama_dir)
+    first = job[0][:PREFIX_LEN]
+    members = [(f"r{i}", p, PARAMS) for i, p in enumerate(job) if p[:PREFIX_LEN] == first]
+    llm.engine.add_group("g", PREFIX_LEN - 5, members)
+    outs = []
+    while llm.engine.has_unfinished_requests():
+        outs += llm.engine.step()
+    assert [o.num_cached_tokens for o in outs] == [PREFIX_LEN - 16] * len(members)
+    assert_no_leak(llm)
+
+
+def test_add_group_refuses_a_request_without_the_prefix(llama_dir):
+    llm = engine(llama_dir)
+    prefix = random_prompts([48], seed=7)[0]
+    good = [*prefix, 1, 2, 3]
+    bad = [*prefix[:5], (prefix[5] + 1) % 256, *prefix[6:], 4, 5]
+    with pytest.raises(
+        ValueError, match=r"request 'b' of group 'g' does not start with .*48-token"
+    ):
+        llm.engine.add_group("g", 48, [("a", good, PARAMS), ("b", bad, PARAMS)])
+    assert not llm.engine.has_unfinished_requests()
+    llm.engine.add_request("a", good, PARAMS)  # nothing of the refused group stayed behind
+    llm.engine.abort(["a"])
+    assert_no_leak(llm)
