@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: installs what the tests run against (redis-server, helm and
+# kubectl, docker compose, etcd and a kube-apiserver built once and cached), then lint and pytest.
+# Tests that need one of these fail, not skip, when CI=true. GPU tests skip without a GPU.
+# Usage: scripts/test.sh [pytest arguments]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+scripts/ci/install-redis.sh
+scripts/ci/install-helm.sh
+scripts/ci/install-compose.sh
+scripts/ci/build-kube-apiserver.sh
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/pytest -q "$@"
