@@ -166,7 +166,9 @@ class EngineConfig:
             else attention_backend,
             enable_prefix_grouping=enable_prefix_grouping,
             enable_cascade_attention=enable_cascade_attention,
-            enforce_eager=enforce_eager or not cuda or attention_backend == "torch",  # references sync
+            enforce_eager=enforce_eager
+            or not cuda
+            or attention_backend == "torch",  # references sync
             tokenizer=tokenizer,
         )
 
