@@ -1,0 +1,263 @@
+"""Cascade attention (prefix pass + fused suffix pass) against plain paged attention, for decode.
+
+Each request has one query token (decode), a prefix shared by `degree` requests and its own
+`--own-tokens` tokens; the batch holds `--requests` requests, i.e. requests / degree groups.
+Prints one JSON object: timings (median of triton.testing.do_bench, microseconds; by default
+around a CUDA graph of the calls, as the engine runs them), the KV bytes each path must read and
+the GB/s that makes, the cascade's speedup, and its largest difference from the plain result.
+
+    python benchmarks/attention_kernels.py            # full sweep (degrees 4/16/64 x 512/2000/8000)
+    python benchmarks/attention_kernels.py --quick    # degree 16 and 64 at 2000 tokens
+    TRITON_INTERPRET=1 python benchmarks/attention_kernels.py --device cpu --dtype float16 \
+        --requests 8 --degrees 4 --prefix-lens 64 --own-tokens 16   # smoke run without a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+import traceback
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _ensure_prefixgrove() -> None:
+    """Imports the package from this checkout when it is not installed."""
+    try:
+        import prefixgrove.kernels.cascade_attention  # noqa: F401
+
+        return
+    except ImportError:
+        pass
+    for name in [n for n in sys.modules if n == "prefixgrove" or n.startswith("prefixgrove.")]:
+        del sys.modules[name]
+    services = ROOT / "services"
+    spec = importlib.util.spec_from_file_location(
+        "prefixgrove", services / "__init__.py", submodule_search_locations=[str(services)]
+    )
+    assert spec is not None and spec.loader is not None
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["prefixgrove"] = package
+    spec.loader.exec_module(package)
+    if not (services / "kernels").is_dir():  # the link may be lost in a copy
+        kernels = types.ModuleType("prefixgrove.kernels")
+        kernels.__path__ = [str(ROOT / "kernels")]
+        sys.modules["prefixgrove.kernels"] = kernels
+
+
+_ensure_prefixgrove()
+
+from prefixgrove.kernels.cascade_attention import prefix_attention  # noqa: E402
+from prefixgrove.kernels.paged_attention import paged_attention  # noqa: E402
+
+TARGET = {"degree": 16, "prefix_len": 2000, "min_speedup": 3.0}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="degrees 16 and 64 at 2000 tokens")
+    p.add_argument("--degrees", type=int, nargs="+", default=None)
+    p.add_argument("--prefix-lens", type=int, nargs="+", default=None)
+    p.add_argument("--requests", type=int, default=256)
+    p.add_argument("--own-tokens", type=int, default=200, help="per request, new token included")
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    p.add_argument("--num-splits", type=int, default=None, help="prefix splits (default: auto)")
+    p.add_argument("--no-graph", action="store_true", help="time eager calls, not CUDA graphs")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--output", type=Path, default=None, help="also write the JSON here")
+    args = p.parse_args(argv)
+    if args.degrees is None:
+        args.degrees = [16, 64] if args.quick else [4, 16, 64]
+    if args.prefix_lens is None:
+        args.prefix_lens = [2000] if args.quick else [512, 2000, 8000]
+    return args
+
+
+class Workload:
+    """One sweep point: the paged cache, decode queries and both paths' metadata."""
+
+    def __init__(self, args: argparse.Namespace, degree: int, prefix_len: int) -> None:
+        device, dtype, bs = torch.device(args.device), getattr(torch, args.dtype), args.block_size
+        self.num_groups = max(1, args.requests // degree)
+        self.num_requests = self.num_groups * degree
+        self.prefix_len = math.ceil(prefix_len / bs) * bs  # prefixes are whole blocks
+        prefix_blocks = self.prefix_len // bs
+        own_blocks = math.ceil(args.own_tokens / bs)
+        num_blocks = self.num_groups * prefix_blocks + self.num_requests * own_blocks
+        shape = (num_blocks, bs, args.kv_heads, args.head_dim)
+        self.k_cache = torch.randn(shape, device=device, dtype=dtype)
+        self.v_cache = torch.randn(shape, device=device, dtype=dtype)
+        self.q = torch.randn(self.num_requests, args.heads, args.head_dim, device=device).to(dtype)
+        order = torch.randperm(num_blocks, device="cpu").to(torch.int32)
+        prefix_ids = order[: self.num_groups * prefix_blocks].view(self.num_groups, -1)
+        own_ids = order[self.num_groups * prefix_blocks :].view(self.num_requests, -1)
+        per_request_prefix = prefix_ids.repeat_interleave(degree, dim=0)
+        int32 = {"dtype": torch.int32, "device": device}
+        self.block_tables = torch.cat([per_request_prefix, own_ids], dim=1).to(device)
+        self.cu_seqlens_q = torch.arange(self.num_requests + 1, **int32)
+        self.seq_lens = torch.full((self.num_requests,), self.prefix_len + args.own_tokens, **int32)
+        self.kv_start = torch.full((self.num_requests,), self.prefix_len, **int32)
+        self.group_cu_q = torch.arange(0, self.num_requests + 1, degree, **int32)
+        self.group_prefix_lens = torch.full((self.num_groups,), self.prefix_len, **int32)
+        self.group_block_tables = prefix_ids.to(device)
+        self.degree, self.scale, self.num_splits = degree, args.head_dim**-0.5, args.num_splits
+        self.plain_out = torch.empty_like(self.q)
+        self.cascade_out = torch.empty_like(self.q)
+        self.o_p = torch.empty(self.q.shape, dtype=torch.float32, device=device)
+        self.lse_p = torch.empty(self.q.shape[:2], dtype=torch.float32, device=device)
+        row_bytes = 2 * args.kv_heads * args.head_dim * self.k_cache.element_size()  # K and V
+        own = self.num_requests * args.own_tokens
+        self.plain_bytes = row_bytes * self.num_requests * (self.prefix_len + args.own_tokens)
+        self.prefix_bytes = row_bytes * self.num_groups * self.prefix_len
+        self.suffix_bytes = row_bytes * own
+
+    def plain(self) -> None:
+        paged_attention(
+            self.q, self.k_cache, self.v_cache, self.plain_out, cu_seqlens_q=self.cu_seqlens_q,
+            seq_lens=self.seq_lens, block_tables=self.block_tables, scale=self.scale,
+            max_query_len=1,
+        )  # fmt: skip
+
+    def prefix_pass(self) -> None:
+        prefix_attention(
+            self.q, self.k_cache, self.v_cache, group_cu_q=self.group_cu_q,
+            group_prefix_lens=self.group_prefix_lens, group_block_tables=self.group_block_tables,
+            scale=self.scale, max_group_q=self.degree, out=self.o_p, out_lse=self.lse_p,
+            num_splits=self.num_splits,
+        )  # fmt: skip
+
+    def suffix_pass(self) -> None:
+        paged_attention(
+            self.q, self.k_cache, self.v_cache, self.cascade_out, cu_seqlens_q=self.cu_seqlens_q,
+            seq_lens=self.seq_lens, block_tables=self.block_tables, scale=self.scale,
+            max_query_len=1, kv_start=self.kv_start, prefix_out=self.o_p, prefix_lse=self.lse_p,
+        )  # fmt: skip
+
+    def cascade(self) -> None:
+        self.prefix_pass()
+        self.suffix_pass()
+
+
+def as_graph(fn: Callable[[], None]) -> Callable[[], None]:
+    fn()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def median_us(fn: Callable[[], None], device: str, use_graph: bool) -> float:
+    if device == "cpu":  # interpreter smoke run: wall time
+        times = []
+        for _ in range(2):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1e6
+    run = as_graph(fn) if use_graph else fn
+    result = triton.testing.do_bench(run, warmup=25, rep=200, quantiles=[0.5])
+    return float(result[0] if isinstance(result, list | tuple) else result) * 1e3
+
+
+def measure(args: argparse.Namespace, degree: int, prefix_len: int) -> dict[str, Any]:
+    w = Workload(args, degree, prefix_len)
+    w.plain()
+    w.cascade()
+    if args.device != "cpu":
+        torch.cuda.synchronize()
+    diff = (w.cascade_out.float() - w.plain_out.float()).abs().max().item()
+    use_graph = not args.no_graph
+    times = {
+        name: median_us(fn, args.device, use_graph)
+        for name, fn in [
+            ("plain_us", w.plain),
+            ("cascade_us", w.cascade),
+            ("prefix_pass_us", w.prefix_pass),
+            ("suffix_pass_us", w.suffix_pass),
+        ]
+    }
+    cascade_bytes = w.prefix_bytes + w.suffix_bytes
+    return {
+        "degree": degree,
+        "prefix_len": w.prefix_len,
+        "groups": w.num_groups,
+        "requests": w.num_requests,
+        **{k: round(v, 2) for k, v in times.items()},
+        "speedup": round(times["plain_us"] / times["cascade_us"], 2),
+        "plain_kv_mb": round(w.plain_bytes / 1e6, 1),
+        "cascade_kv_mb": round(cascade_bytes / 1e6, 1),
+        "plain_gb_per_s": round(w.plain_bytes / times["plain_us"] / 1e3, 1),
+        "cascade_gb_per_s": round(cascade_bytes / times["cascade_us"] / 1e3, 1),
+        "prefix_pass_gb_per_s": round(w.prefix_bytes / times["prefix_pass_us"] / 1e3, 1),
+        "suffix_pass_gb_per_s": round(w.suffix_bytes / times["suffix_pass_us"] / 1e3, 1),
+        "max_abs_diff_vs_plain": diff,
+    }
+
+
+def environment(args: argparse.Namespace) -> dict[str, Any]:
+    on_gpu = args.device != "cpu"
+    return {
+        "device": torch.cuda.get_device_name() if on_gpu else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "timing": "cpu wall" if not on_gpu else "eager" if args.no_graph else "cuda graph",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.device != "cpu" and not torch.cuda.is_available():
+        print(json.dumps({"error": "no CUDA device; use --device cpu for a smoke run"}))
+        return 1
+    config = {k: v for k, v in vars(args).items() if k not in ("output",)}
+    report: dict[str, Any] = {**environment(args), "config": config, "results": []}
+    tolerance = 5e-2 if args.dtype == "bfloat16" else 1e-2
+    failed = False
+    for degree in args.degrees:
+        for prefix_len in args.prefix_lens:
+            try:
+                result = measure(args, degree, prefix_len)
+                result["matches_plain"] = result["max_abs_diff_vs_plain"] <= tolerance
+                failed |= not result["matches_plain"]
+            except Exception as e:  # keep sweeping; report what failed and why
+                failed = True
+                result = {"degree": degree, "prefix_len": prefix_len, "error": repr(e)}
+                traceback.print_exc(file=sys.stderr)
+            report["results"].append(result)
+            print(json.dumps(result), file=sys.stderr, flush=True)
+            if args.device != "cpu":
+                torch.cuda.empty_cache()
+    at_target = [
+        r for r in report["results"]
+        if r.get("degree") == TARGET["degree"] and r.get("prefix_len") == TARGET["prefix_len"]
+    ]  # fmt: skip
+    if at_target and "speedup" in at_target[0]:
+        report["target"] = {**TARGET, "met": at_target[0]["speedup"] >= TARGET["min_speedup"]}
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.output is not None:
+        args.output.write_text(text + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""benchmarks/attention_kernels.py runs end to end (tiny shapes, Triton's interpreter on the CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "attention_kernels.py"
+
+
+def test_benchmark_reports_every_sweep_point_and_cascade_matches_plain() -> None:
+    args = "--device cpu --dtype float16 --requests 8 --degrees 4 8 --prefix-lens 64"
+    args += " --own-tokens 16 --heads 8 --kv-heads 2 --head-dim 64 --num-splits 2"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), *args.split()],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    points = [(r["degree"], r["prefix_len"]) for r in report["results"]]
+    assert points == [(4, 64), (8, 64)]
+    for r in report["results"]:
+        assert r["matches_plain"] and r["groups"] == 8 // r["degree"]
+        assert r["cascade_kv_mb"] < r["plain_kv_mb"]
