@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from prefixgrove.planner.grouping import GroupingConfig, group_prompts
 from prefixgrove.planner.requests import BatchRequest, RequestError, parse_line
 from prefixgrove.planner.schema import GroupRecord
@@ -19,39 +20,45 @@ from prefixgrove.planner.tokenize import PromptTokenizer
 
 
 class TokenStore(Sequence[np.ndarray]):
-    """Prompts as views into one growing int32 buffer."""
+    """Prompts as views into fixed-size chunks of one integer type: growing never copies, and a
+    vocabulary under 65,536 ids takes two bytes a token."""
 
-    def __init__(self) -> None:
-        self._data = np.empty(1 << 16, dtype=np.int32)
-        self._size = 0
-        self._offsets = array.array("q", [0])
+    def __init__(self, vocab_size: int = 2**32, chunk_tokens: int = 1 << 22) -> None:
+        self.dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+        self._chunk_tokens = chunk_tokens
+        self._chunks: list[np.ndarray] = []
+        self._used = 0  # tokens used in the last chunk
+        self._where = array.array("q")  # per prompt: chunk index
+        self._start = array.array("q")  # per prompt: offset in its chunk
+        self._length = array.array("q")
+        self.num_tokens = 0
 
     def append(self, tokens: np.ndarray) -> None:
-        end = self._size + len(tokens)
-        if end > len(self._data):
-            grown = np.empty(max(end, len(self._data) * 3 // 2), dtype=np.int32)
-            grown[: self._size] = self._data[: self._size]
-            self._data = grown
-        self._data[self._size : end] = tokens
-        self._size = end
-        self._offsets.append(end)
+        n = len(tokens)
+        if not self._chunks or self._used + n > len(self._chunks[-1]):
+            self._chunks.append(np.empty(max(self._chunk_tokens, n), dtype=self.dtype))
+            self._used = 0
+        self._chunks[-1][self._used : self._used + n] = tokens
+        self._where.append(len(self._chunks) - 1)
+        self._start.append(self._used)
+        self._length.append(n)
+        self._used += n
+        self.num_tokens += n
 
     def __len__(self) -> int:
-        return len(self._offsets) - 1
+        return len(self._length)
 
     def __getitem__(self, i: int) -> np.ndarray:  # type: ignore[override]
-        return self._data[self._offsets[i] : self._offsets[i + 1]]
+        start = self._start[i]
+        return self._chunks[self._where[i]][start : start + self._length[i]]
 
     def __iter__(self) -> Iterator[np.ndarray]:
         return (self[i] for i in range(len(self)))
 
     @property
-    def num_tokens(self) -> int:
-        return self._size
-
-    @property
     def nbytes(self) -> int:
-        return self._data.nbytes + self._offsets.itemsize * len(self._offsets)
+        index = sum(a.itemsize * len(a) for a in (self._where, self._start, self._length))
+        return sum(c.nbytes for c in self._chunks) + index
 
 
 @dataclass
@@ -78,7 +85,7 @@ class JobIngestor:
         self.total = 0  # request lines (blank lines are not requests)
         self.json_lines = 0  # lines that parsed as JSON objects
         self.prompt_tokens = 0
-        self.tokens = TokenStore()
+        self.tokens = TokenStore(tokenizer.vocab_size)
         self.line_indices = array.array("q")
         self._seen: set[str] = set()
 

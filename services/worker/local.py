@@ -75,11 +75,11 @@ def run_local(
 ) -> RunSummary:
     import time
 
-    from prefixgrove.worker.engine import LLM, SamplingParams
+    from prefixgrove.worker.engine import LLM, EngineConfig, SamplingParams
 
     start = time.perf_counter()
-    llm = LLM(model, max_model_len=ingest.max_model_len, **engine_args)
-    limit = llm.config.model.max_model_len
+    engine_args = {**engine_args, "max_model_len": ingest.max_model_len}
+    limit = EngineConfig.create(model, **engine_args).model.max_model_len  # no weights yet
     ingestor = JobIngestor(PromptTokenizer(model, limit), ingest)
     requests: list[tuple[BatchRequest, Any]] = []
     errors: list[RequestError] = []
@@ -91,6 +91,7 @@ def run_local(
     if problem is not None:
         raise JobInputError(*problem)
     plan = ingestor.plan()
+    llm = LLM(model, **engine_args)
     runnable: list[tuple[BatchRequest, Any, Any]] = []
     for request, tokens in requests:
         params = SamplingParams(**request.params)
@@ -111,7 +112,13 @@ def run_local(
     summary = RunSummary(total=ingestor.total, prompt_tokens=ingestor.prompt_tokens)
     for (request, _, _), out in zip(runnable, outputs, strict=True):
         lines_by_index[request.index] = success_line(
-            request.index, request.custom_id, request.endpoint, request.params, model, out, tokenizer
+            request.index,
+            request.custom_id,
+            request.endpoint,
+            request.params,
+            model,
+            out,
+            tokenizer,
         )
         summary.completion_tokens += len(out.outputs[0].token_ids)
     _write(output_path, lines_by_index)
