@@ -21,6 +21,12 @@ CASCADE_MIN_SEQS = 2
 CASCADE_MIN_PREFIX = 64
 
 
+def _bucket(n: int) -> int:
+    """Rounds a host bound up to a power of two: kernels specialise on these bounds, and a handful of
+    buckets keeps Triton from compiling a new variant for every batch shape."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 @dataclass
 class StepInputs:
     input_ids: torch.Tensor  # [num_tokens] int32
@@ -127,8 +133,9 @@ class InputBuilder:
             num_sampled,
             len(groups),
             num_groups,
-            max_query_len=int(q_lens.max()),
-            max_group_q=max_group_q or max((len(r) for r in groups), default=0),
+            max_query_len=_bucket(int(q_lens.max())),
+            max_group_q=max_group_q
+            or _bucket(max((int(cu[r.stop] - cu[r.start]) for r in groups), default=0)),
             cascade=bool(groups) or pad_groups is not None,
         )
 
