@@ -81,9 +81,11 @@ ARCHES: dict[str, Callable[[], tuple[PretrainedConfig, type[PreTrainedModel]]]] 
 
 
 @torch.no_grad()
-def build_model(arch: str, seed: int = 0) -> PreTrainedModel:
+def build_model(arch: str, seed: int = 0, **overrides: Any) -> PreTrainedModel:
     """A random model whose biases and norm weights are nonzero and not one, so loading them matters."""
     config, model_cls = ARCHES[arch]()
+    for key, value in overrides.items():
+        setattr(config, key, value)
     torch.manual_seed(seed)
     model = model_cls(config).float().eval()
     for name, p in model.named_parameters():
@@ -95,9 +97,14 @@ def build_model(arch: str, seed: int = 0) -> PreTrainedModel:
 
 
 def save_checkpoint(
-    arch: str, path: Path, seed: int = 0, max_shard_size: str | int | None = None
+    arch: str,
+    path: Path,
+    seed: int = 0,
+    max_shard_size: str | int | None = None,
+    **overrides: Any,
 ) -> str:
-    model = build_model(arch, seed)
+    """Saves the model and the byte tokenizer; `overrides` are config attributes to change first."""
+    model = build_model(arch, seed, **overrides)
     kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
     model.save_pretrained(path, **kwargs)
     byte_tokenizer().save_pretrained(path)

@@ -16,7 +16,7 @@ from engine_checkpoints import (
     token_ids,
 )
 
-from prefixgrove import LLM
+from prefixgrove import LLM, SamplingParams
 from prefixgrove.planner.grouping import GroupingConfig, group_prompts
 
 PREFIX_LEN = 80  # 5 blocks of 16, above the cascade pass's 64-token threshold
@@ -198,3 +198,75 @@ def test_add_group_refuses_a_request_without_the_prefix(llama_dir):
     llm.engine.add_request("a", good, PARAMS)  # nothing of the refused group stayed behind
     llm.engine.abort(["a"])
     assert_no_leak(llm)
+
+
+def test_chunked_prefix_prefill_gives_the_same_tokens(llama_dir, job, ungrouped):
+    llm = engine(llama_dir, max_num_batched_tokens=32, max_num_seqs=8)
+    outs = run(llm, job, PARAMS)
+    assert token_ids(outs) == ungrouped
+    assert [o.num_cached_tokens for o in outs] == [PREFIX_LEN] * len(job)
+    assert_no_leak(llm)
+
+
+def test_seeded_sampling_is_the_same_in_and_out_of_groups(llama_dir, job):
+    params = [
+        SamplingParams(max_tokens=6, temperature=0.8, seed=i, ignore_eos=True)
+        for i in range(len(job))
+    ]
+    grouped = token_ids(run(engine(llama_dir), job, params))
+    alone = token_ids(run(engine(llama_dir, enable_prefix_grouping=False), job, params))
+    assert grouped == alone
+
+
+def test_identical_prompts_share_all_whole_blocks_but_the_last_token(llama_dir):
+    prompt = random_prompts([50], seed=8)[0]
+    llm = engine(llama_dir)
+    outs = run(llm, [prompt] * 4, PARAMS)
+    assert [o.num_cached_tokens for o in outs] == [48] * 4
+    reference = run(engine(llama_dir, enable_prefix_grouping=False), [prompt], PARAMS)
+    assert token_ids(outs) == token_ids(reference) * 4
+    assert_no_leak(llm)
+
+
+def test_members_with_a_one_token_suffix(llama_dir):
+    prefix = random_prompts([64], seed=9)[0]
+    prompts = [[*prefix, t] for t in (3, 50, 97)]
+    llm = engine(llama_dir)
+    outs = run(llm, prompts, PARAMS)
+    assert [o.num_cached_tokens for o in outs] == [64] * 3
+    reference = engine(llama_dir, enable_prefix_grouping=False)
+    assert token_ids(outs) == token_ids(run(reference, prompts, PARAMS))
+    assert_no_leak(llm)
+
+
+def test_member_finishing_early_keeps_the_prefix_for_the_others(llama_dir, job, ungrouped):
+    params = [greedy(1 if i % 2 else 5, ignore_eos=True) for i in range(len(job))]
+    llm = engine(llama_dir)
+    outs = token_ids(run(llm, job, params))
+    assert outs == [u[: p.max_tokens] for u, p in zip(ungrouped, params, strict=True)]
+    assert_no_leak(llm)
+
+
+def _group_of_first_prefix(job: list[list[int]]) -> list[tuple[str, list[int], SamplingParams]]:
+    first = job[0][:PREFIX_LEN]
+    return [(f"r{i}", p, PARAMS) for i, p in enumerate(job) if p[:PREFIX_LEN] == first]
+
+
+def test_aborting_every_member_of_a_running_group_frees_its_prefix(llama_dir, job):
+    llm = engine(llama_dir)
+    members = _group_of_first_prefix(job)
+    llm.engine.add_group("g", PREFIX_LEN, members)
+    llm.engine.step()  # the prefix
+    llm.engine.step()  # members join
+    assert llm.engine.blocks.num_shared() > 0
+    llm.engine.abort([rid for rid, _, _ in members])
+    assert_no_leak(llm)
+
+
+def test_aborting_a_group_that_has_not_started(llama_dir, job):
+    llm = engine(llama_dir)
+    members = _group_of_first_prefix(job)
+    llm.engine.add_group("g", PREFIX_LEN, members)
+    llm.engine.abort([rid for rid, _, _ in members])
+    assert_no_leak(llm)
+    assert llm.engine.step() == []

@@ -93,3 +93,17 @@ def test_first_of_several_stop_strings_wins(llm, free_run):
     params = greedy(MAX, ignore_eos=True, stop=[later, first])
     completion = run(llm, [prompts[0]], params)[0].outputs[0]
     assert completion.stop_reason == first and completion.text == text[:at]
+
+
+@pytest.mark.parametrize("skip", [True, False], ids=["skip-special", "keep-special"])
+def test_eos_text_skips_special_tokens_unless_asked(llm, free_run, skip):
+    prompts, full = free_run
+    i, k = next(
+        (i, k) for i, f in enumerate(full) for k, t in enumerate(f) if t in EOS_IDS and k > 0
+    )
+    completion = run(llm, [prompts[i]], greedy(MAX, skip_special_tokens=skip))[0].outputs[0]
+    tokenizer = llm.get_tokenizer()
+    assert completion.token_ids == full[i][: k + 1]
+    assert completion.text == tokenizer.decode(full[i][: k + 1], skip_special_tokens=skip)
+    special = tokenizer.convert_ids_to_tokens(full[i][k])
+    assert completion.text.endswith(special) != skip

@@ -1,0 +1,103 @@
+"""Several decode steps per CPU round trip change nothing a request gets: tokens, seeds, stops, logprobs."""
+
+from __future__ import annotations
+
+import pytest
+from engine_checkpoints import (
+    EOS_IDS,
+    assert_no_leak,
+    engine,
+    greedy,
+    random_prompts,
+    record_steps,
+    run,
+)
+
+from prefixgrove import SamplingParams
+
+PROMPTS = random_prompts([5 + 3 * i for i in range(12)], seed=30)
+# max_tokens that end inside a 4-step window, at its edge, and after several windows
+MAX_TOKENS = [5, 7, 8, 10, 13, 3, 9, 11, 6, 12, 4, 14]
+
+
+def both(llama_dir: str, prompts, params, **kwargs):
+    """The same job with one decode step per round trip and with windows of four."""
+    outs = []
+    for steps in (1, 4):
+        llm = engine(llama_dir, num_scheduler_steps=steps, **kwargs)
+        schedules = record_steps(llm)
+        outs.append(run(llm, prompts, params))
+        assert_no_leak(llm)
+        if steps == 4:
+            assert len(schedules) < llm.engine.metrics.steps, "no multi-step window ran"
+    return outs
+
+
+def completions(outs):
+    return [
+        (c.token_ids, c.finish_reason, c.stop_reason, c.text) for c in (o.outputs[0] for o in outs)
+    ]
+
+
+def test_greedy_tokens_and_lengths_are_unchanged(llama_dir):
+    params = [greedy(n, ignore_eos=True) for n in MAX_TOKENS]
+    single, window = both(llama_dir, PROMPTS, params)
+    assert completions(window) == completions(single)
+    assert [len(o.outputs[0].token_ids) for o in window] == MAX_TOKENS
+
+
+def test_seeded_sampling_is_unchanged(llama_dir):
+    params = [
+        SamplingParams(max_tokens=n, temperature=0.9, top_p=0.95, seed=i, ignore_eos=True)
+        for i, n in enumerate(MAX_TOKENS)
+    ]
+    single, window = both(llama_dir, PROMPTS, params)
+    assert completions(window) == completions(single)
+
+
+def test_eos_inside_a_window_stops_the_request_there(llama_dir):
+    single, window = both(llama_dir, PROMPTS, greedy(24))
+    assert any(o.outputs[0].token_ids[-1] in EOS_IDS for o in single), "needs an EOS stop"
+    assert completions(window) == completions(single)
+
+
+def test_stop_token_ids_and_strings_inside_a_window(llama_dir):
+    free = [o.outputs[0] for o in run(engine(llama_dir), PROMPTS, greedy(16, ignore_eos=True))]
+    params = []
+    for i, c in enumerate(free):
+        if i % 2:
+            params.append(greedy(16, ignore_eos=True, stop_token_ids=[c.token_ids[6]]))
+        else:
+            ascii_pairs = [c.text[j : j + 2] for j in range(3, len(c.text) - 1)]
+            stop = next((s for s in ascii_pairs if s.isascii() and s.isprintable()), "\n\n")
+            params.append(greedy(16, ignore_eos=True, stop=[stop]))
+    single, window = both(llama_dir, PROMPTS, params)
+    assert completions(window) == completions(single)
+    assert sum(o.outputs[0].finish_reason == "stop" for o in single) >= 8
+
+
+def test_logprobs_are_unchanged(llama_dir):
+    params = SamplingParams(max_tokens=9, temperature=0.8, seed=3, logprobs=3, ignore_eos=True)
+    single, window = both(llama_dir, PROMPTS[:4], params)
+    for a, b in zip(single, window, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for ea, eb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True):
+            assert ea.keys() == eb.keys()
+            for tid in ea:
+                assert eb[tid].logprob == pytest.approx(ea[tid].logprob, abs=1e-5)
+                assert eb[tid].rank == ea[tid].rank
+
+
+def test_grouped_cascade_decode_is_unchanged(llama_dir):
+    prefix = random_prompts([80], seed=40)[0]
+    prompts = [prefix + s for s in random_prompts([3, 6, 9, 4, 2], seed=41)]
+    params = [greedy(n, ignore_eos=True) for n in (6, 9, 4, 11, 7)]
+    single, window = both(llama_dir, prompts, params)
+    assert [o.num_cached_tokens for o in window] == [80] * 5
+    assert completions(window) == completions(single)
+
+
+def test_windows_under_block_pressure_are_unchanged(llama_dir):
+    prompts = random_prompts((20, 20, 20, 20), seed=13)
+    single, window = both(llama_dir, prompts, greedy(40, ignore_eos=True), num_gpu_blocks=9)
+    assert completions(window) == completions(single)
