@@ -63,7 +63,7 @@ def _find_segment(cu_ptr, tile_idx, num_groups, num_tokens, BLOCK_Q: tl.constexp
 
 @triton.jit
 def _prefix_attention_kernel(
-    q_ptr,  # [num_tokens, num_heads, HEAD_DIM]
+    q_ptr,  # [num_tokens, num_heads, HEAD_DIM] (token, head strides free)
     k_ptr,  # k_cache, v_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
     v_ptr,
     o_ptr,  # [NUM_SPLITS, num_tokens, num_heads, HEAD_DIM] fp32 (split dim absent if 1)
@@ -73,6 +73,7 @@ def _prefix_attention_kernel(
     block_tables_ptr,  # [num_groups, max_prefix_blocks] (row stride stride_bt)
     num_groups,
     num_tokens,
+    num_heads,
     scale_log2,
     stride_qt,
     stride_qh,
@@ -143,7 +144,6 @@ def _prefix_attention_kernel(
     lse = tl.where(
         has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) / 1.4426950408889634, float("-inf")
     )
-    num_heads = stride_qt // stride_qh
     lse_offs = (split.to(tl.int64) * num_tokens + token) * num_heads + head
     o_offs = lse_offs * HEAD_DIM
     tl.store(o_ptr + o_offs[:, None] + dims[None, :], o, mask=row_valid[:, None])
@@ -166,11 +166,13 @@ def _tile_shape(head_dim: int, elem_bytes: int, group: int, max_group_q: int) ->
 def default_num_splits(
     q: torch.Tensor, num_groups: int, m_tiles_per_group: int, num_kv_heads: int
 ) -> int:
-    """Enough programs for about two waves over the GPU when there are few groups."""
+    """About two programs per SM when there are few groups; a power of two (each count is its own
+    kernel variant), 1 off the GPU."""
     if q.device.type != "cuda":
         return 1
     programs = max(1, num_groups * m_tiles_per_group * num_kv_heads)
-    return max(1, min(MAX_SPLITS, triton.cdiv(2 * _num_sms(q.device.index or 0), programs)))
+    wanted = min(MAX_SPLITS, triton.cdiv(2 * _num_sms(q.device.index or 0), programs))
+    return 1 << (max(1, wanted).bit_length() - 1)
 
 
 def _check_prefix_args(
@@ -244,7 +246,7 @@ def prefix_attention_launches(
     args = (
         q, k_cache, v_cache, part_o, part_lse,
         group_cu_q, group_prefix_lens, group_block_tables,
-        num_groups, num_tokens, scale * LOG2E,
+        num_groups, num_tokens, num_heads, scale * LOG2E,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         group_block_tables.stride(0),
@@ -292,9 +294,9 @@ def prefix_attention(
 
     q: [num_tokens, num_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size,
     num_kv_heads, head_dim]; group_cu_q: [num_groups + 1] (group g owns rows
-    group_cu_q[g]:group_cu_q[g + 1]); group_prefix_lens: [num_groups] (multiples of block_size);
-    group_block_tables: [num_groups, max_prefix_blocks]; index tensors int32. max_group_q must be
-    >= every group's row count. Returns (o_p, lse_p): [num_tokens, num_heads, head_dim] and
+    group_cu_q[g]:group_cu_q[g + 1]); group_prefix_lens: [num_groups] (whole blocks in the engine,
+    but any length works); group_block_tables: [num_groups, max_prefix_blocks]; index tensors
+    int32. max_group_q must be >= every group's row count. Returns (o_p, lse_p): [num_tokens, num_heads, head_dim] and
     [num_tokens, num_heads], fp32, written into `out` / `out_lse` when given. num_splits (1..16)
     splits each prefix across programs; by default it is picked from the GPU's SM count. The grid
     depends on host ints only, so the call can be captured in a CUDA graph.
@@ -335,9 +337,9 @@ def prefix_attention_ref(
     for g in range(num_groups):
         if cu[g + 1] == cu[g] or prefix_lens[g] == 0:
             continue
-        blocks = group_block_tables[g, : prefix_lens[g] // block_size].long()
-        k = k_cache[blocks].flatten(0, 1)
-        v = v_cache[blocks].flatten(0, 1)
+        blocks = group_block_tables[g, : triton.cdiv(prefix_lens[g], block_size)].long()
+        k = k_cache[blocks].flatten(0, 1)[: prefix_lens[g]]
+        v = v_cache[blocks].flatten(0, 1)[: prefix_lens[g]]
         allowed = torch.ones(cu[g + 1] - cu[g], k.shape[0], dtype=torch.bool, device=q.device)
         out[cu[g] : cu[g + 1]], out_lse[cu[g] : cu[g + 1]] = attend(
             q[cu[g] : cu[g + 1]], k, v, scale, allowed

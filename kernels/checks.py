@@ -48,12 +48,19 @@ def check_shape(name: str, t: torch.Tensor, expected: tuple[int, ...]) -> None:
 def check_index(name: str, t: torch.Tensor, *, ndim: int, device: torch.device) -> None:
     """Index tensors are int32; block tables may be row slices of a bigger table (unit last stride)."""
     check_tensor(name, t, ndim=ndim, dtypes=(torch.int32,), device=device, contiguous=ndim == 1)
-    if ndim == 2 and t.stride(1) != 1:
+    if ndim == 2:
+        check_unit_last_stride(name, t)
+
+
+def check_unit_last_stride(name: str, t: torch.Tensor) -> None:
+    if t.stride(-1) != 1:
         raise ValueError(f"{name} must have unit stride in its last dimension, got {t.stride()}")
 
 
 def check_queries(q: torch.Tensor) -> None:
-    check_tensor("q", q, ndim=3, dtypes=ATTENTION_DTYPES, device=q.device)
+    """q: [num_tokens, num_heads, head_dim]; token and head strides are free (views of a qkv)."""
+    check_tensor("q", q, ndim=3, dtypes=ATTENTION_DTYPES, device=q.device, contiguous=False)
+    check_unit_last_stride("q", q)
     head_dim = q.shape[2]
     if not is_power_of_two(head_dim) or not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(
@@ -83,8 +90,11 @@ def check_kv_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     return num_heads // num_kv_heads
 
 
-def check_output(name: str, t: torch.Tensor, q: torch.Tensor, dtype: torch.dtype) -> None:
-    check_tensor(name, t, ndim=3, dtypes=(dtype,), device=q.device)
+def check_output(
+    name: str, t: torch.Tensor, q: torch.Tensor, dtype: torch.dtype, *, contiguous: bool = True
+) -> None:
+    check_tensor(name, t, ndim=3, dtypes=(dtype,), device=q.device, contiguous=contiguous)
+    check_unit_last_stride(name, t)
     check_shape(name, t, tuple(q.shape))
 
 

@@ -37,7 +37,7 @@ def find_segment(cu_ptr, tile_idx, num_segments, BLOCK_Q: tl.constexpr):
 
 @triton.jit
 def _paged_attention_kernel(
-    q_ptr,  # q, out: [num_tokens, num_heads, HEAD_DIM]
+    q_ptr,  # q, out: [num_tokens, num_heads, HEAD_DIM] (token, head strides free)
     k_ptr,  # k_cache, v_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
     v_ptr,
     out_ptr,
@@ -48,9 +48,12 @@ def _paged_attention_kernel(
     kv_start_ptr,  # [num_seqs]
     block_tables_ptr,  # [num_seqs, max_blocks] (row stride stride_bt)
     num_seqs,
+    num_heads,
     scale_log2,
     stride_qt,
     stride_qh,
+    stride_ot,
+    stride_oh,
     stride_kb,
     stride_ks,
     stride_kh,
@@ -91,8 +94,9 @@ def _paged_attention_kernel(
     row_valid = (rows < BLOCK_Q * NUM_QUERIES_PER_KV) & (q_idx < q_len)
     pos = context + q_idx
     dims = tl.arange(0, HEAD_DIM)
-    row_offs = (q_begin + q_idx).to(tl.int64) * stride_qt + head * stride_qh
-    q = tl.load(q_ptr + row_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
+    token = (q_begin + q_idx).to(tl.int64)
+    q_offs = token * stride_qt + head * stride_qh
+    q = tl.load(q_ptr + q_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
 
     kv_hi = context + tl.minimum((q_tile + 1) * BLOCK_Q, q_len)  # one past the last key needed
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -128,14 +132,13 @@ def _paged_attention_kernel(
             (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) / 1.4426950408889634,
             float("-inf"),
         )
-        lse_offs = (q_begin + q_idx).to(tl.int64) * (stride_qt // HEAD_DIM) + head
-        lse_p = tl.load(prefix_lse_ptr + lse_offs, mask=row_valid, other=float("-inf"))
-        o_p = tl.load(
-            prefix_o_ptr + row_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0
-        )
+        state_offs = token * num_heads + head  # prefix state is contiguous
+        lse_p = tl.load(prefix_lse_ptr + state_offs, mask=row_valid, other=float("-inf"))
+        o_offs = state_offs[:, None] * HEAD_DIM + dims[None, :]
+        o_p = tl.load(prefix_o_ptr + o_offs, mask=row_valid[:, None], other=0.0)
         o, _ = merge_pair(o_p, lse_p, o, lse)
     tl.store(
-        out_ptr + row_offs[:, None] + dims[None, :],
+        out_ptr + (token * stride_ot + head * stride_oh)[:, None] + dims[None, :],
         o.to(out_ptr.dtype.element_ty),
         mask=row_valid[:, None],
     )
@@ -178,7 +181,7 @@ def check_paged_attention_args(
     """Validates everything on the host; returns (num_seqs, GQA ratio)."""
     checks.check_queries(q)
     group = checks.check_kv_cache(q, k_cache, v_cache)
-    checks.check_output("out", out, q, q.dtype)
+    checks.check_output("out", out, q, q.dtype, contiguous=False)
     checks.check_scale(scale)
     num_seqs = checks.check_segments(
         q, "cu_seqlens_q", cu_seqlens_q, {"seq_lens": seq_lens, "kv_start": kv_start},
@@ -223,8 +226,8 @@ def paged_attention_launch(
         prefix_lse if prefix_lse is not None else seq_lens,
         cu_seqlens_q, seq_lens,
         kv_start if kv_start is not None else seq_lens,
-        block_tables, num_seqs, scale * LOG2E,
-        q.stride(0), q.stride(1),
+        block_tables, num_seqs, q.shape[1], scale * LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
     )  # fmt: skip

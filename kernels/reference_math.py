@@ -18,7 +18,7 @@ def attend(
     num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads
     # Query heads h*group .. h*group+group-1 share kv head h: no need to repeat K/V.
-    qg = q.float().view(n_q, num_kv_heads, group, head_dim)
+    qg = q.float().reshape(n_q, num_kv_heads, group, head_dim)
     scores = torch.einsum("qhgd,khd->hgqk", qg, k.float()) * scale
     scores = scores.masked_fill(~allowed, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # [kvh, group, n_q]

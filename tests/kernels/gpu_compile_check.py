@@ -67,6 +67,7 @@ def paged_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
     # (name, tokens, seqs, max_query_len, heads, kv heads, head_dim, block_size, cascade suffix)
     shapes = [
         ("decode", 256, 256, 1, 32, 8, 128, 16, False),
+        ("decode_one_seq", 1, 1, 1, 32, 8, 128, 16, True),
         ("decode_suffix", 256, 256, 1, 32, 8, 128, 16, True),
         ("prefill", 2048, 4, 512, 32, 8, 128, 16, False),
         ("decode_d64_mha", 64, 64, 1, 8, 8, 64, 32, False),
@@ -99,6 +100,7 @@ def prefix_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
     # (name, tokens, groups, max_group_q, heads, kv heads, head_dim, splits)
     shapes = [
         ("degree4", 256, 64, 4, 32, 8, 128, 1),
+        ("one_group", 1, 1, 1, 32, 8, 128, 2),
         ("degree16_split", 256, 16, 16, 32, 8, 128, 3),
         ("degree64", 256, 4, 64, 32, 8, 128, 8),
         ("d64_mha", 128, 8, 16, 8, 8, 64, 1),

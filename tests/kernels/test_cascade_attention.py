@@ -231,3 +231,26 @@ def test_prefix_pass_rejects_bad_arguments(device: torch.device) -> None:
         prefix_attention(q, cache.k, cache.v, **bad)
     with pytest.raises(TypeError, match=r"out has dtype torch\.float16"):
         prefix_attention(q, cache.k, cache.v, out=torch.empty_like(q).half(), **args)
+
+
+def test_prefix_pass_accepts_strided_queries(device: torch.device) -> None:
+    cache = make_cache(16, 8, NUM_KV_HEADS, 32, torch.float32, device)
+    groups = Groups(cu=[1, 4, 6], prefix_lens=[16, 24], blocks=[cache.take(16), cache.take(24)])
+    q = random_queries(7, NUM_KV_HEADS * 2, 32, torch.float32, device)
+    qkv = torch.zeros(7, 3, NUM_KV_HEADS * 2, 32, device=device)
+    qkv[:, 0] = q
+    strided = qkv[:, 0]
+    args = {**groups.tensors(cache), "scale": 0.1, "max_group_q": 3}
+    got = prefix_attention(q, cache.k, cache.v, **args)
+    assert_states_close(prefix_attention(strided, cache.k, cache.v, **args), got, 0.0)
+    assert_states_close(prefix_attention_ref(strided, cache.k, cache.v, **args), got, 1e-5)
+
+
+def test_prefix_lengths_need_not_be_whole_blocks(device: torch.device) -> None:
+    cache = make_cache(16, 16, NUM_KV_HEADS, 32, torch.float32, device)
+    groups = Groups(cu=[0, 2, 5], prefix_lens=[21, 70], blocks=[cache.take(21), cache.take(70)])
+    q = random_queries(5, NUM_KV_HEADS * 2, 32, torch.float32, device)
+    args = {**groups.tensors(cache), "scale": 0.1, "max_group_q": 3}
+    dense = dense_prefix(q, groups, cache, 0.1)
+    assert_states_close(prefix_attention_ref(q, cache.k, cache.v, **args), dense, 1e-5)
+    assert_states_close(prefix_attention(q, cache.k, cache.v, num_splits=2, **args), dense, 1e-5)

@@ -173,7 +173,7 @@ def _valid_args(device: torch.device) -> dict[str, object]:
     ("change", "message"),
     [
         (lambda a: {"seq_lens": a["seq_lens"].long()}, "seq_lens has dtype torch.int64"),
-        (lambda a: {"q": a["q"].repeat(1, 1, 2)[:, :, ::2]}, "q must be contiguous"),
+        (lambda a: {"q": a["q"].repeat(1, 1, 2)[:, :, ::2]}, "q must have unit stride in its last"),
         (lambda a: {"k_cache": a["k_cache"].half()}, "k_cache has dtype torch.float16"),
         (lambda a: {"q": a["q"][:, :3].contiguous()}, "multiple of the cache's num_kv_heads"),
         (lambda a: {"out": a["out"][:, :, :16].contiguous()}, "out must have shape"),
@@ -205,3 +205,30 @@ def test_block_size_must_be_a_power_of_two(device: torch.device) -> None:
             q, cache, cache, torch.empty_like(q), cu_seqlens_q=torch.tensor([0, 1]).int().to(device),
             seq_lens=one, block_tables=one.view(1, 1), scale=0.1, max_query_len=1,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("attention", [paged_attention, paged_attention_ref])
+def test_queries_and_output_may_be_strided_views(device: torch.device, attention: object) -> None:
+    """q as a slice of a fused qkv projection, out as a slice of a wider buffer."""
+    cache = make_cache(24, 16, NUM_KV_HEADS, 64, torch.float32, device)
+    seqs = [Seq(1, 40, 16), Seq(6, 70), Seq(3, 3)]
+    batch = make_batch(cache, seqs, NUM_KV_HEADS * 4, torch.float32)
+    num_tokens, num_heads, head_dim = batch.q.shape
+    qkv = torch.zeros(num_tokens, (num_heads + 2 * NUM_KV_HEADS) * head_dim, device=device)
+    qkv[:, : num_heads * head_dim] = batch.q.flatten(1)
+    strided_q = qkv[:, : num_heads * head_dim].view(num_tokens, num_heads, head_dim)
+    wide = torch.zeros(num_tokens, num_heads * head_dim + 32, device=device)
+    strided_out = wide[:, 32:].view(num_tokens, num_heads, head_dim)
+    meta = {
+        "cu_seqlens_q": batch.cu_seqlens_q,
+        "seq_lens": batch.seq_lens,
+        "block_tables": batch.block_tables,
+        "scale": 0.125,
+        "max_query_len": batch.max_query_len,
+        "kv_start": batch.kv_start,
+    }
+    attention(strided_q, cache.k, cache.v, strided_out, **meta)  # type: ignore[operator]
+    expected = torch.empty_like(batch.q)
+    attention(batch.q, cache.k, cache.v, expected, **meta)  # type: ignore[operator]
+    torch.testing.assert_close(strided_out, expected, atol=0, rtol=0)
+    assert (wide[:, :32] == 0).all()
