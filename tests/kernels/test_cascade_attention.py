@@ -254,3 +254,16 @@ def test_prefix_lengths_need_not_be_whole_blocks(device: torch.device) -> None:
     dense = dense_prefix(q, groups, cache, 0.1)
     assert_states_close(prefix_attention_ref(q, cache.k, cache.v, **args), dense, 1e-5)
     assert_states_close(prefix_attention(q, cache.k, cache.v, num_splits=2, **args), dense, 1e-5)
+
+
+@pytest.mark.parametrize("group", [3, 6])
+def test_prefix_pass_with_gqa_ratios_that_are_not_powers_of_two(
+    device: torch.device, group: int
+) -> None:
+    cache = make_cache(16, 8, NUM_KV_HEADS, 32, torch.float32, device)
+    groups = Groups(cu=[0, 5, 6], prefix_lens=[40, 16], blocks=[cache.take(40), cache.take(16)])
+    q = random_queries(7, NUM_KV_HEADS * group, 32, torch.float32, device)
+    args = {**groups.tensors(cache), "scale": 0.1, "max_group_q": 5}
+    dense = dense_prefix(q, groups, cache, 0.1)
+    assert_states_close(prefix_attention_ref(q, cache.k, cache.v, **args), dense, 1e-5)
+    assert_states_close(prefix_attention(q, cache.k, cache.v, num_splits=2, **args), dense, 1e-5)

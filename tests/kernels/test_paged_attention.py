@@ -232,3 +232,11 @@ def test_queries_and_output_may_be_strided_views(device: torch.device, attention
     attention(batch.q, cache.k, cache.v, expected, **meta)  # type: ignore[operator]
     torch.testing.assert_close(strided_out, expected, atol=0, rtol=0)
     assert (wide[:, :32] == 0).all()
+
+
+@pytest.mark.parametrize("group", [3, 6])
+def test_gqa_ratios_that_are_not_powers_of_two(device: torch.device, group: int) -> None:
+    cache = make_cache(32, 16, NUM_KV_HEADS, 32, torch.float32, device)
+    seqs = [Seq(1, 20), Seq(9, 40, 16), Seq(0, 0), Seq(2, 7)]
+    batch = make_batch(cache, seqs, NUM_KV_HEADS * group, torch.float32)
+    check_kernel_ref_dense(batch, cache, torch.float32, with_kv_start=True)
