@@ -156,6 +156,7 @@ class JobIngestor:
     def plan(self) -> JobPlan:
         """Groups the whole job by shared prefix; requests in no group travel in small chunks."""
         s = self.settings
+        self._seen.clear()  # no more lines come: make room for grouping's own copy of the prompts
         config = GroupingConfig(
             min_prefix_len=s.min_prefix_len,
             block_size=s.block_size,

@@ -6,9 +6,11 @@ line for line, through a worker killed mid-group, a planner restart, a Redis res
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,21 +44,24 @@ class Stack:
     port: int
     planner: Process
     workers: dict[str, Process]
+    planner_metrics: int
+    worker_metrics: int
 
     def client(self) -> PlannerClient:
         return PlannerClient(f"127.0.0.1:{self.port}")
 
-    def add_worker(self, name: str) -> Process:
+    def add_worker(self, name: str, *extra: str) -> Process:
         worker = start_worker(self.redis.url, self.dir / f"{name}.log", "--consumer", name,
                               "--lease-timeout-s", LEASE_TIMEOUT_S, "--max-groups-in-flight", "2",
-                              "--cancel-poll-s", "0.5")  # fmt: skip
+                              "--cancel-poll-s", "0.5", *extra)  # fmt: skip
         self.workers[name] = worker
         return worker
 
     def restart_planner(self) -> None:
         self.planner.kill()
         self.planner.wait(10)
-        self.planner = start_planner(self.redis.url, self.port, self.dir / "planner.log")
+        self.planner = start_planner(self.redis.url, self.port, self.dir / "planner.log",
+                                     "--metrics-port", str(self.planner_metrics))  # fmt: skip
         wait_for_port(self.port, self.planner)
 
 
@@ -66,9 +71,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     redis = RedisServer(need_redis(), d, aof=True)
     redis.start()
     port = free_port()
-    s = Stack(d, redis, port, start_planner(redis.url, port, d / "planner.log"), {})
-    for name in ("w1", "w2"):
-        s.add_worker(name)
+    metrics = free_port()
+    planner = start_planner(redis.url, port, d / "planner.log", "--metrics-port", str(metrics))
+    s = Stack(d, redis, port, planner, {}, metrics, free_port())
+    s.add_worker("w1")
+    s.add_worker("w2", "--metrics-port", str(s.worker_metrics))
     wait_for_port(port, s.planner)
     yield s
     for proc in [s.planner, *s.workers.values()]:
@@ -153,7 +160,57 @@ def test_a_worker_killed_mid_group_is_taken_over(
     ids = [json.loads(line)["custom_id"] for line in out.read_text().splitlines()]
     assert len(ids) == len(set(ids)) == done.request_counts.completed
     assert out.read_text() == local_out.read_text() and err.read_text() == local_err.read_text()
-    stack.add_worker("w3")
+    stack.add_worker("w3", "--drain-timeout-s", "1")
+
+
+def test_a_stopped_worker_gives_its_groups_back(
+    stack: Stack, long_job: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    job_file, local_out, _ = long_job
+    r = stack.redis.client()
+    job = stack.client().submit_file(job_file)
+    queue = f"pg:queue:{MODEL}"
+    wait_until(lambda: bool(r.xpending_range(queue, "workers", "-", "+", 10, consumername="w3")), 90,
+               "w3 to hold a group")  # fmt: skip
+    stack.workers["w3"].kill(signal.SIGTERM)
+    assert stack.workers["w3"].wait(30) == 0
+    assert (
+        "gave back group" in stack.workers["w3"].text()
+        or "stopping: finishing 0" in stack.workers["w3"].text()
+    )
+    done, out, _ = finish(stack, job.id, tmp_path)
+    assert done.state == pb.JOB_STATE_COMPLETED and out.read_text() == local_out.read_text()
+    stack.add_worker("w4")
+
+
+def test_cli_submits_waits_downloads_and_metrics_are_served(stack: Stack, tmp_path: Path) -> None:
+    job_file = shared_prefix_job(tmp_path / "in.jsonl", 40, seed=3)
+    out = tmp_path / "out.jsonl"
+    cli = [sys.executable, "-m", "prefixgrove.cli"]
+    target = ["--planner", f"127.0.0.1:{stack.port}", "--json"]
+    submit = subprocess.run([*cli, "submit", str(job_file), *target, "--wait", "-o", str(out)],
+                            capture_output=True, text=True, timeout=120, env=service_env())  # fmt: skip
+    assert submit.returncode == 0, submit.stderr[-2000:]
+    first = json.loads(submit.stdout.splitlines()[0])
+    assert json.loads(submit.stdout.splitlines()[-1])["completed"] == 40
+    assert len(out.read_text().splitlines()) == 40
+    status = subprocess.run([*cli, "status", first["id"], *target], capture_output=True, text=True,
+                            timeout=60, env=service_env())  # fmt: skip
+    assert json.loads(status.stdout)["state"] == "JOB_STATE_COMPLETED"
+    planner_metrics = (
+        urllib.request.urlopen(f"http://127.0.0.1:{stack.planner_metrics}/metrics").read().decode()
+    )
+    assert "prefixgrove_queue_depth" in planner_metrics
+    assert "prefixgrove_planner_requests_accepted_total" in planner_metrics
+    worker_metrics = (
+        urllib.request.urlopen(f"http://127.0.0.1:{stack.worker_metrics}/metrics").read().decode()
+    )
+    done = [
+        line
+        for line in worker_metrics.splitlines()
+        if line.startswith("prefixgrove_worker_requests_done_total")
+    ]
+    assert done and float(done[0].split()[-1]) > 0
 
 
 def test_the_job_completes_across_a_planner_restart(
