@@ -217,8 +217,9 @@ def _download(client: Any, job: Any, args: argparse.Namespace) -> int:
 
 def _follow(client: Any, job_id: str, as_json: bool) -> Any:
     """Watches a job to its end with a progress bar (requests, req/s, tokens/s, ETA)."""
-    from prefixgrove.planner.client import state_name
     from tqdm import tqdm
+
+    from prefixgrove.planner.client import state_name
 
     bar = None if as_json else tqdm(unit="req", desc=job_id, dynamic_ncols=True)
     start, job = time.monotonic(), None
@@ -240,6 +241,7 @@ def _follow(client: Any, job_id: str, as_json: bool) -> Any:
 
 def _show(job: Any, as_json: bool) -> None:
     from google.protobuf.json_format import MessageToDict
+
     from prefixgrove.planner.client import state_name
 
     if as_json:

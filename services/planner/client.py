@@ -6,6 +6,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import grpc
+
 from prefixgrove.planner.security import channel
 from prefixgrove.planner.settings import SecuritySettings
 from prefixgrove.proto import planner_pb2 as pb

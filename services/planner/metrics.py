@@ -5,8 +5,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from prefixgrove.planner.store import QueueDepth
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from prefixgrove.planner.store import QueueDepth
 
 
 class PlannerMetrics:

@@ -122,6 +122,8 @@ class JobRecord:
         ints = ("total", "completed", "failed", "groups_total", "groups_done",
                 "prefix_tokens_saved", "prompt_tokens", "completion_tokens")  # fmt: skip
         floats = ("created_at", "in_progress_at", "finished_at")
+        numbers: dict[str, Any] = {k: int(h.get(k) or 0) for k in ints}
+        numbers.update({k: float(h.get(k) or 0.0) for k in floats})
         return cls(
             id=h["id"],
             model=h["model"],
@@ -130,8 +132,7 @@ class JobRecord:
             error_code=h.get("error_code", ""),
             error_message=h.get("error_message", ""),
             metadata=json.loads(h.get("metadata") or "{}"),
-            **{k: int(h.get(k) or 0) for k in ints},
-            **{k: float(h.get(k) or 0.0) for k in floats},
+            **numbers,
         )
 
 

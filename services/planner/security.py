@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+
 from prefixgrove.planner.settings import SecuritySettings
 
 # Probes (Kubernetes' gRPC health checks) carry no token.

@@ -10,6 +10,7 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
 from prefixgrove.planner.metrics import PlannerMetrics
 from prefixgrove.planner.security import BearerTokenInterceptor, server_credentials
 from prefixgrove.planner.service import PlannerService

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 
 import grpc
+
 from prefixgrove.planner.ingest import JobIngestor
 from prefixgrove.planner.metrics import PlannerMetrics
 from prefixgrove.planner.schema import JobRecord, JobState
@@ -169,6 +170,7 @@ class PlannerService(pb_grpc.PlannerServicer):
                 grpc.StatusCode.FAILED_PRECONDITION, f"job {job.id} is already {job.state.value}"
             )
         state = self.store.cancel(job.id)
+        self._drop_ingest(job.id)  # a job cancelled while streaming in takes no more lines
         log.info("cancel requested for job %s: now %s", job.id, state.value)
         return job_to_pb(self._job(job.id, context), self.store)
 

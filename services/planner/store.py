@@ -6,14 +6,16 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
 from prefixgrove.planner import schema
 from prefixgrove.planner.ingest import IngestedBatch, JobPlan
 from prefixgrove.planner.requests import RequestError
 from prefixgrove.planner.schema import GroupRecord, JobKeys, JobRecord, JobState, ResultRecord
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
 
 _BATCH = 1000
 
@@ -162,7 +164,7 @@ class JobStore:
         keys = JobKeys(job_id)
         written = 0
         for start in range(0, len(results), _BATCH):
-            args: list[object] = [time.time()]
+            args: list[Any] = [time.time()]
             for index, result, tokens in results[start : start + _BATCH]:
                 args += [index, result.encode(), int(result.is_error), tokens]
             written += int(self._write_results(keys=[keys.results, keys.job], args=args))

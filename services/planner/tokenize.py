@@ -29,7 +29,7 @@ class PromptTokenizer:
         """Token ids (int32) for each request, or the error that stops it, in the same order."""
         texts = [r.prompt_text if r.prompt_text is not None else self._chat(r) for r in requests]
         to_encode = [i for i, t in enumerate(texts) if isinstance(t, str)]
-        encoded = self._encode_texts([texts[i] for i in to_encode], requests, to_encode)
+        encoded = self._encode_texts([str(texts[i]) for i in to_encode], requests, to_encode)
         out: list[np.ndarray | RequestError] = []
         for request, text in zip(requests, texts, strict=True):
             if isinstance(text, RequestError):

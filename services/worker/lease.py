@@ -10,8 +10,10 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import redis
+
 from prefixgrove.planner import schema
 
 log = logging.getLogger(__name__)
@@ -42,7 +44,7 @@ class GroupQueue:
         leases = self._take_over(count)
         if len(leases) < count:
             block = None if leases or block_ms <= 0 else block_ms
-            reply = self.r.xreadgroup(
+            reply: Any = self.r.xreadgroup(
                 schema.CONSUMER_GROUP,
                 self.consumer,
                 {self.key: ">"},
@@ -113,7 +115,7 @@ class GroupQueue:
         if not held:
             return
         owned = {
-            _s(p["message_id"])
+            _s(p["message_id"])  # type: ignore[arg-type]
             for p in self.r.xpending_range(
                 self.key,
                 schema.CONSUMER_GROUP,
@@ -123,7 +125,7 @@ class GroupQueue:
                 consumername=self.consumer,
             )
         }
-        mine = [eid for eid in held if eid in owned]
+        mine: list[Any] = [eid for eid in held if eid in owned]
         if mine:
             self.r.xclaim(self.key, schema.CONSUMER_GROUP, self.consumer, 0, mine, justid=True)
         with self._lock:

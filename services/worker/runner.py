@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+
 from prefixgrove.planner.requests import RequestError
 from prefixgrove.planner.schema import RequestRecord, ResultRecord
 from prefixgrove.planner.settings import WorkerSettings
