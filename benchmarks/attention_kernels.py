@@ -109,7 +109,7 @@ class Workload:
         prefix_ids = order[: self.num_groups * prefix_blocks].view(self.num_groups, -1)
         own_ids = order[self.num_groups * prefix_blocks :].view(self.num_requests, -1)
         per_request_prefix = prefix_ids.repeat_interleave(degree, dim=0)
-        int32 = {"dtype": torch.int32, "device": device}
+        int32: dict[str, Any] = {"dtype": torch.int32, "device": device}
         self.block_tables = torch.cat([per_request_prefix, own_ids], dim=1).to(device)
         self.cu_seqlens_q = torch.arange(self.num_requests + 1, **int32)
         self.seq_lens = torch.full((self.num_requests,), self.prefix_len + args.own_tokens, **int32)
