@@ -8,6 +8,7 @@ many decode steps run per CPU round trip. Everything the CPU needs comes back in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,18 +18,18 @@ from .sequence import Sequence
 _MASK32 = 0xFFFFFFFF
 
 
-def hash32(x: torch.Tensor | int) -> torch.Tensor | int:
+def hash32(x: Any) -> Any:
     # A 32-bit integer mixer; every product stays below 2**59, so int64 arithmetic never overflows.
     x = (((x >> 16) ^ x) * 0x45D9F3B) & _MASK32
     x = (((x >> 16) ^ x) * 0x45D9F3B) & _MASK32
     return (x >> 16) ^ x
 
 
-def row_key(seed: int, step: int) -> int:
-    """The noise key of one request's `step`-th output token."""
+def row_key(seed: Any, step: Any) -> Any:
+    """The noise key of a request's `step`-th output token (ints, or int64 arrays of them)."""
     lo, hi = seed & _MASK32, (seed >> 32) & _MASK32
-    base = int(hash32(lo ^ int(hash32(hi))))
-    return int(hash32(base ^ ((step * 0x9E3779B9) & _MASK32)))
+    base = hash32(lo ^ hash32(hi))
+    return hash32(base ^ ((step * 0x9E3779B9) & _MASK32))
 
 
 @dataclass
@@ -56,8 +57,10 @@ class SamplingBatch:
         ).reshape(-1, 3)
         ints = np.empty((1 + steps, len(seqs)), dtype=np.int64)
         ints[0] = [p.top_k for p in ps]
-        for j in range(steps):  # noise keys of this step and of the window's later steps
-            ints[1 + j] = [row_key(s.sampling_seed, len(s.output_token_ids) + j) for s in seqs]
+        seeds = np.array([s.sampling_seed for s in seqs], dtype=np.int64)
+        produced = np.array([len(s.output_token_ids) for s in seqs], dtype=np.int64)
+        # Noise keys of this step and of the window's later steps, all at once.
+        ints[1:] = row_key(seeds[None, :], produced[None, :] + np.arange(steps)[:, None])
         f = torch.from_numpy(floats).to(device, non_blocking=True)
         i = torch.from_numpy(ints).to(device, non_blocking=True)
         logprob_counts = [p.logprobs for p in ps if p.logprobs is not None]

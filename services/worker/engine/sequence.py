@@ -71,7 +71,9 @@ class Sequence:
         n = len(self.prompt_token_ids)
         if end <= n:
             return self.prompt_token_ids[start:end]
-        return (self.prompt_token_ids + self.output_token_ids)[start:end]
+        if start >= n:  # decode: no copy of the whole prompt
+            return self.output_token_ids[start - n : end - n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - n]
 
     def own_blocks(self) -> list[int]:
         return self.block_table[self.num_shared_blocks :]
