@@ -12,6 +12,8 @@ Layout (prefix `pg:`):
   pg:job:{id}:done        set of group ids finished (or dropped by a cancel)
   pg:queue:{model}        stream of {job, group}; consumer group `workers`
   pg:models               set of models that have a queue
+  pg:ingesting            hash: job id -> planner instance streaming its input in
+  pg:planner:{instance}   a live planner's heartbeat (expires when it stops)
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ PREFIX = "pg:"
 CONSUMER_GROUP = "workers"
 JOBS = PREFIX + "jobs"
 MODELS = PREFIX + "models"
+INGESTING = PREFIX + "ingesting"
 
 
 class JobState(enum.StrEnum):
@@ -83,6 +86,10 @@ class JobKeys:
 
 def idempotency_key(key: str) -> str:
     return f"{PREFIX}idem:{key}"
+
+
+def planner_key(instance: str) -> str:
+    return f"{PREFIX}planner:{instance}"
 
 
 def queue_key(model: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -19,6 +20,7 @@ from prefixgrove.planner.store import JobStore, connect
 from prefixgrove.proto import planner_pb2, planner_pb2_grpc
 
 log = logging.getLogger(__name__)
+_HEARTBEAT_TTL_S = 30
 SERVICE_NAME = planner_pb2.DESCRIPTOR.services_by_name["Planner"].full_name
 
 
@@ -29,7 +31,9 @@ def build_server(
     metrics = PlannerMetrics()
     store = JobStore(connect(planner.redis_url))
     service = PlannerService(store, planner.model, ingest, metrics)
+    service.heartbeat(_HEARTBEAT_TTL_S)
     service.recover()
+    _start_housekeeping(service)
     interceptors = [BearerTokenInterceptor(security.auth_token)] if security.auth_token else []
     options = [
         ("grpc.max_receive_message_length", planner.max_message_bytes),
@@ -56,6 +60,18 @@ def build_server(
         metrics.serve(planner.metrics_port, store.model_queue)
     log.info("planner listening on %s:%d (%s)", planner.host, port, "TLS" if creds else "plaintext")
     return server, port, service
+
+
+def _start_housekeeping(service: PlannerService) -> None:
+    def loop() -> None:
+        while not time.sleep(_HEARTBEAT_TTL_S / 3):
+            try:
+                service.heartbeat(_HEARTBEAT_TTL_S)
+                service.recover()
+            except Exception as exc:  # Redis away: the next round tries again
+                log.warning("planner housekeeping failed: %s", exc)
+
+    threading.Thread(target=loop, name="planner-housekeeping", daemon=True).start()
 
 
 def serve(planner: PlannerSettings, ingest: IngestSettings, security: SecuritySettings) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 
 import grpc
@@ -70,16 +71,22 @@ class PlannerService(pb_grpc.PlannerServicer):
         self._tokenizers: dict[str, PromptTokenizer] = {}
         self._ingests: dict[str, _Ingest] = {}
         self._lock = threading.Lock()
+        self.instance = uuid.uuid4().hex[:12]
+
+    def heartbeat(self, ttl_s: int) -> None:
+        self.store.heartbeat(self.instance, ttl_s)
 
     def recover(self) -> None:
-        """A job that was streaming in when a planner stopped cannot be sealed: its input is gone."""
-        for job in self.store.jobs_in_state(JobState.VALIDATING):
-            if job.id not in self._ingests:
-                self.store.fail_job(
-                    job.id,
-                    "ingest_interrupted",
-                    "the planner restarted while the input was streaming in; submit the job again",
+        """A job whose planner stopped while its input streamed in cannot be sealed: the lines it
+        had taken in are gone with it. Other planners' jobs (a rolling update) are left alone."""
+        for job_id in self.store.orphaned_ingests():
+            if self.store.job_state(job_id) == JobState.VALIDATING:
+                message = (
+                    "the planner stopped while the input was streaming in; submit the job again"
                 )
+                self.store.fail_job(job_id, "ingest_interrupted", message)
+                log.warning("job %s failed: its planner stopped during the upload", job_id)
+            self.store.release_ingest(job_id)
 
     # --- jobs -------------------------------------------------------------------------------
     def CreateJob(self, request: pb.CreateJobRequest, context: grpc.ServicerContext) -> pb.Job:
@@ -89,6 +96,7 @@ class PlannerService(pb_grpc.PlannerServicer):
         if created:
             with self._lock:
                 self._ingests[job.id] = _Ingest(JobIngestor(tokenizer, self.ingest_settings))
+            self.store.claim_ingest(job.id, self.instance)
             self.metrics.jobs_created.inc()
             log.info("created job %s for model %s", job.id, model)
         return job_to_pb(job, self.store)
@@ -234,6 +242,7 @@ class PlannerService(pb_grpc.PlannerServicer):
     def _drop_ingest(self, job_id: str) -> None:
         with self._lock:
             self._ingests.pop(job_id, None)
+        self.store.release_ingest(job_id)
 
     def _tokenizer(self, model: str, context: grpc.ServicerContext) -> PromptTokenizer:
         with self._lock:

@@ -84,10 +84,24 @@ class JobStore:
         jobs = (self.get_job(i.decode()) for i in ids)  # type: ignore[union-attr]
         return [j for j in jobs if j is not None]
 
-    def jobs_in_state(self, state: JobState) -> list[JobRecord]:
-        ids = self.r.zrange(schema.JOBS, 0, -1)
-        jobs = (self.get_job(i.decode()) for i in ids)  # type: ignore[union-attr]
-        return [j for j in jobs if j is not None and j.state == state]
+    # --- which planner streams a job in ---------------------------------------------------
+    def heartbeat(self, instance: str, ttl_s: int) -> None:
+        self.r.set(schema.planner_key(instance), 1, ex=ttl_s)
+
+    def claim_ingest(self, job_id: str, instance: str) -> None:
+        self.r.hset(schema.INGESTING, job_id, instance)
+
+    def release_ingest(self, job_id: str) -> None:
+        self.r.hdel(schema.INGESTING, job_id)
+
+    def orphaned_ingests(self) -> list[str]:
+        """Jobs still streaming in whose planner has stopped beating."""
+        owners = {_s(k): _s(v) for k, v in self.r.hgetall(schema.INGESTING).items()}  # type: ignore[union-attr]
+        pipe = self.r.pipeline(transaction=False)
+        for owner in owners.values():
+            pipe.exists(schema.planner_key(owner))
+        alive = pipe.execute()
+        return [job for (job, _), live in zip(owners.items(), alive, strict=True) if not live]
 
     def fail_job(self, job_id: str, code: str, message: str) -> None:
         fields = {"state": JobState.FAILED.value, "error_code": code, "error_message": message,

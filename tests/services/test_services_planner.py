@@ -193,3 +193,24 @@ def test_mutual_tls_refuses_clients_without_a_certificate(
         assert good.list() == []
     finally:
         server.stop(0)
+
+
+def test_a_job_is_failed_only_when_its_own_planner_stopped_during_the_upload(
+    redis_server: RedisServer,
+) -> None:
+    planner = PlannerSettings(redis_url=redis_server.url, host="127.0.0.1", port=0, model=MODEL)
+    servers = [build_server(planner, IngestSettings(), SecuritySettings()) for _ in range(2)]
+    (server_a, port_a, a), (server_b, _, b) = servers
+    try:
+        client = PlannerClient(f"127.0.0.1:{port_a}")
+        job = client.create_job()
+        client.add_lines(job.id, lines(2))
+        b.recover()  # a rolling update: the other planner is alive and keeps its upload
+        assert client.get(job.id).state == pb.JOB_STATE_VALIDATING
+        redis_server.client().delete(f"pg:planner:{a.instance}")  # its heartbeat ran out
+        b.recover()
+        failed = client.get(job.id)
+        assert failed.state == pb.JOB_STATE_FAILED and failed.error.code == "ingest_interrupted"
+    finally:
+        server_a.stop(0)
+        server_b.stop(0)
