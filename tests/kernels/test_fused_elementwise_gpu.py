@@ -1,0 +1,101 @@
+"""The fused elementwise kernels in bf16 (and fp16) on a real GPU, at Llama-3.1-8B shapes.
+
+Tolerances, in units in the last place (ulps) of the output dtype against the torch reference run
+on the same GPU:
+- apply_rotary: 0 in bf16/fp16 (same fp32 products and differences, no fused multiply-adds);
+- rms_norm: 3 (Triton's rsqrt and reduction order may move the normalised value to a neighbouring
+  bf16 value before the weight multiply; one ulp there is at most two after the multiply, plus its
+  rounding);
+- silu_and_mul: 3 (Triton's exp is the fast ex2-based one, torch's is expf: silu may round to a
+  neighbouring value before the multiply by up, the same arithmetic as rms_norm's weight).
+They also replay correctly from a CUDA graph, with new inputs copied into the captured buffers.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_fused_elementwise import assert_ulps, randn
+
+from prefixgrove.kernels.activation import silu_and_mul, silu_and_mul_ref
+from prefixgrove.kernels.rmsnorm import rms_norm, rms_norm_ref
+from prefixgrove.kernels.rotary import apply_rotary, apply_rotary_ref
+from prefixgrove.worker.engine.models.rotary import RotaryEmbedding
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+LOW_PRECISION = [torch.bfloat16, torch.float16]
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 4096, 32, 8, 128, 14336
+EPS = 1e-5
+NORM_ULPS, SILU_ULPS = 3, 3
+CUDA = torch.device("cuda")
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+@pytest.mark.parametrize("tokens", [1, 255, 4097])
+def test_rms_norm_with_residual_matches_reference(dtype: torch.dtype, tokens: int) -> None:
+    x = randn(tokens, HIDDEN, dtype=dtype, device=CUDA) * 3
+    residual = randn(tokens, HIDDEN, dtype=dtype, device=CUDA, seed=2)
+    weight = randn(HIDDEN, dtype=dtype, device=CUDA, seed=1)
+    assert_ulps(rms_norm(x, weight, EPS), rms_norm_ref(x, weight, EPS), NORM_ULPS)
+    out, new_residual = rms_norm(x, weight, EPS, residual=residual)
+    want_out, want_residual = rms_norm_ref(x, weight, EPS, residual=residual)
+    assert torch.equal(new_residual, want_residual)
+    assert_ulps(out, want_out, NORM_ULPS)
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+def test_per_head_norm_and_rotary_on_a_fused_qkv(dtype: torch.dtype) -> None:
+    tokens, q_size, kv_size = 999, HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    qkv = randn(tokens, q_size + 2 * kv_size, dtype=dtype, device=CUDA) * 4
+    q = qkv[:, :q_size].view(tokens, HEADS, HEAD_DIM)
+    k = qkv[:, q_size : q_size + kv_size].view(tokens, KV_HEADS, HEAD_DIM)
+    weight = randn(HEAD_DIM, dtype=dtype, device=CUDA, seed=1)
+    want_q = rms_norm_ref(q.reshape(-1, HEAD_DIM), weight, EPS).view(q.shape)
+    assert_ulps(rms_norm(q, weight, EPS), want_q, NORM_ULPS)
+    scaling = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}
+    rotary = RotaryEmbedding(HEAD_DIM, 131072, 500000.0, scaling).to(CUDA)
+    positions = torch.randperm(131072, device=CUDA)[:tokens]
+    got_q, got_k = apply_rotary(q, k, positions, rotary.cos_sin)
+    want_q, want_k = apply_rotary_ref(q, k, positions, rotary.cos_sin)
+    assert_ulps(got_q, want_q, 0)
+    assert_ulps(got_k, want_k, 0)
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+@pytest.mark.parametrize("tokens", [1, 256, 3001])
+def test_silu_and_mul_matches_torch(dtype: torch.dtype, tokens: int) -> None:
+    x = randn(tokens, 2 * INTERMEDIATE, dtype=dtype, device=CUDA) * 4
+    assert_ulps(silu_and_mul(x), silu_and_mul_ref(x), SILU_ULPS)
+
+
+def test_all_three_replay_from_a_cuda_graph() -> None:
+    dtype, tokens = torch.bfloat16, 64
+    x = randn(tokens, HIDDEN, dtype=dtype, device=CUDA)
+    residual = randn(tokens, HIDDEN, dtype=dtype, device=CUDA, seed=2)
+    weight = randn(HIDDEN, dtype=dtype, device=CUDA, seed=1)
+    gate_up = randn(tokens, 2 * INTERMEDIATE, dtype=dtype, device=CUDA, seed=3)
+    q = randn(tokens, HEADS, HEAD_DIM, dtype=dtype, device=CUDA, seed=4)
+    k = randn(tokens, KV_HEADS, HEAD_DIM, dtype=dtype, device=CUDA, seed=5)
+    positions = torch.arange(tokens, device=CUDA)
+    cos_sin = RotaryEmbedding(HEAD_DIM, 4096, 500000.0, None).to(CUDA).cos_sin
+
+    def step() -> tuple[torch.Tensor, ...]:
+        normed, summed = rms_norm(x, weight, EPS, residual=residual)
+        return normed, summed, *apply_rotary(q, k, positions, cos_sin), silu_and_mul(gate_up)
+
+    step()  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = step()
+    for seed in (10, 20):
+        for buffer in (x, residual, gate_up, q, k):
+            buffer.copy_(randn(*buffer.shape, dtype=dtype, device=CUDA, seed=seed))
+        positions.copy_(torch.randperm(4096, device=CUDA)[:tokens])
+        graph.replay()
+        want = step()
+        for got, expected in zip(outs, want, strict=True):
+            assert torch.equal(got, expected)
