@@ -218,6 +218,25 @@ class JobStore:
         waiting = max(job.groups_total - job.groups_done - leased, 0)
         return QueueDepth(waiting, leased)
 
+    def trim_queues(self) -> int:
+        """Drops stream entries every worker is done with: older than the oldest one leased and
+        than the last one delivered. Returns how many went."""
+        removed = 0
+        for model in sorted(_s(m) for m in self.r.smembers(schema.MODELS)):  # type: ignore[union-attr]
+            key = schema.queue_key(model)
+            try:
+                groups = {_s(g["name"]): g for g in self.r.xinfo_groups(key)}
+                pending: Any = self.r.xpending(key, schema.CONSUMER_GROUP)
+            except redis.ResponseError:
+                continue
+            if schema.CONSUMER_GROUP not in groups:
+                continue
+            keep_from = _s(groups[schema.CONSUMER_GROUP]["last-delivered-id"])
+            if pending and pending.get("pending"):
+                keep_from = min(keep_from, _s(pending["min"]), key=_entry_id)
+            removed += int(self.r.xtrim(key, minid=keep_from, approximate=False))  # type: ignore[arg-type]
+        return removed
+
     def model_queue(self, model: str | None = None) -> QueueDepth:
         """Entries not yet delivered plus entries delivered and not acknowledged, over all jobs."""
         models = [model] if model else sorted(m.decode() for m in self.r.smembers(schema.MODELS))  # type: ignore[union-attr]
@@ -232,6 +251,11 @@ class JobStore:
                     waiting += int(info.get("lag") or 0)
                     leased += int(info["pending"])
         return QueueDepth(waiting, leased)
+
+
+def _entry_id(entry: str) -> tuple[int, int]:
+    ms, _, seq = entry.partition("-")
+    return int(ms), int(seq or 0)
 
 
 def _s(value: bytes | str) -> str:

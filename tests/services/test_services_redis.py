@@ -142,3 +142,16 @@ def test_release_queues_the_group_again_at_once(redis_server: RedisServer) -> No
     [again] = GroupQueue(store.r, MODEL, "next", lease_timeout_s=30).take(1, 0)
     assert (again.job_id, again.group_id) == (lease.job_id, lease.group_id)
     assert again.entry_id != lease.entry_id
+
+
+def test_trimming_keeps_every_entry_still_leased_or_waiting(redis_server: RedisServer) -> None:
+    store = store_for(redis_server)
+    started_job(store, 4, [GroupRecord(0, [i]) for i in range(4)])
+    queue = GroupQueue(store.r, MODEL, "w", lease_timeout_s=30)
+    first, second = queue.take(2, 0)
+    queue.ack(second)  # done; the first is still leased, two are waiting
+    assert store.trim_queues() == 0
+    queue.ack(first)
+    assert store.trim_queues() == 1  # the last delivered entry stays as the stream's bookmark
+    assert store.model_queue(MODEL).depth == 2
+    assert len(queue.take(5, 0)) == 2
