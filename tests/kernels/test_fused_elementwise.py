@@ -10,6 +10,12 @@ multiply, at most 2 after it.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -262,3 +268,25 @@ def test_silu_and_mul_rejects_bad_arguments_with_the_offending_value(device: tor
         silu_and_mul(torch.ones(2, 8, device=device), out=torch.empty(2, 8, device=device))
     with pytest.raises(TypeError, match=r"x has dtype torch\.int64"):
         silu_and_mul(torch.ones(2, 8, dtype=torch.int64, device=device))
+
+
+# ---- the benchmark --------------------------------------------------------------------------
+
+
+def test_benchmark_reports_every_operation_and_the_paths_agree() -> None:
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "elementwise_kernels.py"
+    args = "--device cpu --dtype float16 --tokens 3 --hidden 128 --heads 2 --kv-heads 1"
+    args += " --head-dim 32 --intermediate 128 --max-positions 16"
+    done = subprocess.run(
+        [sys.executable, str(script), *args.split()],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout)["results"]
+    ops = ["rms_norm", "add_rms_norm", "qk_head_norm", "rotary", "silu_and_mul"]
+    assert [r["op"] for r in results] == ops
+    # Outputs stay below 16 here, where 2 fp16 ulps are 2 ** -6.
+    assert all(r["max_abs_diff"] <= 2**-6 and r["fused_us"] > 0 for r in results)

@@ -1,0 +1,223 @@
+"""Fused elementwise kernels (RMSNorm, residual add + RMSNorm, rotary, SiLU-and-mul) against the
+torch chains the Llama model runs without them, at Llama-3.1-8B shapes.
+
+Prints one JSON object: per operation and token count, the median time of each path
+(triton.testing.do_bench, microseconds; by default around a CUDA graph of the call, as the engine
+runs decode), the bytes the operation must move (read + written once) and the GB/s that makes,
+the speedup, and the largest difference between the paths.
+
+    python benchmarks/elementwise_kernels.py                      # 256 and 16384 tokens, bf16
+    TRITON_INTERPRET=1 python benchmarks/elementwise_kernels.py --device cpu --dtype float16 \
+        --tokens 3 --hidden 256 --heads 4 --kv-heads 2 --head-dim 64 --intermediate 512   # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import triton
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _ensure_prefixgrove() -> None:
+    """Imports the package from this checkout when it is not installed."""
+    if importlib.util.find_spec("prefixgrove") is not None:
+        return
+    services = ROOT / "services"
+    spec = importlib.util.spec_from_file_location(
+        "prefixgrove", services / "__init__.py", submodule_search_locations=[str(services)]
+    )
+    assert spec is not None and spec.loader is not None
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["prefixgrove"] = package
+    spec.loader.exec_module(package)
+
+
+_ensure_prefixgrove()
+
+from prefixgrove.kernels.activation import silu_and_mul  # noqa: E402
+from prefixgrove.kernels.rmsnorm import rms_norm  # noqa: E402
+from prefixgrove.kernels.rotary import apply_rotary  # noqa: E402
+from prefixgrove.worker.engine.models.rotary import RotaryEmbedding  # noqa: E402
+
+EPS = 1e-5
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, nargs="+", default=[256, 16384])
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--intermediate", type=int, default=14336)
+    p.add_argument("--max-positions", type=int, default=131072)
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--no-graph", action="store_true", help="time eager calls, not CUDA graphs")
+    return p.parse_args(argv)
+
+
+# ---- the unfused chains, as services/worker/engine/models/llama.py runs them ---------------
+
+
+def torch_rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + EPS)
+    return weight * x32.to(x.dtype)
+
+
+def torch_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    s = x + residual
+    return torch_rms_norm(s, weight), s
+
+
+def torch_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    gate, up = x.split(x.shape[1] // 2, dim=-1)
+    return F.silu(gate) * up
+
+
+# ---- one operation: two paths over the same inputs --------------------------------------------
+
+
+def operations(args: argparse.Namespace, tokens: int) -> list[dict[str, Any]]:
+    """Each entry: name, the fused and torch calls (returning tensors), and the bytes moved."""
+    dtype, dev = getattr(torch, args.dtype), torch.device(args.device)
+    size = torch.finfo(dtype).bits // 8
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(dtype=dtype, device=dev)
+
+    h, d = args.hidden, args.head_dim
+    q_size, kv_size = args.heads * d, args.kv_heads * d
+    x, residual, weight = rand(tokens, h), rand(tokens, h), rand(h)
+    qkv = rand(tokens, q_size + 2 * kv_size)
+    q = qkv[:, :q_size].view(tokens, args.heads, d)
+    k = qkv[:, q_size : q_size + kv_size].view(tokens, args.kv_heads, d)
+    rotary = RotaryEmbedding(d, args.max_positions, 500000.0, None).to(dev)
+    positions = torch.randint(0, args.max_positions, (tokens,), generator=gen).to(dev)
+    gate_up = rand(tokens, 2 * args.intermediate)
+    head_w = rand(d)
+    qk_elems = tokens * (q_size + kv_size)
+    return [
+        {
+            "op": "rms_norm",
+            "fused": lambda: (rms_norm(x, weight, EPS),),
+            "torch": lambda: (torch_rms_norm(x, weight),),
+            "bytes": (2 * tokens * h + h) * size,
+        },
+        {
+            "op": "add_rms_norm",
+            "fused": lambda: rms_norm(x, weight, EPS, residual=residual),
+            "torch": lambda: torch_add_rms_norm(x, residual, weight),
+            "bytes": (4 * tokens * h + h) * size,
+        },
+        {
+            "op": "qk_head_norm",
+            "fused": lambda: (rms_norm(q, head_w, EPS), rms_norm(k, head_w, EPS)),
+            "torch": lambda: (
+                torch_rms_norm(q, head_w),
+                torch_rms_norm(k, head_w),
+            ),
+            "bytes": 2 * qk_elems * size,
+        },
+        {
+            "op": "rotary",
+            "fused": lambda: apply_rotary(q, k, positions, rotary.cos_sin),
+            "torch": lambda: rotary(positions, q, k),
+            "bytes": 2 * qk_elems * size + tokens * (d * 4 + positions.element_size()),
+        },
+        {
+            "op": "silu_and_mul",
+            "fused": lambda: (silu_and_mul(gate_up),),
+            "torch": lambda: (torch_silu_and_mul(gate_up),),
+            "bytes": 3 * tokens * args.intermediate * size,
+        },
+    ]
+
+
+def as_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
+    fn()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def median_us(fn: Callable[[], Any], device: str, use_graph: bool) -> float:
+    if device == "cpu":  # interpreter smoke run: wall time
+        times = []
+        for _ in range(2):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1e6
+    run = as_graph(fn) if use_graph else fn
+    result = triton.testing.do_bench(run, warmup=25, rep=200, quantiles=[0.5])
+    return float(result[0] if isinstance(result, list | tuple) else result) * 1e3
+
+
+def max_difference(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> float:
+    return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b, strict=True))
+
+
+def measure(args: argparse.Namespace, tokens: int) -> list[dict[str, Any]]:
+    results = []
+    for op in operations(args, tokens):
+        diff = max_difference(op["fused"](), op["torch"]())
+        use_graph = not args.no_graph
+        fused_us = median_us(op["fused"], args.device, use_graph)
+        torch_us = median_us(op["torch"], args.device, use_graph)
+        results.append(
+            {
+                "op": op["op"],
+                "tokens": tokens,
+                "mb": round(op["bytes"] / 1e6, 3),
+                "fused_us": round(fused_us, 2),
+                "torch_us": round(torch_us, 2),
+                "fused_gb_s": round(op["bytes"] / fused_us / 1e3, 1),
+                "torch_gb_s": round(op["bytes"] / torch_us / 1e3, 1),
+                "speedup": round(torch_us / fused_us, 2),
+                "max_abs_diff": diff,
+            }
+        )
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.device != "cpu" and not torch.cuda.is_available():
+        sys.exit("no CUDA device: run on a GPU, or pass --device cpu with TRITON_INTERPRET=1")
+    report = {
+        "benchmark": "elementwise_kernels",
+        "device": torch.cuda.get_device_name() if args.device != "cpu" else platform.processor(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "dtype": args.dtype,
+        "cuda_graph": args.device != "cpu" and not args.no_graph,
+        "shape": {
+            k: getattr(args, k) for k in ("hidden", "heads", "kv_heads", "head_dim", "intermediate")
+        },
+        "results": [r for tokens in args.tokens for r in measure(args, tokens)],
+    }
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
