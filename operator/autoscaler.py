@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kubernetes import client
+
 from prefixgrove.operator.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ class WorkerScaler:
 
     def current(self) -> int:
         scale = self.apps.read_namespaced_deployment_scale(self.name, self.namespace)
-        return int(scale.spec.replicas or 0)
+        return int(scale.spec.replicas or 0) if scale.spec else 0
 
     def set(self, replicas: int) -> None:
         self.apps.patch_namespaced_deployment_scale(

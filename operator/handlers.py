@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any
 
 import kopf
 from kubernetes import client, config
+
 from prefixgrove.operator.autoscaler import Autoscaler, WorkerScaler
 from prefixgrove.operator.planner_client import (
     TERMINAL_PHASES,
@@ -32,7 +34,15 @@ def _load_kube_config() -> None:
     try:
         config.load_incluster_config()
     except config.ConfigException:
-        config.load_kube_config()
+        # NOTE: the kubernetes package reads KUBECONFIG once, when first imported; read it now.
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    # NOTE: kopf's own readers, not the kubernetes package's: that one reads KUBECONFIG only once,
+    # when first imported.
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
 @kopf.on.startup()
@@ -77,7 +87,7 @@ def submit(
     spec: kopf.Spec,
     uid: str,
     name: str,
-    namespace: str,
+    namespace: str | None,
     status: kopf.Status,
     body: kopf.Body,
     patch: kopf.Patch,
@@ -87,6 +97,7 @@ def submit(
     """Sends the BatchJob to the planner once: the uid is the idempotency key, so a retry or an
     operator restart finds the job it already created."""
     conditions = status.get("conditions")
+    namespace = namespace or "default"  # BatchJobs are namespaced; kopf's types allow None
     try:
         job_spec = BatchJobSpec.parse(spec, SETTINGS.shared_volume_root)
         lines = job_spec.request_lines(memo.core, namespace)

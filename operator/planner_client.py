@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+
 from prefixgrove.proto import planner_pb2 as pb
 from prefixgrove.proto import planner_pb2_grpc as pb_grpc
 

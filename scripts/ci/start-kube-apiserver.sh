@@ -47,14 +47,15 @@ echo $! > "$D/apiserver.pid"
 cat > "$D/kubeconfig" <<KC
 apiVersion: v1
 kind: Config
-clusters: [{name: local, cluster: {server: "https://127.0.0.1:$API_PORT", insecure-skip-tls-verify: true}}]
+# the apiserver writes a self-signed certificate and its CA into this one file when it starts
+clusters: [{name: local, cluster: {server: "https://127.0.0.1:$API_PORT", certificate-authority: "$D/certs/apiserver.crt"}}]
 users: [{name: admin, user: {token: "$TOKEN"}}]
 contexts: [{name: local, context: {cluster: local, user: admin, namespace: default}}]
 current-context: local
 KC
 
 for _ in $(seq 1 300); do
-  if curl -skf -H "Authorization: Bearer $TOKEN" "https://127.0.0.1:$API_PORT/readyz" >/dev/null 2>&1; then
+  if curl -sf --cacert "$D/certs/apiserver.crt" -H "Authorization: Bearer $TOKEN" "https://127.0.0.1:$API_PORT/readyz" >/dev/null 2>&1; then
     echo "$D/kubeconfig"
     exit 0
   fi

@@ -15,6 +15,7 @@ from operator_testbed import (
     Service,
     wait_for,
 )
+
 from prefixgrove.operator.planner_client import PlannerClient
 
 RUN_TIMEOUT_S = 120.0

@@ -23,6 +23,7 @@ from operator_testbed import (
     start_worker,
     wait_for,
 )
+
 from prefixgrove.operator.planner_client import PlannerClient
 
 FINALIZER = "prefixgrove.io/cancel-job"

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from prefixgrove.operator.autoscaler import ScaleDecider, desired_replicas
 from prefixgrove.operator.planner_client import JobView
 from prefixgrove.operator.settings import OperatorSettings
