@@ -8,6 +8,8 @@ output without a copy).
 
 from __future__ import annotations
 
+from typing import Any, overload
+
 import torch
 import triton
 import triton.language as tl
@@ -93,11 +95,6 @@ def _strides(t: torch.Tensor) -> tuple[int, int]:
     return (t.stride(0), t.stride(1)) if t.dim() == 3 else (t.stride(0), 0)
 
 
-def _block_rows(block: int, num_rows: int) -> int:
-    rows = max(1, ELEMENTS_PER_PROGRAM // block)
-    return min(rows, triton.next_power_of_2(max(num_rows, 1)))
-
-
 def rms_norm_launch(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -122,10 +119,11 @@ def rms_norm_launch(
     if num_rows == 0:
         return None, out, residual_out
     block = triton.next_power_of_2(x.shape[-1])
-    block_rows = _block_rows(block, num_rows)
+    # NOTE: from the row width only, so a batch size never selects another compiled variant.
+    block_rows = max(1, ELEMENTS_PER_PROGRAM // block)
     res = residual if residual is not None else x
     res_out = residual_out if residual_out is not None else out
-    args = (x, res, res_out, weight, out, num_rows, inner, x.shape[-1])
+    args: tuple[Any, ...] = (x, res, res_out, weight, out, num_rows, inner, x.shape[-1])
     args += (*_strides(x), *_strides(res), *_strides(res_out), *_strides(out), float(eps))
     options = {
         "HAS_RESIDUAL": residual is not None,
@@ -135,6 +133,28 @@ def rms_norm_launch(
     }
     grid = (triton.cdiv(num_rows, block_rows),)
     return KernelLaunch(_rms_norm_kernel, grid, args, options), out, residual_out
+
+
+@overload
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: None = None,
+    out: torch.Tensor | None = None,
+    residual_out: None = None,
+) -> torch.Tensor: ...
+
+
+@overload
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor,
+    out: torch.Tensor | None = None,
+    residual_out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def rms_norm(
