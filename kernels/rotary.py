@@ -7,6 +7,8 @@ and k in place when they are passed as the outputs.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -156,7 +158,7 @@ def apply_rotary_launch(
     num_tokens, num_heads, head_dim = q.shape
     if num_tokens == 0:
         return None, q_out, k_out
-    args = (q, k, q_out, k_out, positions, cos_sin, num_heads, k.shape[1])
+    args: tuple[Any, ...] = (q, k, q_out, k_out, positions, cos_sin, num_heads, k.shape[1])
     args += (q.stride(0), q.stride(1), k.stride(0), k.stride(1))
     args += (q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1))
     options = {
