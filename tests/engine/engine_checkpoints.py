@@ -6,6 +6,7 @@ a different (equally correct) order of floating-point sums could flip.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,24 @@ def random_prompts(lengths: Sequence[int], seed: int = 0, vocab: int = 256) -> l
     return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
 
 
+def shared_prefix_job(
+    num_prefixes: int, per_prefix: int, prefix_len: int = 80, seed: int = 0
+) -> list[list[int]]:
+    """Shuffled prompts: `num_prefixes` random prefixes, each followed by short distinct suffixes."""
+    rng = random.Random(seed)
+    prefixes = random_prompts([prefix_len] * num_prefixes, seed=seed)
+    prompts = []
+    for prefix in prefixes:
+        firsts = rng.sample(
+            range(256), per_prefix
+        )  # distinct first suffix tokens: sharing ends here
+        for first in firsts:
+            suffix = [first] + [rng.randrange(256) for _ in range(rng.randrange(2, 12))]
+            prompts.append(prefix + suffix)
+    rng.shuffle(prompts)
+    return prompts
+
+
 def greedy(max_tokens: int, **kwargs: Any) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, **kwargs)
 
@@ -128,8 +147,30 @@ def token_ids(outputs: Sequence[RequestOutput]) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outputs]
 
 
+# A scheduler that schedules nothing this many times in a row, with work left, will never move again.
+MAX_IDLE_STEPS = 100
+
+
 def engine(model: str, **kwargs: Any) -> LLM:
-    return LLM(model, device="cpu", dtype="float32", **kwargs)
+    """An fp32 CPU engine whose generate fails (instead of spinning forever) when it stops progressing."""
+    llm = LLM(model, device="cpu", dtype="float32", **kwargs)
+    scheduler = llm.engine.scheduler
+    schedule = scheduler.schedule
+    idle = [0]
+
+    def schedule_or_fail(*args: Any, **kw: Any) -> Any:
+        out = schedule(*args, **kw)
+        idle[0] = 0 if out.batch else idle[0] + 1
+        if idle[0] >= MAX_IDLE_STEPS:
+            raise AssertionError(
+                f"livelock: {MAX_IDLE_STEPS} steps in a row scheduled nothing; waiting="
+                f"{len(scheduler.waiting)} running={len(scheduler.running)} "
+                f"free blocks={llm.engine.blocks.num_free}/{llm.engine.blocks.num_usable}"
+            )
+        return out
+
+    scheduler.schedule = schedule_or_fail  # type: ignore[method-assign]
+    return llm
 
 
 def assert_no_leak(llm: LLM) -> None:

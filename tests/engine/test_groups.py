@@ -4,7 +4,6 @@ generates depends on whether it ran in a group, with or without cascade attentio
 from __future__ import annotations
 
 import dataclasses
-import random
 
 import pytest
 from engine_checkpoints import (
@@ -13,6 +12,7 @@ from engine_checkpoints import (
     greedy,
     random_prompts,
     run,
+    shared_prefix_job,
     token_ids,
 )
 
@@ -21,24 +21,6 @@ from prefixgrove.planner.grouping import GroupingConfig, group_prompts
 
 PREFIX_LEN = 80  # 5 blocks of 16, above the cascade pass's 64-token threshold
 PARAMS = greedy(5, ignore_eos=True)
-
-
-def shared_prefix_job(
-    num_prefixes: int, per_prefix: int, prefix_len: int = PREFIX_LEN, seed: int = 0
-) -> list[list[int]]:
-    """Shuffled prompts: `num_prefixes` random prefixes, each followed by short distinct suffixes."""
-    rng = random.Random(seed)
-    prefixes = random_prompts([prefix_len] * num_prefixes, seed=seed)
-    prompts = []
-    for prefix in prefixes:
-        firsts = rng.sample(
-            range(256), per_prefix
-        )  # distinct first suffix tokens: sharing ends here
-        for first in firsts:
-            suffix = [first] + [rng.randrange(256) for _ in range(rng.randrange(2, 12))]
-            prompts.append(prefix + suffix)
-    rng.shuffle(prompts)
-    return prompts
 
 
 @pytest.fixture(scope="module")
@@ -270,3 +252,16 @@ def test_aborting_a_group_that_has_not_started(llama_dir, job):
     llm.engine.abort([rid for rid, _, _ in members])
     assert_no_leak(llm)
     assert llm.engine.step() == []
+
+
+def test_group_larger_than_the_cache_still_runs_when_each_request_fits(llama_dir):
+    """Each request needs 4 of the 6 usable blocks (2 of them the shared prefix), so all of them can run
+    one after another; a group must not wait for room that the cache can never have."""
+    prefix = random_prompts([32], seed=15)[0]
+    prompts = [[*prefix, *suffix] for suffix in random_prompts([20] * 4, seed=16)]
+    params = greedy(10, ignore_eos=True)
+    llm = engine(llama_dir, num_gpu_blocks=7)
+    outs = run(llm, prompts, params)
+    reference = engine(llama_dir, enable_prefix_grouping=False)
+    assert token_ids(outs) == token_ids(run(reference, prompts, params))
+    assert_no_leak(llm)

@@ -3,6 +3,7 @@ preemption by recompute when KV blocks run out; none of it changes what a reques
 
 from __future__ import annotations
 
+import pytest
 from engine_checkpoints import (
     assert_no_leak,
     engine,
@@ -12,6 +13,8 @@ from engine_checkpoints import (
     run,
     token_ids,
 )
+
+from prefixgrove import SamplingParams
 
 PARAMS = greedy(6, ignore_eos=True)
 
@@ -119,3 +122,30 @@ def test_aborted_requests_free_their_blocks(llama_dir: str):
     assert llm.engine.blocks.num_free < llm.engine.blocks.num_usable
     llm.engine.abort(["r0", "r1"])
     assert_no_leak(llm)
+
+
+def test_seeded_sampling_survives_preemption(llama_dir: str):
+    prompts = random_prompts((20, 20, 20, 20), seed=13)
+    params = [
+        SamplingParams(max_tokens=40, temperature=1.0, seed=i, ignore_eos=True, logprobs=2)
+        for i in range(4)
+    ]
+    tight = engine(llama_dir, num_gpu_blocks=9)
+    outs = run(tight, prompts, params)
+    assert tight.engine.metrics.preemptions > 0
+    reference = run(engine(llama_dir), prompts, params)
+    assert token_ids(outs) == token_ids(reference)
+    for a, b in zip(outs, reference, strict=True):
+        assert len(a.outputs[0].logprobs) == 40
+        assert a.outputs[0].cumulative_logprob == pytest.approx(b.outputs[0].cumulative_logprob)
+    assert_no_leak(tight)
+
+
+def test_metrics_count_prompt_and_decode_tokens(llama_dir: str):
+    prompts = random_prompts((3, 17, 40), seed=15)
+    llm = engine(llama_dir, max_num_batched_tokens=16, max_num_seqs=4)
+    run(llm, prompts, greedy(6, ignore_eos=True))
+    m = llm.engine.metrics
+    assert m.prefill_tokens == 3 + 17 + 40
+    assert m.decode_tokens == 3 * (6 - 1)  # the first token of each comes from its prefill
+    assert m.requests_finished == 3 and m.preemptions == 0

@@ -33,6 +33,20 @@ def test_negative_token_id_is_refused(llm: LLM):
         run(llm, [[5, -1]], greedy(2))
 
 
+@pytest.mark.parametrize("bad", [2.5, "5", None], ids=["float", "str", "None"])
+def test_non_integer_token_id_names_request_and_value(llm: LLM, bad: object):
+    with pytest.raises(ValueError, match=rf"prompt 1: .*token id {bad!r}"):
+        run(llm, [[1, 2], [3, bad]], greedy(2))  # type: ignore[list-item]
+    _assert_nothing_queued_and_still_usable(llm)
+
+
+def test_numpy_token_ids_are_accepted(llm: LLM):
+    import numpy as np
+
+    out = llm.generate([{"prompt_token_ids": np.array([5, 6, 7])}], greedy(2), use_tqdm=False)[0]
+    assert out.prompt_token_ids == [5, 6, 7] and len(out.outputs[0].token_ids) == 2
+
+
 def test_prompt_plus_max_tokens_over_max_model_len_names_request_and_numbers(llm: LLM):
     with pytest.raises(ValueError, match=r"prompt 2: .*60 tokens.*max_tokens=5.*max_model_len=64"):
         run(llm, [[1], [2], [7] * 60], greedy(5))
