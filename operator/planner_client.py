@@ -28,7 +28,7 @@ TERMINAL_PHASES = frozenset({"Succeeded", "Failed", "Cancelled"})
 
 
 class PlannerUnavailable(RuntimeError):
-    """The planner could not be reached or timed out; the call may be retried."""
+    """The planner could not be reached, timed out or refused our credentials; retry later."""
 
 
 class PlannerRejected(RuntimeError):
@@ -168,6 +168,9 @@ _RETRYABLE = {
     grpc.StatusCode.UNKNOWN,
     # what a request stream broken on our side (an input file unreadable midway) ends with
     grpc.StatusCode.CANCELLED,
+    # a wrong token is the operator's configuration, not the job's fault: wait for it to be fixed
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
 }
 
 

@@ -165,16 +165,18 @@ def _service_env(redis_url: str) -> dict[str, str]:
     return {**env, "PREFIXGROVE_REDIS_URL": redis_url, "PREFIXGROVE_MODEL": MODEL}
 
 
-@pytest.fixture(scope="session")
-def planner_address(redis_url: str, logs_dir: Path) -> Iterator[str]:
-    """A real planner process on a free port, over the session's Redis."""
+def start_planner(redis_url: str, logs_dir: Path, token: str = "") -> tuple[Service, str]:
+    """A real planner process on a free port, answering calls; returns it and its address."""
     from prefixgrove.operator.planner_client import PlannerClient, PlannerUnavailable
 
     port = free_port()
     args = cli("serve", "planner", "--host", "127.0.0.1", "--port", str(port))
-    server = Service("planner", args, _service_env(redis_url), logs_dir)
+    env = _service_env(redis_url)
+    if token:
+        env["PREFIXGROVE_AUTH_TOKEN"] = token
+    server = Service("planner", args, env, logs_dir)
     address = f"127.0.0.1:{port}"
-    client = PlannerClient(address, timeout_s=2.0)
+    client = PlannerClient(address, token=token, timeout_s=2.0)
 
     def ready() -> bool:
         if not server.alive():
@@ -187,10 +189,20 @@ def planner_address(redis_url: str, logs_dir: Path) -> Iterator[str]:
 
     try:
         wait_for("the planner to answer", ready, timeout=60, every=0.5)
-        yield address
+    except BaseException:
+        server.stop()
+        raise
     finally:
         client.close()
-        server.stop()
+    return server, address
+
+
+@pytest.fixture(scope="session")
+def planner_address(redis_url: str, logs_dir: Path) -> Iterator[str]:
+    """The session's planner, over the session's Redis."""
+    server, address = start_planner(redis_url, logs_dir)
+    yield address
+    server.stop()
 
 
 @pytest.fixture(scope="session")
