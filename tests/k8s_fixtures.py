@@ -23,6 +23,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 START_SCRIPT = REPO / "scripts" / "ci" / "start-kube-apiserver.sh"
 DEFAULT_BIN = Path.home() / ".cache" / "prefixgrove" / "k8s-1.20.2" / "bin"
+# where scripts/ci/install-helm.sh puts a kubectl, tried after $PREFIXGROVE_KUBECTL and PATH
+HELM_KUBECTL = Path.home() / ".cache" / "prefixgrove" / "helm-3.17" / "bin" / "kubectl"
 
 
 def missing(reason: str) -> None:
@@ -30,6 +32,13 @@ def missing(reason: str) -> None:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"{reason} (CI=true: the Kubernetes test bed is required)", pytrace=False)
     pytest.skip(reason)
+
+
+def find_kubectl() -> str | None:
+    explicit = os.environ.get("PREFIXGROVE_KUBECTL")
+    if explicit:
+        return explicit if Path(explicit).exists() else None
+    return shutil.which("kubectl") or (str(HELM_KUBECTL) if HELM_KUBECTL.exists() else None)
 
 
 def free_port() -> int:
@@ -45,7 +54,7 @@ class KubeApi:
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
         """Runs kubectl against this API server and returns stdout; raises with stderr on failure."""
-        kubectl = os.environ.get("PREFIXGROVE_KUBECTL") or shutil.which("kubectl") or "kubectl"
+        kubectl = find_kubectl() or "kubectl"
         done = subprocess.run(
             [kubectl, "--kubeconfig", str(self.kubeconfig), *args],
             input=input,
@@ -88,7 +97,8 @@ def kube_api() -> Iterator[KubeApi]:
         missing(f"no kube-apiserver in {bin_dir}; run scripts/ci/build-kube-apiserver.sh")
     if shutil.which("etcd") is None:
         missing("no etcd on PATH; apt-get install -y etcd-server")
-    if shutil.which(os.environ.get("PREFIXGROVE_KUBECTL", "kubectl")) is None:
+    kubectl = find_kubectl()
+    if kubectl is None:
         missing("no kubectl on PATH; apt-get install -y kubernetes-client")
     run_dir = Path(tempfile.mkdtemp(prefix="prefixgrove-k8s-"))
     env = {
@@ -98,6 +108,7 @@ def kube_api() -> Iterator[KubeApi]:
         "ETCD_PORT": str(free_port()),
         "ETCD_PEER_PORT": str(free_port()),
         "API_PORT": str(free_port()),
+        "KUBECTL": str(kubectl),
     }
     try:
         done = subprocess.run(

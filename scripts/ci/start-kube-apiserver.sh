@@ -9,6 +9,7 @@
 #   K8S_BIN       holds kube-apiserver (default $PREFIXGROVE_K8S_BIN or ~/.cache/prefixgrove/k8s-1.20.2/bin)
 #   ETCD_PORT ETCD_PEER_PORT API_PORT   loopback ports (default 12379 12380 16443)
 #   K8S_TOKEN     the admin bearer token (default: random)
+#   KUBECTL       kubectl for the readiness probe when curl is missing (default: kubectl on PATH)
 # Prints the kubeconfig path on success; exits 1 (with the apiserver log's tail) when it never gets ready.
 set -euo pipefail
 
@@ -54,8 +55,16 @@ contexts: [{name: local, context: {cluster: local, user: admin, namespace: defau
 current-context: local
 KC
 
+ready() {
+  if command -v curl >/dev/null; then
+    curl -sf --cacert "$D/certs/apiserver.crt" -H "Authorization: Bearer $TOKEN" \
+      "https://127.0.0.1:$API_PORT/readyz" >/dev/null 2>&1
+  else
+    "${KUBECTL:-kubectl}" --kubeconfig "$D/kubeconfig" get --raw=/readyz >/dev/null 2>&1
+  fi
+}
 for _ in $(seq 1 300); do
-  if curl -sf --cacert "$D/certs/apiserver.crt" -H "Authorization: Bearer $TOKEN" "https://127.0.0.1:$API_PORT/readyz" >/dev/null 2>&1; then
+  if ready; then
     echo "$D/kubeconfig"
     exit 0
   fi
