@@ -87,7 +87,7 @@ def run_inproc(n: int) -> dict[str, object]:
     total_s = time.perf_counter() - start
     return {
         "mode": "inproc", "requests": n, "input_mb": round(input_bytes / 2**20, 1),
-        "prompt_tokens": ingestor.prompt_tokens, "tokens_held_mb": round(ingestor.tokens.nbytes / 2**20, 1),
+        "prompt_tokens": ingestor.prompt_tokens, "index_held_mb": round(ingestor.index.nbytes / 2**20, 1),
         "ingest_s": round(ingest_s, 2), "group_s": round(total_s - ingest_s, 2),
         "requests_per_s": round(n / total_s), "groups": plan.num_groups, "units": len(plan.units),
         "prefix_tokens_saved": plan.prefix_tokens_saved,

@@ -1,64 +1,23 @@
 """A job's input, streamed: lines -> validated, tokenized requests; then the whole job grouped.
 
-The only thing held per request until grouping is its token ids, packed in one int32 buffer; the
-parsed requests go out to the caller (Redis, or the local run) batch by batch.
+What is held per request until grouping is its custom_id and its prefix index entry (a hash per
+shareable KV block, prefix_index.py); the parsed requests and their tokens go out to the caller
+(Redis, or the local run) batch by batch.
 """
 
 from __future__ import annotations
 
 import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from prefixgrove.planner.grouping import GroupingConfig, group_prompts
+from prefixgrove.planner.prefix_index import PrefixIndex
 from prefixgrove.planner.requests import BatchRequest, RequestError, parse_line
 from prefixgrove.planner.schema import GroupRecord
 from prefixgrove.planner.settings import IngestSettings
 from prefixgrove.planner.tokenize import PromptTokenizer
-
-
-class TokenStore(Sequence[np.ndarray]):
-    """Prompts as views into fixed-size chunks of one integer type: growing never copies, and a
-    vocabulary under 65,536 ids takes two bytes a token."""
-
-    def __init__(self, vocab_size: int = 2**32, chunk_tokens: int = 1 << 22) -> None:
-        self.dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
-        self._chunk_tokens = chunk_tokens
-        self._chunks: list[np.ndarray] = []
-        self._used = 0  # tokens used in the last chunk
-        self._where = array.array("q")  # per prompt: chunk index
-        self._start = array.array("q")  # per prompt: offset in its chunk
-        self._length = array.array("q")
-        self.num_tokens = 0
-
-    def append(self, tokens: np.ndarray) -> None:
-        n = len(tokens)
-        if not self._chunks or self._used + n > len(self._chunks[-1]):
-            self._chunks.append(np.empty(max(self._chunk_tokens, n), dtype=self.dtype))
-            self._used = 0
-        self._chunks[-1][self._used : self._used + n] = tokens
-        self._where.append(len(self._chunks) - 1)
-        self._start.append(self._used)
-        self._length.append(n)
-        self._used += n
-        self.num_tokens += n
-
-    def __len__(self) -> int:
-        return len(self._length)
-
-    def __getitem__(self, i: int) -> np.ndarray:  # type: ignore[override]
-        start = self._start[i]
-        return self._chunks[self._where[i]][start : start + self._length[i]]
-
-    def __iter__(self) -> Iterator[np.ndarray]:
-        return (self[i] for i in range(len(self)))
-
-    @property
-    def nbytes(self) -> int:
-        index = sum(a.itemsize * len(a) for a in (self._where, self._start, self._length))
-        return sum(c.nbytes for c in self._chunks) + index
 
 
 @dataclass
@@ -85,7 +44,7 @@ class JobIngestor:
         self.total = 0  # request lines (blank lines are not requests)
         self.json_lines = 0  # lines that parsed as JSON objects
         self.prompt_tokens = 0
-        self.tokens = TokenStore(tokenizer.vocab_size)
+        self.index = PrefixIndex(settings.block_size)
         self.line_indices = array.array("q")
         self._seen: set[str] = set()
 
@@ -107,7 +66,7 @@ class JobIngestor:
                 if isinstance(tokens, RequestError):
                     out.errors.append(tokens)
                     continue
-                self.tokens.append(tokens)
+                self.index.add(tokens)
                 self.line_indices.append(request.index)
                 self.prompt_tokens += len(tokens)
                 out.requests.append((request, tokens))
@@ -157,12 +116,7 @@ class JobIngestor:
         """Groups the whole job by shared prefix; requests in no group travel in small chunks."""
         s = self.settings
         self._seen.clear()  # no more lines come: make room for grouping's own copy of the prompts
-        config = GroupingConfig(
-            min_prefix_len=s.min_prefix_len,
-            block_size=s.block_size,
-            max_group_size=s.max_group_requests,
-        )
-        result = group_prompts(self.tokens, config)
+        result = self.index.group(s.min_prefix_len, s.max_group_requests)
         lines = self.line_indices
         units = [
             GroupRecord(g.prefix_len, [lines[i] for i in g.request_indices]) for g in result.groups

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from prefixgrove.planner.ingest import JobIngestor, JobPlan
 from prefixgrove.planner.requests import BatchRequest, RequestError
 from prefixgrove.planner.settings import IngestSettings
@@ -105,7 +107,7 @@ def run_local(
         [{"prompt_token_ids": tokens.tolist()} for _, tokens, _ in runnable],
         [params for _, _, params in runnable],
         use_tqdm=use_tqdm,
-        groups=_engine_groups(plan, [r.index for r, _, _ in runnable]),
+        groups=_engine_groups(plan, [(r.index, tokens) for r, tokens, _ in runnable]),
     )
     tokenizer = llm.get_tokenizer()
     lines_by_index: dict[int, str] = {}
@@ -140,13 +142,20 @@ def engine_error(index: int, custom_id: str, exc: ValueError) -> RequestError:
     return RequestError(index, custom_id, code, text)
 
 
-def _engine_groups(plan: JobPlan, runnable_lines: list[int]) -> _Groups:
-    position = {line: pos for pos, line in enumerate(runnable_lines)}
+def _engine_groups(plan: JobPlan, runnable: list[tuple[int, Any]]) -> _Groups:
+    """The plan's groups over the requests the engine accepted (as the workers form them)."""
+    position = {line: pos for pos, (line, _) in enumerate(runnable)}
     groups = []
     for unit in plan.units:
         members = tuple(position[i] for i in unit.indices if i in position)
         if unit.prefix_len and len(members) >= 2:
-            groups.append(_Group(unit.prefix_len, members))
+            first = runnable[members[0]][1][: unit.prefix_len]
+            prompts = [runnable[m][1] for m in members]
+            if all(
+                len(p) > unit.prefix_len and np.array_equal(p[: unit.prefix_len], first)
+                for p in prompts
+            ):
+                groups.append(_Group(unit.prefix_len, members))
     return _Groups(groups)
 
 

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import redis
 
 from prefixgrove.planner.requests import RequestError
@@ -149,7 +150,7 @@ class Worker:
         flight.outstanding = set(flight.requests)
         self._inflight[(job_id, group_id)] = flight
         self.metrics.groups_leased.set(len(self._inflight))
-        if group.prefix_len and len(valid) >= 2:
+        if group.prefix_len and len(valid) >= 2 and _shares_prefix(valid, group.prefix_len):
             self.engine.add_group(f"{job_id}/{group_id}", group.prefix_len, valid)
         else:
             for request_id, tokens, params in valid:
@@ -242,6 +243,16 @@ class Worker:
             self.metrics.tokens_per_second.set(count / elapsed)
             start, count = time.monotonic(), 0
         self._tokens_window = (start, count)
+
+
+def _shares_prefix(members: list[tuple[str, Any, Any]], prefix_len: int) -> bool:
+    """Whether every prompt starts with the group's prefix; the planner grouped by hashes, so a
+    group that fails this runs without sharing instead of failing."""
+    first = members[0][1][:prefix_len]
+    ok = all(len(t) > prefix_len and np.array_equal(t[:prefix_len], first) for _, t, _ in members)
+    if not ok:
+        log.warning("group prefix check failed; running its %d requests unshared", len(members))
+    return ok
 
 
 def _params(record: RequestRecord) -> Any:

@@ -155,8 +155,8 @@ def test_chat_and_sampling_fields_are_carried() -> None:
 def test_chat_prompts_use_the_chat_template(tokenizer: PromptTokenizer) -> None:
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     chat = batch_line("c", body, "/v1/chat/completions")
-    ingestor, _, _ = ingest(tokenizer, [chat])
-    text = tokenizer.tokenizer.decode(ingestor.tokens[0].tolist())
+    [(_, tokens)] = JobIngestor(tokenizer, IngestSettings()).add([chat.encode()]).requests
+    text = tokenizer.tokenizer.decode(tokens.tolist())
     assert (
         text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
         and "hi<|eot_id|>" in text
