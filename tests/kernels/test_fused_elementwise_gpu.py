@@ -8,14 +8,15 @@ on the same GPU:
   rounding);
 - silu_and_mul: 3 (Triton's exp is the fast ex2-based one, torch's is expf: silu may round to a
   neighbouring value before the multiply by up, the same arithmetic as rms_norm's weight).
-They also replay correctly from a CUDA graph, with new inputs copied into the captured buffers.
+Beyond those bounds, at least 99% of elements must equal the reference bit for bit (so every
+rounding of the reference is kept). They also replay correctly from a CUDA graph, with new inputs copied into the captured buffers.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from test_fused_elementwise import assert_ulps, randn
+from test_fused_elementwise import assert_mostly_equal, assert_ulps, randn
 
 from prefixgrove.kernels.activation import silu_and_mul, silu_and_mul_ref
 from prefixgrove.kernels.rmsnorm import rms_norm, rms_norm_ref
@@ -40,7 +41,9 @@ def test_rms_norm_with_residual_matches_reference(dtype: torch.dtype, tokens: in
     x = randn(tokens, HIDDEN, dtype=dtype, device=CUDA) * 3
     residual = randn(tokens, HIDDEN, dtype=dtype, device=CUDA, seed=2)
     weight = randn(HIDDEN, dtype=dtype, device=CUDA, seed=1)
-    assert_ulps(rms_norm(x, weight, EPS), rms_norm_ref(x, weight, EPS), NORM_ULPS)
+    got, want = rms_norm(x, weight, EPS), rms_norm_ref(x, weight, EPS)
+    assert_ulps(got, want, NORM_ULPS)
+    assert_mostly_equal(got, want)
     out, new_residual = rms_norm(x, weight, EPS, residual=residual)
     want_out, want_residual = rms_norm_ref(x, weight, EPS, residual=residual)
     assert torch.equal(new_residual, want_residual)
@@ -69,7 +72,9 @@ def test_per_head_norm_and_rotary_on_a_fused_qkv(dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("tokens", [1, 256, 3001])
 def test_silu_and_mul_matches_torch(dtype: torch.dtype, tokens: int) -> None:
     x = randn(tokens, 2 * INTERMEDIATE, dtype=dtype, device=CUDA) * 4
-    assert_ulps(silu_and_mul(x), silu_and_mul_ref(x), SILU_ULPS)
+    got, want = silu_and_mul(x), silu_and_mul_ref(x)
+    assert_ulps(got, want, SILU_ULPS)
+    assert_mostly_equal(got, want)
 
 
 def test_all_three_replay_from_a_cuda_graph() -> None:
