@@ -265,3 +265,41 @@ def test_group_larger_than_the_cache_still_runs_when_each_request_fits(llama_dir
     reference = engine(llama_dir, enable_prefix_grouping=False)
     assert token_ids(outs) == token_ids(run(reference, prompts, params))
     assert_no_leak(llm)
+
+
+def _invalid_group(seed: int = 17) -> list[tuple[str, list[int], SamplingParams]]:
+    prefix = random_prompts([40], seed=seed)[0]
+    return [("a", [*prefix, 1], PARAMS), ("b", [*prefix, 999], PARAMS)]
+
+
+def test_add_group_with_an_invalid_request_names_it(llama_dir):
+    with pytest.raises(ValueError, match=r"'b'.*token id 999"):
+        engine(llama_dir).engine.add_group("g", 32, _invalid_group())
+
+
+def test_add_group_with_an_invalid_request_queues_none_of_its_requests(llama_dir):
+    llm = engine(llama_dir)
+    members = _invalid_group()
+    with pytest.raises(ValueError, match="token id 999"):
+        llm.engine.add_group("g", 32, members)
+    assert not llm.engine.has_unfinished_requests()
+    llm.engine.add_request("a", members[0][1], PARAMS)  # the valid member's id is free again
+    llm.engine.abort(["a"])
+    assert_no_leak(llm)
+
+
+def test_add_group_without_requests_names_the_group(llama_dir):
+    llm = engine(llama_dir)
+    with pytest.raises(ValueError, match="group 'g'"):
+        llm.engine.add_group("g", 32, [])
+
+
+def test_add_group_of_one_request_runs_it_alone(llama_dir, job, ungrouped):
+    llm = engine(llama_dir)
+    llm.engine.add_group("g", PREFIX_LEN, [("r0", job[0], PARAMS)])
+    outs = []
+    while llm.engine.has_unfinished_requests():
+        outs += llm.engine.step()
+    assert outs[0].num_cached_tokens == 0 and outs[0].outputs[0].token_ids == ungrouped[0]
+    assert llm.engine.metrics.kv_blocks_shared == 0
+    assert_no_leak(llm)

@@ -126,3 +126,9 @@ def test_duplicate_request_id_is_refused(llm: LLM):
         llm.engine.abort(["dup"])
     assert not llm.engine.has_unfinished_requests()
     assert llm.engine.blocks.num_free == llm.engine.blocks.num_usable
+
+
+def test_engine_add_request_error_names_the_request(llm: LLM):
+    with pytest.raises(ValueError, match=r"'req-7'.*token id 999"):
+        llm.engine.add_request("req-7", [1, 999], greedy(1))
+    assert not llm.engine.has_unfinished_requests()
