@@ -151,7 +151,10 @@ def sync(
         return
     new = job_status(job, conditions)
     if job.phase == "Succeeded":
-        new.update(_write_results(job, body, memo, conditions))
+        try:
+            new.update(_write_results(job, body, memo, conditions))
+        except InvalidSpec as exc:  # e.g. the output folder became a link out of the volume
+            new.update(failed_status(exc.reason, str(exc), conditions))
     if new["phase"] != status.get("phase"):
         _announce(body, job, new)
     patch.status.update(new)

@@ -135,3 +135,25 @@ def test_operator_restart_never_submits_twice(
     assert again == first
     assert planner.find_job(uid) is not None
     assert planner.find_job(uid).id == first  # type: ignore[union-attr]
+
+
+def test_results_that_cannot_be_written_are_retried_until_they_can(
+    batchjobs: BatchJobs, operator: Any, cpu_worker: Service, volume: Path
+) -> None:
+    name = f"blocked-{uuid.uuid4().hex[:8]}"
+    (volume / name).write_text("a file where the output folder should be")
+    spec = {
+        "model": MODEL,
+        "input": {"inline": [completion("x", "Hello there")]},
+        "output": {"path": f"{name}/out.jsonl"},
+    }
+    batchjobs.apply(name, spec)
+    wait_for(
+        "an OutputNotWritten event",
+        lambda: "OutputNotWritten" in batchjobs.events(name),
+        timeout=RUN_TIMEOUT_S,
+    )
+    assert batchjobs.status(name)["phase"] == "Finalizing"
+    (volume / name).unlink()
+    batchjobs.wait_phase(name, "Succeeded", timeout=30)
+    assert [o["custom_id"] for o in lines(volume / name / "out.jsonl")] == ["x"]
