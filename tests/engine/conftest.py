@@ -16,9 +16,15 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from engine_checkpoints import save_checkpoint  # noqa: E402
 
-# The models here are tiny: intra-op threads only contend for the machine's few shared cores (a decode
-# step took 25x longer with two threads than with one under load).
-torch.set_num_threads(1)
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """The models here are tiny: intra-op threads only contend for the machine's few shared cores (a
+    decode step took 25x longer with two threads than with one under load)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
