@@ -52,6 +52,24 @@ def test_same_seed_on_two_requests_draws_the_same_tokens(llm):
     assert token_ids(outs)[0] == token_ids(outs)[1]
 
 
+def test_largest_seed_is_usable_and_reproducible(llm):
+    params = sampled(seed=2**63 - 1)
+    assert one(llm, PROMPTS[0], params) == one(llm, PROMPTS[0], params)
+
+
+def test_unseeded_requests_follow_the_engine_seed(llama_dir):
+    params = sampled(seed=None)
+    first = token_ids(run(engine(llama_dir, seed=5), PROMPTS, params))
+    assert token_ids(run(engine(llama_dir, seed=5), PROMPTS, params)) == first
+    assert token_ids(run(engine(llama_dir, seed=6), PROMPTS, params)) != first
+
+
+def test_disabled_filters_change_nothing(llm):
+    plain = one(llm, PROMPTS[2], sampled(seed=8))
+    assert one(llm, PROMPTS[2], sampled(seed=8, top_k=-1, top_p=1.0, min_p=0.0)) == plain
+    assert one(llm, PROMPTS[2], sampled(seed=8, top_k=10_000)) == plain
+
+
 def test_different_seeds_draw_different_tokens(llm):
     assert one(llm, PROMPTS[0], sampled(seed=1)) != one(llm, PROMPTS[0], sampled(seed=2))
 
@@ -69,8 +87,9 @@ def test_sampling_at_temperature_one_is_not_greedy(llm):
         {"top_p": 1e-6},
         {"min_p": 1.0},
         {"temperature": 0.0},
+        {"temperature": 1e-4},
     ],
-    ids=["top_k=1", "top_p=1e-6", "min_p=1", "temperature=0"],
+    ids=["top_k=1", "top_p=1e-6", "min_p=1", "temperature=0", "temperature=1e-4"],
 )
 def test_filters_at_their_limit_equal_greedy(llm, filters):
     base = {"temperature": 1.3, "seed": 4, "ignore_eos": True, "max_tokens": 16}

@@ -132,3 +132,9 @@ def test_engine_add_request_error_names_the_request(llm: LLM):
     with pytest.raises(ValueError, match=r"'req-7'.*token id 999"):
         llm.engine.add_request("req-7", [1, 999], greedy(1))
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_sampling_params_accept_vllm_shorthands():
+    params = SamplingParams(stop="END", stop_token_ids=None, top_k=-1)
+    assert params.stop == ("END",) and params.stop_token_ids == () and params.top_k == 0
+    assert SamplingParams(stop=["a", "b"], stop_token_ids=[3]).stop == ("a", "b")
