@@ -49,8 +49,8 @@ _ensure_prefixgrove()
 
 from prefixgrove.kernels.activation import silu_and_mul  # noqa: E402
 from prefixgrove.kernels.rmsnorm import rms_norm  # noqa: E402
-from prefixgrove.kernels.rotary import apply_rotary  # noqa: E402
-from prefixgrove.worker.engine.models.rotary import RotaryEmbedding  # noqa: E402
+from prefixgrove.kernels.rotary import apply_rotary, apply_rotary_ref  # noqa: E402
+from prefixgrove.worker.engine.models.rotary import rotary_table  # noqa: E402
 
 EPS = 1e-5
 
@@ -109,7 +109,7 @@ def operations(args: argparse.Namespace, tokens: int) -> list[dict[str, Any]]:
     qkv = rand(tokens, q_size + 2 * kv_size)
     q = qkv[:, :q_size].view(tokens, args.heads, d)
     k = qkv[:, q_size : q_size + kv_size].view(tokens, args.kv_heads, d)
-    rotary = RotaryEmbedding(d, args.max_positions, 500000.0, None).to(dev)
+    cos_sin = rotary_table(d, args.max_positions, 500000.0, None).to(dev)
     positions = torch.randint(0, args.max_positions, (tokens,), generator=gen).to(dev)
     gate_up = rand(tokens, 2 * args.intermediate)
     head_w = rand(d)
@@ -138,8 +138,8 @@ def operations(args: argparse.Namespace, tokens: int) -> list[dict[str, Any]]:
         },
         {
             "op": "rotary",
-            "fused": lambda: apply_rotary(q, k, positions, rotary.cos_sin),
-            "torch": lambda: rotary(positions, q, k),
+            "fused": lambda: apply_rotary(q, k, positions, cos_sin),
+            "torch": lambda: apply_rotary_ref(q, k, positions, cos_sin),
             "bytes": 2 * qk_elems * size + tokens * (d * 4 + positions.element_size()),
         },
         {

@@ -22,7 +22,7 @@ import torch
 from prefixgrove.kernels.activation import silu_and_mul, silu_and_mul_ref
 from prefixgrove.kernels.rmsnorm import rms_norm, rms_norm_ref
 from prefixgrove.kernels.rotary import apply_rotary, apply_rotary_ref
-from prefixgrove.worker.engine.models.rotary import RotaryEmbedding
+from prefixgrove.worker.engine.models.rotary import rotary_table
 
 DTYPES = [torch.float32, torch.float16]
 MANTISSA_BITS = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}
@@ -189,7 +189,7 @@ def shuffled_positions(tokens: int, dtype: torch.dtype, device: torch.device) ->
     ("heads", "kv_heads", "head_dim"), [(1, 1, 32), (4, 2, 64), (12, 4, 128), (32, 8, 128)]
 )
 @pytest.mark.parametrize("position_dtype", [torch.int32, torch.int64])
-def test_rotary_on_fused_qkv_views_matches_the_engine_rotary(
+def test_rotary_on_fused_qkv_views_matches_the_reference(
     dtype: torch.dtype,
     device: torch.device,
     heads: int,
@@ -198,23 +198,21 @@ def test_rotary_on_fused_qkv_views_matches_the_engine_rotary(
     position_dtype: torch.dtype,
 ) -> None:
     tokens = 13
-    rotary = RotaryEmbedding(head_dim, 4 * tokens, 500000.0, None).to(device)
+    cos_sin = rotary_table(head_dim, 4 * tokens, 500000.0, None).to(device)
     q, k = fused_qkv_views(tokens, heads, kv_heads, head_dim, dtype, device)
     positions = shuffled_positions(tokens, position_dtype, device)
-    got_q, got_k = apply_rotary(q, k, positions, rotary.cos_sin)
-    want_q, want_k = rotary(positions, q, k)
+    got_q, got_k = apply_rotary(q, k, positions, cos_sin)
+    want_q, want_k = apply_rotary_ref(q, k, positions, cos_sin)
     assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
-    ref_q, ref_k = apply_rotary_ref(q, k, positions, rotary.cos_sin)
-    assert torch.equal(ref_q, want_q) and torch.equal(ref_k, want_k)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rotary_in_place_rotates_the_qkv_buffer(dtype: torch.dtype, device: torch.device) -> None:
-    rotary = RotaryEmbedding(64, 64, 10000.0, {"rope_type": "linear", "factor": 2.0}).to(device)
+    cos_sin = rotary_table(64, 64, 10000.0, {"rope_type": "linear", "factor": 2.0}).to(device)
     q, k = fused_qkv_views(9, 6, 3, 64, dtype, device)
     positions = shuffled_positions(9, torch.int64, device)
-    want_q, want_k = apply_rotary_ref(q, k, positions, rotary.cos_sin)
-    got_q, got_k = apply_rotary(q, k, positions, rotary.cos_sin, q_out=q, k_out=k)
+    want_q, want_k = apply_rotary_ref(q, k, positions, cos_sin)
+    got_q, got_k = apply_rotary(q, k, positions, cos_sin, q_out=q, k_out=k)
     assert got_q.data_ptr() == q.data_ptr() and got_k.data_ptr() == k.data_ptr()
     assert torch.equal(q, want_q) and torch.equal(k, want_k)
 

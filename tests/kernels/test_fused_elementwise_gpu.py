@@ -21,7 +21,7 @@ from test_fused_elementwise import assert_mostly_equal, assert_ulps, randn
 from prefixgrove.kernels.activation import silu_and_mul, silu_and_mul_ref
 from prefixgrove.kernels.rmsnorm import rms_norm, rms_norm_ref
 from prefixgrove.kernels.rotary import apply_rotary, apply_rotary_ref
-from prefixgrove.worker.engine.models.rotary import RotaryEmbedding
+from prefixgrove.worker.engine.models.rotary import rotary_table
 
 pytestmark = [
     pytest.mark.gpu,
@@ -60,10 +60,10 @@ def test_per_head_norm_and_rotary_on_a_fused_qkv(dtype: torch.dtype) -> None:
     want_q = rms_norm_ref(q.reshape(-1, HEAD_DIM), weight, EPS).view(q.shape)
     assert_ulps(rms_norm(q, weight, EPS), want_q, NORM_ULPS)
     scaling = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}
-    rotary = RotaryEmbedding(HEAD_DIM, 131072, 500000.0, scaling).to(CUDA)
+    cos_sin = rotary_table(HEAD_DIM, 131072, 500000.0, scaling).to(CUDA)
     positions = torch.randperm(131072, device=CUDA)[:tokens]
-    got_q, got_k = apply_rotary(q, k, positions, rotary.cos_sin)
-    want_q, want_k = apply_rotary_ref(q, k, positions, rotary.cos_sin)
+    got_q, got_k = apply_rotary(q, k, positions, cos_sin)
+    want_q, want_k = apply_rotary_ref(q, k, positions, cos_sin)
     assert_ulps(got_q, want_q, 0)
     assert_ulps(got_k, want_k, 0)
 
@@ -86,7 +86,7 @@ def test_all_three_replay_from_a_cuda_graph() -> None:
     q = randn(tokens, HEADS, HEAD_DIM, dtype=dtype, device=CUDA, seed=4)
     k = randn(tokens, KV_HEADS, HEAD_DIM, dtype=dtype, device=CUDA, seed=5)
     positions = torch.arange(tokens, device=CUDA)
-    cos_sin = RotaryEmbedding(HEAD_DIM, 4096, 500000.0, None).to(CUDA).cos_sin
+    cos_sin = rotary_table(HEAD_DIM, 4096, 500000.0, None).to(CUDA)
 
     def step() -> tuple[torch.Tensor, ...]:
         normed, summed = rms_norm(x, weight, EPS, residual=residual)

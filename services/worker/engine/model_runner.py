@@ -18,6 +18,7 @@ from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs
 from .input_builder import InputBuilder, StepInputs
 from .models.loader import load_model
+from .models.ops import create_ops
 from .sampler import Sampler, SamplingBatch
 from .scheduler import ScheduledSeq
 from .sequence import Sequence
@@ -44,6 +45,7 @@ class ModelRunner:
             device=config.device,
             max_positions=self.max_positions,
             seed=config.model.seed,
+            ops=create_ops(config.attention_backend),
         )
         self.backend = create_backend(config.attention_backend)
         self.builder = InputBuilder(

@@ -8,35 +8,38 @@ matrix each at load time.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .arch import ModelArch
-from .rotary import RotaryEmbedding
+from .ops import ModelOps
+from .rotary import rotary_table
 
 if TYPE_CHECKING:
     from ..attention.backend import ForwardContext
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
+    """Hugging Face Llama's RMSNorm; with a residual the add is fused in: returns (norm(x + r), x + r)."""
+
+    def __init__(self, size: int, eps: float, ops: ModelOps) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.ops = ops
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> Any:
+        return self.ops.rms_norm(x, self.weight, self.eps, residual)
 
 
 class Attention(nn.Module):
-    def __init__(self, arch: ModelArch, layer_idx: int, rotary: RotaryEmbedding) -> None:
+    def __init__(self, arch: ModelArch, layer_idx: int, ops: ModelOps) -> None:
         super().__init__()
         self.layer_idx = layer_idx
+        self.ops = ops
         self.num_heads, self.num_kv_heads, self.head_dim = (
             arch.num_heads,
             arch.num_kv_heads,
@@ -47,13 +50,12 @@ class Attention(nn.Module):
             arch.hidden_size, arch.q_size + 2 * arch.kv_size, bias=arch.qkv_bias
         )
         self.o_proj = nn.Linear(arch.q_size, arch.hidden_size, bias=False)
-        self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
-        self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
-        self.rotary = rotary
+        self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps, ops) if arch.qk_norm else None
+        self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps, ops) if arch.qk_norm else None
         self.scale = arch.head_dim**-0.5
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
+        self, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, ctx: ForwardContext
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
@@ -61,62 +63,75 @@ class Attention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        q, k = self.ops.rotary(q, k, positions, cos_sin)
         out = ctx.attend(self.layer_idx, q, k, v, self.scale)
         return self.o_proj(out.view(-1, self.q_size))
 
 
 class MLP(nn.Module):
-    def __init__(self, arch: ModelArch) -> None:
+    def __init__(self, arch: ModelArch, ops: ModelOps) -> None:
         super().__init__()
-        self.intermediate = arch.intermediate_size
+        self.ops = ops
         self.gate_up_proj = nn.Linear(arch.hidden_size, 2 * arch.intermediate_size, bias=False)
         self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, arch: ModelArch, layer_idx: int, rotary: RotaryEmbedding) -> None:
+    def __init__(self, arch: ModelArch, layer_idx: int, ops: ModelOps) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.self_attn = Attention(arch, layer_idx, rotary)
-        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.mlp = MLP(arch)
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, ops)
+        self.self_attn = Attention(arch, layer_idx, ops)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, ops)
+        self.mlp = MLP(arch, ops)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        ctx: ForwardContext,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # The residual stream is carried beside x so that each add fuses into the next norm.
+        if residual is None:
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, positions, cos_sin, ctx)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, arch: ModelArch, max_positions: int) -> None:
+    def __init__(self, arch: ModelArch, max_positions: int, ops: ModelOps) -> None:
         super().__init__()
         self.arch = arch
-        rotary = RotaryEmbedding(arch.head_dim, max_positions, arch.rope_theta, arch.rope_scaling)
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(arch, i, rotary) for i in range(arch.num_layers))
-        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(arch, i, ops) for i in range(arch.num_layers))
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, ops)
         self.lm_head = (
             None
             if arch.tie_word_embeddings
             else nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
         )
-        # The rotary table is shared by every layer; keep one registered copy.
-        self.rotary = rotary
+        # [max_positions, head_dim] fp32 = [cos | sin], shared by every layer.
+        self.register_buffer(
+            "cos_sin",
+            rotary_table(arch.head_dim, max_positions, arch.rope_theta, arch.rope_scaling),
+            persistent=False,
+        )
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
     ) -> torch.Tensor:
         # input_ids, positions: [num_tokens] -> hidden states [num_tokens, hidden]
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            x = layer(x, positions, ctx)
-        return self.norm(x)
+            x, residual = layer(x, residual, positions, self.cos_sin, ctx)
+        return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

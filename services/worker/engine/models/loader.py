@@ -11,17 +11,25 @@ from safetensors import safe_open
 
 from .arch import ModelArch
 from .llama import LlamaForCausalLM
+from .ops import ModelOps
 from .presets import is_preset
 
 
 def load_model(
-    model: str, arch: ModelArch, *, dtype: torch.dtype, device: str, max_positions: int, seed: int
+    model: str,
+    arch: ModelArch,
+    *,
+    dtype: torch.dtype,
+    device: str,
+    max_positions: int,
+    seed: int,
+    ops: ModelOps,
 ) -> LlamaForCausalLM:
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # build in the target dtype: no fp32 copy of an 8B model
     try:
         with torch.device(device):
-            net = LlamaForCausalLM(arch, max_positions)
+            net = LlamaForCausalLM(arch, max_positions, ops)
     finally:
         torch.set_default_dtype(default_dtype)
     if is_preset(model):

@@ -42,29 +42,11 @@ def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Ten
     return torch.where(medium, smoothed, scaled)
 
 
-class RotaryEmbedding(torch.nn.Module):
-    """Applies rotate-half (GPT-NeoX layout) rotary embeddings, as Hugging Face's Llama does."""
-
-    def __init__(
-        self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None
-    ) -> None:
-        super().__init__()
-        inv_freq = inverse_frequencies(head_dim, theta, scaling)
-        angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
-        # cos_sin: [max_positions, head_dim] = [cos | sin], kept in fp32 whatever the model dtype.
-        cache = torch.cat([angles.cos(), angles.sin()], dim=-1).float()
-        self.register_buffer("cos_sin", cache, persistent=False)
-        self.half = head_dim // 2
-
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim], positions: [tokens]
-        cos, sin = self.cos_sin[positions].unsqueeze(1).split(self.half, dim=-1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.float().split(x.shape[-1] // 2, dim=-1)
-    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-    return out.to(x.dtype)
+def rotary_table(
+    head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None
+) -> torch.Tensor:
+    """[max_positions, head_dim] fp32 = [cos | sin] of each position's rotation angles (GPT-NeoX
+    "rotate half" layout, as Hugging Face's Llama), kept in fp32 whatever the model dtype."""
+    inv_freq = inverse_frequencies(head_dim, theta, scaling)
+    angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).float()
