@@ -125,10 +125,8 @@ def shared_prefix_job(
     prefixes = random_prompts([prefix_len] * num_prefixes, seed=seed)
     prompts = []
     for prefix in prefixes:
-        firsts = rng.sample(
-            range(256), per_prefix
-        )  # distinct first suffix tokens: sharing ends here
-        for first in firsts:
+        # Distinct first suffix tokens: sharing ends exactly at the prefix.
+        for first in rng.sample(range(256), per_prefix):
             suffix = [first] + [rng.randrange(256) for _ in range(rng.randrange(2, 12))]
             prompts.append(prefix + suffix)
     rng.shuffle(prompts)
@@ -181,9 +179,8 @@ def assert_no_leak(llm: LLM) -> None:
     )
 
 
-StepRecord = list[
-    tuple[str, int, bool]
-]  # (request id, tokens computed, samples a token) per batch item
+# Per batch item of a step: (request id, tokens computed, whether it samples a token).
+StepRecord = list[tuple[str, int, bool]]
 
 
 def record_steps(llm: LLM) -> list[StepRecord]:
