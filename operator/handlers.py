@@ -20,6 +20,7 @@ from prefixgrove.operator.planner_client import (
     PlannerClient,
     PlannerRejected,
     PlannerUnavailable,
+    TlsFiles,
 )
 from prefixgrove.operator.settings import GROUP, PLURAL, VERSION, OperatorSettings
 from prefixgrove.operator.spec import BatchJobSpec, InvalidSpec
@@ -55,8 +56,11 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     # lifecycle Events are posted explicitly (kopf.event); kopf's own only for warnings and errors
     settings.posting.level = logging.WARNING
     _load_kube_config()
+    tls = TlsFiles(
+        SETTINGS.planner_tls_ca, SETTINGS.planner_tls_client_cert, SETTINGS.planner_tls_client_key
+    )
     memo.planner = PlannerClient(
-        SETTINGS.planner_address, SETTINGS.planner_token, SETTINGS.rpc_timeout_s
+        SETTINGS.planner_address, SETTINGS.planner_token, SETTINGS.rpc_timeout_s, tls
     )
     memo.core = client.CoreV1Api()
     memo.autoscaler_stop = asyncio.Event()

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import grpc
 
+from prefixgrove.planner.security import channel
+from prefixgrove.planner.settings import SecuritySettings
 from prefixgrove.proto import planner_pb2 as pb
 from prefixgrove.proto import planner_pb2_grpc as pb_grpc
 
@@ -37,6 +39,15 @@ class PlannerRejected(RuntimeError):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files for TLS to the planner; no CA means plaintext."""
+
+    ca: str = ""
+    client_cert: str = ""
+    client_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -75,10 +86,19 @@ def _view(job: pb.Job) -> JobView:
 
 
 class PlannerClient:
-    def __init__(self, address: str, token: str = "", timeout_s: float = 10.0) -> None:
-        self._channel = grpc.insecure_channel(address)
+    def __init__(
+        self, address: str, token: str = "", timeout_s: float = 10.0, tls: TlsFiles | None = None
+    ) -> None:
+        tls = tls or TlsFiles()
+        security = SecuritySettings(
+            auth_token=token or None,
+            tls_ca=tls.ca or None,
+            tls_client_cert=tls.client_cert or None,
+            tls_client_key=tls.client_key or None,
+        )
+        # the planner's own channel: TLS when a CA is given, its bearer token on every call
+        self._channel = channel(address, security)
         self._stub = pb_grpc.PlannerStub(self._channel)
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._timeout = timeout_s
 
     def close(self) -> None:
@@ -86,9 +106,7 @@ class PlannerClient:
 
     def _call(self, method: str, request: object, timeout: float | None = None) -> object:
         try:
-            return getattr(self._stub, method)(
-                request, timeout=timeout or self._timeout, metadata=self._metadata
-            )
+            return getattr(self._stub, method)(request, timeout=timeout or self._timeout)
         except grpc.RpcError as exc:
             raise _translate(exc, method) from None
 
@@ -138,7 +156,7 @@ class PlannerClient:
             try:
                 with partial.open("w", encoding="utf-8") as out:
                     for line in self._stub.StreamResults(
-                        request, timeout=max(self._timeout, 600.0), metadata=self._metadata
+                        request, timeout=max(self._timeout, 600.0)
                     ):
                         out.write(line.line + "\n")
                         count += 1

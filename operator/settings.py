@@ -20,6 +20,10 @@ class OperatorSettings:
     planner_address: str = "127.0.0.1:50051"
     # bearer token the planner asks for; empty when it runs without one
     planner_token: str = ""
+    # PEM files for TLS to the planner (a CA turns TLS on; a client pair adds mutual TLS)
+    planner_tls_ca: str = ""
+    planner_tls_client_cert: str = ""
+    planner_tls_client_key: str = ""
     rpc_timeout_s: float = 10.0
     # seconds between status refreshes of a running BatchJob
     status_interval_s: float = 5.0
@@ -44,6 +48,10 @@ class OperatorSettings:
     def __post_init__(self) -> None:
         if not self.planner_address or ":" not in self.planner_address:
             raise ValueError(f"planner_address must be host:port, got {self.planner_address!r}")
+        if bool(self.planner_tls_client_cert) != bool(self.planner_tls_client_key):
+            raise ValueError(
+                "planner_tls_client_cert and planner_tls_client_key must be given together"
+            )
         if self.groups_per_worker < 1:
             raise ValueError(f"groups_per_worker must be >= 1, got {self.groups_per_worker}")
         if self.min_workers < 0:

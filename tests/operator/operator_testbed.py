@@ -165,18 +165,25 @@ def _service_env(redis_url: str) -> dict[str, str]:
     return {**env, "PREFIXGROVE_REDIS_URL": redis_url, "PREFIXGROVE_MODEL": MODEL}
 
 
-def start_planner(redis_url: str, logs_dir: Path, token: str = "") -> tuple[Service, str]:
-    """A real planner process on a free port, answering calls; returns it and its address."""
-    from prefixgrove.operator.planner_client import PlannerClient, PlannerUnavailable
+def start_planner(
+    redis_url: str, logs_dir: Path, token: str = "", tls: dict[str, str] | None = None
+) -> tuple[Service, str]:
+    """A real planner process on a free port, answering calls; returns it and its address.
+    `tls` holds the planner's PEM files: cert, key and (for clients) ca."""
+    from prefixgrove.operator.planner_client import PlannerClient, PlannerUnavailable, TlsFiles
 
     port = free_port()
     args = cli("serve", "planner", "--host", "127.0.0.1", "--port", str(port))
     env = _service_env(redis_url)
     if token:
         env["PREFIXGROVE_AUTH_TOKEN"] = token
+    if tls:
+        env.update(PREFIXGROVE_TLS_CERT=tls["cert"], PREFIXGROVE_TLS_KEY=tls["key"])
     server = Service("planner", args, env, logs_dir)
     address = f"127.0.0.1:{port}"
-    client = PlannerClient(address, token=token, timeout_s=2.0)
+    client = PlannerClient(
+        address, token=token, timeout_s=2.0, tls=TlsFiles(ca=tls["ca"]) if tls else None
+    )
 
     def ready() -> bool:
         if not server.alive():

@@ -161,3 +161,17 @@ def test_job_status_of_failed_job_carries_the_planner_error() -> None:
     assert status["phase"] == "Failed"
     assert status["completionTime"] == "2023-11-14T22:13:20Z"
     assert status["conditions"][0]["message"] == "empty_file: no requests"
+
+
+def test_the_operator_loads_without_the_engine_stack() -> None:
+    """Its image has no torch, transformers, numpy or redis; none may be imported on the way."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "for m in ('torch', 'transformers', 'numpy', 'triton', 'redis'): sys.modules[m] = None\n"
+        "import prefixgrove.operator.handlers\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
