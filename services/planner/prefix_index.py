@@ -1,5 +1,5 @@
 """What the planner keeps of each prompt until the job is grouped: one 8-byte chained hash per whole
-KV block it could share, not its tokens (a sixteenth of the memory of int32 tokens at block size 16).
+KV block it could share, not its tokens (an eighth of the memory of int32 tokens at block size 16).
 
 Block k's hash covers the prompt's tokens [0, (k+1) * block_size): two prompts have equal hashes at
 block k exactly when they share their first k+1 blocks (blake2b, so no input can make two differ
