@@ -119,8 +119,10 @@ def submit(
         kopf.warn(body, reason="PlannerRejected", message=str(exc))
         return
     except PlannerUnavailable as exc:
+        patch.status.update({"phase": "Pending", "message": f"waiting for the planner: {exc}"})
         raise kopf.TemporaryError(str(exc), delay=SETTINGS.retry_delay_s) from None
     new = job_status(job, conditions)
+    new.setdefault("message", None)  # clears "waiting for the planner"
     new["observedGeneration"] = body.metadata.get("generation")
     new["conditions"] = with_condition(
         new.get("conditions", conditions), "Submitted", True, "Submitted", f"planner job {job.id}"

@@ -23,7 +23,7 @@ NAMESPACE = "default"
 WORKER_DEPLOYMENT = "prefixgrove-worker"
 GROUPS_PER_WORKER = 1
 MIN_WORKERS = 1
-MAX_WORKERS = 4
+MAX_WORKERS = 10
 SCALE_DOWN_WINDOW_S = 6.0
 AUTOSCALE_INTERVAL_S = 0.5
 
@@ -73,20 +73,21 @@ def cli(*args: str) -> list[str]:
 class BatchJobs:
     """kubectl on BatchJobs, as a person would use it."""
 
-    def __init__(self, kube: KubeApi) -> None:
+    def __init__(self, kube: KubeApi, namespace: str = NAMESPACE) -> None:
         self.kube = kube
+        self.namespace = namespace
 
     def apply(self, name: str, spec: dict[str, Any]) -> None:
         body = {
             "apiVersion": "prefixgrove.io/v1alpha1",
             "kind": "BatchJob",
-            "metadata": {"name": name, "namespace": NAMESPACE},
+            "metadata": {"name": name, "namespace": self.namespace},
             "spec": spec,
         }
         self.kube.kubectl("apply", "-f", "-", input=json.dumps(body))
 
     def get(self, name: str) -> dict[str, Any] | None:
-        out = self.kube.kubectl("get", "bj", name, "-n", NAMESPACE, "-o", "json", check=False)
+        out = self.kube.kubectl("get", "bj", name, "-n", self.namespace, "-o", "json", check=False)
         return json.loads(out) if out.strip() else None
 
     def status(self, name: str) -> dict[str, Any]:
@@ -101,7 +102,7 @@ class BatchJobs:
 
     def events(self, name: str) -> list[str]:
         out = self.kube.kubectl(
-            "get", "events", "-n", NAMESPACE, "-o", "json",
+            "get", "events", "-n", self.namespace, "-o", "json",
             f"--field-selector=involvedObject.name={name}",
         )  # fmt: skip
         return [event["reason"] for event in json.loads(out)["items"]]
@@ -166,13 +167,17 @@ def _service_env(redis_url: str) -> dict[str, str]:
 
 
 def start_planner(
-    redis_url: str, logs_dir: Path, token: str = "", tls: dict[str, str] | None = None
+    redis_url: str,
+    logs_dir: Path,
+    token: str = "",
+    tls: dict[str, str] | None = None,
+    port: int | None = None,
 ) -> tuple[Service, str]:
     """A real planner process on a free port, answering calls; returns it and its address.
     `tls` holds the planner's PEM files: cert, key and (for clients) ca."""
     from prefixgrove.operator.planner_client import PlannerClient, PlannerUnavailable, TlsFiles
 
-    port = free_port()
+    port = port or free_port()
     args = cli("serve", "planner", "--host", "127.0.0.1", "--port", str(port))
     env = _service_env(redis_url)
     if token:
