@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from k8s_fixtures import KubeApi
+from kubernetes import client, config
 from operator_testbed import (
     MODEL,
     NAMESPACE,
@@ -126,8 +127,12 @@ def test_operator_restart_never_submits_twice(
     kube.kubectl(
         "annotate", "bj", name, "-n", NAMESPACE, "prefixgrove.io/last-handled-configuration-"
     )
-    kube.kubectl("patch", "bj", name, "-n", NAMESPACE, "--subresource=status", "--type=merge",
-                 "-p", json.dumps({"status": {"jobId": None, "phase": None}}))  # fmt: skip
+    # the status subresource through the API (kubectl patch --subresource needs kubectl >= 1.24)
+    api = client.CustomObjectsApi(config.new_client_from_config(str(kube.kubeconfig)))
+    api.patch_namespaced_custom_object_status(
+        "prefixgrove.io", "v1alpha1", NAMESPACE, "batchjobs", name,
+        {"status": {"jobId": None, "phase": None}},
+    )  # fmt: skip
     assert "jobId" not in batchjobs.status(name)
     with KopfRunner(args, timeout=60):
         again = wait_for("the job id again", lambda: batchjobs.status(name).get("jobId"))
