@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from transformers import LlamaForCausalLM
@@ -80,5 +82,6 @@ def test_grouped_job_matches_ungrouped_in_fp32(checkpoint, mode):
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         results.append([o.outputs[0].token_ids for o in outs])
         del llm, outs  # free this engine's cache before the next one sizes its own
+        gc.collect()
     differ = [(i, a, b) for i, (a, b) in enumerate(zip(*results, strict=True)) if a != b]
     assert not differ, f"{len(differ)} of {len(prompts)} requests differ, e.g. {differ[:2]}"

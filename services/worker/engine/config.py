@@ -96,6 +96,12 @@ class EngineConfig:
                 "attention_backend='triton' on the CPU runs only under Triton's interpreter: "
                 "set TRITON_INTERPRET=1, or use attention_backend='torch'"
             )
+        head_dim = self.model.arch.head_dim
+        if head_dim & (head_dim - 1) or not 32 <= head_dim <= 256:
+            raise ValueError(
+                f"head_dim={head_dim} of {self.model.model} is not supported: the "
+                "attention kernels take a power of two from 32 to 256"
+            )
         if self.scheduler.max_num_batched_tokens < self.scheduler.max_num_seqs:
             raise ValueError(
                 f"max_num_batched_tokens={self.scheduler.max_num_batched_tokens} is below "
@@ -158,7 +164,9 @@ class EngineConfig:
             model=model_cfg,
             cache=CacheConfig(block_size, gpu_memory_utilization, num_gpu_blocks),
             scheduler=SchedulerConfig(
-                max_num_seqs, max_num_batched_tokens, num_scheduler_steps or (8 if cuda else 1)
+                max_num_seqs,
+                max_num_batched_tokens,
+                (8 if cuda else 1) if num_scheduler_steps is None else num_scheduler_steps,
             ),
             device=device,
             attention_backend=("triton" if cuda else "torch")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import numbers
 import random
 import time
 from collections.abc import Sequence as Seq
@@ -52,9 +53,11 @@ class LLMEngine:
         vocab = self.config.model.arch.vocab_size
         if len(prompt_token_ids) == 0:
             raise ValueError("prompt is empty: at least one token is needed")
-        bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        for t in prompt_token_ids:
+            if not isinstance(t, numbers.Integral):
+                raise ValueError(f"prompt token id {t!r} is not an integer")
+            if not 0 <= t < vocab:
+                raise ValueError(f"prompt token id {t} is outside the vocabulary [0, {vocab})")
         limit = self.config.model.max_model_len
         if len(prompt_token_ids) + params.max_tokens > limit:
             raise ValueError(
@@ -84,15 +87,21 @@ class LLMEngine:
         The prefix is cut to whole KV blocks and to leave every request at least one token of its own;
         if nothing worth sharing is left, the requests run on their own.
         """
+        if not requests:
+            raise ValueError(f"group {group_id!r} has no requests")
         bs = self.config.cache.block_size
         shortest = min(len(p) for _, p, _ in requests)
-        prefix_len = min(prefix_len, shortest - 1) // bs * bs
+        prefix_len = max(0, min(prefix_len, shortest - 1)) // bs * bs
         first = list(requests[0][1][:prefix_len])
-        for rid, prompt, _ in requests:
+        for rid, prompt, params in requests:  # all checked before any is queued
+            try:
+                self._check_new(rid, prompt, params)
+            except ValueError as e:
+                raise ValueError(f"request {rid!r} of group {group_id!r}: {e}") from None
             if list(prompt[:prefix_len]) != first:
                 raise ValueError(
-                    f"request {rid!r} of group {group_id!r} does not start with the group's "
-                    f"{prefix_len}-token prefix"
+                    f"request {rid!r} of group {group_id!r} does not start with the "
+                    f"group's {prefix_len}-token prefix"
                 )
         members = [self._new_sequence(rid, p, sp) for rid, p, sp in requests]
         if prefix_len == 0 or len(members) < 2:
@@ -113,6 +122,13 @@ class LLMEngine:
             m.group = group
         self.scheduler.add(group)
 
+    def _check_new(
+        self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams
+    ) -> None:
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in the engine")
+        self.validate(prompt_token_ids, params)
+
     def _new_sequence(
         self,
         request_id: str,
@@ -120,10 +136,11 @@ class LLMEngine:
         params: SamplingParams,
         prompt: str | None = None,
     ) -> Sequence:
-        if request_id in self._requests:
-            raise ValueError(f"request id {request_id!r} is already in the engine")
+        try:
+            self._check_new(request_id, prompt_token_ids, params)
+        except ValueError as e:
+            raise ValueError(f"request {request_id!r}: {e}") from None
         ids = [int(t) for t in prompt_token_ids]
-        self.validate(ids, params)
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
         seq = Sequence(self._take_id(), request_id, ids, params, seed, prompt=prompt)
         self._requests[request_id] = seq

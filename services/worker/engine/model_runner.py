@@ -26,6 +26,7 @@ from .sequence import Sequence
 logger = logging.getLogger(__name__)
 
 _CPU_DEFAULT_CACHE_TOKENS = 65536
+_GRAPH_HEADROOM = 2 << 30  # bytes left free for CUDA graphs' pool and allocator slack
 StepResult = tuple[
     list[ScheduledSeq], np.ndarray
 ]  # rows in batch order, one host row per sampled seq
@@ -38,6 +39,8 @@ class ModelRunner:
         arch, s = config.model.arch, config.scheduler
         # A decode window may run a few tokens past a request's end before the CPU sees it stop.
         self.max_positions = config.model.max_model_len + s.num_scheduler_steps
+        cuda = self.device.type == "cuda"
+        self._baseline = torch.cuda.memory_allocated(self.device) if cuda else 0
         self.model = load_model(
             config.model.model,
             arch,
@@ -59,7 +62,6 @@ class ModelRunner:
         self.sampler = Sampler(arch.vocab_size, self.device)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.graphs: DecodeGraphs | None = None
-        cuda = self.device.type == "cuda"
         self._copy_stream = torch.cuda.Stream(self.device) if cuda else None
 
     # -- memory -----------------------------------------------------------------------------------------
@@ -104,8 +106,13 @@ class ModelRunner:
         self.kv_caches = []
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
-        used_by_others = total - free - torch.cuda.memory_allocated(self.device)
-        budget = total * self.config.cache.gpu_memory_utilization - peak - used_by_others
+        # This engine may use its share of the device (gpu_memory_utilization, vLLM's meaning) minus its
+        # own peak; memory others hold (other engines in this process, other processes) is not ours to
+        # count, but the cache must still fit in what is free, with room for the decode graphs.
+        own_peak = peak - self._baseline
+        budget = min(
+            total * self.config.cache.gpu_memory_utilization - own_peak, free - _GRAPH_HEADROOM
+        )
         num_blocks = int(budget // self.bytes_per_block)
         if num_blocks < 2:
             raise RuntimeError(

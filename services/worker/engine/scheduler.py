@@ -138,9 +138,16 @@ class Scheduler:
         return seq.group is not None and seq.group.state is GroupState.READY
 
     def _group_blocks(self, group: Group) -> int:
+        """Blocks a new group needs before it starts: its prefix and a first wave of its requests' own
+        blocks; the wave shrinks (to one request at least) where the whole cache could not hold it."""
         prefix = self.blocks.blocks_for(group.prefix_len)
-        wave = group.pending[: self.config.first_wave]
-        return prefix + sum(self.blocks.blocks_for(m.num_tokens + 1) - prefix for m in wave)
+        need = prefix
+        for i, member in enumerate(group.pending[: self.config.first_wave]):
+            own = self.blocks.blocks_for(member.num_tokens + 1) - prefix
+            if i and need + own > self.blocks.num_usable:
+                break
+            need += own
+        return need
 
     def _fits(self, num_blocks: int) -> bool:
         # Keep a small reserve so running requests can grow before anyone must be preempted; with nothing
