@@ -55,6 +55,9 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     )
     # lifecycle Events are posted explicitly (kopf.event); kopf's own only for warnings and errors
     settings.posting.level = logging.WARNING
+    # a watch the API server ends now and then is re-opened; one that silently hangs never would be
+    settings.watching.server_timeout = 600
+    settings.watching.client_timeout = 660
     _load_kube_config()
     tls = TlsFiles(
         SETTINGS.planner_tls_ca, SETTINGS.planner_tls_client_cert, SETTINGS.planner_tls_client_key
