@@ -1,20 +1,9 @@
-"""Engine tests run on the CPU in fp32; the Triton backend runs in Triton's interpreter."""
+"""Engine tests run on the CPU in fp32; the Triton backend runs in Triton's interpreter (switched on in
+tests/conftest.py)."""
 
-import importlib
-import os
-import sys
-
-# NOTE: must happen before triton is imported anywhere; kernel modules that another test folder imported
-# first were decorated for the GPU, so they are reloaded under the interpreter.
-os.environ.setdefault("TRITON_INTERPRET", "1")
-for _name in ("merge_states", "paged_attention", "cascade_attention"):
-    _module = sys.modules.get(f"prefixgrove.kernels.{_name}")
-    if _module is not None:
-        importlib.reload(_module)
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from engine_checkpoints import save_checkpoint  # noqa: E402
+import pytest
+import torch
+from engine_checkpoints import save_checkpoint
 
 
 @pytest.fixture(scope="module", autouse=True)
