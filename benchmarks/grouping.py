@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict
 
 import numpy as np
+
 from prefixgrove.planner.grouping import GroupingConfig, GroupingResult, group_prompts
 
 VOCAB = 128_256

@@ -25,8 +25,11 @@ MODE_LABELS = {
 
 
 def plot_modes() -> None:
-    records = [json.loads(line) for line in (RESULTS / "batchllm.jsonl").read_text().splitlines()
-               if line.strip()]
+    records = [
+        json.loads(line)
+        for line in (RESULTS / "batchllm.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
     by_size: dict[int, list[dict]] = defaultdict(list)
     for r in records:
         by_size[r["requests"]].append(r)
@@ -39,11 +42,15 @@ def plot_modes() -> None:
         ys = [values[m] for m in modes if m in values]
         bars = ax.bar(xs, ys, width, label=f"{size:,} requests")
         ax.bar_label(bars, fmt="%.1f", fontsize=8)
-    ax.set_xticks([j + width * (len(by_size) - 1) / 2 for j in range(len(modes))],
-                  [MODE_LABELS[m] for m in modes])
+    ax.set_xticks(
+        [j + width * (len(by_size) - 1) / 2 for j in range(len(modes))],
+        [MODE_LABELS[m] for m in modes],
+    )
     ax.set_ylabel("requests / s")
     device = records[0]["device"]
-    ax.set_title(f"Canonical shared-prefix workload, Llama-3.1-8B shapes, bf16 ({device})", fontsize=9)
+    ax.set_title(
+        f"Canonical shared-prefix workload, Llama-3.1-8B shapes, bf16 ({device})", fontsize=9
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(DOCS / "batchllm_modes.png", dpi=120)
@@ -58,8 +65,12 @@ def plot_kernels() -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for prefix_len, points in sorted(by_len.items()):
         points.sort()
-        ax.plot([d for d, _ in points], [s for _, s in points], marker="o",
-                label=f"{prefix_len:,}-token prefix")
+        ax.plot(
+            [d for d, _ in points],
+            [s for _, s in points],
+            marker="o",
+            label=f"{prefix_len:,}-token prefix",
+        )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("requests sharing a prefix (degree)")
     ax.set_ylabel("speed-up of cascade over plain paged attention")

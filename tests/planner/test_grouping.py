@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pytest
+
 from prefixgrove.planner.grouping import GroupingConfig, GroupingResult, group_prompts
 
 
