@@ -77,6 +77,8 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
         "decode_steps": m.decode_steps,
         "decode_seconds": round(m.decode_seconds, 2),
         "mixed_seconds": round(m.mixed_seconds, 2),
+        "host_seconds": round(m.host_seconds, 2),
+        "intake_seconds": round(m.intake_seconds, 2),
         "num_scheduler_steps": llm.config.scheduler.num_scheduler_steps,
         "peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
     }

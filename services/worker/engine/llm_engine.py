@@ -48,27 +48,37 @@ class LLMEngine:
 
     # -- intake -----------------------------------------------------------------------------------------
 
-    def validate(self, prompt_token_ids: Seq[int], params: SamplingParams) -> None:
-        """Raises ValueError naming the problem; nothing is queued."""
-        vocab = self.config.model.arch.vocab_size
-        if len(prompt_token_ids) == 0:
-            raise ValueError("prompt is empty: at least one token is needed")
-        for t in prompt_token_ids:
-            if not isinstance(t, numbers.Integral):
-                raise ValueError(f"prompt token id {t!r} is not an integer")
-            if not 0 <= t < vocab:
-                raise ValueError(f"prompt token id {t} is outside the vocabulary [0, {vocab})")
+    def validate(self, prompt_token_ids: Seq[int], params: SamplingParams) -> list[int]:
+        """Raises ValueError naming the problem (nothing is queued); returns the ids as Python ints."""
+        ids = self._token_ids(prompt_token_ids)
         limit = self.config.model.max_model_len
-        if len(prompt_token_ids) + params.max_tokens > limit:
+        if len(ids) + params.max_tokens > limit:
             raise ValueError(
-                f"prompt of {len(prompt_token_ids)} tokens + max_tokens={params.max_tokens} "
+                f"prompt of {len(ids)} tokens + max_tokens={params.max_tokens} "
                 f"exceeds max_model_len={limit}"
             )
-        need = self.blocks.blocks_for(len(prompt_token_ids) + params.max_tokens)
+        need = self.blocks.blocks_for(len(ids) + params.max_tokens)
         if need > self.blocks.num_usable:
             raise ValueError(
                 f"request needs {need} KV blocks but the cache holds {self.blocks.num_usable}"
             )
+        return ids
+
+    def _token_ids(self, prompt_token_ids: Seq[int]) -> list[int]:
+        # One vectorised pass (a job holds millions of tokens); the slow loop only runs to name a culprit.
+        vocab = self.config.model.arch.vocab_size
+        if len(prompt_token_ids) == 0:
+            raise ValueError("prompt is empty: at least one token is needed")
+        arr = np.asarray(prompt_token_ids) if not isinstance(prompt_token_ids, str) else None
+        if arr is None or arr.ndim != 1 or arr.dtype.kind not in "iu":
+            for t in prompt_token_ids:
+                if not isinstance(t, numbers.Integral) or isinstance(t, bool):
+                    raise ValueError(f"prompt token id {t!r} is not an integer")
+            raise ValueError("prompt token ids must be a flat list of integers")
+        if arr.min() < 0 or arr.max() >= vocab:
+            bad = next(t for t in arr.tolist() if not 0 <= t < vocab)
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        return arr.tolist()
 
     def add_request(
         self,
@@ -77,7 +87,13 @@ class LLMEngine:
         params: SamplingParams,
         prompt: str | None = None,
     ) -> None:
-        self.scheduler.add(self._new_sequence(request_id, prompt_token_ids, params, prompt))
+        begin = time.perf_counter()
+        try:
+            ids = self._check_new(request_id, prompt_token_ids, params)
+        except ValueError as e:
+            raise ValueError(f"request {request_id!r}: {e}") from None
+        self.scheduler.add(self._new_sequence(request_id, ids, params, prompt))
+        self.metrics.intake_seconds += time.perf_counter() - begin
 
     def add_group(
         self, group_id: str, prefix_len: int, requests: Seq[tuple[str, Seq[int], SamplingParams]]
@@ -85,25 +101,35 @@ class LLMEngine:
         """Adds requests whose prompts share their first prefix_len tokens, computed once for all.
 
         The prefix is cut to whole KV blocks and to leave every request at least one token of its own;
-        if nothing worth sharing is left, the requests run on their own.
+        if nothing worth sharing is left, the requests run on their own. Every request is checked
+        before any is queued.
         """
+        begin = time.perf_counter()
+        self._add_group(group_id, prefix_len, requests)
+        self.metrics.intake_seconds += time.perf_counter() - begin
+
+    def _add_group(
+        self, group_id: str, prefix_len: int, requests: Seq[tuple[str, Seq[int], SamplingParams]]
+    ) -> None:
         if not requests:
             raise ValueError(f"group {group_id!r} has no requests")
-        bs = self.config.cache.block_size
-        shortest = min(len(p) for _, p, _ in requests)
-        prefix_len = max(0, min(prefix_len, shortest - 1)) // bs * bs
-        first = list(requests[0][1][:prefix_len])
-        for rid, prompt, params in requests:  # all checked before any is queued
+        checked = []
+        for rid, prompt, params in requests:
             try:
-                self._check_new(rid, prompt, params)
+                checked.append((rid, self._check_new(rid, prompt, params), params))
             except ValueError as e:
                 raise ValueError(f"request {rid!r} of group {group_id!r}: {e}") from None
-            if list(prompt[:prefix_len]) != first:
+        bs = self.config.cache.block_size
+        shortest = min(len(ids) for _, ids, _ in checked)
+        prefix_len = max(0, min(prefix_len, shortest - 1)) // bs * bs
+        first = checked[0][1][:prefix_len]
+        for rid, ids, _ in checked:
+            if ids[:prefix_len] != first:
                 raise ValueError(
                     f"request {rid!r} of group {group_id!r} does not start with the "
                     f"group's {prefix_len}-token prefix"
                 )
-        members = [self._new_sequence(rid, p, sp) for rid, p, sp in requests]
+        members = [self._new_sequence(rid, ids, sp) for rid, ids, sp in checked]
         if prefix_len == 0 or len(members) < 2:
             for m in members:
                 self.scheduler.add(m)
@@ -124,23 +150,14 @@ class LLMEngine:
 
     def _check_new(
         self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams
-    ) -> None:
+    ) -> list[int]:
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
-        self.validate(prompt_token_ids, params)
+        return self.validate(prompt_token_ids, params)
 
     def _new_sequence(
-        self,
-        request_id: str,
-        prompt_token_ids: Seq[int],
-        params: SamplingParams,
-        prompt: str | None = None,
+        self, request_id: str, ids: list[int], params: SamplingParams, prompt: str | None = None
     ) -> Sequence:
-        try:
-            self._check_new(request_id, prompt_token_ids, params)
-        except ValueError as e:
-            raise ValueError(f"request {request_id!r}: {e}") from None
-        ids = [int(t) for t in prompt_token_ids]
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
         seq = Sequence(self._take_id(), request_id, ids, params, seed, prompt=prompt)
         self._requests[request_id] = seq
@@ -164,9 +181,11 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Runs one scheduled step, or a window of decode steps; returns the requests that finished."""
+        begin = time.perf_counter()
         out = self.scheduler.schedule()
         self.metrics.preemptions = self.scheduler.num_preemptions
         if not out.batch:
+            self.metrics.host_seconds += time.perf_counter() - begin
             return []
         steps = self._window(out)
         start = time.perf_counter()
@@ -185,13 +204,15 @@ class LLMEngine:
                 self.scheduler.complete_chunk(item)
                 if row is not None and self._append_token(item.seq, row):
                     finished.append(item.seq)
-        self._time_step(out, steps, time.perf_counter() - start)
+        end = time.perf_counter()
+        self._time_step(out, steps, end - start)
         outputs = []
         for seq in finished:
             self.scheduler.finish(seq)
             self._requests.pop(seq.request_id, None)
             self.metrics.requests_finished += 1
             outputs.append(self._output(seq))
+        self.metrics.host_seconds += time.perf_counter() - end + start - begin
         return outputs
 
     def _window(self, out: SchedulerOutput) -> int:

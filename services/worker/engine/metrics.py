@@ -24,6 +24,10 @@ class EngineMetrics:
         0  # KV entries attended over all decode-only steps (for bandwidth figures)
     )
     mixed_seconds: float = 0.0  # wall time of steps with prefill work
+    host_seconds: float = (
+        0.0  # CPU-only time between steps: scheduling, stop checks, finishing requests
+    )
+    intake_seconds: float = 0.0  # validating and queueing requests (add_request / add_group)
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
