@@ -72,6 +72,8 @@ def plot_kernels() -> None:
             label=f"{prefix_len:,}-token prefix",
         )
     ax.set_xscale("log", base=2)
+    degrees = sorted({d for points in by_len.values() for d, _ in points})
+    ax.set_xticks(degrees, [str(d) for d in degrees])
     ax.set_xlabel("requests sharing a prefix (degree)")
     ax.set_ylabel("speed-up of cascade over plain paged attention")
     ax.axhline(1.0, color="grey", linewidth=0.8)
