@@ -64,7 +64,8 @@ def build_server(
 
 def _start_housekeeping(service: PlannerService) -> None:
     def loop() -> None:
-        while not time.sleep(_HEARTBEAT_TTL_S / 3):
+        while True:
+            time.sleep(_HEARTBEAT_TTL_S / 3)
             try:
                 service.heartbeat(_HEARTBEAT_TTL_S)
                 service.recover()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -41,7 +42,7 @@ class DecodeGraphs:
         self.sizes = batch_size_ladder(max_seqs)
         self.variants = (False, True) if cascade else (False,)
         self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self._pool = None
+        self._pool: Any = None  # the graphs' shared memory pool, from the first capture
         self._last: tuple[int, bool] | None = None
 
     @staticmethod

@@ -60,7 +60,8 @@ class LLM:
         return self._run(request_ids, use_tqdm)
 
     def _tokenize(self, prompts: Seq[Prompt]) -> tuple[list[str | None], list[list[int]]]:
-        texts, ids = [], []
+        texts: list[str | None] = []
+        ids: list[list[int]] = []
         tokenizer = self.engine.tokenizer
         for i, p in enumerate(prompts):
             if isinstance(p, str):

@@ -102,8 +102,10 @@ class Scheduler:
                 item.state = GroupState.COMPUTING
                 seq = item.prefix_seq
             else:
-                seq = item
-                shared = item.group.prefix_blocks if self._joins_group(item) else []
+                seq, group = item, item.group
+                shared = (
+                    group.prefix_blocks if group is not None and self._joins_group(item) else []
+                )
                 need = self.blocks.blocks_for(seq.num_tokens + 1) - len(shared)
                 if not self._fits(need):
                     break
@@ -112,7 +114,7 @@ class Scheduler:
                     self.blocks.share(shared)
                     seq.block_table = list(shared)
                     seq.num_shared_blocks = len(shared)
-                    seq.num_computed_tokens = seq.num_cached_tokens = item.group.prefix_len
+                    seq.num_computed_tokens = seq.num_cached_tokens = group.prefix_len  # type: ignore[union-attr]
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             n = self._fit(seq, min(seq.num_uncomputed, budget))

@@ -22,7 +22,8 @@ _LLAMA3_ROPE = {
 
 
 def _tiny_random_llama() -> LlamaConfig:
-    return LlamaConfig(
+    # rope_theta / rope_scaling travel through LlamaConfig's **kwargs in transformers 5
+    return LlamaConfig(  # type: ignore[call-arg]
         vocab_size=VOCAB_SIZE,
         hidden_size=128,
         intermediate_size=256,
@@ -42,7 +43,8 @@ def _tiny_random_llama() -> LlamaConfig:
 
 
 def _llama_31_8b_random() -> LlamaConfig:
-    return LlamaConfig(
+    # rope_theta / rope_scaling travel through LlamaConfig's **kwargs in transformers 5
+    return LlamaConfig(  # type: ignore[call-arg]
         vocab_size=128256,
         hidden_size=4096,
         intermediate_size=14336,
