@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
+import statistics
 import sys
 import time
+import types
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # Ceilings measured on the lent H100 (see ../shared FACTS and benchmarks/RESULTS.md): dense bf16 matmul and
 # device-to-device copy bandwidth (bytes read + written).
@@ -52,3 +59,51 @@ def timed(fn: Any) -> tuple[Any, float]:
 def emit(record: dict[str, Any]) -> None:
     print(json.dumps(record), flush=True)
     sys.stdout.flush()
+
+
+def ensure_prefixgrove() -> None:
+    """Imports the package from this checkout when it is not installed."""
+    try:
+        import prefixgrove.kernels.cascade_attention  # noqa: F401
+
+        return
+    except ImportError:
+        pass
+    for name in [n for n in sys.modules if n == "prefixgrove" or n.startswith("prefixgrove.")]:
+        del sys.modules[name]
+    services = ROOT / "services"
+    spec = importlib.util.spec_from_file_location(
+        "prefixgrove", services / "__init__.py", submodule_search_locations=[str(services)]
+    )
+    assert spec is not None and spec.loader is not None
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["prefixgrove"] = package
+    spec.loader.exec_module(package)
+    if not (services / "kernels").is_dir():  # the link may be lost in a copy
+        kernels = types.ModuleType("prefixgrove.kernels")
+        kernels.__path__ = [str(ROOT / "kernels")]
+        sys.modules["prefixgrove.kernels"] = kernels
+
+
+def as_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
+    fn()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def median_us(fn: Callable[[], Any], device: str, use_graph: bool) -> float:
+    if device == "cpu":  # interpreter smoke run: wall time
+        times = []
+        for _ in range(2):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1e6
+    run = as_graph(fn) if use_graph else fn
+    import triton
+
+    result = triton.testing.do_bench(run, warmup=25, rep=200, quantiles=[0.5])
+    return float(result[0] if isinstance(result, list | tuple) else result) * 1e3

@@ -15,50 +15,21 @@ the GB/s that makes, the cascade's speedup, and its largest difference from the 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import platform
-import statistics
 import sys
-import time
 import traceback
-import types
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import triton
 
-ROOT = Path(__file__).resolve().parents[1]
+from _common import ensure_prefixgrove, median_us
 
+ensure_prefixgrove()
 
-def _ensure_prefixgrove() -> None:
-    """Imports the package from this checkout when it is not installed."""
-    try:
-        import prefixgrove.kernels.cascade_attention  # noqa: F401
-
-        return
-    except ImportError:
-        pass
-    for name in [n for n in sys.modules if n == "prefixgrove" or n.startswith("prefixgrove.")]:
-        del sys.modules[name]
-    services = ROOT / "services"
-    spec = importlib.util.spec_from_file_location(
-        "prefixgrove", services / "__init__.py", submodule_search_locations=[str(services)]
-    )
-    assert spec is not None and spec.loader is not None
-    package = importlib.util.module_from_spec(spec)
-    sys.modules["prefixgrove"] = package
-    spec.loader.exec_module(package)
-    if not (services / "kernels").is_dir():  # the link may be lost in a copy
-        kernels = types.ModuleType("prefixgrove.kernels")
-        kernels.__path__ = [str(ROOT / "kernels")]
-        sys.modules["prefixgrove.kernels"] = kernels
-
-
-_ensure_prefixgrove()
 
 from prefixgrove.kernels.cascade_attention import prefix_attention  # noqa: E402
 from prefixgrove.kernels.paged_attention import paged_attention  # noqa: E402
@@ -153,28 +124,6 @@ class Workload:
     def cascade(self) -> None:
         self.prefix_pass()
         self.suffix_pass()
-
-
-def as_graph(fn: Callable[[], None]) -> Callable[[], None]:
-    fn()  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
-def median_us(fn: Callable[[], None], device: str, use_graph: bool) -> float:
-    if device == "cpu":  # interpreter smoke run: wall time
-        times = []
-        for _ in range(2):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times) * 1e6
-    run = as_graph(fn) if use_graph else fn
-    result = triton.testing.do_bench(run, warmup=25, rep=200, quantiles=[0.5])
-    return float(result[0] if isinstance(result, list | tuple) else result) * 1e3
 
 
 def measure(args: argparse.Namespace, degree: int, prefix_len: int) -> dict[str, Any]:

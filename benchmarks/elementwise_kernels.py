@@ -14,38 +14,19 @@ the speedup, and the largest difference between the paths.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import platform
-import statistics
 import sys
-import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 import triton
 
-ROOT = Path(__file__).resolve().parents[1]
+from _common import ensure_prefixgrove, median_us
 
+ensure_prefixgrove()
 
-def _ensure_prefixgrove() -> None:
-    """Imports the package from this checkout when it is not installed."""
-    if importlib.util.find_spec("prefixgrove") is not None:
-        return
-    services = ROOT / "services"
-    spec = importlib.util.spec_from_file_location(
-        "prefixgrove", services / "__init__.py", submodule_search_locations=[str(services)]
-    )
-    assert spec is not None and spec.loader is not None
-    package = importlib.util.module_from_spec(spec)
-    sys.modules["prefixgrove"] = package
-    spec.loader.exec_module(package)
-
-
-_ensure_prefixgrove()
 
 from prefixgrove.kernels.activation import silu_and_mul  # noqa: E402
 from prefixgrove.kernels.rmsnorm import rms_norm  # noqa: E402
@@ -149,28 +130,6 @@ def operations(args: argparse.Namespace, tokens: int) -> list[dict[str, Any]]:
             "bytes": 3 * tokens * args.intermediate * size,
         },
     ]
-
-
-def as_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
-    fn()  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
-def median_us(fn: Callable[[], Any], device: str, use_graph: bool) -> float:
-    if device == "cpu":  # interpreter smoke run: wall time
-        times = []
-        for _ in range(2):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times) * 1e6
-    run = as_graph(fn) if use_graph else fn
-    result = triton.testing.do_bench(run, warmup=25, rep=200, quantiles=[0.5])
-    return float(result[0] if isinstance(result, list | tuple) else result) * 1e3
 
 
 def max_difference(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> float:
