@@ -97,7 +97,13 @@ class LLM:
     def _group(self, token_ids: list[list[int]]) -> Any:
         from prefixgrove.planner.grouping import GroupingConfig, group_prompts
 
-        return group_prompts(token_ids, GroupingConfig(block_size=self.config.cache.block_size))
+        block_size = self.config.cache.block_size
+        # No group may need more than the whole cache: a bigger one is split into groups of one prefix.
+        capacity = self.engine.blocks.num_usable * block_size
+        config = GroupingConfig(
+            block_size=block_size, max_group_tokens=max(capacity, 4 * block_size)
+        )
+        return group_prompts(token_ids, config)
 
     def _submit(
         self,
