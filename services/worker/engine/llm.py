@@ -100,9 +100,10 @@ class LLM:
         block_size = self.config.cache.block_size
         # No group may need more than the whole cache: a bigger one is split into groups of one prefix.
         capacity = self.engine.blocks.num_usable * block_size
-        config = GroupingConfig(
-            block_size=block_size, max_group_tokens=max(capacity, 4 * block_size)
-        )
+        smallest = (
+            GroupingConfig(block_size=block_size).min_shared_len + 2
+        )  # what the config accepts
+        config = GroupingConfig(block_size=block_size, max_group_tokens=max(capacity, smallest))
         return group_prompts(token_ids, config)
 
     def _submit(
