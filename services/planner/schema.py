@@ -12,6 +12,7 @@ Layout (prefix `pg:`):
   pg:job:{id}:done        set of group ids finished (or dropped by a cancel)
   pg:queue:{model}        stream of {job, group}; consumer group `workers`
   pg:models               set of models that have a queue
+  pg:active:{model}       set of job ids of a model queued and not yet known to be finished
   pg:ingesting            hash: job id -> planner instance streaming its input in
   pg:planner:{instance}   a live planner's heartbeat (expires when it stops)
 """
@@ -96,6 +97,10 @@ def queue_key(model: str) -> str:
     return f"{PREFIX}queue:{model}"
 
 
+def active_key(model: str) -> str:
+    return f"{PREFIX}active:{model}"
+
+
 @dataclass
 class JobRecord:
     id: str
@@ -110,6 +115,7 @@ class JobRecord:
     prefix_tokens_saved: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    retention_s: int = 0  # a finished job's keys expire this long after it finished; 0: never
     created_at: float = 0.0
     in_progress_at: float = 0.0
     finished_at: float = 0.0
@@ -127,7 +133,7 @@ class JobRecord:
     def decode(cls, raw: dict[bytes, bytes] | dict[str, str]) -> JobRecord:
         h = {_s(k): _s(v) for k, v in raw.items()}
         ints = ("total", "completed", "failed", "groups_total", "groups_done",
-                "prefix_tokens_saved", "prompt_tokens", "completion_tokens")  # fmt: skip
+                "prefix_tokens_saved", "prompt_tokens", "completion_tokens", "retention_s")  # fmt: skip
         floats = ("created_at", "in_progress_at", "finished_at")
         numbers: dict[str, Any] = {k: int(h.get(k) or 0) for k in ints}
         numbers.update({k: float(h.get(k) or 0.0) for k in floats})
@@ -200,62 +206,123 @@ def _s(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-# KEYS: results, job. ARGV: now, then (index, blob, failed 0|1, completion_tokens) per result.
+# Every script below takes KEYS = JobKeys(id).all(): job, req, grp, res, leased, done. Each ends in
+# retain(): once the job is terminal, every key it owns that has no TTL yet gets the job's retention
+# (a key created after the job finished, e.g. a late result, gets it too).
+# NOTE: the idempotency key is found through the job hash, so it is not among KEYS (one Redis, not
+# a cluster).
+_RETAIN = """
+local function retain()
+  local h = redis.call('HMGET', KEYS[1], 'state', 'retention_s', 'idempotency_key', 'id')
+  local ttl = tonumber(h[2] or '0') or 0
+  if ttl <= 0 or (h[1] ~= 'completed' and h[1] ~= 'failed' and h[1] ~= 'cancelled') then return end
+  local keys = {KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]}
+  if h[3] and h[3] ~= '' then
+    local idem = '{prefix}idem:' .. h[3]
+    if redis.call('GET', idem) == h[4] then table.insert(keys, idem) end
+  end
+  for _, key in ipairs(keys) do
+    if redis.call('TTL', key) == -1 then redis.call('EXPIRE', key, ttl) end
+  end
+end
+""".replace("{prefix}", PREFIX)
+
+# ARGV: now, then (index, blob, failed 0|1, completion_tokens) per result.
 # A result already written is left as it was and moves no counter.
-WRITE_RESULTS = """
+WRITE_RESULTS = (
+    _RETAIN
+    + """
 local written, completed, failed, tokens = 0, 0, 0, 0
 for i = 2, #ARGV, 4 do
-  if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 then
+  if redis.call('HSETNX', KEYS[4], ARGV[i], ARGV[i + 1]) == 1 then
     written = written + 1
     if ARGV[i + 2] == '1' then failed = failed + 1 else completed = completed + 1 end
     tokens = tokens + tonumber(ARGV[i + 3])
   end
 end
 if written > 0 then
-  redis.call('HINCRBY', KEYS[2], 'completed', completed)
-  redis.call('HINCRBY', KEYS[2], 'failed', failed)
-  redis.call('HINCRBY', KEYS[2], 'completion_tokens', tokens)
+  redis.call('HINCRBY', KEYS[1], 'completed', completed)
+  redis.call('HINCRBY', KEYS[1], 'failed', failed)
+  redis.call('HINCRBY', KEYS[1], 'completion_tokens', tokens)
 end
-local h = redis.call('HMGET', KEYS[2], 'state', 'total', 'completed', 'failed')
+local h = redis.call('HMGET', KEYS[1], 'state', 'total', 'completed', 'failed')
 if h[1] == 'in_progress' and tonumber(h[3]) + tonumber(h[4]) >= tonumber(h[2]) then
-  redis.call('HSET', KEYS[2], 'state', 'completed', 'finished_at', ARGV[1])
+  redis.call('HSET', KEYS[1], 'state', 'completed', 'finished_at', ARGV[1])
 end
+retain()
 return written
 """
+)
 
-# KEYS: done, leased, job. ARGV: group id, now. Returns 1 the first time a group finishes.
-FINISH_GROUP = """
-local first = redis.call('SADD', KEYS[1], ARGV[1])
-if first == 1 then redis.call('HINCRBY', KEYS[3], 'groups_done', 1) end
-redis.call('SREM', KEYS[2], ARGV[1])
-if redis.call('HGET', KEYS[3], 'state') == 'cancelling' and redis.call('SCARD', KEYS[2]) == 0 then
-  redis.call('HSET', KEYS[3], 'state', 'cancelled', 'finished_at', ARGV[2])
+# ARGV: group id, now. Returns 1 the first time a group finishes.
+FINISH_GROUP = (
+    _RETAIN
+    + """
+local first = redis.call('SADD', KEYS[6], ARGV[1])
+if first == 1 then redis.call('HINCRBY', KEYS[1], 'groups_done', 1) end
+redis.call('SREM', KEYS[5], ARGV[1])
+if redis.call('HGET', KEYS[1], 'state') == 'cancelling' and redis.call('SCARD', KEYS[5]) == 0 then
+  redis.call('HSET', KEYS[1], 'state', 'cancelled', 'finished_at', ARGV[2])
 end
+retain()
 return first
 """
+)
 
-# KEYS: job, leased. ARGV: now. Returns the state after the call.
-CANCEL = """
+# ARGV: group id. A worker holds the group now (taken before it reads the job's state).
+MARK_LEASED = (
+    _RETAIN
+    + """
+redis.call('SADD', KEYS[5], ARGV[1])
+retain()
+return 1
+"""
+)
+
+# ARGV: now. Returns the state after the call.
+CANCEL = (
+    _RETAIN
+    + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == 'validating' or state == 'in_progress' then
   state = 'cancelling'
   redis.call('HSET', KEYS[1], 'state', state)
 end
-if state == 'cancelling' and redis.call('SCARD', KEYS[2]) == 0 then
+if state == 'cancelling' and redis.call('SCARD', KEYS[5]) == 0 then
   state = 'cancelled'
   redis.call('HSET', KEYS[1], 'state', state, 'finished_at', ARGV[1])
 end
+retain()
 return state
 """
+)
 
-# KEYS: job. ARGV: now. Moves a validating job to in_progress, or straight to completed when every
+# ARGV: error code, message, now.
+FAIL = (
+    _RETAIN
+    + """
+redis.call('HSET', KEYS[1], 'state', 'failed', 'error_code', ARGV[1], 'error_message', ARGV[2],
+           'finished_at', ARGV[3])
+retain()
+return 'failed'
+"""
+)
+
+# ARGV: now. Moves a validating job to in_progress, or straight to completed when every
 # request is already answered (all invalid). Returns the state after the call.
-START = """
+START = (
+    _RETAIN
+    + """
 local h = redis.call('HMGET', KEYS[1], 'state', 'total', 'completed', 'failed')
-if h[1] ~= 'validating' then return h[1] end
+if h[1] ~= 'validating' then
+  retain()
+  return h[1]
+end
 local state = 'in_progress'
 if tonumber(h[3]) + tonumber(h[4]) >= tonumber(h[2]) then state = 'completed' end
 redis.call('HSET', KEYS[1], 'state', state, 'in_progress_at', ARGV[1])
 if state == 'completed' then redis.call('HSET', KEYS[1], 'finished_at', ARGV[1]) end
+retain()
 return state
 """
+)

@@ -12,11 +12,12 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from prefixgrove.planner.connection import connect
 from prefixgrove.planner.metrics import PlannerMetrics
 from prefixgrove.planner.security import BearerTokenInterceptor, server_credentials
 from prefixgrove.planner.service import PlannerService
 from prefixgrove.planner.settings import IngestSettings, PlannerSettings, SecuritySettings
-from prefixgrove.planner.store import JobStore, connect
+from prefixgrove.planner.store import JobStore
 from prefixgrove.proto import planner_pb2, planner_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ def build_server(
 ) -> tuple[grpc.Server, int, PlannerService]:
     """A started server and the port it listens on (port 0 picks a free one)."""
     metrics = PlannerMetrics()
-    store = JobStore(connect(planner.redis_url))
+    store = JobStore(connect(planner.redis_url), retention_s=planner.job_retention_s)
     service = PlannerService(store, planner.model, ingest, metrics)
     service.heartbeat(_HEARTBEAT_TTL_S)
     service.recover()

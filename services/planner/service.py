@@ -87,6 +87,7 @@ class PlannerService(pb_grpc.PlannerServicer):
                 self.store.fail_job(job_id, "ingest_interrupted", message)
                 log.warning("job %s failed: its planner stopped during the upload", job_id)
             self.store.release_ingest(job_id)
+        self.store.index_active_jobs()
         self.store.trim_queues()
 
     # --- jobs -------------------------------------------------------------------------------

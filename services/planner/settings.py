@@ -65,11 +65,16 @@ class PlannerSettings:
     model: str = "tiny-random-llama"
     metrics_port: int = 0  # 0: no Prometheus endpoint
     max_message_bytes: int = 64 << 20
+    job_retention_s: int = 7 * 24 * 3600  # a finished job's keys expire after this; 0: kept
 
     def __post_init__(self) -> None:
         _port(self, "port")
         _port(self, "metrics_port")
         _positive(self, "max_message_bytes")
+        if self.job_retention_s < 0:
+            raise ValueError(
+                f"job_retention_s={self.job_retention_s} is invalid: expected >= 0 (0 keeps jobs)"
+            )
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,8 @@ class WorkerSettings:
     drain_timeout_s: float = (
         120.0  # on SIGTERM: finish groups in flight for this long, then give back
     )
+    # on SIGTERM while Redis does not answer: give back what can be, then exit within about this
+    stop_timeout_s: float = 10.0
     max_model_len: int | None = None  # None: the engine's default for the model and device
     metrics_port: int = 0
     seed: int = 0
@@ -97,6 +104,7 @@ class WorkerSettings:
             raise ValueError(f"lease_timeout_s={self.lease_timeout_s} is invalid: expected >= 1")
         _positive(self, "max_groups_in_flight")
         _positive(self, "max_num_seqs")
+        _positive(self, "stop_timeout_s")
         _port(self, "metrics_port")
 
     @property

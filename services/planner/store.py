@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
 
 from prefixgrove.planner import schema
 from prefixgrove.planner.ingest import IngestedBatch, JobPlan
@@ -18,19 +16,6 @@ from prefixgrove.planner.requests import RequestError
 from prefixgrove.planner.schema import GroupRecord, JobKeys, JobRecord, JobState, ResultRecord
 
 _BATCH = 1000
-
-
-def connect(url: str, *, retries: int = 30) -> redis.Redis:
-    """A client that rides out a restarting Redis: each command retries with backoff (~1 min)."""
-    retry = Retry(ExponentialBackoff(cap=2.0, base=0.05), retries)
-    client = redis.Redis.from_url(
-        url,
-        retry=retry,
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError],
-        health_check_interval=10,
-        socket_connect_timeout=5,
-    )
-    return client
 
 
 @dataclass(frozen=True)
@@ -44,11 +29,15 @@ class QueueDepth:
 
 
 class JobStore:
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, retention_s: int = 0) -> None:
+        """`retention_s`: how long the keys of a job created here stay once it finished (0: ever)."""
         self.r = client
+        self.retention_s = retention_s
         self._write_results = client.register_script(schema.WRITE_RESULTS)
         self._finish_group = client.register_script(schema.FINISH_GROUP)
+        self._mark_leased = client.register_script(schema.MARK_LEASED)
         self._cancel = client.register_script(schema.CANCEL)
+        self._fail = client.register_script(schema.FAIL)
         self._start = client.register_script(schema.START)
 
     # --- jobs -------------------------------------------------------------------------------
@@ -57,7 +46,8 @@ class JobStore:
     ) -> tuple[JobRecord, bool]:
         """Returns (job, created); a key used before gives back its job."""
         job = JobRecord(id=f"job_{uuid.uuid4().hex[:20]}", model=model, idempotency_key=idempotency_key,
-                        created_at=time.time(), metadata=dict(metadata or {}))  # fmt: skip
+                        created_at=time.time(), metadata=dict(metadata or {}),
+                        retention_s=self.retention_s)  # fmt: skip
         if idempotency_key:
             key = schema.idempotency_key(idempotency_key)
             if not self.r.set(key, job.id, nx=True):
@@ -80,8 +70,11 @@ class JobStore:
         return JobState(raw.decode()) if raw else None  # type: ignore[union-attr]
 
     def list_jobs(self, limit: int) -> list[JobRecord]:
-        ids = self.r.zrevrange(schema.JOBS, 0, limit - 1)
-        jobs = (self.get_job(i.decode()) for i in ids)  # type: ignore[union-attr]
+        ids = [_s(i) for i in self.r.zrevrange(schema.JOBS, 0, limit - 1)]  # type: ignore[union-attr,arg-type]
+        jobs = [self.get_job(i) for i in ids]
+        expired = [i for i, j in zip(ids, jobs, strict=True) if j is None]
+        if expired:
+            self.r.zrem(schema.JOBS, *expired)
         return [j for j in jobs if j is not None]
 
     # --- which planner streams a job in ---------------------------------------------------
@@ -104,13 +97,10 @@ class JobStore:
         return [job for (job, _), live in zip(owners.items(), alive, strict=True) if not live]
 
     def fail_job(self, job_id: str, code: str, message: str) -> None:
-        fields = {"state": JobState.FAILED.value, "error_code": code, "error_message": message,
-                  "finished_at": str(time.time())}  # fmt: skip
-        self.r.hset(JobKeys(job_id).job, mapping=fields)  # type: ignore[arg-type]
+        self._fail(keys=JobKeys(job_id).all(), args=[code, message, time.time()])
 
     def cancel(self, job_id: str) -> JobState:
-        keys = JobKeys(job_id)
-        return JobState(self._cancel(keys=[keys.job, keys.leased], args=[time.time()]).decode())
+        return JobState(self._cancel(keys=JobKeys(job_id).all(), args=[time.time()]).decode())
 
     # --- ingest -----------------------------------------------------------------------------
     def write_requests(
@@ -137,6 +127,7 @@ class JobStore:
         keys = JobKeys(job_id)
         stream = schema.queue_key(model)
         self.ensure_queue(model)
+        self.r.sadd(schema.active_key(model), job_id)
         self.r.hset(keys.job, mapping={"groups_total": len(plan.units),
                                        "prefix_tokens_saved": plan.prefix_tokens_saved})  # fmt: skip
         for start in range(0, len(plan.units), _BATCH):
@@ -149,7 +140,7 @@ class JobStore:
             for gid in gids:
                 pipe.xadd(stream, {"job": job_id, "group": str(gid)})
             pipe.execute()
-        return JobState(self._start(keys=[keys.job], args=[time.time()]).decode())
+        return JobState(self._start(keys=keys.all(), args=[time.time()]).decode())
 
     def ensure_queue(self, model: str) -> None:
         self.r.sadd(schema.MODELS, model)
@@ -181,19 +172,15 @@ class JobStore:
             args: list[Any] = [time.time()]
             for index, result, tokens in results[start : start + _BATCH]:
                 args += [index, result.encode(), int(result.is_error), tokens]
-            written += int(self._write_results(keys=[keys.results, keys.job], args=args))
+            written += int(self._write_results(keys=keys.all(), args=args))
         return written
 
     def mark_leased(self, job_id: str, group_id: str) -> None:
-        self.r.sadd(JobKeys(job_id).leased, group_id)
+        self._mark_leased(keys=JobKeys(job_id).all(), args=[group_id])
 
     def finish_group(self, job_id: str, group_id: str) -> bool:
-        keys = JobKeys(job_id)
-        return bool(
-            self._finish_group(
-                keys=[keys.done, keys.leased, keys.job], args=[group_id, time.time()]
-            )
-        )
+        keys = JobKeys(job_id).all()
+        return bool(self._finish_group(keys=keys, args=[group_id, time.time()]))
 
     def is_group_done(self, job_id: str, group_id: str) -> bool:
         return bool(self.r.sismember(JobKeys(job_id).done, group_id))
@@ -215,8 +202,23 @@ class JobStore:
         if job.state.terminal or job.groups_total == 0:
             return QueueDepth(0, 0)
         leased = int(self.r.scard(JobKeys(job.id).leased))  # type: ignore[arg-type]
-        waiting = max(job.groups_total - job.groups_done - leased, 0)
-        return QueueDepth(waiting, leased)
+        return _depth(job.groups_total, job.groups_done, leased)
+
+    def index_active_jobs(self) -> int:
+        """Puts every queued job that may still run into its model's active set (jobs queued
+        before the set existed); returns how many are there."""
+        ids = [_s(i) for i in self.r.zrange(schema.JOBS, 0, -1)]  # type: ignore[union-attr,arg-type]
+        found = 0
+        for start in range(0, len(ids), _BATCH):
+            chunk = ids[start : start + _BATCH]
+            pipe = self.r.pipeline(transaction=False)
+            for job_id in chunk:
+                pipe.hmget(JobKeys(job_id).job, ["state", "model", "groups_total"])
+            for job_id, (state, model, groups) in zip(chunk, pipe.execute(), strict=True):
+                if state is not None and JobState(_s(state)).runnable and int(groups or 0) > 0:
+                    self.r.sadd(schema.active_key(_s(model)), job_id)
+                    found += 1
+        return found
 
     def trim_queues(self) -> int:
         """Drops stream entries every worker is done with: older than the oldest one leased and
@@ -238,19 +240,43 @@ class JobStore:
         return removed
 
     def model_queue(self, model: str | None = None) -> QueueDepth:
-        """Entries not yet delivered plus entries delivered and not acknowledged, over all jobs."""
-        models = [model] if model else sorted(m.decode() for m in self.r.smembers(schema.MODELS))  # type: ignore[union-attr]
-        waiting = leased = 0
+        """Groups still to run over every job of a model that will run them: waiting + leased.
+
+        Counted from each queued job's own counters, read in one MULTI so the snapshot is
+        consistent: groups_total - groups_done (FINISH_GROUP moves it once per group) split by the
+        job's leased set (added before a worker runs a group, removed when it is finished or given
+        back; a group taken over stays in it). A cancelling, cancelled, failed or completed job
+        counts nothing, whatever its stream entries still say; terminal jobs leave the model's
+        active set here."""
+        models = [model] if model else sorted(_s(m) for m in self.r.smembers(schema.MODELS))  # type: ignore[union-attr]
+        total = QueueDepth(0, 0)
         for name in models:
-            try:
-                infos = self.r.xinfo_groups(schema.queue_key(name))
-            except redis.ResponseError:
-                continue  # no queue for this model yet
-            for info in infos:
-                if _s(info["name"]) == schema.CONSUMER_GROUP:
-                    waiting += int(info.get("lag") or 0)
-                    leased += int(info["pending"])
-        return QueueDepth(waiting, leased)
+            active = schema.active_key(name)
+            ids = sorted(_s(i) for i in self.r.smembers(active))  # type: ignore[union-attr]
+            if not ids:
+                continue
+            pipe = self.r.pipeline(transaction=True)
+            for job_id in ids:
+                keys = JobKeys(job_id)
+                pipe.hmget(keys.job, ["state", "groups_total", "groups_done"])
+                pipe.scard(keys.leased)
+            replies = pipe.execute()
+            finished = []
+            for job_id, (state, groups, done), leased in zip(
+                ids, replies[0::2], replies[1::2], strict=True
+            ):
+                if state is None or JobState(_s(state)).terminal:
+                    finished.append(job_id)
+                elif JobState(_s(state)).runnable:
+                    depth = _depth(int(groups or 0), int(done or 0), int(leased))
+                    total = QueueDepth(total.waiting + depth.waiting, total.leased + depth.leased)
+            if finished:
+                self.r.srem(active, *finished)
+        return total
+
+
+def _depth(groups_total: int, groups_done: int, leased: int) -> QueueDepth:
+    return QueueDepth(max(groups_total - groups_done - leased, 0), leased)
 
 
 def _entry_id(entry: str) -> tuple[int, int]:

@@ -8,9 +8,10 @@ import time
 import numpy as np
 from services_testbed import RedisServer
 
+from prefixgrove.planner.connection import connect
 from prefixgrove.planner.ingest import JobPlan
 from prefixgrove.planner.schema import GroupRecord, JobState, RequestRecord, ResultRecord
-from prefixgrove.planner.store import JobStore, connect
+from prefixgrove.planner.store import JobStore
 from prefixgrove.worker.lease import GroupQueue
 
 MODEL = "m"
@@ -96,7 +97,8 @@ def test_queue_depth_counts_waiting_and_leased(redis_server: RedisServer) -> Non
     store = store_for(redis_server)
     started_job(store, 3, [GroupRecord(0, [0]), GroupRecord(0, [1]), GroupRecord(0, [2])])
     queue = GroupQueue(store.r, MODEL, "w1", lease_timeout_s=5)
-    assert len(queue.take(1, 0)) == 1
+    [lease] = queue.take(1, 0)
+    store.mark_leased(lease.job_id, lease.group_id)  # as a worker does before running it
     depth = store.model_queue(MODEL)
     assert (depth.waiting, depth.leased, depth.depth) == (2, 1, 3)
     assert store.model_queue().depth == 3
@@ -149,8 +151,10 @@ def test_trimming_keeps_every_entry_still_leased_or_waiting(redis_server: RedisS
     started_job(store, 4, [GroupRecord(0, [i]) for i in range(4)])
     queue = GroupQueue(store.r, MODEL, "w", lease_timeout_s=30)
     first, second = queue.take(2, 0)
+    store.finish_group(second.job_id, second.group_id)
     queue.ack(second)  # done; the first is still leased, two are waiting
     assert store.trim_queues() == 0
+    store.finish_group(first.job_id, first.group_id)
     queue.ack(first)
     assert store.trim_queues() == 1  # the last delivered entry stays as the stream's bookmark
     assert store.model_queue(MODEL).depth == 2
