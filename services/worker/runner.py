@@ -14,11 +14,14 @@ from typing import Any
 
 import numpy as np
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
+from prefixgrove.planner.connection import connect
 from prefixgrove.planner.requests import RequestError
 from prefixgrove.planner.schema import RequestRecord, ResultRecord
 from prefixgrove.planner.settings import WorkerSettings
-from prefixgrove.planner.store import JobStore, connect
+from prefixgrove.planner.store import JobStore
 from prefixgrove.worker.lease import GroupQueue, Lease
 from prefixgrove.worker.local import engine_error
 from prefixgrove.worker.metrics import WorkerMetrics
@@ -47,7 +50,8 @@ class Worker:
     def __init__(self, settings: WorkerSettings, engine: Any = None) -> None:
         self.settings = settings
         self.consumer = settings.consumer or f"{socket.gethostname()}-{os.getpid()}"
-        self.store = JobStore(connect(settings.redis_url))
+        self._give_up = threading.Event()  # set: Redis is not waited for any more (stopping)
+        self.store = JobStore(connect(settings.redis_url, give_up=self._give_up))
         self.queue = GroupQueue(
             self.store.r, settings.model, self.consumer, settings.lease_timeout_s
         )
@@ -62,14 +66,19 @@ class Worker:
     # --- the loop ---------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         """Works until `stop` is set, then finishes what it holds (or gives it back after the
-        drain timeout) and returns."""
+        drain timeout) and returns; with Redis unreachable it returns within stop_timeout_s."""
+        finished = threading.Event()
+        watcher = threading.Thread(
+            target=self._watch_stop, args=(stop, finished), name="stop-watch", daemon=True
+        )
+        watcher.start()
         self._retry(lambda: self.store.ensure_queue(self.settings.model))
         keepalive_stop = threading.Event()
         self.queue.start_keepalive(self.settings.keepalive_s, keepalive_stop)
         log.info("worker %s serving %s", self.consumer, self.settings.model)
         drain_deadline: float | None = None
         try:
-            while True:
+            while not self._give_up.is_set():
                 if stop.is_set() and drain_deadline is None:
                     drain_deadline = time.monotonic() + self.settings.drain_timeout_s
                     log.info("stopping: finishing %d groups in flight", len(self._inflight))
@@ -82,6 +91,30 @@ class Worker:
         finally:
             keepalive_stop.set()
             self._retry(self._release_all)
+            finished.set()
+            watcher.join(timeout=2.0)  # NOTE: a thread still running at exit can abort the process
+
+    def _watch_stop(self, stop: threading.Event, finished: threading.Event) -> None:
+        """Once stopping, a Redis that stays unreachable for half of stop_timeout_s is given up
+        on: every command then fails at once instead of retrying for a minute, so the worker
+        gives back what it can and exits within the timeout."""
+        while not stop.wait(0.25):
+            if finished.is_set():
+                return
+        probe = redis.Redis.from_url(self.settings.redis_url, socket_connect_timeout=1.0,
+                                     socket_timeout=1.0, retry=Retry(NoBackoff(), 0))  # fmt: skip
+        down_since: float | None = None
+        with probe:
+            while not finished.wait(0.25):
+                try:
+                    probe.ping()
+                    down_since = None
+                except redis.RedisError:
+                    down_since = down_since or time.monotonic()
+                    if time.monotonic() - down_since >= self.settings.stop_timeout_s / 2:
+                        log.warning("stopping with redis unreachable: giving up on it")
+                        self._give_up.set()
+                        return
 
     def _iteration(self, taking: bool) -> None:
         self._drop_lost()
@@ -97,7 +130,7 @@ class Worker:
             fn()
         except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
             log.warning("redis unavailable (%s); retrying", exc)
-            time.sleep(1.0)
+            self._give_up.wait(1.0)
         except redis.ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
@@ -228,12 +261,21 @@ class Worker:
                 self.engine.abort(list(flight.outstanding))
 
     def _release_all(self) -> None:
-        self._flush()
-        for flight in list(self._inflight.values()):
-            self.engine.abort(list(flight.outstanding))
-            self.queue.release(flight.lease)
-            self._inflight.pop((flight.lease.job_id, flight.lease.group_id), None)
-            log.info("gave back group %s of job %s", flight.lease.group_id, flight.lease.job_id)
+        """Writes the results it holds and gives its groups back. Once Redis is given up on, what
+        is left is taken over by another worker after the lease timeout."""
+        try:
+            self._flush()
+            for flight in list(self._inflight.values()):
+                self.engine.abort(list(flight.outstanding))
+                self.queue.release(flight.lease)
+                self._inflight.pop((flight.lease.job_id, flight.lease.group_id), None)
+                log.info("gave back group %s of job %s", flight.lease.group_id, flight.lease.job_id)
+        except redis.RedisError as exc:
+            if not self._give_up.is_set():
+                raise
+            log.warning("redis unreachable (%s): %d groups and %d results left behind; the groups "
+                        "are taken over after the lease timeout", exc, len(self._inflight),
+                        len(self._pending))  # fmt: skip
 
     def _count_tokens(self, tokens: int) -> None:
         start, count = self._tokens_window
