@@ -238,7 +238,7 @@ class LLMEngine:
 
     def _count(self, item: ScheduledSeq) -> None:
         seq = item.seq
-        if item.num_tokens == 1 and seq.output_token_ids and seq.num_uncomputed == 1:
+        if item.num_tokens == 1 and seq.is_decoding:
             self.metrics.decode_tokens += 1
         else:
             self.metrics.prefill_tokens += item.num_tokens

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .metadata import AttentionMetadata, CascadeMetadata
+from .metadata import AttentionMetadata
 
 
 @dataclass(frozen=True)
@@ -35,12 +35,10 @@ class AttentionBackend:
         prefix_out = prefix_lse = None
         if meta.cascade is not None:
             c = meta.cascade
-            splits = {"num_splits": _splits(q, k_cache, c)} if self.name == "triton" else {}
             prefix_out, prefix_lse = self.prefix(
                 q,
                 k_cache,
                 v_cache,
-                **splits,
                 group_cu_q=c.group_cu_q,
                 group_prefix_lens=c.group_prefix_lens,
                 group_block_tables=c.group_block_tables,
@@ -95,14 +93,3 @@ def create_backend(name: str) -> AttentionBackend:
     if name == "torch":
         return AttentionBackend("torch", paged.paged_attention_ref, cascade.prefix_attention_ref)
     raise ValueError(f"attention_backend={name!r} is unknown; expected 'triton' or 'torch'")
-
-
-def _splits(q: torch.Tensor, k_cache: torch.Tensor, c: CascadeMetadata) -> int:
-    """The prefix pass's split count, rounded down to a power of two so that few kernel variants exist."""
-    if q.device.type != "cuda":
-        return 1
-    from prefixgrove.kernels.cascade_attention import default_num_splits
-
-    num_groups = c.group_prefix_lens.shape[0]
-    splits = default_num_splits(q, num_groups, 1, k_cache.shape[2])
-    return 1 << (splits.bit_length() - 1)
