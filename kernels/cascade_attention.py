@@ -3,7 +3,7 @@
 A prefix group's queries (all its requests' tokens in this step, decode and prefill chunks alike)
 are contiguous rows of q. One program takes BLOCK_Q of those rows times the G query heads of one kv
 head as the M dimension of tl.dot, so the group's prefix KV is read once per (group, kv head, M tile)
-instead of once per request. With few groups the prefix is also split across NUM_SPLITS programs
+instead of once per request. With few groups the prefix is also split across num_splits programs
 (flash-decoding style) whose partial (o, lse) a second kernel reduces.
 
 Rows outside every group (before group_cu_q[0], after group_cu_q[-1], or in a group whose prefix is
@@ -61,19 +61,22 @@ def _find_segment(cu_ptr, tile_idx, num_groups, num_tokens, BLOCK_Q: tl.constexp
     return lo - 1
 
 
-@triton.jit
+# Row and group counts change every step: specialising on them (== 1, multiples of 16) would compile a
+# new variant mid-run, which costs a second or more each.
+@triton.jit(do_not_specialize=["num_groups", "num_tokens", "num_splits"])
 def _prefix_attention_kernel(
     q_ptr,  # [num_tokens, num_heads, HEAD_DIM] (token, head strides free)
     k_ptr,  # k_cache, v_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
     v_ptr,
-    o_ptr,  # [NUM_SPLITS, num_tokens, num_heads, HEAD_DIM] fp32 (split dim absent if 1)
-    lse_ptr,  # [NUM_SPLITS, num_tokens, num_heads] fp32
+    o_ptr,  # [num_splits, num_tokens, num_heads, HEAD_DIM] fp32 (split dim absent if 1)
+    lse_ptr,  # [num_splits, num_tokens, num_heads] fp32
     group_cu_ptr,  # [num_groups + 1]
     prefix_lens_ptr,  # [num_groups]
     block_tables_ptr,  # [num_groups, max_prefix_blocks] (row stride stride_bt)
     num_groups,
     num_tokens,
     num_heads,
+    num_splits,  # programs per (group tile, kv head) along the prefix (a runtime int: no recompiles)
     scale_log2,
     stride_qt,
     stride_qh,
@@ -87,7 +90,6 @@ def _prefix_attention_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     tile_idx = tl.program_id(0)
@@ -113,7 +115,7 @@ def _prefix_attention_kernel(
     q = tl.load(q_ptr + q_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
 
     num_tiles = tl.cdiv(prefix_len, BLOCK_N)
-    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    tiles_per_split = tl.cdiv(num_tiles, num_splits)
     tile_lo = split * tiles_per_split
     tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -156,11 +158,18 @@ def _num_sms(device_index: int) -> int:
 
 
 def _tile_shape(head_dim: int, elem_bytes: int, group: int, max_group_q: int) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N): M covers a whole group's rows when it can (up to 128 for narrow rows)."""
+    """(BLOCK_M, BLOCK_N): M covers a whole group's rows when it can (up to 128 for narrow rows).
+    The widest M (a group's prefill chunk) pairs with narrow N tiles: 128 x 32 with 8 warps and 2
+    stages beat 128 x 64 by 19% on the canonical prefill (benchmarks/tune_prefill.py, H100/H200)."""
     tier = tile_tier(head_dim, elem_bytes)
     min_m = max(16, triton.next_power_of_2(group))
     block_m = triton.next_power_of_2(max(1, max_group_q * group))
-    return min(max(min_m, block_m), max(min_m, 128 >> tier)), 64 >> tier
+    block_m = min(max(min_m, block_m), max(min_m, 128 >> tier))
+    return block_m, 32 if _is_wide(block_m, tier) else 64 >> tier
+
+
+def _is_wide(block_m: int, tier: int) -> bool:
+    return tier == 0 and block_m >= 128
 
 
 def default_num_splits(
@@ -231,6 +240,7 @@ def prefix_attention_launches(
     num_kv_heads = k_cache.shape[2]
     block_m, block_n = _tile_shape(head_dim, q.element_size(), group, max_group_q)
     block_q = block_m // group
+    tier = tile_tier(head_dim, q.element_size())
     if num_splits is None:
         m_tiles = triton.cdiv(max_group_q, block_q)
         num_splits = default_num_splits(q, num_groups, m_tiles, num_kv_heads)
@@ -246,7 +256,7 @@ def prefix_attention_launches(
     args = (
         q, k_cache, v_cache, part_o, part_lse,
         group_cu_q, group_prefix_lens, group_block_tables,
-        num_groups, num_tokens, num_heads, scale * LOG2E,
+        num_groups, num_tokens, num_heads, num_splits, scale * LOG2E,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         group_block_tables.stride(0),
@@ -258,10 +268,9 @@ def prefix_attention_launches(
         "BLOCK_Q": block_q,
         "BLOCK_M": block_m,
         "BLOCK_N": block_n,
-        "NUM_SPLITS": num_splits,
         "DOT_PRECISION": dot_precision(q.dtype),
         "num_warps": 8 if block_m * head_dim >= 128 * 128 else 4,
-        "num_stages": 3 if tile_tier(head_dim, q.element_size()) == 0 else 2,
+        "num_stages": 2 if _is_wide(block_m, tier) or tier > 0 else 3,
     }
     grid = (num_tokens // block_q + num_groups + 2, num_kv_heads, num_splits)
     launches = [KernelLaunch(_prefix_attention_kernel, grid, args, options)]
@@ -296,7 +305,8 @@ def prefix_attention(
     num_kv_heads, head_dim]; group_cu_q: [num_groups + 1] (group g owns rows
     group_cu_q[g]:group_cu_q[g + 1]); group_prefix_lens: [num_groups] (whole blocks in the engine,
     but any length works); group_block_tables: [num_groups, max_prefix_blocks]; index tensors
-    int32. max_group_q must be >= every group's row count. Returns (o_p, lse_p): [num_tokens, num_heads, head_dim] and
+    int32. max_group_q, the largest group's row count, only picks the tile shape and the default
+    split count: a group with more rows is still computed whole. Returns (o_p, lse_p): [num_tokens, num_heads, head_dim] and
     [num_tokens, num_heads], fp32, written into `out` / `out_lse` when given. num_splits (1..16)
     splits each prefix across programs; by default it is picked from the GPU's SM count. The grid
     depends on host ints only, so the call can be captured in a CUDA graph.

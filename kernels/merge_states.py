@@ -27,7 +27,7 @@ def merge_pair(o_a, lse_a, o_b, lse_b):
     return o, tl.where(den > 0.0, m + tl.log(tl.where(den > 0.0, den, 1.0)), float("-inf"))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows"])  # a per-step count: no recompiles
 def reduce_splits_kernel(
     part_o_ptr,  # [NUM_SPLITS, num_rows, HEAD_DIM] fp32, a row is one (token, head)
     part_lse_ptr,  # [NUM_SPLITS, num_rows] fp32
@@ -54,7 +54,7 @@ def reduce_splits_kernel(
     tl.store(lse_ptr + rows, lse, mask=valid)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows"])  # a per-step count: no recompiles
 def _merge_states_kernel(
     o_a_ptr,  # o_*: [num_rows, HEAD_DIM], a row is one (token, head)
     lse_a_ptr,  # lse_*: [num_rows] fp32

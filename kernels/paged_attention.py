@@ -35,7 +35,8 @@ def find_segment(cu_ptr, tile_idx, num_segments, BLOCK_Q: tl.constexpr):
     return lo - 1
 
 
-@triton.jit
+# Sequence and tile counts change every step: no specialisation on them (see cascade_attention).
+@triton.jit(do_not_specialize=["num_seqs", "tiles_per_seq"])
 def _paged_attention_kernel(
     q_ptr,  # q, out: [num_tokens, num_heads, HEAD_DIM] (token, head strides free)
     k_ptr,  # k_cache, v_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
@@ -48,6 +49,7 @@ def _paged_attention_kernel(
     kv_start_ptr,  # [num_seqs]
     block_tables_ptr,  # [num_seqs, max_blocks] (row stride stride_bt)
     num_seqs,
+    tiles_per_seq,  # query tiles per sequence on the direct grid (a runtime int: no recompiles)
     num_heads,
     scale_log2,
     stride_qt,
@@ -64,16 +66,16 @@ def _paged_attention_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    TILES_PER_SEQ: tl.constexpr,  # > 0: direct grid of num_seqs * TILES_PER_SEQ; 0: search
+    DIRECT: tl.constexpr,  # grid of num_seqs * tiles_per_seq; otherwise tiles are searched for
     HAS_KV_START: tl.constexpr,
     HAS_PREFIX: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     tile_idx = tl.program_id(0)
     kv_head = tl.program_id(1)
-    if TILES_PER_SEQ > 0:
-        seq = tile_idx // TILES_PER_SEQ
-        q_tile = tile_idx % TILES_PER_SEQ
+    if DIRECT:
+        seq = tile_idx // tiles_per_seq
+        q_tile = tile_idx % tiles_per_seq
     else:
         seq = find_segment(cu_q_ptr, tile_idx, num_seqs, BLOCK_Q)
         q_tile = tile_idx - (tl.load(cu_q_ptr + seq) // BLOCK_Q + seq)
@@ -226,7 +228,7 @@ def paged_attention_launch(
         prefix_lse if prefix_lse is not None else seq_lens,
         cu_seqlens_q, seq_lens,
         kv_start if kv_start is not None else seq_lens,
-        block_tables, num_seqs, q.shape[1], scale * LOG2E,
+        block_tables, num_seqs, tiles_per_seq, q.shape[1], scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
@@ -238,7 +240,7 @@ def paged_attention_launch(
         "BLOCK_Q": block_q,
         "BLOCK_M": block_m,
         "BLOCK_N": block_n,
-        "TILES_PER_SEQ": tiles_per_seq if direct else 0,
+        "DIRECT": direct,
         "HAS_KV_START": kv_start is not None,
         "HAS_PREFIX": prefix_out is not None,
         "DOT_PRECISION": dot_precision(q.dtype),

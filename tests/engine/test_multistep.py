@@ -103,3 +103,53 @@ def test_windows_under_block_pressure_are_unchanged(llama_dir):
     prompts = random_prompts((20, 20, 20, 20), seed=13)
     single, window = both(llama_dir, prompts, greedy(40, ignore_eos=True), num_gpu_blocks=9)
     assert completions(window) == completions(single)
+
+
+def test_windows_run_ahead_only_while_the_batch_cannot_change(llama_dir):
+    """Equal lengths and nothing waiting: each window is enqueued behind the previous one, until the
+    window in which requests end by length (their slots would change the next batch)."""
+    prompts = random_prompts((6, 9, 12), seed=50)
+    llm = engine(llama_dir, num_scheduler_steps=4)
+    outs = run(llm, prompts, greedy(22, ignore_eos=True))
+    assert_no_leak(llm)
+    m = llm.engine.metrics
+    # 21 decode steps after the prefill's token: windows of 4, 4, 4, 4, 4 and 1; every one after the
+    # first is enqueued ahead (nobody ends by length before the last one).
+    assert m.decode_windows_ahead == 5
+    assert m.decode_steps == 21
+    single = run(engine(llama_dir), prompts, greedy(22, ignore_eos=True))
+    assert completions(outs) == completions(single)
+
+
+def test_no_window_runs_ahead_when_waiting_work_could_join(llama_dir):
+    """A request ending by length inside a window frees a slot for waiting work: the next window is
+    scheduled after the CPU has seen it, so the waiting request joins at the boundary."""
+    prompts = random_prompts((6, 9, 12), seed=51)
+    llm = engine(llama_dir, num_scheduler_steps=4, max_num_seqs=2)
+    schedules = record_steps(llm)
+    params = [greedy(n, ignore_eos=True) for n in (5, 13, 9)]
+    outs = run(llm, prompts, params)
+    joined = next(i for i, s in enumerate(schedules) if any(rid.endswith("-2") for rid, *_ in s))
+    # prefill of the first two; one window of 4 in which the first ends; then the third joins
+    assert joined == 2, schedules[:4]
+    assert_no_leak(llm)
+    single = run(engine(llama_dir, max_num_seqs=2), prompts, params)
+    assert completions(outs) == completions(single)
+
+
+def test_a_request_that_stops_in_a_window_run_ahead_keeps_its_blocks_until_it_is_done(llama_dir):
+    llm = engine(llama_dir, num_scheduler_steps=4)
+    eng = llm.engine
+    free = eng.blocks.num_free
+    for i, p in enumerate(random_prompts((7, 8, 9), seed=52)):
+        eng.add_request(f"r{i}", p, greedy(30, ignore_eos=True))
+    while eng._chained is None:
+        eng.step()
+    held = eng.blocks.num_free
+    eng.abort(["r0"])  # its row is still being computed by the window enqueued ahead
+    assert eng.blocks.num_free == held, "blocks released while a window still writes them"
+    finished = []
+    while eng.has_unfinished_requests():
+        finished += [o.request_id for o in eng.step()]
+    assert sorted(finished) == ["r1", "r2"]
+    assert eng.blocks.num_free == free

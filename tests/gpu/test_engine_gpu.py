@@ -85,3 +85,42 @@ def test_grouped_job_matches_ungrouped_in_fp32(checkpoint, mode):
         gc.collect()
     differ = [(i, a, b) for i, (a, b) in enumerate(zip(*results, strict=True)) if a != b]
     assert not differ, f"{len(differ)} of {len(prompts)} requests differ, e.g. {differ[:2]}"
+
+
+def test_decode_windows_with_graphs_match_single_steps(checkpoint):
+    """Windows of 8 steps replayed from CUDA graphs, each enqueued behind the last one (block tables
+    refreshed on the fly, tokens streamed back on a side stream), give the tokens of one eager step at
+    a time, in fp32, with groups on the cascade path, uneven lengths, stop tokens and seeded sampling."""
+    prompts = _prompts(40)
+    prefix = _prompts(1)[0][:200]
+    prompts += [prefix + p[:30] for p in _prompts(24)]
+    params = [
+        SamplingParams(
+            max_tokens=20 + 7 * (i % 9),
+            temperature=0.0 if i % 3 else 0.8,
+            seed=i,
+            ignore_eos=True,
+            stop_token_ids=[i % 256] if i % 5 == 0 else None,
+        )
+        for i in range(len(prompts))
+    ]
+    results = []
+    for steps, eager in ((1, True), (8, False)):
+        llm = LLM(
+            checkpoint,
+            dtype="float32",
+            num_scheduler_steps=steps,
+            enforce_eager=eager,
+            max_num_seqs=32,
+            gpu_memory_utilization=0.3,
+        )
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        results.append([(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs])
+        if steps > 1:
+            assert llm.engine.metrics.decode_windows_ahead > 0
+            blocks = llm.engine.blocks
+            assert blocks.num_free == blocks.num_usable
+        del llm, outs
+        gc.collect()
+    differ = [i for i, (a, b) in enumerate(zip(*results, strict=True)) if a != b]
+    assert not differ, f"{len(differ)} of {len(prompts)} requests differ, e.g. {differ[:3]}"

@@ -107,6 +107,24 @@ def test_prefix_pass_over_many_groups_mixed_with_ungrouped_rows(
     assert (got[0][ungrouped] == 0).all()
 
 
+@pytest.mark.parametrize("max_group_q", [1, 4, 64])
+def test_max_group_q_is_only_a_tile_hint(device: torch.device, max_group_q: int) -> None:
+    """Decode graphs pass a fixed hint; groups with more rows than it are still computed whole, and
+    the wide 128-row tiles a big hint picks give the same states."""
+    cache = make_cache(48, 8, NUM_KV_HEADS, 64, torch.float16, device)
+    rows, prefix_blocks = [37, 3, 20], [4, 2, 5]
+    groups = Groups(
+        cu=cumulative(rows, device).tolist(),
+        prefix_lens=[n * 8 for n in prefix_blocks],
+        blocks=[cache.take(n * 8) for n in prefix_blocks],
+    )
+    q = random_queries(sum(rows), NUM_KV_HEADS * 4, 64, torch.float16, device)
+    args = {**groups.tensors(cache), "scale": 0.125}
+    got = prefix_attention(q, cache.k, cache.v, max_group_q=max_group_q, **args)
+    want = dense_prefix(q, groups, cache, 0.125)
+    assert_states_close(got, want, TOLERANCE[torch.float16])
+
+
 def test_prefix_pass_writes_into_given_buffers(device: torch.device) -> None:
     cache = make_cache(8, 8, NUM_KV_HEADS, 32, torch.float32, device)
     groups = Groups(cu=[0, 3], prefix_lens=[16], blocks=[cache.take(16)])

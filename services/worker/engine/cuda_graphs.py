@@ -18,6 +18,7 @@ from .scheduler import ScheduledSeq
 
 logger = logging.getLogger(__name__)
 
+GRAPH_GROUP_ROWS = 16
 Forward = Callable[[StepInputs], torch.Tensor]  # inputs -> logits [rows, vocab] fp32
 
 
@@ -76,7 +77,9 @@ class DecodeGraphs:
             groups,
             pad_seqs=size,
             pad_groups=self._groups_for(size) if cascade else None,
-            max_group_q=size,
+            # A tile-shape hint, not a bound (the prefix pass tiles bigger groups): decode groups are
+            # a handful to a few dozen requests, whose rows fit M tiles of 64.
+            max_group_q=min(size, GRAPH_GROUP_ROWS),
         )
 
     def padded_size(self, n: int) -> int | None:

@@ -14,7 +14,7 @@ from .block_manager import BlockManager
 from .config import EngineConfig
 from .detokenizer import Detokenizer, DetokState
 from .metrics import EngineMetrics
-from .model_runner import ModelRunner
+from .model_runner import DecodeWindow, ModelRunner
 from .models.presets import load_tokenizer
 from .outputs import CompletionOutput, Logprob, RequestOutput
 from .sampling_params import SamplingParams
@@ -45,6 +45,10 @@ class LLMEngine:
         self._detok: dict[int, DetokState] = {}
         self._seeds = random.Random(config.model.seed)
         self._next_id = 0
+        # A decode window already enqueued behind the last one, and requests that finished while it was
+        # in flight (their blocks go back once it is done).
+        self._chained: tuple[SchedulerOutput, DecodeWindow] | None = None
+        self._deferred: list[Sequence] = []
 
     # -- intake -----------------------------------------------------------------------------------------
 
@@ -172,27 +176,41 @@ class LLMEngine:
             seq = self._requests.pop(rid, None)
             if seq is not None and not seq.finished:
                 seq.finish_reason = "abort"
-                self.scheduler.finish(seq)
+                self._release(seq)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self._chained is not None or self.scheduler.has_unfinished()
 
     # -- one step ---------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         """Runs one scheduled step, or a window of decode steps; returns the requests that finished."""
         begin = time.perf_counter()
-        out = self.scheduler.schedule()
-        self.metrics.preemptions = self.scheduler.num_preemptions
-        if not out.batch:
-            self.metrics.host_seconds += time.perf_counter() - begin
-            return []
-        steps = self._window(out)
+        window: DecodeWindow | None = None
+        if (
+            self._chained is not None
+        ):  # enqueued behind the last window: its batch is already decided
+            (out, window), self._chained = self._chained, None
+            steps = window.steps
+        else:
+            preemptions = self.scheduler.num_preemptions
+            out = self.scheduler.schedule()
+            self.metrics.preemptions = self.scheduler.num_preemptions
+            if not out.batch:
+                self.metrics.host_seconds += time.perf_counter() - begin
+                return []
+            steps = self._window(out)
+            preempted = self.scheduler.num_preemptions != preemptions
         start = time.perf_counter()
         if steps == 1:
             results = iter([self.runner.execute(out.batch)])
         else:
-            results = self.runner.execute_window(out.batch, steps)
+            if window is None:
+                window = self.runner.start_window(out.batch, steps)
+                self._chain(out, window, preempted)
+            else:
+                self._chain(out, window, False)
+            results = self.runner.window_results(window)
         finished: list[Sequence] = []
         for order, rows in results:
             sampled = iter(rows)
@@ -208,12 +226,24 @@ class LLMEngine:
         self._time_step(out, steps, end - start)
         outputs = []
         for seq in finished:
-            self.scheduler.finish(seq)
+            self._release(seq)
             self._requests.pop(seq.request_id, None)
             self.metrics.requests_finished += 1
             outputs.append(self._output(seq))
+        if self._chained is None:
+            for seq in self._deferred:  # the last window that computed rows for them is done
+                self.scheduler.finish(seq)
+            self._deferred.clear()
         self.metrics.host_seconds += time.perf_counter() - end + start - begin
         return outputs
+
+    def _release(self, seq: Sequence) -> None:
+        """Gives a finished request's blocks back, or, while a window enqueued ahead still computes its
+        row (and writes its KV), once that window is done."""
+        if self._chained is not None:
+            self._deferred.append(seq)
+        else:
+            self.scheduler.finish(seq)
 
     def _window(self, out: SchedulerOutput) -> int:
         """How many decode steps to run before the CPU looks again (1 unless the batch is decode-only)."""
@@ -225,6 +255,30 @@ class LLMEngine:
             return 1  # penalties need every token on the CPU before the next step
         steps = min(steps, max(s.params.max_tokens - len(s.output_token_ids) for s in seqs))
         return steps if steps > 1 and self.scheduler.reserve_ahead(seqs, steps) else 1
+
+    def _chain(self, out: SchedulerOutput, window: DecodeWindow, preempted: bool) -> None:
+        """Enqueues the next window of the same batch behind `window` now, before the CPU has seen its
+        tokens, when the scheduler would pick that batch anyway: nobody can finish by length inside
+        `window`, nothing finished in the last one, and this batch was decode-only because nothing more
+        could be admitted, which holds while nobody finishes. A request that still stops inside `window`
+        (EOS, a stop token or string) has its later rows computed and dropped, and keeps its blocks
+        until that work is done. The GPU then goes from window to window without waiting for the CPU's
+        bookkeeping between them."""
+        if preempted or self._deferred or window.steps < self.config.scheduler.num_scheduler_steps:
+            return
+        seqs = [item.seq for item in window.inputs.order]
+        limit = self.config.model.max_model_len
+        room = [
+            min(s.params.max_tokens - len(s.output_token_ids), limit - s.num_tokens) - window.steps
+            for s in seqs
+        ]
+        if min(room) <= 0:
+            return
+        steps = min(self.config.scheduler.num_scheduler_steps, max(room))
+        if not self.scheduler.reserve_ahead(seqs, window.steps + steps):
+            return
+        self._chained = (out, self.runner.extend_window(window, steps))
+        self.metrics.decode_windows_ahead += 1
 
     def _time_step(self, out: SchedulerOutput, steps: int, seconds: float) -> None:
         m = self.metrics

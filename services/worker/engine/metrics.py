@@ -23,6 +23,9 @@ class EngineMetrics:
     decode_kv_tokens: int = (
         0  # KV entries attended over all decode-only steps (for bandwidth figures)
     )
+    decode_windows_ahead: int = (
+        0  # decode windows enqueued behind the previous one before the CPU had seen its tokens
+    )
     mixed_seconds: float = 0.0  # wall time of steps with prefill work
     host_seconds: float = (
         0.0  # CPU-only time between steps: scheduling, stop checks, finishing requests

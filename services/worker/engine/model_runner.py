@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -30,6 +31,17 @@ _GRAPH_HEADROOM = 2 << 30  # bytes left free for CUDA graphs' pool and allocator
 StepResult = tuple[
     list[ScheduledSeq], np.ndarray
 ]  # rows in batch order, one host row per sampled seq
+
+
+@dataclass
+class DecodeWindow:
+    """Decode steps enqueued on the device for one batch, their tokens still on their way back."""
+
+    inputs: StepInputs  # the arena views the steps run on (advanced on the device step by step)
+    num_rows: int
+    steps: int
+    copies: list[tuple[torch.Tensor, torch.cuda.Event | None]]  # per step: host rows, copy done
+    last_tokens: torch.Tensor  # [num_rows] the last step's tokens, on the device
 
 
 class ModelRunner:
@@ -179,23 +191,48 @@ class ModelRunner:
         return inputs.order, self._wait(host, done)
 
     @torch.inference_mode()
-    def execute_window(self, batch: list[ScheduledSeq], steps: int) -> Iterator[StepResult]:
-        """`steps` decode steps of a decode-only batch whose blocks for them are reserved; yields each
-        step's tokens as they arrive while later steps still run."""
+    def start_window(self, batch: list[ScheduledSeq], steps: int) -> DecodeWindow:
+        """Enqueues `steps` decode steps of a decode-only batch whose blocks for them are reserved; the
+        tokens come back through `window_results` while later steps still run."""
         inputs, logits = self._forward(batch)
         seqs = [item.seq for item in inputs.order]
-        n = len(seqs)
         params = SamplingBatch.build(seqs, self.device, self.config.model.arch.vocab_size, steps)
+        return self._run_steps(inputs, logits, params, steps)
+
+    @torch.inference_mode()
+    def extend_window(self, window: DecodeWindow, steps: int) -> DecodeWindow:
+        """Enqueues `steps` more decode steps of the same batch right behind `window`, before the CPU has
+        seen its tokens: the first one is fed from `window`'s last sampled tokens on the device. Blocks for
+        them must be reserved; block tables that grew for them are uploaded first."""
+        inputs, n = window.inputs, window.num_rows
+        self.builder.refresh_block_tables(inputs.order)
+        seqs = [item.seq for item in inputs.order]
+        params = SamplingBatch.build(
+            seqs, self.device, self.config.model.arch.vocab_size, steps, first_step=window.steps
+        )
+        self._advance(inputs, window.last_tokens, n)
+        return self._run_steps(inputs, self._replay_next(inputs, n), params, steps)
+
+    def _run_steps(
+        self, inputs: StepInputs, logits: torch.Tensor, params: SamplingBatch, steps: int
+    ) -> DecodeWindow:
+        n = len(inputs.order)
         copies = []
+        tokens = logits.new_empty(0)
         for j in range(steps):
             if j:
                 logits = self._replay_next(inputs, n)
             packed = self.sampler(logits, params, step=j)
             copies.append(self._copy_to_host(packed))  # streams back while the next steps run
+            tokens = packed[:, 0]
             if j + 1 < steps:
-                self._advance(inputs, packed[:, 0], n)
-        for host, done in copies:
-            yield inputs.order, self._wait(host, done)
+                self._advance(inputs, tokens, n)
+        return DecodeWindow(inputs, n, steps, copies, tokens)
+
+    def window_results(self, window: DecodeWindow) -> Iterator[StepResult]:
+        """Each step's batch order and host rows, as the step's copy lands."""
+        for host, done in window.copies:
+            yield window.inputs.order, self._wait(host, done)
 
     def _advance(self, inputs: StepInputs, tokens: torch.Tensor, n: int) -> None:
         """Turns this step's sampled tokens into the next step's inputs, on the device."""

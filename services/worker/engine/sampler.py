@@ -49,8 +49,15 @@ class SamplingBatch:
 
     @classmethod
     def build(
-        cls, seqs: list[Sequence], device: torch.device, vocab_size: int, steps: int = 1
+        cls,
+        seqs: list[Sequence],
+        device: torch.device,
+        vocab_size: int,
+        steps: int = 1,
+        first_step: int = 0,
     ) -> SamplingBatch:
+        """Settings for `steps` steps whose first samples each request's output token number
+        len(output_token_ids) + first_step (a window enqueued behind another one starts ahead)."""
         ps = [s.params for s in seqs]
         floats = np.array(
             [[p.temperature, p.top_p, p.min_p] for p in ps], dtype=np.float32
@@ -58,11 +65,10 @@ class SamplingBatch:
         ints = np.empty((1 + steps, len(seqs)), dtype=np.int64)
         ints[0] = [p.top_k for p in ps]
         seeds = np.array([s.sampling_seed for s in seqs], dtype=np.int64)
-        produced = np.array([len(s.output_token_ids) for s in seqs], dtype=np.int64)
+        produced = np.array([len(s.output_token_ids) for s in seqs], dtype=np.int64) + first_step
         # Noise keys of this step and of the window's later steps, all at once.
         ints[1:] = row_key(seeds[None, :], produced[None, :] + np.arange(steps)[:, None])
-        f = torch.from_numpy(floats).to(device, non_blocking=True)
-        i = torch.from_numpy(ints).to(device, non_blocking=True)
+        f, i = _upload(floats, device), _upload(ints, device)
         logprob_counts = [p.logprobs for p in ps if p.logprobs is not None]
         return cls(
             temperature=f[:, 0],
@@ -78,6 +84,16 @@ class SamplingBatch:
             if any(p.has_penalties for p in ps)
             else None,
         )
+
+
+def _upload(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Host array to the device without waiting: a pageable source may make the copy wait for the
+    stream (the GPU may be steps ahead), so it goes through the pinned pool, which keeps the buffer
+    until the copy has run."""
+    t = torch.from_numpy(array)
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def _penalty_tensors(seqs: list[Sequence], device: torch.device, vocab: int):

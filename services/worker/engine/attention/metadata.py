@@ -18,7 +18,7 @@ class CascadeMetadata:
     group_cu_q: torch.Tensor  # [num_groups + 1] int32
     group_prefix_lens: torch.Tensor  # [num_groups] int32, multiples of the block size
     group_block_tables: torch.Tensor  # [num_groups, max_prefix_blocks] int32
-    max_group_q: int  # host bound on rows per group (grid sizing)
+    max_group_q: int  # rows of the largest group (a tile-shape hint for the prefix pass)
 
 
 @dataclass

@@ -1,0 +1,166 @@
+"""Sweeps tile shapes and launch options of the attention kernels as chunked prefill uses them.
+
+The canonical workload's prefill steps hold three kinds of attention: group prefixes computed as ordinary
+causal prefills (`--prefix-len` tokens each), the cascade prefix pass of a group's suffix tokens over its
+prefix (a [group tokens x prefix] non-causal product), and the suffix pass (each request's own tokens,
+causal, merged with the prefix state). Each variant is timed with do_bench (median, no graph: prefill
+runs eagerly) and checked against the default launch's output. Prints one JSON object with the best
+variants of each kind, TFLOP/s included.
+Usage: python benchmarks/tune_prefill.py [--groups 4] [--per-group 16] [--prefix-len 2000] [--suffix-len 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from _common import ensure_prefixgrove, median_us
+
+ensure_prefixgrove()
+
+from prefixgrove.kernels import cascade_attention, paged_attention  # noqa: E402
+
+
+class PrefillWorkload:
+    def __init__(self, args: argparse.Namespace) -> None:
+        dev, dt, bs = "cuda", torch.bfloat16, 16
+        g, d, p, s = args.groups, args.per_group, args.prefix_len, args.suffix_len
+        heads, kv_heads, dim = 32, 8, 128
+        prefix_blocks, own_blocks = p // bs, -(-s // bs)
+        num_blocks = g * prefix_blocks + g * d * own_blocks + 1
+        shape = (num_blocks, bs, kv_heads, dim)
+        self.k = torch.randn(shape, device=dev, dtype=dt)
+        self.v = torch.randn(shape, device=dev, dtype=dt)
+        i32: dict[str, Any] = {"dtype": torch.int32, "device": dev}
+        ids = torch.randperm(num_blocks - 1, device="cpu").to(torch.int32) + 1
+        prefix_ids = ids[: g * prefix_blocks].view(g, prefix_blocks)
+        own_ids = ids[g * prefix_blocks :].view(g * d, own_blocks)
+        self.scale = dim**-0.5
+        # Prefix prefill: g sequences of p tokens, causal from position 0.
+        self.pq = torch.randn(g * p, heads, dim, device=dev, dtype=dt)
+        self.pout = torch.empty_like(self.pq)
+        self.p_meta = {
+            "cu_seqlens_q": torch.arange(0, g * p + 1, p, **i32),
+            "seq_lens": torch.full((g,), p, **i32),
+            "block_tables": prefix_ids.to(dev),
+            "max_query_len": p,
+        }
+        # Suffix tokens: g * d requests of s tokens after the prefix.
+        n = g * d
+        self.sq = torch.randn(n * s, heads, dim, device=dev, dtype=dt)
+        self.sout = torch.empty_like(self.sq)
+        self.o_p = torch.empty(self.sq.shape, dtype=torch.float32, device=dev)
+        self.lse_p = torch.empty(self.sq.shape[:2], dtype=torch.float32, device=dev)
+        self.group_meta = {
+            "group_cu_q": torch.arange(0, n * s + 1, d * s, **i32),
+            "group_prefix_lens": torch.full((g,), p, **i32),
+            "group_block_tables": prefix_ids.to(dev),
+            "max_group_q": d * s,
+        }
+        tables = torch.cat([prefix_ids.repeat_interleave(d, dim=0), own_ids], dim=1)
+        self.s_meta = {
+            "cu_seqlens_q": torch.arange(0, n * s + 1, s, **i32),
+            "seq_lens": torch.full((n,), p + s, **i32),
+            "kv_start": torch.full((n,), p, **i32),
+            "block_tables": tables.to(dev),
+            "max_query_len": 1 << (s - 1).bit_length(),
+        }
+        # Attention FLOPs (QK^T and PV, causal halves counted once).
+        per_head = 4 * dim * heads
+        self.flops = {
+            "prefix_prefill": g * per_head * p * (p + 1) / 2,
+            "prefix_pass": n * s * p * per_head,
+            "suffix_pass": n * per_head * s * (s + 1) / 2,
+        }
+
+    def prefix_prefill(self) -> None:
+        paged_attention.paged_attention(
+            self.pq, self.k, self.v, self.pout, scale=self.scale, **self.p_meta
+        )
+
+    def prefix_pass(self) -> None:
+        cascade_attention.prefix_attention(
+            self.sq, self.k, self.v, scale=self.scale, out=self.o_p, out_lse=self.lse_p,
+            **self.group_meta,
+        )  # fmt: skip
+
+    def suffix_pass(self) -> None:
+        paged_attention.paged_attention(
+            self.sq, self.k, self.v, self.sout, scale=self.scale, prefix_out=self.o_p,
+            prefix_lse=self.lse_p, **self.s_meta,
+        )  # fmt: skip
+
+
+def sweep(
+    module: Any, fn: Callable[[], None], out: torch.Tensor, flops: float, space: list[tuple]
+) -> list[dict]:
+    fn()
+    torch.cuda.synchronize()
+    ref = out.float().clone()
+    original_shape, original_launch = module._tile_shape, module.KernelLaunch
+    rows = []
+    for block_m, block_n, warps, stages in space:
+        module._tile_shape = lambda *a, bm=block_m, bn=block_n: (bm, bn)
+
+        class Launch(original_launch):  # type: ignore[misc, valid-type]
+            def run(self, w: int = warps, st: int = stages) -> None:
+                opts = dict(self.options)
+                if self.kernel is not cascade_attention.reduce_splits_kernel:
+                    opts.update(num_warps=w, num_stages=st)
+                self.kernel[self.grid](*self.args, **opts)
+
+        module.KernelLaunch = Launch
+        row: dict[str, Any] = {"BLOCK_M": block_m, "BLOCK_N": block_n, "warps": warps}
+        row["stages"] = stages
+        try:
+            fn()
+            torch.cuda.synchronize()
+            row["err"] = (out.float() - ref).abs().max().item()
+            us = median_us(fn, "cuda", False)
+            row.update(us=round(us, 1), tflops=round(flops / us / 1e6, 1))
+        except Exception as e:  # a variant that does not fit: say why, keep sweeping
+            row["error"] = repr(e)[:100]
+        finally:
+            module._tile_shape, module.KernelLaunch = original_shape, original_launch
+        rows.append(row)
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--groups", type=int, default=4)
+    ap.add_argument("--per-group", type=int, default=16)
+    ap.add_argument("--prefix-len", type=int, default=2000)
+    ap.add_argument("--suffix-len", type=int, default=200)
+    ap.add_argument("--top", type=int, default=6)
+    args = ap.parse_args()
+    w = PrefillWorkload(args)
+    space = list(itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4)))
+    report: dict[str, Any] = {"device": torch.cuda.get_device_name(), "config": vars(args)}
+    for name, module, fn, out in (
+        ("prefix_prefill", paged_attention, w.prefix_prefill, w.pout),
+        ("prefix_pass", cascade_attention, w.prefix_pass, w.o_p),
+        ("suffix_pass", paged_attention, w.suffix_pass, w.sout),
+    ):
+        default_us = median_us(fn, "cuda", False)
+        rows = sweep(module, fn, out, w.flops[name], space)
+        ok = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])
+        report[name] = {
+            "default_us": round(default_us, 1),
+            "default_tflops": round(w.flops[name] / default_us / 1e6, 1),
+            "best": ok[: args.top],
+            "errors": [r for r in rows if "error" in r][:2],
+        }
+        print(json.dumps({name: report[name]}), file=sys.stderr, flush=True)
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
