@@ -170,10 +170,8 @@ def main() -> None:
     while engine.has_unfinished_requests():
         steps_seen += 1
         running = engine.scheduler.running
-        full_decode = (
-            len(running) >= args.max_num_seqs * 0.9
-            and all(s.is_decoding for s in running)
-            and not engine.scheduler.ready_groups
+        full_decode = len(running) >= args.max_num_seqs * 0.9 and all(
+            s.is_decoding for s in running
         )
         waiting_prefill = any(not s.is_decoding for s in running)
         want = (

@@ -71,17 +71,26 @@ class PrefillWorkload:
             "block_tables": tables.to(dev),
             "max_query_len": 1 << (s - 1).bit_length(),
         }
+        # Without cascade: the same suffix tokens over prefix and own keys in one causal pass.
+        self.plain_out = torch.empty_like(self.sq)
+        self.plain_meta = {k: v for k, v in self.s_meta.items() if k != "kv_start"}
         # Attention FLOPs (QK^T and PV, causal halves counted once).
         per_head = 4 * dim * heads
         self.flops = {
             "prefix_prefill": g * per_head * p * (p + 1) / 2,
             "prefix_pass": n * s * p * per_head,
             "suffix_pass": n * per_head * s * (s + 1) / 2,
+            "plain_suffix": n * per_head * s * (p + (s + 1) / 2),
         }
 
     def prefix_prefill(self) -> None:
         paged_attention.paged_attention(
             self.pq, self.k, self.v, self.pout, scale=self.scale, **self.p_meta
+        )
+
+    def plain_suffix(self) -> None:
+        paged_attention.paged_attention(
+            self.sq, self.k, self.v, self.plain_out, scale=self.scale, **self.plain_meta
         )
 
     def prefix_pass(self) -> None:
@@ -139,6 +148,7 @@ def main() -> int:
     ap.add_argument("--prefix-len", type=int, default=2000)
     ap.add_argument("--suffix-len", type=int, default=200)
     ap.add_argument("--top", type=int, default=6)
+    ap.add_argument("--quick", action="store_true", help="defaults only, no sweep")
     args = ap.parse_args()
     w = PrefillWorkload(args)
     space = list(itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4)))
@@ -147,9 +157,10 @@ def main() -> int:
         ("prefix_prefill", paged_attention, w.prefix_prefill, w.pout),
         ("prefix_pass", cascade_attention, w.prefix_pass, w.o_p),
         ("suffix_pass", paged_attention, w.suffix_pass, w.sout),
+        ("plain_suffix", paged_attention, w.plain_suffix, w.plain_out),
     ):
         default_us = median_us(fn, "cuda", False)
-        rows = sweep(module, fn, out, w.flops[name], space)
+        rows = [] if args.quick else sweep(module, fn, out, w.flops[name], space)
         ok = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])
         report[name] = {
             "default_us": round(default_us, 1),

@@ -93,8 +93,11 @@ def test_equal_chunks_spanning_several_query_tiles(
 def test_kv_start_skips_earlier_keys(
     device: torch.device, dtype: torch.dtype, head_dim: int, group: int, block_size: int
 ) -> None:
-    cache = make_cache(48, block_size, NUM_KV_HEADS, head_dim, dtype, device)
+    cache = make_cache(112, block_size, NUM_KV_HEADS, head_dim, dtype, device)
+    # The last two start mid key tile and run many tiles past it: the unmasked tiles before the
+    # queries, then the causal ones.
     seqs = [Seq(1, 40, 16), Seq(5, 37, 32), Seq(3, 20, 8), Seq(1, 90, 64), Seq(0, 0, 0)]
+    seqs += [Seq(1, 150, 24), Seq(9, 140, 40)]
     batch = make_batch(cache, seqs, NUM_KV_HEADS * group, dtype)
     check_kernel_ref_dense(batch, cache, dtype, with_kv_start=True)
 
