@@ -12,6 +12,8 @@ empty) get o = 0 and lse = -inf, which the suffix pass treats as "no prefix".
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -23,7 +25,7 @@ from prefixgrove.kernels.merge_states import (
     merge_attention_states_ref,
     reduce_splits_kernel,
 )
-from prefixgrove.kernels.paged_attention import LOG2E, dot_precision, num_sms, tile_tier
+from prefixgrove.kernels.paged_attention import LOG2E, dot_precision, tile_tier
 from prefixgrove.kernels.reference_math import attend
 
 __all__ = [
@@ -150,6 +152,11 @@ def _prefix_attention_kernel(
     tl.store(lse_ptr + lse_offs, lse, mask=row_valid)
 
 
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def _tile_shape(head_dim: int, elem_bytes: int, group: int, max_group_q: int) -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N): M covers a whole group's rows when it can (up to 128 for narrow rows).
     The widest M (a group's prefill chunk) pairs with narrow N tiles: 128 x 32 with 8 warps and 2
@@ -173,7 +180,7 @@ def default_num_splits(
     if q.device.type != "cuda":
         return 1
     programs = max(1, num_groups * m_tiles_per_group * num_kv_heads)
-    wanted = min(MAX_SPLITS, triton.cdiv(2 * num_sms(q.device.index or 0), programs))
+    wanted = min(MAX_SPLITS, triton.cdiv(2 * _num_sms(q.device.index or 0), programs))
     return 1 << (max(1, wanted).bit_length() - 1)
 
 

@@ -8,8 +8,6 @@ prefix result (o, lse) given, this is the suffix pass of cascade attention and t
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -107,27 +105,7 @@ def _paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    tile_lo = kv_lo // BLOCK_N
-    # Tiles of keys at or before the tile's first query position are visible to every row: they skip
-    # the causal mask and its -inf bookkeeping (most of a prefill's tiles; all but the last in decode).
-    tile_open = tl.maximum(tile_lo, (context + q_tile * BLOCK_Q + 1) // BLOCK_N)
-    for tile in range(tile_lo, tile_open):
-        keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        key_valid = keys >= kv_lo  # only the first tile may start below kv_lo
-        block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0)
-        kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
-        kv_offs += kv_head * stride_kh
-        k = tl.load(k_ptr + kv_offs[None, :] + dims[:, None], mask=key_valid[None, :], other=0.0)
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
-        s = tl.where(key_valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every row sees a valid key of this tile
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + kv_offs[:, None] + dims[None, :], mask=key_valid[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
-    for tile in range(tile_open, tl.cdiv(kv_hi, BLOCK_N)):
+    for tile in range(kv_lo // BLOCK_N, tl.cdiv(kv_hi, BLOCK_N)):
         keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         key_valid = (keys >= kv_lo) & (keys < kv_hi)
         block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0)
@@ -181,34 +159,11 @@ def tile_tier(head_dim: int, elem_bytes: int) -> int:
 
 
 def _tile_shape(head_dim: int, elem_bytes: int, group: int, max_query_len: int) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N): 16 rows when all of a sequence's queries fit (decode), more for prefill.
-    Decode tiles stream keys 32 at a time: on the H100, 32-key tiles with one warp read a 256 x 200
-    and a 512 x 250 batch's KV 7% faster than 64-key tiles with four (benchmarks/tune_cascade.py)."""
+    """(BLOCK_M, BLOCK_N): 16 rows when all of a sequence's queries fit (decode), more for prefill."""
     tier = tile_tier(head_dim, elem_bytes)
     min_m = max(16, triton.next_power_of_2(group))
-    if _is_decode(group, max_query_len):
-        return min_m, max(16, 32 >> tier)
-    return max(min_m, 64 >> tier), 64 >> tier
-
-
-def _is_decode(group: int, max_query_len: int) -> bool:
-    """Whether every sequence's queries fit one tile of the smallest M (decode, or tiny chunks)."""
-    return max_query_len * group <= max(16, triton.next_power_of_2(group))
-
-
-def _launch_shape(q: torch.Tensor, decode: bool, programs: int, tier: int) -> dict[str, int]:
-    """num_warps / num_stages. Decode tiles take one warp when there are programs enough to cover
-    every SM eight times over (each one then streams its keys alone); prefill tiles pipeline two
-    stages deep (435 vs 481 us for a 2,000-token causal prefill, benchmarks/tune_prefill.py)."""
-    if decode:
-        many = q.is_cuda and programs >= 8 * num_sms(q.device.index or 0)
-        return {"num_warps": 1 if many else 4, "num_stages": 3 if tier == 0 else 2}
-    return {"num_warps": 4, "num_stages": 2}
-
-
-@functools.cache
-def num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+    block_m = min_m if max_query_len * group <= min_m else max(min_m, 64 >> tier)
+    return block_m, 64 >> tier
 
 
 def check_paged_attention_args(
@@ -289,12 +244,8 @@ def paged_attention_launch(
         "HAS_KV_START": kv_start is not None,
         "HAS_PREFIX": prefix_out is not None,
         "DOT_PRECISION": dot_precision(q.dtype),
-        **_launch_shape(
-            q,
-            _is_decode(group, max_query_len),
-            grid[0] * grid[1],
-            tile_tier(head_dim, q.element_size()),
-        ),
+        "num_warps": 4,
+        "num_stages": 3 if tile_tier(head_dim, q.element_size()) == 0 else 2,
     }
     return KernelLaunch(_paged_attention_kernel, grid, args, options)
 

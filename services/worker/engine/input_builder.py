@@ -19,12 +19,6 @@ from .scheduler import ScheduledSeq
 # queries must outweigh one more pass over the queries and the merge.
 CASCADE_MIN_SEQS = 2
 CASCADE_MIN_PREFIX = 64
-# ...and only for rows of requests computing a few tokens this step (decode): a prefill chunk fills the
-# plain kernel's query tiles by itself, which then read the prefix at compute-bound speed, while the
-# separate pass would add a round trip of an fp32 state per query. Measured on the H100 for a group of
-# 16 x 200 suffix tokens over a 2,000-token prefix: 1.35 ms plain vs 1.60 ms cascade per layer
-# (benchmarks/tune_prefill.py).
-CASCADE_MAX_CHUNK = 16
 
 
 def _bucket(n: int) -> int:
@@ -166,10 +160,7 @@ class InputBuilder:
             return batch, []
         members: dict[int, list[ScheduledSeq]] = {}
         for item in batch:
-            if (
-                item.seq.shared_prefix_len >= CASCADE_MIN_PREFIX
-                and item.num_tokens <= CASCADE_MAX_CHUNK
-            ):
+            if item.seq.shared_prefix_len >= CASCADE_MIN_PREFIX:
                 members.setdefault(id(item.seq.group), []).append(item)
         chosen = [m for m in members.values() if len(m) >= CASCADE_MIN_SEQS]
         in_groups = {id(item) for m in chosen for item in m}
