@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import random
@@ -44,6 +45,18 @@ def shared_prefix_prompts(
             prefix + [rng.randrange(vocab) for _ in range(suffix_len)] for _ in range(per_group)
         ]
     return prompts
+
+
+def add_canonical_args(ap: argparse.ArgumentParser, groups: int) -> None:
+    """The canonical workload's knobs (DESIGN.md), shared by the scripts that run it."""
+    ap.add_argument("--model", default="llama-3.1-8b-random")
+    ap.add_argument("--groups", type=int, default=groups)
+    ap.add_argument("--per-group", type=int, default=16)
+    ap.add_argument("--prefix-len", type=int, default=2000)
+    ap.add_argument("--suffix-len", type=int, default=200)
+    ap.add_argument("--output-len", type=int, default=100)
+    ap.add_argument("--max-num-seqs", type=int, default=512)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
 
 
 def timed(fn: Any) -> tuple[Any, float]:

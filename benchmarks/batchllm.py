@@ -21,7 +21,7 @@ import torch
 from prefixgrove import LLM, SamplingParams
 from prefixgrove.planner.grouping import GroupingConfig, GroupingResult, group_prompts
 
-from _common import device_name, emit, shared_prefix_prompts, timed
+from _common import add_canonical_args, device_name, emit, shared_prefix_prompts, timed
 
 MODES = ("shuffled-nogroup", "sorted-nogroup", "group-nocascade", "group-cascade")
 
@@ -90,14 +90,7 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="llama-3.1-8b-random")
-    ap.add_argument("--groups", type=int, default=400)
-    ap.add_argument("--per-group", type=int, default=16)
-    ap.add_argument("--prefix-len", type=int, default=2000)
-    ap.add_argument("--suffix-len", type=int, default=200)
-    ap.add_argument("--output-len", type=int, default=100)
-    ap.add_argument("--max-num-seqs", type=int, default=512)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    add_canonical_args(ap, groups=400)
     ap.add_argument("--num-scheduler-steps", type=int, default=None)
     ap.add_argument("--modes", default=",".join(MODES))
     args = ap.parse_args()

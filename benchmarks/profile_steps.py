@@ -26,7 +26,7 @@ from torch.profiler import ProfilerActivity, profile
 from prefixgrove import LLM, SamplingParams
 from prefixgrove.worker.engine import sampler as sampler_module
 
-from _common import H100_BF16_FLOPS, device_name, emit, shared_prefix_prompts
+from _common import H100_BF16_FLOPS, add_canonical_args, device_name, emit, shared_prefix_prompts
 
 
 class HostTimers:
@@ -84,14 +84,7 @@ def kernel_table(prof: Any, rows: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="llama-3.1-8b-random")
-    ap.add_argument("--groups", type=int, default=64)
-    ap.add_argument("--per-group", type=int, default=16)
-    ap.add_argument("--prefix-len", type=int, default=2000)
-    ap.add_argument("--suffix-len", type=int, default=200)
-    ap.add_argument("--output-len", type=int, default=100)
-    ap.add_argument("--max-num-seqs", type=int, default=512)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    add_canonical_args(ap, groups=64)
     ap.add_argument("--cascade", type=int, default=1)
     ap.add_argument("--trace-mixed", type=int, default=3, help="mixed steps to trace (0: none)")
     ap.add_argument("--trace-decode", type=int, default=2, help="decode windows to trace")
@@ -186,7 +179,9 @@ def main() -> None:
             continue
         sync()
         cpu = bool(args.cpu_trace) and want == "mixed" and traced["mixed"] == 0
-        activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if cpu else [])
+        on_gpu = torch.cuda.is_available()
+        activities = [ProfilerActivity.CUDA] if on_gpu else []
+        activities += [ProfilerActivity.CPU] if cpu or not on_gpu else []
         with profile(activities=activities) as prof:
             one_step(None)
             sync()
