@@ -187,9 +187,9 @@ class LLMEngine:
         """Runs one scheduled step, or a window of decode steps; returns the requests that finished."""
         begin = time.perf_counter()
         window: DecodeWindow | None = None
-        if (
-            self._chained is not None
-        ):  # enqueued behind the last window: its batch is already decided
+        preempted = False
+        if self._chained is not None:
+            # Enqueued behind the last window: its batch is decided and its steps are on the device.
             (out, window), self._chained = self._chained, None
             steps = window.steps
         else:
@@ -207,9 +207,7 @@ class LLMEngine:
         else:
             if window is None:
                 window = self.runner.start_window(out.batch, steps)
-                self._chain(out, window, preempted)
-            else:
-                self._chain(out, window, False)
+            self._chain(out, window, preempted)
             results = self.runner.window_results(window)
         finished: list[Sequence] = []
         for order, rows in results:
