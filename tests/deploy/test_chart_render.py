@@ -12,7 +12,7 @@ from deploy_tools import CHART, container, env_of, find, helm, kinds, parse_cli,
 
 from prefixgrove.operator.settings import OperatorSettings
 from prefixgrove.planner.metrics import PlannerMetrics
-from prefixgrove.planner.settings import PlannerSettings, WorkerSettings, load
+from prefixgrove.planner.settings import PlannerSettings, SecuritySettings, WorkerSettings, load
 from prefixgrove.worker.metrics import WorkerMetrics
 
 PREFIX = "t-prefixgrove"
@@ -135,6 +135,48 @@ def test_operator_env_builds_valid_settings_pointing_at_the_chart_objects() -> N
     assert settings.shared_volume_root == "/data"
     assert {"name": "data", "mountPath": "/data"} in c["volumeMounts"]
     assert "--namespace=prefixgrove" in c["command"] and "--standalone" in c["command"]
+
+
+def test_tls_serves_the_planner_from_the_secret_and_the_operator_trusts_its_ca() -> None:
+    objects = template(
+        "--set", "tls.enabled=true", "--set", "tls.secretName=planner-tls",
+        "--set", "tls.mutual=true", "--set", "tls.clientSecretName=operator-tls",
+        "--kube-version", "1.29.0",
+    )  # fmt: skip
+    planner = find(objects, "Deployment", f"{PREFIX}-planner")
+    c = container(planner, "planner")
+    settings = load(SecuritySettings, parse_cli(c["args"]), env={})
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in planner["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "planner-tls"
+    assert settings.tls_cert == f"{mounts['tls']}/tls.crt"
+    assert settings.tls_key == f"{mounts['tls']}/tls.key"
+    assert settings.tls_ca == f"{mounts['tls']}/ca.crt"  # mutual: client certificates required
+    # No kubelet's gRPC probe speaks TLS: readiness falls back to the TCP port.
+    assert c["readinessProbe"]["tcpSocket"] == {"port": "grpc"}
+
+    operator = find(objects, "Deployment", f"{PREFIX}-operator")
+    o = container(operator, "operator")
+    env = {k: v for k, v in env_of(o).items() if k.startswith("PREFIXGROVE_")}
+    op = OperatorSettings.from_env({k: v for k, v in env.items() if isinstance(v, str)})
+    o_mounts = {m["name"]: m["mountPath"] for m in o["volumeMounts"]}
+    o_volumes = {v["name"]: v for v in operator["spec"]["template"]["spec"]["volumes"]}
+    assert op.planner_tls_ca == f"{o_mounts['planner-ca']}/ca.crt"
+    assert o_volumes["planner-ca"]["secret"]["secretName"] == "planner-tls"
+    assert [i["key"] for i in o_volumes["planner-ca"]["secret"]["items"]] == ["ca.crt"]
+    assert op.planner_tls_client_cert == f"{o_mounts['client-tls']}/tls.crt"
+    assert op.planner_tls_client_key == f"{o_mounts['client-tls']}/tls.key"
+    assert o_volumes["client-tls"]["secret"]["secretName"] == "operator-tls"
+
+
+def test_without_tls_nothing_mounts_certificates() -> None:
+    objects = template("--kube-version", "1.29.0")
+    for name, kind in (("planner", "planner"), ("operator", "operator")):
+        c = container(find(objects, "Deployment", f"{PREFIX}-{name}"), kind)
+        assert not [a for a in c.get("args", []) if a.startswith("--tls")]
+        assert not [k for k in env_of(c) if "TLS" in k]
+    planner = container(find(objects, "Deployment", f"{PREFIX}-planner"), "planner")
+    assert planner["readinessProbe"]["grpc"] == {"port": 50051}
 
 
 def test_operator_without_autoscaling_gets_no_deployment_rights() -> None:

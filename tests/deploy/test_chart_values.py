@@ -29,6 +29,10 @@ VALID_SHAPES = {
         "--set", "metrics.grafanaDashboard.enabled=true",
     ],
     "no operator": ["--set", "operator.enabled=false"],
+    "mutual tls": [
+        "--set", "tls.enabled=true", "--set", "tls.secretName=planner-tls",
+        "--set", "tls.mutual=true", "--set", "tls.clientSecretName=operator-tls",
+    ],
 }  # fmt: skip
 
 
@@ -64,6 +68,9 @@ NONSENSE = [
     ("wrker.replicas=2", "Additional property wrker is not allowed"),
     ("worker.replica=2", "Additional property replica is not allowed"),
     ("metrics.serviceMonitor.enabled=true", "needs the monitoring.coreos.com/v1 API"),
+    ("tls.enabled=true", "tls.enabled needs tls.secretName"),
+    ("tls.mutual=true", "tls.mutual needs tls.enabled"),
+    ("tls.secretName=Not_A_Name", "tls.secretName"),
 ]
 
 

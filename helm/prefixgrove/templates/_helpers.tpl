@@ -157,3 +157,19 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- true }}
 {{- end }}
 {{- end }}
+
+{{/*
+TLS on the planner's API: the values must name the Secrets they need.
+*/}}
+{{- define "prefixgrove.tls.check" -}}
+{{- if .Values.tls.enabled }}
+{{- if not .Values.tls.secretName }}
+{{- fail "tls.enabled needs tls.secretName: a Secret with the planner's tls.crt, tls.key and ca.crt" }}
+{{- end }}
+{{- if and .Values.tls.mutual (not .Values.tls.clientSecretName) }}
+{{- fail "tls.mutual needs tls.clientSecretName: a Secret with the tls.crt and tls.key the operator presents" }}
+{{- end }}
+{{- else if .Values.tls.mutual }}
+{{- fail "tls.mutual needs tls.enabled" }}
+{{- end }}
+{{- end }}
