@@ -70,6 +70,8 @@ def test_rendered_chart_passes_server_side_dry_run(api: KubeApi, namespace: str)
         "template", "pg", str(CHART), "--namespace", namespace, "--validate",
         "--set", "planner.podDisruptionBudget.enabled=true", "--set", "auth.enabled=true",
         "--set", "metrics.grafanaDashboard.enabled=true",
+        "--set", "tls.enabled=true", "--set", "tls.secretName=planner-tls",
+        "--set", "tls.mutual=true", "--set", "tls.clientSecretName=operator-tls",
         kubeconfig=api.kubeconfig,
     ).stdout  # fmt: skip
     objects = [o for o in yaml.safe_load_all(out) if o]
