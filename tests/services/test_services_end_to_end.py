@@ -168,8 +168,13 @@ def test_a_stopped_worker_gives_its_groups_back(
 ) -> None:
     job_file, local_out, _ = long_job
     r = stack.redis.client()
-    job = stack.client().submit_file(job_file)
     queue = f"pg:queue:{MODEL}"
+    # w3 started at the end of the last test; on a loaded machine it may still be importing torch,
+    # and the other worker could finish the whole job before it reads the queue.
+    wait_until(
+        lambda: "worker w3 serving" in stack.workers["w3"].text(), 120, "w3 to start serving"
+    )
+    job = stack.client().submit_file(job_file)
     wait_until(lambda: bool(r.xpending_range(queue, "workers", "-", "+", 10, consumername="w3")), 90,
                "w3 to hold a group")  # fmt: skip
     stack.workers["w3"].kill(signal.SIGTERM)
