@@ -251,12 +251,12 @@ class LLMEngine:
         seqs = [item.seq for item in out.batch]
         if any(s.params.has_penalties for s in seqs):
             return 1  # penalties need every token on the CPU before the next step
-        steps = min(steps, max(s.params.max_tokens - len(s.output_token_ids) for s in seqs))
+        steps = min(steps, max(_tokens_left(s) for s in seqs))
         return steps if steps > 1 and self.scheduler.reserve_ahead(seqs, steps) else 1
 
     def _chain(self, out: SchedulerOutput, window: DecodeWindow, preempted: bool) -> None:
         """Enqueues the next window of the same batch behind `window` now, before the CPU has seen its
-        tokens, when the scheduler would pick that batch anyway: nobody can finish by length inside
+        tokens, when the scheduler would pick that batch anyway: nobody can reach max_tokens inside
         `window`, nothing finished in the last one, and this batch was decode-only because nothing more
         could be admitted, which holds while nobody finishes. A request that still stops inside `window`
         (EOS, a stop token or string) has its later rows computed and dropped, and keeps its blocks
@@ -265,11 +265,7 @@ class LLMEngine:
         if preempted or self._deferred or window.steps < self.config.scheduler.num_scheduler_steps:
             return
         seqs = [item.seq for item in window.inputs.order]
-        limit = self.config.model.max_model_len
-        room = [
-            min(s.params.max_tokens - len(s.output_token_ids), limit - s.num_tokens) - window.steps
-            for s in seqs
-        ]
+        room = [_tokens_left(s) - window.steps for s in seqs]
         if min(room) <= 0:
             return
         steps = min(self.config.scheduler.num_scheduler_steps, max(room))
@@ -369,3 +365,9 @@ class LLMEngine:
             finished=True,
             num_cached_tokens=seq.num_cached_tokens,
         )
+
+
+def _tokens_left(seq: Sequence) -> int:
+    """Tokens a request may still produce. max_tokens binds before max_model_len: validation keeps
+    prompt + max_tokens within it."""
+    return seq.params.max_tokens - len(seq.output_token_ids)

@@ -105,17 +105,17 @@ def _penalty_tensors(seqs: list[Sequence], device: torch.device, vocab: int):
     for r, s in enumerate(seqs):
         outputs[r, : len(s.output_token_ids)] = s.output_token_ids
         prompts[r, : s.num_prompt_tokens] = s.prompt_token_ids
-    values = torch.tensor(
+    values = np.array(
         [
             [s.params.presence_penalty, s.params.frequency_penalty, s.params.repetition_penalty]
             for s in seqs
         ],
-        dtype=torch.float32,
+        dtype=np.float32,
     )
-    v = values.to(device)
+    v = _upload(values, device)
     return (
-        torch.from_numpy(outputs).to(device),
-        torch.from_numpy(prompts).to(device),
+        _upload(outputs, device),
+        _upload(prompts, device),
         v[:, 0],
         v[:, 1],
         v[:, 2],
