@@ -7,8 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,17 +127,6 @@ def parse_cli(args: list[str]) -> Any:
         return _parser().parse_args(args)
     except SystemExit as exc:
         raise AssertionError(f"prefixgrove {' '.join(args)} is refused by the CLI") from exc
-
-
-def wait_for(what: str, probe: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}; last saw {last!r}")
 
 
 @dataclass

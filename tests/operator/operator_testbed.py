@@ -10,12 +10,13 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from k8s_fixtures import REPO, KubeApi, free_port, missing
+from polling import wait_for
 
 CRD = REPO / "helm" / "prefixgrove" / "crds" / "batchjobs.yaml"
 MODEL = "tiny-random-llama"
@@ -26,18 +27,6 @@ MIN_WORKERS = 1
 MAX_WORKERS = 10
 SCALE_DOWN_WINDOW_S = 6.0
 AUTOSCALE_INTERVAL_S = 0.5
-
-
-def wait_for(what: str, probe: Callable[[], Any], timeout: float = 60.0, every: float = 0.2) -> Any:
-    """Polls `probe` until it returns something truthy; fails with `what` and the last value."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(every)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}; last seen: {last!r}")
 
 
 class Service:

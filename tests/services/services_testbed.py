@@ -11,9 +11,12 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from polling import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "tiny-random-llama"
@@ -188,3 +191,8 @@ def shared_prefix_job(
         lines.insert(n // 4, batch_line("bad-token", {"prompt": [1, 2, 10**6], "max_tokens": 2}))
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> None:
+    """Polls `predicate` every 0.1 s until it holds (the shared poller, with the services' cadence)."""
+    wait_for(what, predicate, timeout, every=0.1)

@@ -28,6 +28,7 @@ from services_testbed import (
     start_planner,
     start_worker,
     wait_for_port,
+    wait_until,
 )
 
 from prefixgrove.planner.client import PlannerClient
@@ -101,15 +102,6 @@ def local_run(job: Path, d: Path) -> tuple[Path, Path]:
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     return out, err
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def finish(stack: Stack, job_id: str, d: Path, timeout: float = 120) -> tuple[pb.Job, Path, Path]:

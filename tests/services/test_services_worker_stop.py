@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from services_testbed import MODEL, RedisServer, start_worker
+from services_testbed import MODEL, RedisServer, start_worker, wait_until
 
 from prefixgrove.planner.connection import connect
 from prefixgrove.planner.ingest import JobPlan
@@ -17,15 +17,6 @@ from prefixgrove.planner.settings import WorkerSettings
 from prefixgrove.planner.store import JobStore
 
 QUEUE = f"pg:queue:{MODEL}"
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def queue_long_group(store: JobStore) -> str:
