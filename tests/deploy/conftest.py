@@ -15,8 +15,9 @@ import pytest
 # module and this folder's helpers are put on the path by hand.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from deploy_tools import VENV_BIN, Process, missing, wait_for
+from deploy_tools import VENV_BIN, Process, missing
 from k8s_fixtures import free_port, kube_api
+from polling import wait_for
 
 __all__ = ["kube_api"]
 

@@ -20,9 +20,9 @@ from deploy_tools import (
     container,
     missing,
     template,
-    wait_for,
 )
 from k8s_fixtures import free_port
+from polling import wait_for
 
 from prefixgrove.worker.metrics import WorkerMetrics
 

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_tools import CHART, CRD, VENV_BIN, Process, helm, kubectl_path, run, wait_for
+from deploy_tools import CHART, CRD, VENV_BIN, Process, helm, kubectl_path, run
 from k8s_fixtures import KubeApi, free_port
+from polling import wait_for
 
 RELEASE = "pg"
 PREFIX = f"{RELEASE}-prefixgrove"

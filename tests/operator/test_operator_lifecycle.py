@@ -14,8 +14,8 @@ from operator_testbed import (
     NAMESPACE,
     BatchJobs,
     Service,
-    wait_for,
 )
+from polling import wait_for
 
 from prefixgrove.operator.planner_client import PlannerClient
 

@@ -21,8 +21,8 @@ from operator_testbed import (
     BatchJobs,
     replicas,
     start_worker,
-    wait_for,
 )
+from polling import wait_for
 
 from prefixgrove.operator.planner_client import PlannerClient
 
