@@ -1,10 +1,12 @@
-"""Cascade attention (prefix pass + fused suffix pass) against plain paged attention, for decode.
+"""Cascade decode attention against plain paged attention: the one-pass kernel and the two-pass form.
 
 Each request has one query token (decode), a prefix shared by `degree` requests and its own
 `--own-tokens` tokens; the batch holds `--requests` requests, i.e. requests / degree groups.
 Prints one JSON object: timings (median of triton.testing.do_bench, microseconds; by default
-around a CUDA graph of the calls, as the engine runs them), the KV bytes each path must read and
-the GB/s that makes, the cascade's speedup, and its largest difference from the plain result.
+around a CUDA graph of the calls, as the engine runs them) of the plain kernel, the one-pass
+cascade decode kernel (what the engine's decode steps run) and the two-pass cascade (prefix pass,
+then a suffix pass that merges: what steps with prefill rows run), the KV bytes each must read and
+the GB/s that makes, the speedups, and the largest difference from the plain result.
 
     python benchmarks/attention_kernels.py            # full sweep (degrees 4/16/64 x 512/2000/8000)
     python benchmarks/attention_kernels.py --quick    # degree 16 and 64 at 2000 tokens
@@ -32,6 +34,7 @@ ensure_prefixgrove()
 
 
 from prefixgrove.kernels.cascade_attention import prefix_attention  # noqa: E402
+from prefixgrove.kernels.cascade_decode import cascade_decode_attention  # noqa: E402
 from prefixgrove.kernels.paged_attention import paged_attention  # noqa: E402
 
 TARGET = {"degree": 16, "prefix_len": 2000, "min_speedup": 3.0}
@@ -91,6 +94,7 @@ class Workload:
         self.degree, self.scale, self.num_splits = degree, args.head_dim**-0.5, args.num_splits
         self.plain_out = torch.empty_like(self.q)
         self.cascade_out = torch.empty_like(self.q)
+        self.one_pass_out = torch.empty_like(self.q)
         self.o_p = torch.empty(self.q.shape, dtype=torch.float32, device=device)
         self.lse_p = torch.empty(self.q.shape[:2], dtype=torch.float32, device=device)
         row_bytes = 2 * args.kv_heads * args.head_dim * self.k_cache.element_size()  # K and V
@@ -125,20 +129,33 @@ class Workload:
         self.prefix_pass()
         self.suffix_pass()
 
+    def one_pass(self) -> None:
+        cascade_decode_attention(
+            self.q, self.k_cache, self.v_cache, self.one_pass_out, seq_lens=self.seq_lens,
+            kv_start=self.kv_start, block_tables=self.block_tables, group_cu_q=self.group_cu_q,
+            group_prefix_lens=self.group_prefix_lens, group_block_tables=self.group_block_tables,
+            scale=self.scale, max_group_q=self.degree,
+        )  # fmt: skip
+
 
 def measure(args: argparse.Namespace, degree: int, prefix_len: int) -> dict[str, Any]:
     w = Workload(args, degree, prefix_len)
     w.plain()
     w.cascade()
+    w.one_pass()
     if args.device != "cpu":
         torch.cuda.synchronize()
-    diff = (w.cascade_out.float() - w.plain_out.float()).abs().max().item()
+    diff = max(
+        (out.float() - w.plain_out.float()).abs().max().item()
+        for out in (w.cascade_out, w.one_pass_out)
+    )
     use_graph = not args.no_graph
     times = {
         name: median_us(fn, args.device, use_graph)
         for name, fn in [
             ("plain_us", w.plain),
-            ("cascade_us", w.cascade),
+            ("one_pass_us", w.one_pass),
+            ("two_pass_us", w.cascade),
             ("prefix_pass_us", w.prefix_pass),
             ("suffix_pass_us", w.suffix_pass),
         ]
@@ -150,11 +167,13 @@ def measure(args: argparse.Namespace, degree: int, prefix_len: int) -> dict[str,
         "groups": w.num_groups,
         "requests": w.num_requests,
         **{k: round(v, 2) for k, v in times.items()},
-        "speedup": round(times["plain_us"] / times["cascade_us"], 2),
+        "speedup": round(times["plain_us"] / times["one_pass_us"], 2),
+        "two_pass_speedup": round(times["plain_us"] / times["two_pass_us"], 2),
         "plain_kv_mb": round(w.plain_bytes / 1e6, 1),
         "cascade_kv_mb": round(cascade_bytes / 1e6, 1),
         "plain_gb_per_s": round(w.plain_bytes / times["plain_us"] / 1e3, 1),
-        "cascade_gb_per_s": round(cascade_bytes / times["cascade_us"] / 1e3, 1),
+        "one_pass_gb_per_s": round(cascade_bytes / times["one_pass_us"] / 1e3, 1),
+        "two_pass_gb_per_s": round(cascade_bytes / times["two_pass_us"] / 1e3, 1),
         "prefix_pass_gb_per_s": round(w.prefix_bytes / times["prefix_pass_us"] / 1e3, 1),
         "suffix_pass_gb_per_s": round(w.suffix_bytes / times["suffix_pass_us"] / 1e3, 1),
         "max_abs_diff_vs_plain": diff,

@@ -37,17 +37,25 @@ def ungrouped(llama_dir: str, job: list[list[int]]) -> list[list[int]]:
     return token_ids(outs)
 
 
-def count_prefix_passes(llm: LLM) -> list[int]:
-    """Counts calls of the backend's cascade prefix pass (one per layer and step that uses it)."""
-    calls = [0]
+def count_cascade_calls(llm: LLM) -> dict[str, int]:
+    """Counts calls of the backend's cascade kernels (one per layer and step that uses them): the
+    prefix pass of steps with prefill rows and the one-pass kernel of decode steps."""
+    calls = {"prefix": 0, "decode": 0}
     runner = llm.engine.runner
-    prefix = runner.backend.prefix
 
-    def counting_prefix(*args, **kwargs):
-        calls[0] += 1
-        return prefix(*args, **kwargs)
+    def counting(name: str, kernel):
+        def count(*args, **kwargs):
+            calls[name] += 1
+            return kernel(*args, **kwargs)
 
-    runner.backend = dataclasses.replace(runner.backend, prefix=counting_prefix)
+        return count
+
+    backend = runner.backend
+    runner.backend = dataclasses.replace(
+        backend,
+        prefix=counting("prefix", backend.prefix),
+        decode=counting("decode", backend.decode),
+    )
     return calls
 
 
@@ -69,20 +77,22 @@ def test_grouped_cascade_on_triton_backend_matches_ungrouped(llama_dir):
     params = greedy(3, ignore_eos=True)
     llm = engine(llama_dir, attention_backend="triton")
     assert llm.engine.runner.backend.name == "triton"
-    passes = count_prefix_passes(llm)
+    calls = count_cascade_calls(llm)
     outs = run(llm, prompts, params)
-    assert [o.num_cached_tokens for o in outs] == [64] * 4 and passes[0] > 0
+    assert [o.num_cached_tokens for o in outs] == [64] * 4
+    assert calls["prefix"] > 0 and calls["decode"] > 0
     reference = engine(llama_dir, enable_prefix_grouping=False)
     assert token_ids(outs) == token_ids(run(reference, prompts, params))
     assert_no_leak(llm)
 
 
-def test_cascade_prefix_pass_runs_only_when_enabled(llama_dir, job):
+def test_cascade_kernels_run_only_when_enabled(llama_dir, job):
     on, off = engine(llama_dir), engine(llama_dir, enable_cascade_attention=False)
-    on_passes, off_passes = count_prefix_passes(on), count_prefix_passes(off)
+    on_calls, off_calls = count_cascade_calls(on), count_cascade_calls(off)
     run(on, job, PARAMS)
     run(off, job, PARAMS)
-    assert on_passes[0] > 0 and off_passes[0] == 0
+    assert on_calls["prefix"] > 0 and on_calls["decode"] > 0
+    assert off_calls == {"prefix": 0, "decode": 0}
 
 
 def test_num_cached_tokens_reports_the_reused_prefix(llama_dir, job):

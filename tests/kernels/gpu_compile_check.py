@@ -119,6 +119,35 @@ def prefix_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
     return out
 
 
+def decode_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
+    from prefixgrove.kernels.cascade_decode import cascade_decode_attention_launches
+
+    out = []
+    # (name, seqs, groups, max_group_q, heads, kv heads, head_dim, splits)
+    shapes = [
+        ("degree16", 256, 16, 16, 32, 8, 128, 1),
+        ("degree16_split", 256, 16, 16, 32, 8, 128, 2),
+        ("degree4", 256, 64, 4, 32, 8, 128, 2),
+        ("one_seq", 1, 1, 1, 32, 8, 128, 1),
+        ("d64_mha", 128, 8, 16, 8, 8, 64, 1),
+        ("d256_g8", 128, 4, 32, 16, 2, 256, 2),
+        ("g3", 96, 4, 16, 12, 4, 128, 2),
+    ]
+    for name, seqs, groups, max_q, heads, kv_heads, dim, splits in shapes:
+        q = torch.empty(seqs, heads, dim, dtype=dtype)
+        cache = torch.empty(64, 16, kv_heads, dim, dtype=dtype)
+        index = torch.zeros(max(seqs, groups) + 1, dtype=torch.int32)
+        launches = cascade_decode_attention_launches(
+            q, cache, cache, torch.empty_like(q), seq_lens=index[:seqs], kv_start=index[:seqs],
+            block_tables=torch.zeros(seqs, 160, dtype=torch.int32), group_cu_q=index[: groups + 1],
+            group_prefix_lens=index[:groups],
+            group_block_tables=torch.zeros(groups, 500, dtype=torch.int32), scale=0.1,
+            max_group_q=max_q, num_splits=splits,
+        )  # fmt: skip
+        out += [(f"cascade_decode/{name}/{i}", launch) for i, launch in enumerate(launches)]
+    return out
+
+
 def merge_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
     from prefixgrove.kernels.merge_states import merge_attention_states_launch
 
@@ -135,7 +164,12 @@ def main(sm: int, dtypes: list[torch.dtype]) -> int:
     driver.set_active(OfflineDriver(sm))  # type: ignore[arg-type]
     failures = 0
     for dtype in dtypes:
-        planned = paged_launches(dtype) + prefix_launches(dtype) + merge_launches(dtype)
+        planned = (
+            paged_launches(dtype)
+            + prefix_launches(dtype)
+            + decode_launches(dtype)
+            + merge_launches(dtype)
+        )
         for name, launch in planned:
             record: dict[str, Any] = {"kernel": name, "dtype": str(dtype), "sm": sm}
             try:

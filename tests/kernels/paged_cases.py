@@ -155,3 +155,43 @@ def dense_paged(batch: Batch, cache: Cache, scale: float) -> tuple[torch.Tensor,
         lses.append(lse)
         start += s.q_len
     return torch.cat(outs), torch.cat(lses)
+
+
+@dataclass
+class Groups:
+    """Rows group_cu_q[g]:group_cu_q[g + 1] of q belong to group g, whose prefix is `blocks[g]`."""
+
+    cu: list[int]
+    prefix_lens: list[int]
+    blocks: list[list[int]]
+
+    def tensors(self, cache: Cache) -> dict[str, torch.Tensor]:
+        device = cache.k.device
+        return {
+            "group_cu_q": int32(self.cu, device),
+            "group_prefix_lens": int32(self.prefix_lens, device),
+            "group_block_tables": block_table(self.blocks, cache.k.shape[0], device),
+        }
+
+
+@dataclass
+class Request:
+    q_len: int
+    own_len: int  # tokens after the prefix, new ones included
+
+
+def build_cascade(
+    cache: Cache, layout: list[tuple[int, list[Request]]], num_heads: int, dtype: torch.dtype
+) -> tuple[Batch, Groups]:
+    """layout: (prefix_len, requests) per group in batch order; prefix_len 0 means ungrouped."""
+    seqs, cu, prefix_lens, prefix_tables = [], [0], [], []
+    for prefix_len, requests in layout:
+        shared = cache.take(prefix_len)
+        for r in requests:
+            blocks = shared + cache.take(r.own_len)
+            seqs.append(Seq(r.q_len, prefix_len + r.own_len, prefix_len, blocks))
+        cu.append(cu[-1] + sum(r.q_len for r in requests))
+        prefix_lens.append(prefix_len)
+        prefix_tables.append(shared)
+    batch = make_batch(cache, seqs, num_heads, dtype)
+    return batch, Groups(cu, prefix_lens, prefix_tables)

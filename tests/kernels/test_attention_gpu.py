@@ -17,6 +17,7 @@ from prefixgrove.kernels.cascade_attention import (
     prefix_attention,
     prefix_attention_ref,
 )
+from prefixgrove.kernels.cascade_decode import cascade_decode_attention
 from prefixgrove.kernels.paged_attention import paged_attention, paged_attention_ref
 
 pytestmark = [
@@ -121,6 +122,13 @@ def test_cascade_matches_plain_paged_attention_and_the_reference(
     paged_attention_ref(batch.q.float(), wide.k, wide.v, want, **meta)
     assert_close(cascade, want, dtype)
     assert_close(plain, want, dtype)
+    one_pass = torch.empty_like(batch.q)
+    cascade_decode_attention(
+        batch.q, cache.k, cache.v, one_pass, seq_lens=batch.seq_lens, kv_start=batch.kv_start,
+        block_tables=batch.block_tables, **groups, scale=scale, max_group_q=max_group_q,
+        num_splits=num_splits,
+    )  # fmt: skip
+    assert_close(one_pass, want, dtype)
 
 
 def test_merge_kernel_matches_reference_in_bf16() -> None:
@@ -178,3 +186,42 @@ def test_cascade_replays_in_a_cuda_graph_with_new_metadata() -> None:
     wide = fp32_copy(cache)
     paged_attention_ref(batch.q.float(), wide.k, wide.v, want, **meta)
     assert_close(out[:num_rows], want[:num_rows], dtype)
+
+
+def test_one_pass_cascade_decode_replays_in_a_cuda_graph_with_new_metadata() -> None:
+    """The one-pass kernel captured once follows new lengths, tables and groups on replay."""
+    dtype = torch.bfloat16
+    cache = make_cache(2048, BLOCK, NUM_KV_HEADS, HEAD_DIM, dtype, torch.device("cuda"))
+    batch, groups, max_group_q = build_groups(cache, 8, 512, 100, 8, dtype)
+    scale = HEAD_DIM**-0.5
+    out = torch.empty_like(batch.q)
+
+    def step() -> None:
+        cascade_decode_attention(
+            batch.q, cache.k, cache.v, out, seq_lens=batch.seq_lens, kv_start=batch.kv_start,
+            block_tables=batch.block_tables, **groups, scale=scale, max_group_q=max_group_q,
+        )  # fmt: skip
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    other, other_groups, _ = build_groups(cache, 8, 256, 40, 7, dtype)
+    num_rows = other.q.shape[0]
+    batch.q.zero_()[:num_rows] = other.q
+    batch.seq_lens.fill_(1)[:num_rows] = other.seq_lens  # padded rows: one key, as in the engine
+    batch.kv_start.zero_()[:num_rows] = other.kv_start
+    rows, cols = other.block_tables.shape
+    batch.block_tables[:rows, :cols] = other.block_tables
+    last = other_groups["group_cu_q"][-1:]
+    groups["group_cu_q"].copy_(torch.cat([other_groups["group_cu_q"], last]))
+    groups["group_prefix_lens"].zero_()[:7] = other_groups["group_prefix_lens"]
+    prefix_cols = other_groups["group_block_tables"].shape[1]
+    groups["group_block_tables"][:7, :prefix_cols] = other_groups["group_block_tables"]
+    graph.replay()
+    torch.cuda.synchronize()
+    want = torch.empty_like(other.q, dtype=torch.float32)
+    wide = fp32_copy(cache)
+    paged_attention_ref(other.q.float(), wide.k, wide.v, want, **paged_meta(other, scale))
+    assert_close(out[:num_rows], want, dtype)

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 from paged_cases import (
-    Batch,
     Cache,
-    Seq,
-    block_table,
+    Groups,
+    Request,
+    build_cascade,
     cumulative,
     dense_attention,
     dense_paged,
     gather,
-    int32,
-    make_batch,
     make_cache,
     random_queries,
 )
@@ -31,23 +27,6 @@ from prefixgrove.kernels.paged_attention import paged_attention
 
 NUM_KV_HEADS = 2
 TOLERANCE = {torch.float32: 2e-4, torch.float16: 5e-3}
-
-
-@dataclass
-class Groups:
-    """Rows group_cu_q[g]:group_cu_q[g + 1] of q belong to group g, whose prefix is `blocks[g]`."""
-
-    cu: list[int]
-    prefix_lens: list[int]
-    blocks: list[list[int]]
-
-    def tensors(self, cache: Cache) -> dict[str, torch.Tensor]:
-        device = cache.k.device
-        return {
-            "group_cu_q": int32(self.cu, device),
-            "group_prefix_lens": int32(self.prefix_lens, device),
-            "group_block_tables": block_table(self.blocks, cache.k.shape[0], device),
-        }
 
 
 def dense_prefix(
@@ -135,29 +114,6 @@ def test_prefix_pass_writes_into_given_buffers(device: torch.device) -> None:
     o, lse = prefix_attention(q, cache.k, cache.v, out=out, out_lse=out_lse, **args)
     assert o is out and lse is out_lse
     assert_states_close((o, lse), prefix_attention_ref(q, cache.k, cache.v, **args), 1e-5)
-
-
-@dataclass
-class Request:
-    q_len: int
-    own_len: int  # tokens after the prefix, new ones included
-
-
-def build_cascade(
-    cache: Cache, layout: list[tuple[int, list[Request]]], num_heads: int, dtype: torch.dtype
-) -> tuple[Batch, Groups]:
-    """layout: (prefix_len, requests) per group in batch order; prefix_len 0 means ungrouped."""
-    seqs, cu, prefix_lens, prefix_tables = [], [0], [], []
-    for prefix_len, requests in layout:
-        shared = cache.take(prefix_len)
-        for r in requests:
-            blocks = shared + cache.take(r.own_len)
-            seqs.append(Seq(r.q_len, prefix_len + r.own_len, prefix_len, blocks))
-        cu.append(cu[-1] + sum(r.q_len for r in requests))
-        prefix_lens.append(prefix_len)
-        prefix_tables.append(shared)
-    batch = make_batch(cache, seqs, num_heads, dtype)
-    return batch, Groups(cu, prefix_lens, prefix_tables)
 
 
 @pytest.mark.parametrize("num_splits", [1, 2])

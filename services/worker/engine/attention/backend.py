@@ -3,8 +3,10 @@
 
 Rules both follow: the step's new K/V are in the cache before attention runs; query i of sequence s attends
 keys [kv_start[s], its own position] of its block table, plus, when the step has cascade metadata and s is in
-one of its groups, that group's whole prefix (attended once for all the group's queries, merged by
-log-sum-exp); rows of padded sequences may hold anything.
+one of its groups, that group's whole prefix (attended once for all the group's queries); rows of padded
+sequences may hold anything. Steps with prefill rows take two passes (prefix pass, then a suffix pass that
+merges by log-sum-exp); decode steps (one query per sequence) take the one-pass cascade decode kernel, which
+streams a group's prefix and its requests' own keys through one program.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class AttentionBackend:
     name: str
     paged: Any  # paged_attention or its reference (prefixgrove.kernels.paged_attention)
     prefix: Any  # prefix_attention or its reference (prefixgrove.kernels.cascade_attention)
+    decode: Any  # cascade_decode_attention or its reference (prefixgrove.kernels.cascade_decode)
 
     def forward(
         self,
@@ -32,6 +35,24 @@ class AttentionBackend:
         scale: float,
     ) -> torch.Tensor:
         # q: [num_tokens, num_heads, head_dim]; caches: [num_blocks, block_size, num_kv_heads, head_dim]
+        out = torch.empty_like(q)
+        if meta.cascade is not None and meta.kv_start is not None and _is_decode(q, meta):
+            c = meta.cascade
+            self.decode(
+                q,
+                k_cache,
+                v_cache,
+                out,
+                seq_lens=meta.seq_lens,
+                kv_start=meta.kv_start,
+                block_tables=meta.block_tables,
+                group_cu_q=c.group_cu_q,
+                group_prefix_lens=c.group_prefix_lens,
+                group_block_tables=c.group_block_tables,
+                scale=scale,
+                max_group_q=c.max_group_q,
+            )
+            return out
         prefix_out = prefix_lse = None
         if meta.cascade is not None:
             c = meta.cascade
@@ -45,7 +66,6 @@ class AttentionBackend:
                 scale=scale,
                 max_group_q=c.max_group_q,
             )
-        out = torch.empty_like(q)
         self.paged(
             q,
             k_cache,
@@ -61,6 +81,11 @@ class AttentionBackend:
             prefix_lse=prefix_lse,
         )
         return out
+
+
+def _is_decode(q: torch.Tensor, meta: AttentionMetadata) -> bool:
+    """One query row per sequence (a host-side fact: no device read)."""
+    return meta.max_query_len == 1 and q.shape[0] == meta.seq_lens.shape[0]
 
 
 @dataclass
@@ -86,10 +111,21 @@ class ForwardContext:
 
 def create_backend(name: str) -> AttentionBackend:
     from prefixgrove.kernels import cascade_attention as cascade
+    from prefixgrove.kernels import cascade_decode as decode
     from prefixgrove.kernels import paged_attention as paged
 
     if name == "triton":
-        return AttentionBackend("triton", paged.paged_attention, cascade.prefix_attention)
+        return AttentionBackend(
+            "triton",
+            paged.paged_attention,
+            cascade.prefix_attention,
+            decode.cascade_decode_attention,
+        )
     if name == "torch":
-        return AttentionBackend("torch", paged.paged_attention_ref, cascade.prefix_attention_ref)
+        return AttentionBackend(
+            "torch",
+            paged.paged_attention_ref,
+            cascade.prefix_attention_ref,
+            decode.cascade_decode_attention_ref,
+        )
     raise ValueError(f"attention_backend={name!r} is unknown; expected 'triton' or 'torch'")

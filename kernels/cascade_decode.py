@@ -1,0 +1,413 @@
+"""Cascade attention for decode steps in one pass: a group's prefix and its requests' own keys in one stream.
+
+In a decode step every request has one query row. The two-pass cascade (prefix pass, then a suffix pass
+per request that merges) reads each prefix once per group, but its suffix pass is many short programs
+(a few hundred keys each) that spend much of their life starting up and draining, and the two launches
+leave each other's tails idle. Here one program takes BLOCK_Q requests of a group (times the G query
+heads of one kv head as the M dimension of tl.dot) and walks one flat stream of key tiles: the group's
+prefix tiles, then each request's own tiles. Prefix keys are allowed for every row; a request's own
+keys only for its own rows (the rows of the others are masked, which costs tensor-core work that is
+free here, where the bound is memory). One online softmax covers the whole stream, so there is nothing
+to merge; long streams are split across num_splits programs whose partial results a small kernel
+reduces. Rows outside every group (requests without a prefix) form prefix-less segments and work the
+same way.
+
+Same metadata as the two-pass path (rows = sequences: row i is sequence i's only query): seq_lens,
+kv_start (the first own key of each request: its group's prefix length, 0 without one), block_tables,
+and the groups' group_cu_q / group_prefix_lens / group_block_tables.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from prefixgrove.kernels import checks
+from prefixgrove.kernels.cascade_attention import (
+    MAX_SPLITS,
+    _find_segment,
+    _num_sms,
+    _segment_begin,
+)
+from prefixgrove.kernels.launch import KernelLaunch
+from prefixgrove.kernels.merge_states import merge_pair
+from prefixgrove.kernels.paged_attention import LOG2E, dot_precision, tile_tier
+from prefixgrove.kernels.reference_math import attend
+
+__all__ = ["cascade_decode_attention", "cascade_decode_attention_ref"]
+
+
+@triton.jit
+def _pick(values, index_vector, i):
+    """values[i] for a small register vector (no memory access)."""
+    return tl.sum(tl.where(index_vector == i, values, 0), 0)
+
+
+# Row, group and split counts change every step: no specialisation on them (see cascade_attention).
+@triton.jit(do_not_specialize=["num_groups", "num_seqs", "num_splits"])
+def _cascade_decode_kernel(
+    q_ptr,  # q, out: [num_seqs, num_heads, HEAD_DIM] (token, head strides free)
+    k_ptr,  # k_cache, v_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
+    v_ptr,
+    out_ptr,
+    part_o_ptr,  # [num_splits, num_seqs, num_heads, HEAD_DIM] fp32 (SPLIT only)
+    part_lse_ptr,  # [num_splits, num_seqs, num_heads] fp32 (SPLIT only)
+    seq_lens_ptr,  # [num_seqs]
+    kv_start_ptr,  # [num_seqs]
+    block_tables_ptr,  # [num_seqs, max_blocks] (row stride stride_bt)
+    group_cu_ptr,  # [num_groups + 1]
+    prefix_lens_ptr,  # [num_groups]
+    group_tables_ptr,  # [num_groups, max_prefix_blocks] (row stride stride_gt)
+    num_groups,
+    num_seqs,
+    num_heads,
+    num_splits,
+    scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_bt,
+    stride_gt,
+    NUM_QUERIES_PER_KV: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    tile_idx = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    segment = _find_segment(group_cu_ptr, tile_idx, num_groups, num_seqs, BLOCK_Q)
+    seg_begin = _segment_begin(group_cu_ptr, segment, num_groups, num_seqs)
+    seg_len = _segment_begin(group_cu_ptr, segment + 1, num_groups, num_seqs) - seg_begin
+    q_tile = tile_idx - (seg_begin // BLOCK_Q + segment)
+    if q_tile * BLOCK_Q >= seg_len:
+        return
+    group = segment - 1
+    is_group = (segment >= 1) & (segment <= num_groups)
+    prefix_len = tl.load(prefix_lens_ptr + group, mask=is_group, other=0)
+
+    # The tile's requests and their own key ranges [kv_start, seq_len), counted in key tiles.
+    members = tl.arange(0, BLOCK_Q)
+    first_seq = seg_begin + q_tile * BLOCK_Q
+    member_valid = q_tile * BLOCK_Q + members < seg_len
+    own_end = tl.load(seq_lens_ptr + first_seq + members, mask=member_valid, other=0)
+    own_begin = tl.load(kv_start_ptr + first_seq + members, mask=member_valid, other=0)
+    own_tiles = tl.where(member_valid, (own_end - own_begin + BLOCK_N - 1) // BLOCK_N, 0)
+    own_cum = tl.cumsum(own_tiles, 0)  # tiles up to and including each request
+    prefix_tiles = (prefix_len + BLOCK_N - 1) // BLOCK_N
+    num_tiles = prefix_tiles + tl.sum(own_tiles, 0)
+    tiles_per_split = tl.cdiv(num_tiles, num_splits)
+    tile_lo = split * tiles_per_split
+    tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
+
+    # Row r of the M dimension is request r // G of this tile, head kv_head * G + r % G.
+    rows = tl.arange(0, BLOCK_M)
+    row_member = rows // NUM_QUERIES_PER_KV
+    head = kv_head * NUM_QUERIES_PER_KV + rows % NUM_QUERIES_PER_KV
+    row_valid = (rows < BLOCK_Q * NUM_QUERIES_PER_KV) & (q_tile * BLOCK_Q + row_member < seg_len)
+    token = (first_seq + row_member).to(tl.int64)
+    dims = tl.arange(0, HEAD_DIM)
+    q_offs = token * stride_qt + head * stride_qh
+    q = tl.load(q_ptr + q_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    group_row = group_tables_ptr + group.to(tl.int64) * stride_gt
+    for tile in range(tile_lo, tile_hi):
+        in_prefix = tile < prefix_tiles
+        own_tile = tile - prefix_tiles
+        # The request whose own tiles hold this one (meaningless, and unused, inside the prefix).
+        member = tl.sum((own_cum <= own_tile).to(tl.int32), 0)
+        member_tile = own_tile - (
+            _pick(own_cum, members, member) - _pick(own_tiles, members, member)
+        )
+        first_key = tl.where(
+            in_prefix, tile * BLOCK_N, _pick(own_begin, members, member) + member_tile * BLOCK_N
+        )
+        key_end = tl.where(in_prefix, prefix_len, _pick(own_end, members, member))
+        seq_row = block_tables_ptr + (first_seq + member).to(tl.int64) * stride_bt
+        table_row = tl.where(in_prefix, group_row, seq_row)
+        keys = first_key + tl.arange(0, BLOCK_N)
+        key_valid = keys < key_end
+        block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0)
+        kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
+        kv_offs += kv_head * stride_kh
+        # k: [HEAD_DIM, BLOCK_N], v: [BLOCK_N, HEAD_DIM]
+        k = tl.load(k_ptr + kv_offs[None, :] + dims[:, None], mask=key_valid[None, :], other=0.0)
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
+        allowed = key_valid[None, :] & (in_prefix | (row_member == member))[:, None]
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # NOTE: rows with nothing allowed yet keep m = -inf; shift by 0 to avoid inf - inf.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_shift)
+        p = tl.exp2(s - m_shift[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + kv_offs[:, None] + dims[None, :], mask=key_valid[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    has_keys = l_i > 0.0
+    o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if SPLIT:
+        log2_l = tl.log2(tl.where(has_keys, l_i, 1.0))
+        lse = tl.where(has_keys, (m_i + log2_l) / 1.4426950408889634, float("-inf"))
+        state = (split.to(tl.int64) * num_seqs + token) * num_heads + head
+        tl.store(part_o_ptr + state[:, None] * HEAD_DIM + dims[None, :], o, mask=row_valid[:, None])
+        tl.store(part_lse_ptr + state, lse, mask=row_valid)
+    else:
+        o_offs = token * stride_ot + head * stride_oh
+        tl.store(
+            out_ptr + o_offs[:, None] + dims[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=row_valid[:, None],
+        )
+
+
+@triton.jit(do_not_specialize=["num_rows"])  # a per-step count: no recompiles
+def _reduce_into_out_kernel(
+    part_o_ptr,  # [NUM_SPLITS, num_rows, HEAD_DIM] fp32, a row is one (sequence, head)
+    part_lse_ptr,  # [NUM_SPLITS, num_rows] fp32
+    out_ptr,  # [num_seqs, num_heads, HEAD_DIM] (token, head strides free)
+    num_rows,
+    num_heads,
+    stride_ot,
+    stride_oh,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    valid = rows < num_rows
+    dims = tl.arange(0, HEAD_DIM)
+    o = tl.load(part_o_ptr + rows[:, None] * HEAD_DIM + dims[None, :], mask=valid[:, None])
+    lse = tl.load(part_lse_ptr + rows, mask=valid, other=float("-inf"))
+    for split in tl.static_range(1, NUM_SPLITS):
+        split_rows = split * num_rows + rows
+        o_s = tl.load(
+            part_o_ptr + split_rows[:, None] * HEAD_DIM + dims[None, :], mask=valid[:, None]
+        )
+        lse_s = tl.load(part_lse_ptr + split_rows, mask=valid, other=float("-inf"))
+        o, lse = merge_pair(o, lse, o_s, lse_s)
+    out_offs = (rows // num_heads) * stride_ot + (rows % num_heads) * stride_oh
+    tl.store(
+        out_ptr + out_offs[:, None] + dims[None, :],
+        o.to(out_ptr.dtype.element_ty),
+        mask=valid[:, None],
+    )
+
+
+def _check_args(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    seq_lens: torch.Tensor,
+    kv_start: torch.Tensor,
+    block_tables: torch.Tensor,
+    group_cu_q: torch.Tensor,
+    group_prefix_lens: torch.Tensor,
+    group_block_tables: torch.Tensor,
+    scale: float,
+    max_group_q: int,
+) -> tuple[int, int]:
+    """Validates on the host; returns (num_groups, GQA ratio)."""
+    checks.check_queries(q)
+    group = checks.check_kv_cache(q, k_cache, v_cache)
+    checks.check_output("out", out, q, q.dtype, contiguous=False)
+    checks.check_scale(scale)
+    rows = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
+    checks.check_segments(
+        q, "cu_seqlens_q", rows, {"seq_lens": seq_lens, "kv_start": kv_start},
+        "block_tables", block_tables, "max_query_len", 1,
+    )  # fmt: skip
+    num_groups = checks.check_segments(
+        q, "group_cu_q", group_cu_q, {"group_prefix_lens": group_prefix_lens},
+        "group_block_tables", group_block_tables, "max_group_q", max_group_q,
+    )  # fmt: skip
+    return num_groups, group
+
+
+def _tile_shape(
+    head_dim: int, elem_bytes: int, group: int, max_group_q: int
+) -> tuple[int, int, int]:
+    """(BLOCK_Q, BLOCK_M, BLOCK_N): as many of a group's requests per program as 64 rows hold (16 at GQA 4
+    and head_dim 128), so its prefix is read by as few programs as possible. BLOCK_Q is a power of two
+    (a tl.arange); BLOCK_M covers BLOCK_Q * G rows, also for ratios that are not powers of two."""
+    tier = tile_tier(head_dim, elem_bytes)
+    max_rows = max(16, triton.next_power_of_2(group), 64 >> tier)
+    fit = 1 << ((max_rows // group).bit_length() - 1)  # the largest power of two <= max_rows // G
+    block_q = min(triton.next_power_of_2(max(1, max_group_q)), fit)
+    return block_q, max(16, triton.next_power_of_2(block_q * group)), 64 >> tier
+
+
+def _default_num_splits(q: torch.Tensor, programs: int, block_m: int) -> int:
+    """The most splits (a power of two) that keep the programs within ~1.6 waves of what the GPU holds
+    at once: two per SM at 64-row tiles (82 KB of shared memory each on the H100), five at 16. Fewer
+    leave SMs idle; more only shorten every program's stream (benchmarks/attention_kernels.py)."""
+    if q.device.type != "cuda":
+        return 1
+    resident = _num_sms(q.device.index or 0) * (2 if block_m >= 64 else 3 if block_m >= 32 else 5)
+    splits = 1
+    while splits < MAX_SPLITS and programs * splits * 2 <= resident * 1.6:
+        splits *= 2
+    return splits
+
+
+def cascade_decode_attention_launches(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    seq_lens: torch.Tensor,
+    kv_start: torch.Tensor,
+    block_tables: torch.Tensor,
+    group_cu_q: torch.Tensor,
+    group_prefix_lens: torch.Tensor,
+    group_block_tables: torch.Tensor,
+    scale: float,
+    max_group_q: int,
+    num_splits: int | None = None,
+) -> list[KernelLaunch]:
+    """Checks the arguments and plans the launches `cascade_decode_attention` makes."""
+    num_groups, group = _check_args(
+        q, k_cache, v_cache, out, seq_lens, kv_start, block_tables, group_cu_q,
+        group_prefix_lens, group_block_tables, scale, max_group_q,
+    )  # fmt: skip
+    num_seqs, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    block_q, block_m, block_n = _tile_shape(head_dim, q.element_size(), group, max_group_q)
+    if num_splits is None:
+        num_splits = _default_num_splits(q, (num_seqs // block_q + 1) * num_kv_heads, block_m)
+    if not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be an int in [1, {MAX_SPLITS}], got {num_splits!r}")
+    if num_seqs == 0:
+        return []
+    split = num_splits > 1
+    if split:
+        part_o = torch.empty((num_splits, *q.shape), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((num_splits, *q.shape[:2]), dtype=torch.float32, device=q.device)
+    else:
+        part_o, part_lse = out, seq_lens  # unused
+    args = (
+        q, k_cache, v_cache, out, part_o, part_lse,
+        seq_lens, kv_start, block_tables, group_cu_q, group_prefix_lens, group_block_tables,
+        num_groups, num_seqs, num_heads, num_splits, scale * LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), group_block_tables.stride(0),
+    )  # fmt: skip
+    tier = tile_tier(head_dim, q.element_size())
+    options = {
+        "NUM_QUERIES_PER_KV": group,
+        "HEAD_DIM": head_dim,
+        "BLOCK_SIZE": k_cache.shape[1],
+        "BLOCK_Q": block_q,
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "SPLIT": split,
+        "DOT_PRECISION": dot_precision(q.dtype),
+        "num_warps": 4,
+        "num_stages": 3 if tier == 0 else 2,
+    }
+    grid = (num_seqs // block_q + num_groups + 2, num_kv_heads, num_splits)
+    launches = [KernelLaunch(_cascade_decode_kernel, grid, args, options)]
+    if split:
+        num_rows = num_seqs * num_heads
+        reduce_args = (part_o, part_lse, out, num_rows, num_heads, out.stride(0), out.stride(1))
+        reduce_options = {"NUM_SPLITS": num_splits, "BLOCK_R": 16, "HEAD_DIM": head_dim}
+        reduce_grid = (triton.cdiv(num_rows, 16),)
+        launches.append(
+            KernelLaunch(_reduce_into_out_kernel, reduce_grid, reduce_args, reduce_options)
+        )
+    return launches
+
+
+def cascade_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    seq_lens: torch.Tensor,
+    kv_start: torch.Tensor,
+    block_tables: torch.Tensor,
+    group_cu_q: torch.Tensor,
+    group_prefix_lens: torch.Tensor,
+    group_block_tables: torch.Tensor,
+    scale: float,
+    max_group_q: int,
+    num_splits: int | None = None,
+) -> None:
+    """Decode attention with shared prefixes, in one pass; writes `out`.
+
+    q, out: [num_seqs, num_heads, head_dim], one query row per sequence, at position
+    seq_lens[s] - 1; k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]. Sequence s
+    attends its own keys [kv_start[s], seq_lens[s]) through block_tables[s] and, when row s lies in
+    group g (group_cu_q[g] <= s < group_cu_q[g + 1]), that group's prefix keys
+    [0, group_prefix_lens[g]) through group_block_tables[g]; the caller keeps kv_start[s] at or
+    after the prefix, as in the two-pass path. max_group_q (the most rows of a group) picks the tile
+    shape only. num_splits (1..16) splits each program's key stream; by default it is picked from the
+    SM count. The grid depends on host ints only, so the call can be captured in a CUDA graph.
+    """
+    launches = cascade_decode_attention_launches(
+        q, k_cache, v_cache, out, seq_lens=seq_lens, kv_start=kv_start, block_tables=block_tables,
+        group_cu_q=group_cu_q, group_prefix_lens=group_prefix_lens,
+        group_block_tables=group_block_tables, scale=scale, max_group_q=max_group_q,
+        num_splits=num_splits,
+    )  # fmt: skip
+    for launch in launches:
+        launch.run()
+
+
+def cascade_decode_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    seq_lens: torch.Tensor,
+    kv_start: torch.Tensor,
+    block_tables: torch.Tensor,
+    group_cu_q: torch.Tensor,
+    group_prefix_lens: torch.Tensor,
+    group_block_tables: torch.Tensor,
+    scale: float,
+    max_group_q: int,
+    num_splits: int | None = None,
+) -> None:
+    """Torch version of `cascade_decode_attention` (same contract), one sequence at a time in fp32:
+    softmax attention over [prefix keys ; own keys]."""
+    num_groups, _ = _check_args(
+        q, k_cache, v_cache, out, seq_lens, kv_start, block_tables, group_cu_q,
+        group_prefix_lens, group_block_tables, scale, max_group_q,
+    )  # fmt: skip
+    block_size = k_cache.shape[1]
+    cu = group_cu_q.tolist()
+    prefix_lens = group_prefix_lens.tolist()
+    lens, starts = seq_lens.tolist(), kv_start.tolist()
+
+    def gather(table: torch.Tensor, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        blocks = table[: triton.cdiv(hi, block_size)].long()
+        return k_cache[blocks].flatten(0, 1)[lo:hi], v_cache[blocks].flatten(0, 1)[lo:hi]
+
+    for s in range(q.shape[0]):
+        k, v = gather(block_tables[s], starts[s], lens[s])
+        g = next((g for g in range(num_groups) if cu[g] <= s < cu[g + 1]), None)
+        if g is not None and prefix_lens[g] > 0:
+            k_p, v_p = gather(group_block_tables[g], 0, prefix_lens[g])
+            k, v = torch.cat([k_p, k]), torch.cat([v_p, v])
+        allowed = torch.ones(1, k.shape[0], dtype=torch.bool, device=q.device)
+        o, _ = attend(q[s : s + 1], k, v, scale, allowed)
+        out[s] = o[0].to(out.dtype)

@@ -1,0 +1,139 @@
+"""One-pass cascade decode attention: equal to attention over [prefix ; own keys], and to the two-pass path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from paged_cases import Cache, Request, build_cascade, dense_paged, make_cache
+
+from prefixgrove.kernels.cascade_attention import prefix_attention
+from prefixgrove.kernels.cascade_decode import (
+    cascade_decode_attention,
+    cascade_decode_attention_launches,
+    cascade_decode_attention_ref,
+)
+from prefixgrove.kernels.paged_attention import paged_attention
+
+NUM_KV_HEADS = 2
+TOLERANCE = {torch.float32: 2e-4, torch.float16: 5e-3}
+
+
+def decode_layout(b: int) -> list[tuple[int, list[Request]]]:
+    """Groups of many sizes with ragged own lengths, requests without a prefix before, between and
+    after them, and a padded group with no rows."""
+    return [
+        (0, [Request(1, 20), Request(1, 1)]),  # no prefix (one key: the new token's own)
+        (4 * b, [Request(1, n) for n in (10, 25, 1, 3 * b, 3 * b + 1)]),
+        (0, [Request(1, 7)]),
+        (2 * b, [Request(1, n) for n in range(1, 41, 2)]),  # 20 requests: several row tiles
+        (11 * b, [Request(1, 3)]),  # a group of one
+        (b, [Request(1, 2 * b), Request(1, 5)]),
+        (0, [Request(1, 9), Request(1, 33)]),
+        (b, []),
+    ]
+
+
+def setup(
+    dtype: torch.dtype, head_dim: int, group: int, block_size: int, device: torch.device
+) -> tuple[Cache, dict, torch.Tensor]:
+    cache = make_cache(160, block_size, NUM_KV_HEADS, head_dim, dtype, device)
+    batch, groups = build_cascade(cache, decode_layout(block_size), NUM_KV_HEADS * group, dtype)
+    args = {
+        "seq_lens": batch.seq_lens,
+        "kv_start": batch.kv_start,
+        "block_tables": batch.block_tables,
+        **groups.tensors(cache),
+        "scale": head_dim**-0.5,
+    }
+    for s in batch.seqs:  # the dense check attends everything a sequence's table holds
+        s.kv_start = 0
+    dense, _ = dense_paged(batch, cache, head_dim**-0.5)
+    return cache, {"q": batch.q, **args}, dense
+
+
+@pytest.mark.parametrize(("max_group_q", "num_splits"), [(1, 1), (4, 3), (16, 1), (16, 2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(
+    ("head_dim", "group", "block_size"), [(64, 4, 16), (128, 8, 8), (64, 3, 16), (32, 1, 8)]
+)
+def test_one_pass_equals_attention_over_prefix_and_own_keys(
+    device: torch.device,
+    dtype: torch.dtype,
+    head_dim: int,
+    group: int,
+    block_size: int,
+    max_group_q: int,
+    num_splits: int,
+) -> None:
+    cache, args, dense = setup(dtype, head_dim, group, block_size, device)
+    q = args.pop("q")
+    out = torch.full_like(q, float("nan"))
+    cascade_decode_attention(
+        q, cache.k, cache.v, out, **args, max_group_q=max_group_q, num_splits=num_splits
+    )
+    ref = torch.empty_like(q)
+    cascade_decode_attention_ref(q, cache.k, cache.v, ref, **args, max_group_q=max_group_q)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(ref.double().cpu(), dense.cpu(), atol=tol, rtol=tol)
+    torch.testing.assert_close(out.double().cpu(), dense.cpu(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_one_pass_equals_the_two_pass_cascade(device: torch.device, dtype: torch.dtype) -> None:
+    cache, args, _ = setup(dtype, 64, 4, 16, device)
+    q = args.pop("q")
+    one_pass = torch.empty_like(q)
+    cascade_decode_attention(q, cache.k, cache.v, one_pass, **args, max_group_q=16)
+    o_p, lse_p = prefix_attention(
+        q, cache.k, cache.v, group_cu_q=args["group_cu_q"],
+        group_prefix_lens=args["group_prefix_lens"], group_block_tables=args["group_block_tables"],
+        scale=args["scale"], max_group_q=16,
+    )  # fmt: skip
+    two_pass = torch.empty_like(q)
+    rows = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=device)
+    paged_attention(
+        q, cache.k, cache.v, two_pass, cu_seqlens_q=rows, seq_lens=args["seq_lens"],
+        block_tables=args["block_tables"], scale=args["scale"], max_query_len=1,
+        kv_start=args["kv_start"], prefix_out=o_p, prefix_lse=lse_p,
+    )  # fmt: skip
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(one_pass.float(), two_pass.float(), atol=tol, rtol=tol)
+
+
+def test_one_pass_writes_strided_outputs_only_where_it_should(device: torch.device) -> None:
+    cache, args, dense = setup(torch.float32, 64, 4, 16, device)
+    q = args.pop("q")
+    wide = torch.full((q.shape[0], q.shape[1] + 2, q.shape[2]), 7.0, device=device)
+    out = wide[:, 1:-1]  # a strided view, as of a bigger buffer
+    cascade_decode_attention(q, cache.k, cache.v, out, **args, max_group_q=16, num_splits=2)
+    torch.testing.assert_close(out.double().cpu(), dense.cpu(), atol=2e-4, rtol=2e-4)
+    assert (wide[:, 0] == 7).all() and (wide[:, -1] == 7).all()
+
+
+def test_one_pass_rejects_bad_arguments(device: torch.device) -> None:
+    cache, args, _ = setup(torch.float32, 64, 4, 16, device)
+    q = args.pop("q")
+    out = torch.empty_like(q)
+    with pytest.raises(ValueError, match="num_splits"):
+        cascade_decode_attention(q, cache.k, cache.v, out, **args, max_group_q=4, num_splits=17)
+    short = {**args, "seq_lens": args["seq_lens"][:-1]}
+    with pytest.raises(ValueError, match="seq_lens"):
+        cascade_decode_attention(q, cache.k, cache.v, out, **short, max_group_q=4)
+    with pytest.raises(ValueError, match="out"):
+        cascade_decode_attention(q, cache.k, cache.v, out[:-1], **args, max_group_q=4)
+    with pytest.raises(ValueError, match="max_group_q"):
+        cascade_decode_attention(q, cache.k, cache.v, out, **args, max_group_q=-1)
+
+
+def test_one_pass_plans_nothing_for_an_empty_batch(device: torch.device) -> None:
+    cache = make_cache(8, 16, NUM_KV_HEADS, 64, torch.float32, device)
+    q = torch.empty((0, 8, 64), device=device)
+    none = torch.zeros(0, dtype=torch.int32, device=device)
+    launches = cascade_decode_attention_launches(
+        q, cache.k, cache.v, torch.empty_like(q), seq_lens=none, kv_start=none,
+        block_tables=torch.zeros((0, 1), dtype=torch.int32, device=device),
+        group_cu_q=torch.zeros(1, dtype=torch.int32, device=device), group_prefix_lens=none,
+        group_block_tables=torch.zeros((0, 1), dtype=torch.int32, device=device), scale=0.125,
+        max_group_q=1,
+    )  # fmt: skip
+    assert launches == []
