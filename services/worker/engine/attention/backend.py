@@ -24,7 +24,9 @@ class AttentionBackend:
     name: str
     paged: Any  # paged_attention or its reference (prefixgrove.kernels.paged_attention)
     prefix: Any  # prefix_attention or its reference (prefixgrove.kernels.cascade_attention)
-    decode: Any  # cascade_decode_attention or its reference (prefixgrove.kernels.cascade_decode)
+    # cascade_decode_attention or its reference (prefixgrove.kernels.cascade_decode); None: decode steps
+    # take the two passes too (benchmarks compare the two forms this way)
+    decode: Any | None
 
     def forward(
         self,
@@ -36,7 +38,8 @@ class AttentionBackend:
     ) -> torch.Tensor:
         # q: [num_tokens, num_heads, head_dim]; caches: [num_blocks, block_size, num_kv_heads, head_dim]
         out = torch.empty_like(q)
-        if meta.cascade is not None and meta.kv_start is not None and _is_decode(q, meta):
+        one_pass = self.decode is not None and _is_decode(q, meta)
+        if meta.cascade is not None and meta.kv_start is not None and one_pass:
             c = meta.cascade
             self.decode(
                 q,
