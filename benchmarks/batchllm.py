@@ -7,15 +7,14 @@ Modes, each on a fresh engine in this one process (so their ratios are measured 
   sorted-nogroup    input sorted by prefix, no grouping
   group-nocascade   shuffled input, global grouping (prefix computed once, KV blocks shared), plain kernel
   group-cascade     shuffled input, global grouping and cascade attention
-  group-cascade-two-pass  the same, with decode steps on the two-pass cascade (prefix pass, then a
-                    suffix pass that merges) instead of the one-pass cascade decode kernel
+  group-cascade-one-pass  the same, with decode steps on the one-pass cascade decode kernel
+                    (cascade_decode_kernel="one-pass") instead of the two passes
 Prints one JSON line per mode. Usage: python benchmarks/batchllm.py [--groups 400] [--modes a,b]
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import random
 
@@ -31,7 +30,7 @@ MODES = (
     "sorted-nogroup",
     "group-nocascade",
     "group-cascade",
-    "group-cascade-two-pass",
+    "group-cascade-one-pass",
 )
 
 
@@ -42,12 +41,9 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_cascade_attention=mode.startswith("group-cascade"),
+        cascade_decode_kernel="one-pass" if mode == "group-cascade-one-pass" else "two-pass",
         num_scheduler_steps=args.num_scheduler_steps,
     )
-    if mode == "group-cascade-two-pass":
-        runner = llm.engine.runner
-        runner.backend = dataclasses.replace(runner.backend, decode=None)
-        runner.capture_graphs()  # the graphs captured at start-up hold the one-pass kernel
     params = SamplingParams(
         max_tokens=args.output_len, temperature=0.0, ignore_eos=True, detokenize=False
     )

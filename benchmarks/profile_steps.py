@@ -86,6 +86,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     add_canonical_args(ap, groups=64)
     ap.add_argument("--cascade", type=int, default=1)
+    ap.add_argument(
+        "--one-pass-decode",
+        action="store_true",
+        help="decode steps on the one-pass cascade decode kernel instead of the two passes",
+    )
     ap.add_argument("--trace-mixed", type=int, default=3, help="mixed steps to trace (0: none)")
     ap.add_argument("--trace-decode", type=int, default=2, help="decode windows to trace")
     ap.add_argument("--rows", type=int, default=18, help="kernels per table")
@@ -102,6 +107,7 @@ def main() -> None:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_cascade_attention=bool(args.cascade),
+        cascade_decode_kernel="one-pass" if args.one_pass_decode else "two-pass",
     )
     engine, runner = llm.engine, llm.engine.runner
     model = runner.model
@@ -125,6 +131,19 @@ def main() -> None:
     ids = [f"p{i}" for i in range(len(prompts))]
     llm._submit(ids, [None] * len(prompts), prompts, [params] * len(prompts), llm._group(prompts))
 
+    batches: list[
+        tuple[int, int, int]
+    ] = []  # per planned decode batch: rows, groups, ungrouped rows
+    plan = runner.builder.plan
+
+    def recording_plan(batch: list) -> Any:
+        order, groups = plan(batch)
+        if all(item.num_tokens == 1 for item in order):
+            in_groups = sum(len(r) for r in groups)
+            batches.append((len(order), len(groups), len(order) - in_groups))
+        return order, groups
+
+    runner.builder.plan = recording_plan  # type: ignore[method-assign]
     timers = HostTimers()
     timers.wrap(engine.scheduler, "schedule", "schedule")
     timers.wrap(engine, "_window", "reserve_window")
@@ -227,6 +246,16 @@ def main() -> None:
     summary["fastest_mixed_steps"] = [
         {"prefill": r[1], "decode": r[2], "ms": round(r[3], 1)} for r in mixed[-3:]
     ]
+    if batches:
+        rows, groups, ungrouped = (sorted(col) for col in zip(*batches, strict=True))
+        summary["decode_batches"] = {
+            "count": len(batches),
+            "median_rows": rows[len(rows) // 2],
+            "median_groups": groups[len(groups) // 2],
+            "max_groups": groups[-1],
+            "median_ungrouped_rows": ungrouped[len(ungrouped) // 2],
+            "max_ungrouped_rows": ungrouped[-1],
+        }
     summary["compiled_variants"] = compiled_variants()
     if torch.cuda.is_available():
         stats = torch.cuda.memory_stats()

@@ -92,9 +92,14 @@ def _prefix_attention_kernel(
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    tile_idx = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
+    # One flat grid, row tiles slowest: every real tile's programs (all kv heads and splits) are
+    # dispatched before the empty tiles of padded groups, which would otherwise hold SM slots
+    # (their segment search) ahead of real work of later kv heads.
+    num_kv_heads = num_heads // NUM_QUERIES_PER_KV
+    pid = tl.program_id(0)
+    kv_head = pid % num_kv_heads
+    split = (pid // num_kv_heads) % num_splits
+    tile_idx = pid // (num_kv_heads * num_splits)
     segment = _find_segment(group_cu_ptr, tile_idx, num_groups, num_tokens, BLOCK_Q)
     seg_begin = _segment_begin(group_cu_ptr, segment, num_groups, num_tokens)
     seg_len = _segment_begin(group_cu_ptr, segment + 1, num_groups, num_tokens) - seg_begin
@@ -272,7 +277,7 @@ def prefix_attention_launches(
         "num_warps": 8 if block_m * head_dim >= 128 * 128 else 4,
         "num_stages": 2 if _is_wide(block_m, tier) or tier > 0 else 3,
     }
-    grid = (num_tokens // block_q + num_groups + 2, num_kv_heads, num_splits)
+    grid = ((num_tokens // block_q + num_groups + 2) * num_splits * num_kv_heads,)
     launches = [KernelLaunch(_prefix_attention_kernel, grid, args, options)]
     if num_splits > 1:
         num_rows = num_tokens * num_heads

@@ -82,9 +82,14 @@ def _cascade_decode_kernel(
     SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    tile_idx = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
+    # One flat grid, row tiles slowest: every real tile's programs (all kv heads and splits) are
+    # dispatched before the empty tiles of padded groups, which would otherwise hold SM slots
+    # (their segment search) ahead of real work of later kv heads.
+    num_kv_heads = num_heads // NUM_QUERIES_PER_KV
+    pid = tl.program_id(0)
+    kv_head = pid % num_kv_heads
+    split = (pid // num_kv_heads) % num_splits
+    tile_idx = pid // (num_kv_heads * num_splits)
     segment = _find_segment(group_cu_ptr, tile_idx, num_groups, num_seqs, BLOCK_Q)
     seg_begin = _segment_begin(group_cu_ptr, segment, num_groups, num_seqs)
     seg_len = _segment_begin(group_cu_ptr, segment + 1, num_groups, num_seqs) - seg_begin
@@ -321,7 +326,7 @@ def cascade_decode_attention_launches(
         "num_warps": 4,
         "num_stages": 3 if tier == 0 else 2,
     }
-    grid = (num_seqs // block_q + num_groups + 2, num_kv_heads, num_splits)
+    grid = ((num_seqs // block_q + num_groups + 2) * num_splits * num_kv_heads,)
     launches = [KernelLaunch(_cascade_decode_kernel, grid, args, options)]
     if split:
         num_rows = num_seqs * num_heads

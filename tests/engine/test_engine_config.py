@@ -21,6 +21,7 @@ from prefixgrove.worker.engine import EngineConfig
         ({"max_num_seqs": 64, "max_num_batched_tokens": 32}, r"max_num_batched_tokens=32"),
         ({"num_scheduler_steps": 0}, r"num_scheduler_steps=0"),
         ({"attention_backend": "flash"}, r"attention_backend='flash'"),
+        ({"cascade_decode_kernel": "fused"}, r"cascade_decode_kernel='fused'"),
         ({"device": "tpu"}, r"device='tpu'"),
         ({"dtype": "float8"}, r"dtype='float8'"),
         ({"max_model_len": 1}, r"max_model_len=1"),

@@ -39,7 +39,7 @@ def ungrouped(llama_dir: str, job: list[list[int]]) -> list[list[int]]:
 
 def count_cascade_calls(llm: LLM) -> dict[str, int]:
     """Counts calls of the backend's cascade kernels (one per layer and step that uses them): the
-    prefix pass of steps with prefill rows and the one-pass kernel of decode steps."""
+    prefix pass, and the one-pass decode kernel when the engine has one."""
     calls = {"prefix": 0, "decode": 0}
     runner = llm.engine.runner
 
@@ -51,10 +51,9 @@ def count_cascade_calls(llm: LLM) -> dict[str, int]:
         return count
 
     backend = runner.backend
+    decode = backend.decode and counting("decode", backend.decode)  # None: two-pass decode
     runner.backend = dataclasses.replace(
-        backend,
-        prefix=counting("prefix", backend.prefix),
-        decode=counting("decode", backend.decode),
+        backend, prefix=counting("prefix", backend.prefix), decode=decode
     )
     return calls
 
@@ -71,28 +70,36 @@ def test_grouping_and_cascade_leave_greedy_tokens_unchanged(
     assert_no_leak(llm)
 
 
-def test_grouped_cascade_on_triton_backend_matches_ungrouped(llama_dir):
+@pytest.mark.parametrize("decode_kernel", ["two-pass", "one-pass"])
+def test_grouped_cascade_on_triton_backend_matches_ungrouped(llama_dir, decode_kernel):
     """Small on purpose: the kernels run in Triton's interpreter here."""
     prompts = shared_prefix_job(num_prefixes=2, per_prefix=2, prefix_len=64, seed=3)
     params = greedy(3, ignore_eos=True)
-    llm = engine(llama_dir, attention_backend="triton")
+    llm = engine(llama_dir, attention_backend="triton", cascade_decode_kernel=decode_kernel)
     assert llm.engine.runner.backend.name == "triton"
     calls = count_cascade_calls(llm)
     outs = run(llm, prompts, params)
     assert [o.num_cached_tokens for o in outs] == [64] * 4
-    assert calls["prefix"] > 0 and calls["decode"] > 0
+    assert calls["prefix"] > 0
+    assert (calls["decode"] > 0) == (decode_kernel == "one-pass")
     reference = engine(llama_dir, enable_prefix_grouping=False)
     assert token_ids(outs) == token_ids(run(reference, prompts, params))
     assert_no_leak(llm)
 
 
 def test_cascade_kernels_run_only_when_enabled(llama_dir, job):
-    on, off = engine(llama_dir), engine(llama_dir, enable_cascade_attention=False)
+    on = engine(llama_dir, cascade_decode_kernel="one-pass")
+    off = engine(llama_dir, enable_cascade_attention=False, cascade_decode_kernel="one-pass")
     on_calls, off_calls = count_cascade_calls(on), count_cascade_calls(off)
     run(on, job, PARAMS)
     run(off, job, PARAMS)
     assert on_calls["prefix"] > 0 and on_calls["decode"] > 0
     assert off_calls == {"prefix": 0, "decode": 0}
+
+
+def test_one_pass_decode_leaves_greedy_tokens_unchanged(llama_dir, job, ungrouped):
+    llm = engine(llama_dir, cascade_decode_kernel="one-pass")
+    assert token_ids(run(llm, job, PARAMS)) == ungrouped
 
 
 def test_num_cached_tokens_reports_the_reused_prefix(llama_dir, job):

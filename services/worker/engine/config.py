@@ -77,10 +77,18 @@ class EngineConfig:
     attention_backend: str = "torch"
     enable_prefix_grouping: bool = True
     enable_cascade_attention: bool = True
+    # How decode steps run cascade attention: "two-pass" (prefix pass, then a suffix pass that merges) or
+    # "one-pass" (kernels/cascade_decode.py). Two passes are faster in the canonical run (benchmarks).
+    cascade_decode_kernel: str = "two-pass"
     enforce_eager: bool = False
     tokenizer: str | None = None
 
     def __post_init__(self) -> None:
+        if self.cascade_decode_kernel not in ("two-pass", "one-pass"):
+            raise ValueError(
+                f"cascade_decode_kernel={self.cascade_decode_kernel!r}: expected 'two-pass' or "
+                "'one-pass'"
+            )
         if self.attention_backend not in ("triton", "torch"):
             raise ValueError(
                 f"attention_backend={self.attention_backend!r}: expected 'triton' or 'torch'"
@@ -129,6 +137,7 @@ class EngineConfig:
         attention_backend: str = "auto",
         enable_prefix_grouping: bool = True,
         enable_cascade_attention: bool = True,
+        cascade_decode_kernel: str = "two-pass",
         num_scheduler_steps: int | None = None,
         enforce_eager: bool = False,
         tokenizer: str | None = None,
@@ -174,6 +183,7 @@ class EngineConfig:
             else attention_backend,
             enable_prefix_grouping=enable_prefix_grouping,
             enable_cascade_attention=enable_cascade_attention,
+            cascade_decode_kernel=cascade_decode_kernel,
             enforce_eager=enforce_eager
             or not cuda
             or attention_backend == "torch",  # references sync

@@ -62,7 +62,9 @@ class ModelRunner:
             seed=config.model.seed,
             ops=create_ops(config.attention_backend),
         )
-        self.backend = create_backend(config.attention_backend)
+        self.backend = create_backend(
+            config.attention_backend, one_pass_decode=config.cascade_decode_kernel == "one-pass"
+        )
         self.builder = InputBuilder(
             block_size=config.cache.block_size,
             device=self.device,

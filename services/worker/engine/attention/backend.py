@@ -4,9 +4,9 @@
 Rules both follow: the step's new K/V are in the cache before attention runs; query i of sequence s attends
 keys [kv_start[s], its own position] of its block table, plus, when the step has cascade metadata and s is in
 one of its groups, that group's whole prefix (attended once for all the group's queries); rows of padded
-sequences may hold anything. Steps with prefill rows take two passes (prefix pass, then a suffix pass that
-merges by log-sum-exp); decode steps (one query per sequence) take the one-pass cascade decode kernel, which
-streams a group's prefix and its requests' own keys through one program.
+sequences may hold anything. Cascade steps take two passes (a prefix pass, then a suffix pass that merges
+by log-sum-exp); with one_pass_decode, decode steps (one query per sequence) take the one-pass cascade
+decode kernel instead, which streams a group's prefix and its requests' own keys through one program.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ class AttentionBackend:
     name: str
     paged: Any  # paged_attention or its reference (prefixgrove.kernels.paged_attention)
     prefix: Any  # prefix_attention or its reference (prefixgrove.kernels.cascade_attention)
-    # cascade_decode_attention or its reference (prefixgrove.kernels.cascade_decode); None: decode steps
-    # take the two passes too (benchmarks compare the two forms this way)
-    decode: Any | None
+    # cascade_decode_attention or its reference (prefixgrove.kernels.cascade_decode) for decode steps;
+    # None: decode steps take the two passes too
+    decode: Any | None = None
 
     def forward(
         self,
@@ -38,10 +38,15 @@ class AttentionBackend:
     ) -> torch.Tensor:
         # q: [num_tokens, num_heads, head_dim]; caches: [num_blocks, block_size, num_kv_heads, head_dim]
         out = torch.empty_like(q)
-        one_pass = self.decode is not None and _is_decode(q, meta)
-        if meta.cascade is not None and meta.kv_start is not None and one_pass:
+        decode = self.decode
+        if (
+            decode is not None
+            and meta.cascade is not None
+            and meta.kv_start is not None
+            and _is_decode(q, meta)
+        ):
             c = meta.cascade
-            self.decode(
+            decode(
                 q,
                 k_cache,
                 v_cache,
@@ -112,7 +117,7 @@ class ForwardContext:
         return self.backend.forward(q, k_cache, v_cache, self.metadata, scale)
 
 
-def create_backend(name: str) -> AttentionBackend:
+def create_backend(name: str, *, one_pass_decode: bool = False) -> AttentionBackend:
     from prefixgrove.kernels import cascade_attention as cascade
     from prefixgrove.kernels import cascade_decode as decode
     from prefixgrove.kernels import paged_attention as paged
@@ -122,13 +127,13 @@ def create_backend(name: str) -> AttentionBackend:
             "triton",
             paged.paged_attention,
             cascade.prefix_attention,
-            decode.cascade_decode_attention,
+            decode.cascade_decode_attention if one_pass_decode else None,
         )
     if name == "torch":
         return AttentionBackend(
             "torch",
             paged.paged_attention_ref,
             cascade.prefix_attention_ref,
-            decode.cascade_decode_attention_ref,
+            decode.cascade_decode_attention_ref if one_pass_decode else None,
         )
     raise ValueError(f"attention_backend={name!r} is unknown; expected 'triton' or 'torch'")
