@@ -231,11 +231,13 @@ def _check_args(
     group = checks.check_kv_cache(q, k_cache, v_cache)
     checks.check_output("out", out, q, q.dtype, contiguous=False)
     checks.check_scale(scale)
-    rows = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
-    checks.check_segments(
-        q, "cu_seqlens_q", rows, {"seq_lens": seq_lens, "kv_start": kv_start},
-        "block_tables", block_tables, "max_query_len", 1,
-    )  # fmt: skip
+    num_seqs = q.shape[0]  # one query row per sequence
+    for name, vector in (("seq_lens", seq_lens), ("kv_start", kv_start)):
+        checks.check_index(name, vector, ndim=1, device=q.device)
+        checks.check_shape(name, vector, (num_seqs,))
+    checks.check_index("block_tables", block_tables, ndim=2, device=q.device)
+    if block_tables.shape[0] != num_seqs:
+        raise ValueError(f"block_tables has {block_tables.shape[0]} rows for {num_seqs} sequences")
     num_groups = checks.check_segments(
         q, "group_cu_q", group_cu_q, {"group_prefix_lens": group_prefix_lens},
         "group_block_tables", group_block_tables, "max_group_q", max_group_q,

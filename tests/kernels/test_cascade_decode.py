@@ -119,6 +119,9 @@ def test_one_pass_rejects_bad_arguments(device: torch.device) -> None:
     short = {**args, "seq_lens": args["seq_lens"][:-1]}
     with pytest.raises(ValueError, match="seq_lens"):
         cascade_decode_attention(q, cache.k, cache.v, out, **short, max_group_q=4)
+    fewer_tables = {**args, "block_tables": args["block_tables"][:-1]}
+    with pytest.raises(ValueError, match="block_tables"):
+        cascade_decode_attention(q, cache.k, cache.v, out, **fewer_tables, max_group_q=4)
     with pytest.raises(ValueError, match="out"):
         cascade_decode_attention(q, cache.k, cache.v, out[:-1], **args, max_group_q=4)
     with pytest.raises(ValueError, match="max_group_q"):
