@@ -138,3 +138,32 @@ def test_sampling_params_accept_vllm_shorthands():
     params = SamplingParams(stop="END", stop_token_ids=None, top_k=-1)
     assert params.stop == ("END",) and params.stop_token_ids == () and params.top_k == 0
     assert SamplingParams(stop=["a", "b"], stop_token_ids=[3]).stop == ("a", "b")
+
+
+def test_generate_checks_each_prompt_once(llm: LLM, monkeypatch: pytest.MonkeyPatch):
+    """The whole job is checked before anything is queued; queuing does not check it again (a job holds
+    millions of tokens: each pass over them costs about a second on 6,400 prompts of 2,200)."""
+    calls = []
+    validate = llm.engine.validate
+
+    def counting(ids, params):
+        calls.append(len(ids))
+        return validate(ids, params)
+
+    monkeypatch.setattr(llm.engine, "validate", counting)
+    prompts = [[1, 2, 3, 4] * 10 + [i] for i in range(6)]  # a 40-token shared prefix: one group
+    outs = run(llm, prompts, greedy(2))
+    assert calls == [41] * 6
+    assert [o.prompt_token_ids for o in outs] == prompts
+    assert [o.num_cached_tokens for o in outs] == [32] * 6  # they did run as a group
+
+
+def test_prevalidated_group_still_refuses_a_request_id_in_use(llm: LLM):
+    params = greedy(2)
+    ids = llm.engine.validate([1, 2, 3], params)
+    llm.engine.add_request("taken", ids, params, validated=True)
+    members = [("taken", llm.engine.validate([1, 2, 3, 4], params), params)]
+    with pytest.raises(ValueError, match="'taken' is already in the engine"):
+        llm.engine.add_group("g", 2, members, validated=True)
+    llm.engine.abort(["taken"])
+    _assert_nothing_queued_and_still_usable(llm)

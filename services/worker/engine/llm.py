@@ -48,8 +48,8 @@ class LLM:
         texts, token_ids = self._tokenize(prompts)
         params = self._params_per_prompt(sampling_params, len(token_ids))
         for i, (ids, sp) in enumerate(zip(token_ids, params, strict=True)):
-            try:
-                self.engine.validate(ids, sp)
+            try:  # the whole job is checked before any of it is queued, once
+                token_ids[i] = self.engine.validate(ids, sp)
             except ValueError as e:
                 raise ValueError(f"prompt {i}: {e}") from None
         self._batches += 1
@@ -117,11 +117,15 @@ class LLM:
         grouped: set[int] = set()
         for g, group in enumerate(getattr(groups, "groups", None) or []):
             members = [(request_ids[i], token_ids[i], params[i]) for i in group.request_indices]
-            self.engine.add_group(f"{request_ids[0]}-g{g}", group.prefix_len, members)
+            self.engine.add_group(
+                f"{request_ids[0]}-g{g}", group.prefix_len, members, validated=True
+            )
             grouped.update(group.request_indices)
         for i, rid in enumerate(request_ids):
             if i not in grouped:
-                self.engine.add_request(rid, token_ids[i], params[i], prompt=texts[i])
+                self.engine.add_request(
+                    rid, token_ids[i], params[i], prompt=texts[i], validated=True
+                )
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         results: dict[str, RequestOutput] = {}

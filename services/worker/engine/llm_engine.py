@@ -90,37 +90,50 @@ class LLMEngine:
         prompt_token_ids: Seq[int],
         params: SamplingParams,
         prompt: str | None = None,
+        *,
+        validated: bool = False,
     ) -> None:
+        """Queues one request. validated: its ids are the list `validate` returned for these params
+        (LLM.generate checks a whole job before queuing any of it), not checked or copied again."""
         begin = time.perf_counter()
         try:
-            ids = self._check_new(request_id, prompt_token_ids, params)
+            ids = self._check_new(request_id, prompt_token_ids, params, validated)
         except ValueError as e:
             raise ValueError(f"request {request_id!r}: {e}") from None
         self.scheduler.add(self._new_sequence(request_id, ids, params, prompt))
         self.metrics.intake_seconds += time.perf_counter() - begin
 
     def add_group(
-        self, group_id: str, prefix_len: int, requests: Seq[tuple[str, Seq[int], SamplingParams]]
+        self,
+        group_id: str,
+        prefix_len: int,
+        requests: Seq[tuple[str, Seq[int], SamplingParams]],
+        *,
+        validated: bool = False,
     ) -> None:
         """Adds requests whose prompts share their first prefix_len tokens, computed once for all.
 
         The prefix is cut to whole KV blocks and to leave every request at least one token of its own;
         if nothing worth sharing is left, the requests run on their own. Every request is checked
-        before any is queued.
+        before any is queued (validated: as in `add_request`, their ids were checked already).
         """
         begin = time.perf_counter()
-        self._add_group(group_id, prefix_len, requests)
+        self._add_group(group_id, prefix_len, requests, validated)
         self.metrics.intake_seconds += time.perf_counter() - begin
 
     def _add_group(
-        self, group_id: str, prefix_len: int, requests: Seq[tuple[str, Seq[int], SamplingParams]]
+        self,
+        group_id: str,
+        prefix_len: int,
+        requests: Seq[tuple[str, Seq[int], SamplingParams]],
+        validated: bool,
     ) -> None:
         if not requests:
             raise ValueError(f"group {group_id!r} has no requests")
         checked = []
         for rid, prompt, params in requests:
             try:
-                checked.append((rid, self._check_new(rid, prompt, params), params))
+                checked.append((rid, self._check_new(rid, prompt, params, validated), params))
             except ValueError as e:
                 raise ValueError(f"request {rid!r} of group {group_id!r}: {e}") from None
         bs = self.config.cache.block_size
@@ -153,10 +166,12 @@ class LLMEngine:
         self.scheduler.add(group)
 
     def _check_new(
-        self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams
+        self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams, validated: bool
     ) -> list[int]:
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
+        if validated:  # a list `validate` returned: the engine takes it over as it is
+            return prompt_token_ids  # type: ignore[return-value]
         return self.validate(prompt_token_ids, params)
 
     def _new_sequence(
