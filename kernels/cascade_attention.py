@@ -39,7 +39,7 @@ MAX_SPLITS = 16
 
 
 @triton.jit
-def _segment_begin(cu_ptr, j, num_groups, num_tokens):
+def segment_begin(cu_ptr, j, num_groups, num_tokens):
     """Row where segment j begins: segment 0 is [0, cu[0]), j in 1..num_groups is group j - 1,
     segment num_groups + 1 is [cu[num_groups], num_tokens); j = num_groups + 2 ends it all."""
     inside = (j >= 1) & (j <= num_groups + 1)
@@ -48,12 +48,14 @@ def _segment_begin(cu_ptr, j, num_groups, num_tokens):
 
 
 @triton.jit
-def _find_segment(cu_ptr, tile_idx, num_groups, num_tokens, BLOCK_Q: tl.constexpr):
+def find_group_segment(cu_ptr, tile_idx, num_groups, num_tokens, BLOCK_Q: tl.constexpr):
+    """The segment (as in segment_begin) owning global row tile tile_idx, where segment j's tiles
+    start at segment_begin(j) // BLOCK_Q + j."""
     lo: tl.int32 = 0
     hi = num_groups + 2
     while lo < hi:
         mid = (lo + hi) // 2
-        start = _segment_begin(cu_ptr, mid, num_groups, num_tokens) // BLOCK_Q + mid
+        start = segment_begin(cu_ptr, mid, num_groups, num_tokens) // BLOCK_Q + mid
         if start <= tile_idx:
             lo = mid + 1
         else:
@@ -100,9 +102,9 @@ def _prefix_attention_kernel(
     kv_head = pid % num_kv_heads
     split = (pid // num_kv_heads) % num_splits
     tile_idx = pid // (num_kv_heads * num_splits)
-    segment = _find_segment(group_cu_ptr, tile_idx, num_groups, num_tokens, BLOCK_Q)
-    seg_begin = _segment_begin(group_cu_ptr, segment, num_groups, num_tokens)
-    seg_len = _segment_begin(group_cu_ptr, segment + 1, num_groups, num_tokens) - seg_begin
+    segment = find_group_segment(group_cu_ptr, tile_idx, num_groups, num_tokens, BLOCK_Q)
+    seg_begin = segment_begin(group_cu_ptr, segment, num_groups, num_tokens)
+    seg_len = segment_begin(group_cu_ptr, segment + 1, num_groups, num_tokens) - seg_begin
     q_tile = tile_idx - (seg_begin // BLOCK_Q + segment)
     if q_tile * BLOCK_Q >= seg_len:
         return
@@ -158,7 +160,8 @@ def _prefix_attention_kernel(
 
 
 @functools.cache
-def _num_sms(device_index: int) -> int:
+def num_sms(device_index: int) -> int:
+    """Streaming multiprocessors of a CUDA device (cached: asked once per device)."""
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
@@ -185,7 +188,7 @@ def default_num_splits(
     if q.device.type != "cuda":
         return 1
     programs = max(1, num_groups * m_tiles_per_group * num_kv_heads)
-    wanted = min(MAX_SPLITS, triton.cdiv(2 * _num_sms(q.device.index or 0), programs))
+    wanted = min(MAX_SPLITS, triton.cdiv(2 * num_sms(q.device.index or 0), programs))
     return 1 << (max(1, wanted).bit_length() - 1)
 
 

@@ -26,9 +26,9 @@ import triton.language as tl
 from prefixgrove.kernels import checks
 from prefixgrove.kernels.cascade_attention import (
     MAX_SPLITS,
-    _find_segment,
-    _num_sms,
-    _segment_begin,
+    find_group_segment,
+    num_sms,
+    segment_begin,
 )
 from prefixgrove.kernels.launch import KernelLaunch
 from prefixgrove.kernels.merge_states import merge_pair
@@ -90,9 +90,9 @@ def _cascade_decode_kernel(
     kv_head = pid % num_kv_heads
     split = (pid // num_kv_heads) % num_splits
     tile_idx = pid // (num_kv_heads * num_splits)
-    segment = _find_segment(group_cu_ptr, tile_idx, num_groups, num_seqs, BLOCK_Q)
-    seg_begin = _segment_begin(group_cu_ptr, segment, num_groups, num_seqs)
-    seg_len = _segment_begin(group_cu_ptr, segment + 1, num_groups, num_seqs) - seg_begin
+    segment = find_group_segment(group_cu_ptr, tile_idx, num_groups, num_seqs, BLOCK_Q)
+    seg_begin = segment_begin(group_cu_ptr, segment, num_groups, num_seqs)
+    seg_len = segment_begin(group_cu_ptr, segment + 1, num_groups, num_seqs) - seg_begin
     q_tile = tile_idx - (seg_begin // BLOCK_Q + segment)
     if q_tile * BLOCK_Q >= seg_len:
         return
@@ -264,7 +264,7 @@ def _default_num_splits(q: torch.Tensor, programs: int, block_m: int) -> int:
     leave SMs idle; more only shorten every program's stream (benchmarks/attention_kernels.py)."""
     if q.device.type != "cuda":
         return 1
-    resident = _num_sms(q.device.index or 0) * (2 if block_m >= 64 else 3 if block_m >= 32 else 5)
+    resident = num_sms(q.device.index or 0) * (2 if block_m >= 64 else 3 if block_m >= 32 else 5)
     splits = 1
     while splits < MAX_SPLITS and programs * splits * 2 <= resident * 1.6:
         splits *= 2
