@@ -92,6 +92,7 @@ def _prefix_attention_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    TABLE_CHUNK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     # One flat grid, row tiles slowest: every real tile's programs (all kv heads and splits) are
@@ -129,24 +130,47 @@ def _prefix_attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     table_row = block_tables_ptr + group.to(tl.int64) * stride_bt
-    for tile in range(tile_lo, tile_hi):
-        keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        key_valid = keys < prefix_len
-        block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0)
-        kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
-        kv_offs += kv_head * stride_kh
-        # k: [HEAD_DIM, BLOCK_N], v: [BLOCK_N, HEAD_DIM]
-        k = tl.load(k_ptr + kv_offs[None, :] + dims[:, None], mask=key_valid[None, :], other=0.0)
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
-        s = tl.where(key_valid[None, :], s, float("-inf"))
-        # Every row sees at least one valid key per tile (non-causal), so m stays finite here.
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + kv_offs[:, None] + dims[None, :], mask=key_valid[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+    prefix_blocks = tl.cdiv(prefix_len, BLOCK_SIZE)
+    # The block table is read TABLE_CHUNK entries at a time into registers and each key tile's
+    # block ids are gathered from there: the key and value loads then depend on no other load, so
+    # the pipeliner keeps num_stages - 1 tiles in flight (with the ids loaded from memory in the
+    # loop it waits for every copy at the top of each iteration; 15% slower on prefill chunks).
+    TILES_PER_CHUNK: tl.constexpr = TABLE_CHUNK * BLOCK_SIZE // BLOCK_N
+    entries = tl.arange(0, TABLE_CHUNK)
+    for chunk in range(tile_lo // TILES_PER_CHUNK, tl.cdiv(tile_hi, TILES_PER_CHUNK)):
+        first_entry = chunk * TABLE_CHUNK
+        table = tl.load(
+            table_row + first_entry + entries,
+            mask=first_entry + entries < prefix_blocks,
+            other=0,
+        )
+        chunk_lo = tl.maximum(tile_lo, chunk * TILES_PER_CHUNK)
+        chunk_hi = tl.minimum(tile_hi, (chunk + 1) * TILES_PER_CHUNK)
+        for tile in range(chunk_lo, chunk_hi):
+            keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+            key_valid = keys < prefix_len
+            # Wrapped into the chunk: the pipeliner computes this for tiles past the loop's end
+            # too (their loads are masked off), and a gather index out of range faults on the GPU.
+            entry = (keys // BLOCK_SIZE - first_entry) & (TABLE_CHUNK - 1)
+            block = tl.gather(table, entry, 0)
+            kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
+            kv_offs += kv_head * stride_kh
+            # k: [HEAD_DIM, BLOCK_N], v: [BLOCK_N, HEAD_DIM]
+            k = tl.load(
+                k_ptr + kv_offs[None, :] + dims[:, None], mask=key_valid[None, :], other=0.0
+            )
+            s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
+            s = tl.where(key_valid[None, :], s, float("-inf"))
+            # Every row sees at least one valid key per tile (non-causal), so m stays finite.
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(
+                v_ptr + kv_offs[:, None] + dims[None, :], mask=key_valid[:, None], other=0.0
+            )
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            m_i = m_new
 
     has_keys = l_i > 0.0
     o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
@@ -167,13 +191,20 @@ def num_sms(device_index: int) -> int:
 
 def _tile_shape(head_dim: int, elem_bytes: int, group: int, max_group_q: int) -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N): M covers a whole group's rows when it can (up to 128 for narrow rows).
-    The widest M (a group's prefill chunk) pairs with narrow N tiles: 128 x 32 with 8 warps and 2
-    stages beat 128 x 64 by 19% on the canonical prefill (benchmarks/tune_prefill.py, H100/H200)."""
+    The widest M (a group's prefill chunk) pairs with narrow N tiles: 128 x 32 with 8 warps beat
+    128 x 64 by 19% on the canonical prefill (benchmarks/tune_prefill.py, H100/H200)."""
     tier = tile_tier(head_dim, elem_bytes)
     min_m = max(16, triton.next_power_of_2(group))
     block_m = triton.next_power_of_2(max(1, max_group_q * group))
     block_m = min(max(min_m, block_m), max(min_m, 128 >> tier))
     return block_m, 32 if _is_wide(block_m, tier) else 64 >> tier
+
+
+def table_chunk(block_size: int, block_n: int) -> int:
+    """Block-table entries a program holds in registers at a time (a power of two): 2,048 keys' worth,
+    and never less than one key tile (block_size and BLOCK_N are powers of two, so a chunk is a
+    whole number of key tiles)."""
+    return max(triton.next_power_of_2(max(1, 2048 // block_size)), triton.cdiv(block_n, block_size))
 
 
 def _is_wide(block_m: int, tier: int) -> bool:
@@ -276,9 +307,10 @@ def prefix_attention_launches(
         "BLOCK_Q": block_q,
         "BLOCK_M": block_m,
         "BLOCK_N": block_n,
+        "TABLE_CHUNK": table_chunk(k_cache.shape[1], block_n),
         "DOT_PRECISION": dot_precision(q.dtype),
         "num_warps": 8 if block_m * head_dim >= 128 * 128 else 4,
-        "num_stages": 2 if _is_wide(block_m, tier) or tier > 0 else 3,
+        "num_stages": 2 if tier > 0 else 3,
     }
     grid = ((num_tokens // block_q + num_groups + 2) * num_splits * num_kv_heads,)
     launches = [KernelLaunch(_prefix_attention_kernel, grid, args, options)]

@@ -22,6 +22,7 @@ from prefixgrove.kernels.cascade_attention import (
     merge_attention_states_ref,
     prefix_attention,
     prefix_attention_ref,
+    table_chunk,
 )
 from prefixgrove.kernels.paged_attention import paged_attention
 
@@ -228,6 +229,27 @@ def test_prefix_lengths_need_not_be_whole_blocks(device: torch.device) -> None:
     dense = dense_prefix(q, groups, cache, 0.1)
     assert_states_close(prefix_attention_ref(q, cache.k, cache.v, **args), dense, 1e-5)
     assert_states_close(prefix_attention(q, cache.k, cache.v, num_splits=2, **args), dense, 1e-5)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_prefixes_longer_than_one_chunk_of_the_block_table(
+    device: torch.device, num_splits: int
+) -> None:
+    """The kernel holds the block table in registers a chunk at a time; prefixes spanning several
+    chunks, with split boundaries inside a chunk, still attend every key once."""
+    block_size = 32
+    chunk_keys = table_chunk(block_size, 64) * block_size
+    prefix_lens = [2 * chunk_keys + 300, chunk_keys + 5]
+    cache = make_cache(sum(n // block_size + 1 for n in prefix_lens), block_size, NUM_KV_HEADS, 32,
+                       torch.float32, device)  # fmt: skip
+    groups = Groups(
+        cu=[0, 3, 5], prefix_lens=prefix_lens, blocks=[cache.take(n) for n in prefix_lens]
+    )
+    q = random_queries(5, NUM_KV_HEADS * 2, 32, torch.float32, device)
+    args = {**groups.tensors(cache), "scale": 0.1, "max_group_q": 3}
+    dense = dense_prefix(q, groups, cache, 0.1)
+    got = prefix_attention(q, cache.k, cache.v, num_splits=num_splits, **args)
+    assert_states_close(got, dense, 1e-5)
 
 
 @pytest.mark.parametrize("group", [3, 6])
