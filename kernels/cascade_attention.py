@@ -191,13 +191,23 @@ def num_sms(device_index: int) -> int:
 
 def _tile_shape(head_dim: int, elem_bytes: int, group: int, max_group_q: int) -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N): M covers a whole group's rows when it can (up to 128 for narrow rows).
-    The widest M (a group's prefill chunk) pairs with narrow N tiles: 128 x 32 with 8 warps beat
-    128 x 64 by 19% on the canonical prefill (benchmarks/tune_prefill.py, H100/H200)."""
+    Narrow-row tiles of decode steps stream 32 keys at a time, four tiles in flight (see
+    `_num_stages`): as fast as 64 x 3 at degree 16 and 4-7% faster at degrees 4 and 64 (H100). The
+    widest M (a group's prefill chunk) takes 64 keys, two stages and at most 128 registers: 5% faster
+    than 128 x 32 with three on the canonical prefill (benchmarks/tune_prefill.py, H100)."""
     tier = tile_tier(head_dim, elem_bytes)
     min_m = max(16, triton.next_power_of_2(group))
     block_m = triton.next_power_of_2(max(1, max_group_q * group))
     block_m = min(max(min_m, block_m), max(min_m, 128 >> tier))
-    return block_m, 32 if _is_wide(block_m, tier) else 64 >> tier
+    if tier == 0:
+        return block_m, 64 if _is_wide(block_m, tier) else 32
+    return block_m, 64 >> tier
+
+
+def _num_stages(block_m: int, tier: int) -> int:
+    """Key tiles the pipeliner keeps in flight: wide rows and the wide prefill tiles have room for
+    two in shared memory, narrow decode tiles for four."""
+    return 4 if tier == 0 and not _is_wide(block_m, tier) else 2
 
 
 def table_chunk(block_size: int, block_n: int) -> int:
@@ -309,12 +319,12 @@ def prefix_attention_launches(
         "BLOCK_N": block_n,
         "TABLE_CHUNK": table_chunk(k_cache.shape[1], block_n),
         "DOT_PRECISION": dot_precision(q.dtype),
-        "num_stages": 2 if tier > 0 else 3,
+        "num_stages": _num_stages(block_m, tier),
     }
     options["num_warps"] = 8 if block_m * head_dim >= 128 * 128 else 4
     if _is_wide(block_m, tier):
         # At most 128 registers a thread lets two of these 8-warp programs share an SM (65,536
-        # registers), which the prefill chunks' 128 x 32 tiles need to be fast: left alone the
+        # registers), which the prefill chunks' 128-row tiles need to be fast: left alone the
         # compiler takes ~160 for no gain; at 128 nothing spills on sm_90.
         options["maxnreg"] = 128
     grid = ((num_tokens // block_q + num_groups + 2) * num_splits * num_kv_heads,)
