@@ -30,7 +30,12 @@ ensure_prefixgrove()
 
 from prefixgrove.kernels.activation import silu_and_mul  # noqa: E402
 from prefixgrove.kernels.rmsnorm import rms_norm  # noqa: E402
-from prefixgrove.kernels.rotary import apply_rotary, apply_rotary_ref  # noqa: E402
+from prefixgrove.kernels.rotary import (  # noqa: E402
+    apply_rotary,
+    apply_rotary_ref,
+    apply_rotary_to_cache,
+    apply_rotary_to_cache_ref,
+)
 from prefixgrove.worker.engine.models.rotary import rotary_table  # noqa: E402
 
 EPS = 1e-5
@@ -90,11 +95,18 @@ def operations(args: argparse.Namespace, tokens: int) -> list[dict[str, Any]]:
     qkv = rand(tokens, q_size + 2 * kv_size)
     q = qkv[:, :q_size].view(tokens, args.heads, d)
     k = qkv[:, q_size : q_size + kv_size].view(tokens, args.kv_heads, d)
+    v = qkv[:, q_size + kv_size :].view(tokens, args.kv_heads, d)
+    # A paged cache (16-token blocks) with room for 4x the tokens, written at scattered slots.
+    k_cache = rand(-(-4 * tokens // 16), 16, args.kv_heads, d)
+    v_cache = torch.empty_like(k_cache)
+    slots = torch.randperm(k_cache.shape[0] * 16, generator=gen)[:tokens].to(dev)
     cos_sin = rotary_table(d, args.max_positions, 500000.0, None).to(dev)
     positions = torch.randint(0, args.max_positions, (tokens,), generator=gen).to(dev)
     gate_up = rand(tokens, 2 * args.intermediate)
     head_w = rand(d)
     qk_elems = tokens * (q_size + kv_size)
+    qkv_elems = tokens * (q_size + 2 * kv_size)
+    cache_args = (q, k, v, positions, cos_sin, k_cache, v_cache, slots)
     return [
         {
             "op": "rms_norm",
@@ -122,6 +134,13 @@ def operations(args: argparse.Namespace, tokens: int) -> list[dict[str, Any]]:
             "fused": lambda: apply_rotary(q, k, positions, cos_sin),
             "torch": lambda: apply_rotary_ref(q, k, positions, cos_sin),
             "bytes": 2 * qk_elems * size + tokens * (d * 4 + positions.element_size()),
+        },
+        {
+            # The attention layer's form: rotated keys and the values go to their cache slots.
+            "op": "rotary_to_cache",
+            "fused": lambda: (apply_rotary_to_cache(*cache_args),),
+            "torch": lambda: (apply_rotary_to_cache_ref(*cache_args),),
+            "bytes": 2 * qkv_elems * size + tokens * (d * 4 + 2 * positions.element_size()),
         },
         {
             "op": "silu_and_mul",

@@ -3,6 +3,10 @@
 One program per token reads its position's [cos | sin] row once and rotates every query and key
 head of that token, in fp32, rounding once to the input dtype. Writes new tensors, or updates q
 and k in place when they are passed as the outputs.
+
+`apply_rotary_to_cache` is the attention layer's form: the rotated keys go straight to their slots of
+the paged KV cache and the values are copied next to them in the same launch, instead of a rotated
+k tensor that two more kernels (index_copy_ of k, then of v) would write into the cache.
 """
 
 from __future__ import annotations
@@ -50,12 +54,34 @@ def _rotate_heads(
 
 
 @triton.jit
+def _copy_heads(
+    src_ptr,
+    dst_ptr,
+    num_heads,
+    src_stride_h,
+    dst_stride_h,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    dims = tl.arange(0, HEAD_DIM)
+    for h0 in range(0, num_heads, BLOCK_H):
+        heads = h0 + tl.arange(0, BLOCK_H)
+        mask = (heads < num_heads)[:, None]
+        x = tl.load(src_ptr + heads[:, None] * src_stride_h + dims[None, :], mask=mask)
+        dst = dst_ptr + heads[:, None] * dst_stride_h + dims[None, :]
+        tl.store(dst, x.to(dst_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _rotary_kernel(
     q_ptr,  # q: [tokens, num_heads, HEAD_DIM]
     k_ptr,  # k: [tokens, num_kv_heads, HEAD_DIM]
+    v_ptr,  # v: like k (read only with TO_CACHE)
     q_out_ptr,  # like q
-    k_out_ptr,  # like k
+    k_out_ptr,  # like k, or with TO_CACHE the key cache viewed as [slots, num_kv_heads, HEAD_DIM]
+    v_out_ptr,  # with TO_CACHE the value cache, like the key cache
     pos_ptr,  # positions: [tokens] int32/int64
+    slots_ptr,  # with TO_CACHE: [tokens] int32/int64, the cache slot of each token's key and value
     cos_sin_ptr,  # cos_sin: [max_positions, HEAD_DIM] fp32 = [cos | sin]
     num_heads,
     num_kv_heads,
@@ -63,6 +89,8 @@ def _rotary_kernel(
     q_stride_h,
     k_stride_t,
     k_stride_h,
+    v_stride_t,
+    v_stride_h,
     q_out_stride_t,
     q_out_stride_h,
     k_out_stride_t,
@@ -70,6 +98,7 @@ def _rotary_kernel(
     BLOCK_HQ: tl.constexpr,
     BLOCK_HK: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    TO_CACHE: tl.constexpr,
 ):
     HALF: tl.constexpr = HEAD_DIM // 2
     token = tl.program_id(0).to(tl.int64)
@@ -77,6 +106,10 @@ def _rotary_kernel(
     dims = tl.arange(0, HALF)
     cos = tl.load(cos_sin_ptr + pos * HEAD_DIM + dims)
     sin = tl.load(cos_sin_ptr + pos * HEAD_DIM + HALF + dims)
+    # The key (and value) row this token writes: its own, or its cache slot.
+    k_row = token
+    if TO_CACHE:
+        k_row = tl.load(slots_ptr + token).to(tl.int64)
     _rotate_heads(
         q_ptr + token * q_stride_t,
         q_out_ptr + token * q_out_stride_t,
@@ -90,7 +123,7 @@ def _rotary_kernel(
     )
     _rotate_heads(
         k_ptr + token * k_stride_t,
-        k_out_ptr + token * k_out_stride_t,
+        k_out_ptr + k_row * k_out_stride_t,
         num_kv_heads,
         k_stride_h,
         k_out_stride_h,
@@ -99,6 +132,16 @@ def _rotary_kernel(
         BLOCK_HK,
         HALF,
     )
+    if TO_CACHE:
+        _copy_heads(
+            v_ptr + token * v_stride_t,
+            v_out_ptr + k_row * k_out_stride_t,
+            num_kv_heads,
+            v_stride_h,
+            k_out_stride_h,
+            BLOCK_HK,
+            HEAD_DIM,
+        )
 
 
 def _check_heads(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
@@ -155,21 +198,44 @@ def apply_rotary_launch(
     k_out = torch.empty_like(k, memory_format=torch.contiguous_format) if k_out is None else k_out
     _check_output("q_out", q_out, q)
     _check_output("k_out", k_out, k)
-    num_tokens, num_heads, head_dim = q.shape
-    if num_tokens == 0:
+    if q.shape[0] == 0:
         return None, q_out, k_out
-    args: tuple[Any, ...] = (q, k, q_out, k_out, positions, cos_sin, num_heads, k.shape[1])
-    args += (q.stride(0), q.stride(1), k.stride(0), k.stride(1))
-    args += (q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1))
+    # Without a cache the value and slot arguments are never read (TO_CACHE is off): k stands in.
+    args = _launch_args(q, k, k, q_out, k_out, k_out, positions, positions, cos_sin)
+    return _launch(args, q, k, to_cache=False), q_out, k_out
+
+
+def _launch_args(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_out: torch.Tensor,
+    k_out: torch.Tensor,
+    v_out: torch.Tensor,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    cos_sin: torch.Tensor,
+) -> tuple[Any, ...]:
+    args: tuple[Any, ...] = (q, k, v, q_out, k_out, v_out, positions, slots, cos_sin)
+    args += (q.shape[1], k.shape[1], q.stride(0), q.stride(1), k.stride(0), k.stride(1))
+    args += (v.stride(0), v.stride(1), q_out.stride(0), q_out.stride(1))
+    return (*args, k_out.stride(0), k_out.stride(1))
+
+
+def _launch(
+    args: tuple[Any, ...], q: torch.Tensor, k: torch.Tensor, to_cache: bool
+) -> KernelLaunch:
+    head_dim = q.shape[2]
     options = {
-        "BLOCK_HQ": _block_heads(num_heads, head_dim),
+        "BLOCK_HQ": _block_heads(q.shape[1], head_dim),
         "BLOCK_HK": _block_heads(k.shape[1], head_dim),
         "HEAD_DIM": head_dim,
+        "TO_CACHE": to_cache,
         "num_warps": 4,
         # NOTE: no fused multiply-adds, so x1*cos - x2*sin rounds like the torch reference.
         "enable_fp_fusion": False,
     }
-    return KernelLaunch(_rotary_kernel, (num_tokens,), args, options), q_out, k_out
+    return KernelLaunch(_rotary_kernel, (q.shape[0],), args, options)
 
 
 def apply_rotary(
@@ -194,6 +260,83 @@ def apply_rotary(
     return q_out, k_out
 
 
+def _check_cache_args(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
+    checks.check_tensor("v", v, ndim=3, dtypes=(k.dtype,), device=k.device, contiguous=False)
+    checks.check_unit_last_stride("v", v)
+    checks.check_shape("v", v, tuple(k.shape))
+    cache_shape = (k_cache.shape[0], k_cache.shape[1], *k.shape[1:]) if k_cache.ndim == 4 else None
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        checks.check_tensor(name, cache, ndim=4, dtypes=ROTARY_DTYPES, device=k.device)
+        if cache_shape is None or tuple(cache.shape) != cache_shape:
+            raise ValueError(
+                f"{name} must be [num_blocks, block_size, {k.shape[1]}, {k.shape[2]}] like "
+                f"k_cache, got {tuple(cache.shape)}"
+            )
+    if v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"v_cache is {v_cache.dtype} but k_cache is {k_cache.dtype}")
+    checks.check_tensor("slots", slots, ndim=1, dtypes=POSITION_DTYPES, device=k.device)
+    checks.check_shape("slots", slots, (k.shape[0],))
+
+
+def apply_rotary_to_cache_launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    *,
+    q_out: torch.Tensor | None = None,
+) -> tuple[KernelLaunch | None, torch.Tensor]:
+    """Checks the arguments and plans the launch `apply_rotary_to_cache` makes."""
+    _check_inputs(q, k, positions, cos_sin)
+    _check_cache_args(k, v, k_cache, v_cache, slots)
+    q_out = torch.empty_like(q, memory_format=torch.contiguous_format) if q_out is None else q_out
+    _check_output("q_out", q_out, q)
+    if q.shape[0] == 0:
+        return None, q_out
+    k_slots = k_cache.view(-1, *k_cache.shape[2:])
+    v_slots = v_cache.view(-1, *v_cache.shape[2:])
+    args = _launch_args(q, k, v, q_out, k_slots, v_slots, positions, slots, cos_sin)
+    return _launch(args, q, k, to_cache=True), q_out
+
+
+def apply_rotary_to_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    *,
+    q_out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Rotates q (into q_out, or q_out=q in place) and writes each token's rotated key and its
+    value into its slot of the paged cache; returns q_out. k is left as it was.
+
+    q, k, positions and cos_sin as for `apply_rotary`; v like k; k_cache, v_cache: [num_blocks,
+    block_size, num_kv_heads, head_dim] (contiguous, one dtype); slots: [tokens] int32/int64, token
+    i's slot = block * block_size + offset, each in range and distinct (not checked: that would sync
+    with the device; a token whose slot is shared with another may leave either one's key there).
+    """
+    launch, q_out = apply_rotary_to_cache_launch(
+        q, k, v, positions, cos_sin, k_cache, v_cache, slots, q_out=q_out
+    )
+    if launch is not None:
+        launch.run()
+    return q_out
+
+
 def _rotate_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.float().split(x.shape[-1] // 2, dim=-1)
     out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
@@ -207,3 +350,22 @@ def apply_rotary_ref(
     _check_inputs(q, k, positions, cos_sin)
     cos, sin = cos_sin[positions].unsqueeze(1).split(q.shape[2] // 2, dim=-1)
     return _rotate_ref(q, cos, sin), _rotate_ref(k, cos, sin)
+
+
+def apply_rotary_to_cache_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """Torch version of `apply_rotary_to_cache`: rotary, then index_copy_ of k and v into the cache."""
+    _check_cache_args(k, v, k_cache, v_cache, slots)
+    q, k = apply_rotary_ref(q, k, positions, cos_sin)
+    index = slots.long()
+    k_cache.view(-1, *k.shape[1:]).index_copy_(0, index, k.to(k_cache.dtype))
+    v_cache.view(-1, *v.shape[1:]).index_copy_(0, index, v.to(v_cache.dtype))
+    return q

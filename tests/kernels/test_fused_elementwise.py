@@ -21,7 +21,12 @@ import torch
 
 from prefixgrove.kernels.activation import silu_and_mul, silu_and_mul_ref
 from prefixgrove.kernels.rmsnorm import rms_norm, rms_norm_ref
-from prefixgrove.kernels.rotary import apply_rotary, apply_rotary_ref
+from prefixgrove.kernels.rotary import (
+    apply_rotary,
+    apply_rotary_ref,
+    apply_rotary_to_cache,
+    apply_rotary_to_cache_ref,
+)
 from prefixgrove.worker.engine.models.rotary import rotary_table
 
 DTYPES = [torch.float32, torch.float16]
@@ -242,6 +247,94 @@ def test_rotary_rejects_bad_arguments_with_the_offending_value(device: torch.dev
         apply_rotary(q, k, positions, cos_sin, q_out=torch.ones(3, 2, 64, device=device))
 
 
+# ---- apply_rotary_to_cache ------------------------------------------------------------------
+
+
+def qkv_and_cache(
+    tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, ...]:
+    """q, k, v as views of one fused qkv output, a random paged cache (3 blocks of 8 slots a
+    token) and distinct slots scattered over it, the first block (the engine's null block) unused."""
+    q_size, kv_size = heads * head_dim, kv_heads * head_dim
+    qkv = randn(tokens, q_size + 2 * kv_size, dtype=dtype, device=device, seed=5) * 4
+    q = qkv[:, :q_size].view(tokens, heads, head_dim)
+    k = qkv[:, q_size : q_size + kv_size].view(tokens, kv_heads, head_dim)
+    v = qkv[:, q_size + kv_size :].view(tokens, kv_heads, head_dim)
+    k_cache = randn(3 * tokens + 1, 8, kv_heads, head_dim, dtype=dtype, device=device, seed=6)
+    v_cache = randn(3 * tokens + 1, 8, kv_heads, head_dim, dtype=dtype, device=device, seed=7)
+    gen = torch.Generator().manual_seed(8)
+    slots = 8 + torch.randperm(k_cache.shape[0] * 8 - 8, generator=gen)[:tokens]
+    return q, k, v, k_cache, v_cache, slots.to(device)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(4, 2, 64), (32, 8, 128)])
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+def test_rotary_to_cache_writes_the_slots_the_reference_writes(
+    dtype: torch.dtype,
+    device: torch.device,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    slot_dtype: torch.dtype,
+) -> None:
+    tokens = 11
+    cos_sin = rotary_table(head_dim, 4 * tokens, 500000.0, None).to(device)
+    q, k, v, k_cache, v_cache, slots = qkv_and_cache(
+        tokens, heads, kv_heads, head_dim, dtype, device
+    )
+    positions = shuffled_positions(tokens, torch.int64, device)
+    k_before, v_before = k.clone(), v.clone()
+    want_k_cache, want_v_cache = k_cache.clone(), v_cache.clone()
+    want_q = apply_rotary_to_cache_ref(
+        q, k, v, positions, cos_sin, want_k_cache, want_v_cache, slots.to(slot_dtype)
+    )
+    got_q = apply_rotary_to_cache(
+        q, k, v, positions, cos_sin, k_cache, v_cache, slots.to(slot_dtype), q_out=q
+    )
+    assert got_q.data_ptr() == q.data_ptr() and torch.equal(q, want_q)
+    # Every slot equals the reference's: the written ones bit for bit, the others untouched.
+    assert torch.equal(k_cache, want_k_cache) and torch.equal(v_cache, want_v_cache)
+    assert torch.equal(k, k_before) and torch.equal(v, v_before)
+    rotated_k = apply_rotary_ref(q, k, positions, cos_sin)[1]
+    assert torch.equal(k_cache.view(-1, kv_heads, head_dim)[slots.long()], rotated_k)
+    assert torch.equal(v_cache.view(-1, kv_heads, head_dim)[slots.long()], v)
+
+
+def test_rotary_to_cache_of_no_tokens_writes_nothing(device: torch.device) -> None:
+    q, k, v, k_cache, v_cache, _ = qkv_and_cache(4, 4, 2, 64, torch.float32, device)
+    before = k_cache.clone()
+    cos_sin = torch.zeros(8, 64, device=device)
+    empty = torch.empty(0, dtype=torch.int64, device=device)
+    got = apply_rotary_to_cache(q[:0], k[:0], v[:0], empty, cos_sin, k_cache, v_cache, empty)
+    assert got.shape == (0, 4, 64) and torch.equal(k_cache, before)
+
+
+def test_rotary_to_cache_rejects_bad_caches_and_slots(device: torch.device) -> None:
+    q, k, v, k_cache, v_cache, slots = qkv_and_cache(3, 4, 2, 64, torch.float32, device)
+    positions = torch.zeros(3, dtype=torch.int32, device=device)
+    cos_sin = torch.zeros(8, 64, device=device)
+
+    def call(**changes: torch.Tensor) -> None:
+        args = {"v": v, "k_cache": k_cache, "v_cache": v_cache, "slots": slots, **changes}
+        apply_rotary_to_cache(q, k, positions=positions, cos_sin=cos_sin, **args)
+
+    with pytest.raises(ValueError, match=r"v must have shape \(3, 2, 64\)"):
+        call(v=v[:, :1])
+    with pytest.raises(ValueError, match=r"v_cache must be \[num_blocks, block_size, 2, 64\]"):
+        call(v_cache=v_cache[:2])
+    with pytest.raises(ValueError, match=r"k_cache must be \[num_blocks, block_size, 2, 64\]"):
+        call(k_cache=k_cache[..., :32].contiguous())
+    with pytest.raises(
+        ValueError, match=r"v_cache is torch\.float16 but k_cache is torch\.float32"
+    ):
+        call(v_cache=v_cache.half())
+    with pytest.raises(TypeError, match=r"slots has dtype torch\.float32"):
+        call(slots=slots.float())
+    with pytest.raises(ValueError, match=r"slots must have shape \(3,\)"):
+        call(slots=slots[:2])
+
+
 # ---- silu_and_mul ---------------------------------------------------------------------------
 
 
@@ -307,7 +400,7 @@ def test_benchmark_reports_every_operation_and_the_paths_agree() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout)["results"]
-    ops = ["rms_norm", "add_rms_norm", "qk_head_norm", "rotary", "silu_and_mul"]
+    ops = ["rms_norm", "add_rms_norm", "qk_head_norm", "rotary", "rotary_to_cache", "silu_and_mul"]
     assert [r["op"] for r in results] == ops
     # Outputs stay below 16 here, where 2 fp16 ulps are 2 ** -6.
     assert all(r["max_abs_diff"] <= 2**-6 and r["fused_us"] > 0 for r in results)

@@ -20,7 +20,12 @@ from test_fused_elementwise import assert_mostly_equal, assert_ulps, randn
 
 from prefixgrove.kernels.activation import silu_and_mul, silu_and_mul_ref
 from prefixgrove.kernels.rmsnorm import rms_norm, rms_norm_ref
-from prefixgrove.kernels.rotary import apply_rotary, apply_rotary_ref
+from prefixgrove.kernels.rotary import (
+    apply_rotary,
+    apply_rotary_ref,
+    apply_rotary_to_cache,
+    apply_rotary_to_cache_ref,
+)
 from prefixgrove.worker.engine.models.rotary import rotary_table
 
 pytestmark = [
@@ -66,6 +71,31 @@ def test_per_head_norm_and_rotary_on_a_fused_qkv(dtype: torch.dtype) -> None:
     want_q, want_k = apply_rotary_ref(q, k, positions, cos_sin)
     assert_ulps(got_q, want_q, 0)
     assert_ulps(got_k, want_k, 0)
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+@pytest.mark.parametrize("tokens", [1, 512, 4097])
+def test_rotary_to_cache_on_a_fused_qkv_writes_what_the_reference_writes(
+    dtype: torch.dtype, tokens: int
+) -> None:
+    q_size, kv_size = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    qkv = randn(tokens, q_size + 2 * kv_size, dtype=dtype, device=CUDA) * 4
+    q = qkv[:, :q_size].view(tokens, HEADS, HEAD_DIM)
+    k = qkv[:, q_size : q_size + kv_size].view(tokens, KV_HEADS, HEAD_DIM)
+    v = qkv[:, q_size + kv_size :].view(tokens, KV_HEADS, HEAD_DIM)
+    blocks = 2 * tokens // 16 + 2
+    k_cache = randn(blocks, 16, KV_HEADS, HEAD_DIM, dtype=dtype, device=CUDA, seed=2)
+    v_cache = randn(blocks, 16, KV_HEADS, HEAD_DIM, dtype=dtype, device=CUDA, seed=3)
+    want_k_cache, want_v_cache = k_cache.clone(), v_cache.clone()
+    slots = torch.randperm(blocks * 16, device=CUDA)[:tokens]
+    positions = torch.randperm(131072, device=CUDA)[:tokens]
+    cos_sin = rotary_table(HEAD_DIM, 131072, 500000.0, None).to(CUDA)
+    want_q = apply_rotary_to_cache_ref(
+        q, k, v, positions, cos_sin, want_k_cache, want_v_cache, slots
+    )
+    got_q = apply_rotary_to_cache(q, k, v, positions, cos_sin, k_cache, v_cache, slots)
+    assert_ulps(got_q, want_q, 0)
+    assert torch.equal(k_cache, want_k_cache) and torch.equal(v_cache, want_v_cache)
 
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION)

@@ -107,13 +107,10 @@ class ForwardContext:
     def __post_init__(self) -> None:
         self.slots = self.metadata.slot_mapping.long()  # once per step, not once per layer
 
-    def attend(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
-    ) -> torch.Tensor:
+    def attend(self, layer: int, q: torch.Tensor, scale: float) -> torch.Tensor:
+        """q's attention over the layer's cache, which already holds this step's keys and values
+        (written to `slots` by the model's rotary kernel)."""
         k_cache, v_cache = self.kv_caches[layer]
-        slots = self.slots
-        k_cache.view(-1, *k.shape[1:]).index_copy_(0, slots, k.to(k_cache.dtype))
-        v_cache.view(-1, *v.shape[1:]).index_copy_(0, slots, v.to(v_cache.dtype))
         return self.backend.forward(q, k_cache, v_cache, self.metadata, scale)
 
 

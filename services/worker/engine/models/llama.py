@@ -63,8 +63,9 @@ class Attention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.ops.rotary(q, k, positions, cos_sin)
-        out = ctx.attend(self.layer_idx, q, k, v, self.scale)
+        k_cache, v_cache = ctx.kv_caches[self.layer_idx]
+        q = self.ops.rotary_to_cache(q, k, v, positions, cos_sin, k_cache, v_cache, ctx.slots)
+        out = ctx.attend(self.layer_idx, q, self.scale)
         return self.o_proj(out.view(-1, self.q_size))
 
 
