@@ -171,7 +171,8 @@ def _check_inputs(
         )
 
 
-def _check_output(name: str, t: torch.Tensor, like: torch.Tensor) -> None:
+def _check_like(name: str, t: torch.Tensor, like: torch.Tensor) -> None:
+    """t (an output, or v beside k) has like's dtype, device and shape, and a unit last stride."""
     _check_heads(name, t, (like.dtype,))
     if t.device != like.device:
         raise ValueError(f"{name} is on {t.device} but the queries are on {like.device}")
@@ -196,8 +197,8 @@ def apply_rotary_launch(
     _check_inputs(q, k, positions, cos_sin)
     q_out = torch.empty_like(q, memory_format=torch.contiguous_format) if q_out is None else q_out
     k_out = torch.empty_like(k, memory_format=torch.contiguous_format) if k_out is None else k_out
-    _check_output("q_out", q_out, q)
-    _check_output("k_out", k_out, k)
+    _check_like("q_out", q_out, q)
+    _check_like("k_out", k_out, k)
     if q.shape[0] == 0:
         return None, q_out, k_out
     # Without a cache the value and slot arguments are never read (TO_CACHE is off): k stands in.
@@ -267,9 +268,7 @@ def _check_cache_args(
     v_cache: torch.Tensor,
     slots: torch.Tensor,
 ) -> None:
-    checks.check_tensor("v", v, ndim=3, dtypes=(k.dtype,), device=k.device, contiguous=False)
-    checks.check_unit_last_stride("v", v)
-    checks.check_shape("v", v, tuple(k.shape))
+    _check_like("v", v, k)
     cache_shape = (k_cache.shape[0], k_cache.shape[1], *k.shape[1:]) if k_cache.ndim == 4 else None
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         checks.check_tensor(name, cache, ndim=4, dtypes=ROTARY_DTYPES, device=k.device)
@@ -300,7 +299,7 @@ def apply_rotary_to_cache_launch(
     _check_inputs(q, k, positions, cos_sin)
     _check_cache_args(k, v, k_cache, v_cache, slots)
     q_out = torch.empty_like(q, memory_format=torch.contiguous_format) if q_out is None else q_out
-    _check_output("q_out", q_out, q)
+    _check_like("q_out", q_out, q)
     if q.shape[0] == 0:
         return None, q_out
     k_slots = k_cache.view(-1, *k_cache.shape[2:])

@@ -176,12 +176,14 @@ def test_rms_norm_rejects_bad_arguments_with_the_offending_value(device: torch.d
 
 def fused_qkv_views(
     tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k and v as the attention layer sees them: views of one fused qkv output."""
     q_size, kv_size = heads * head_dim, kv_heads * head_dim
     qkv = randn(tokens, q_size + 2 * kv_size, dtype=dtype, device=device) * 4
     q = qkv[:, :q_size].view(tokens, heads, head_dim)
     k = qkv[:, q_size : q_size + kv_size].view(tokens, kv_heads, head_dim)
-    return q, k
+    v = qkv[:, q_size + kv_size :].view(tokens, kv_heads, head_dim)
+    return q, k, v
 
 
 def shuffled_positions(tokens: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -204,7 +206,7 @@ def test_rotary_on_fused_qkv_views_matches_the_reference(
 ) -> None:
     tokens = 13
     cos_sin = rotary_table(head_dim, 4 * tokens, 500000.0, None).to(device)
-    q, k = fused_qkv_views(tokens, heads, kv_heads, head_dim, dtype, device)
+    q, k, _ = fused_qkv_views(tokens, heads, kv_heads, head_dim, dtype, device)
     positions = shuffled_positions(tokens, position_dtype, device)
     got_q, got_k = apply_rotary(q, k, positions, cos_sin)
     want_q, want_k = apply_rotary_ref(q, k, positions, cos_sin)
@@ -214,7 +216,7 @@ def test_rotary_on_fused_qkv_views_matches_the_reference(
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rotary_in_place_rotates_the_qkv_buffer(dtype: torch.dtype, device: torch.device) -> None:
     cos_sin = rotary_table(64, 64, 10000.0, {"rope_type": "linear", "factor": 2.0}).to(device)
-    q, k = fused_qkv_views(9, 6, 3, 64, dtype, device)
+    q, k, _ = fused_qkv_views(9, 6, 3, 64, dtype, device)
     positions = shuffled_positions(9, torch.int64, device)
     want_q, want_k = apply_rotary_ref(q, k, positions, cos_sin)
     got_q, got_k = apply_rotary(q, k, positions, cos_sin, q_out=q, k_out=k)
@@ -253,13 +255,9 @@ def test_rotary_rejects_bad_arguments_with_the_offending_value(device: torch.dev
 def qkv_and_cache(
     tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.Tensor, ...]:
-    """q, k, v as views of one fused qkv output, a random paged cache (3 blocks of 8 slots a
-    token) and distinct slots scattered over it, the first block (the engine's null block) unused."""
-    q_size, kv_size = heads * head_dim, kv_heads * head_dim
-    qkv = randn(tokens, q_size + 2 * kv_size, dtype=dtype, device=device, seed=5) * 4
-    q = qkv[:, :q_size].view(tokens, heads, head_dim)
-    k = qkv[:, q_size : q_size + kv_size].view(tokens, kv_heads, head_dim)
-    v = qkv[:, q_size + kv_size :].view(tokens, kv_heads, head_dim)
+    """`fused_qkv_views`, a random paged cache (3 blocks of 8 slots a token) and distinct slots
+    scattered over it, the first block (the engine's null block) unused."""
+    q, k, v = fused_qkv_views(tokens, heads, kv_heads, head_dim, dtype, device)
     k_cache = randn(3 * tokens + 1, 8, kv_heads, head_dim, dtype=dtype, device=device, seed=6)
     v_cache = randn(3 * tokens + 1, 8, kv_heads, head_dim, dtype=dtype, device=device, seed=7)
     gen = torch.Generator().manual_seed(8)

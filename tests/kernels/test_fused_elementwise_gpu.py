@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_fused_elementwise import assert_mostly_equal, assert_ulps, randn
+from test_fused_elementwise import assert_mostly_equal, assert_ulps, fused_qkv_views, randn
 
 from prefixgrove.kernels.activation import silu_and_mul, silu_and_mul_ref
 from prefixgrove.kernels.rmsnorm import rms_norm, rms_norm_ref
@@ -78,11 +78,7 @@ def test_per_head_norm_and_rotary_on_a_fused_qkv(dtype: torch.dtype) -> None:
 def test_rotary_to_cache_on_a_fused_qkv_writes_what_the_reference_writes(
     dtype: torch.dtype, tokens: int
 ) -> None:
-    q_size, kv_size = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
-    qkv = randn(tokens, q_size + 2 * kv_size, dtype=dtype, device=CUDA) * 4
-    q = qkv[:, :q_size].view(tokens, HEADS, HEAD_DIM)
-    k = qkv[:, q_size : q_size + kv_size].view(tokens, KV_HEADS, HEAD_DIM)
-    v = qkv[:, q_size + kv_size :].view(tokens, KV_HEADS, HEAD_DIM)
+    q, k, v = fused_qkv_views(tokens, HEADS, KV_HEADS, HEAD_DIM, dtype, CUDA)
     blocks = 2 * tokens // 16 + 2
     k_cache = randn(blocks, 16, KV_HEADS, HEAD_DIM, dtype=dtype, device=CUDA, seed=2)
     v_cache = randn(blocks, 16, KV_HEADS, HEAD_DIM, dtype=dtype, device=CUDA, seed=3)
