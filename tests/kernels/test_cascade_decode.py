@@ -8,6 +8,7 @@ from paged_cases import Cache, Request, build_cascade, dense_paged, make_cache
 
 from prefixgrove.kernels.cascade_attention import prefix_attention
 from prefixgrove.kernels.cascade_decode import (
+    CHUNK_TILES,
     cascade_decode_attention,
     cascade_decode_attention_launches,
     cascade_decode_attention_ref,
@@ -98,6 +99,37 @@ def test_one_pass_equals_the_two_pass_cascade(device: torch.device, dtype: torch
     )  # fmt: skip
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(one_pass.float(), two_pass.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_streams_longer_than_one_chunk_of_block_ids(device: torch.device, num_splits: int) -> None:
+    """The kernel loads CHUNK_TILES tiles' block ids at a time: key streams of several chunks, own
+    keys starting mid-block (a prefix that is not whole blocks), and split boundaries inside a
+    chunk still attend every key once."""
+    block_size, head_dim = 16, 32
+    chunk_keys = CHUNK_TILES * 64  # fp32 rows of 128 bytes take 64-key tiles
+    layout = [
+        (2 * chunk_keys + 37, [Request(1, n) for n in (300, 5, chunk_keys + 11)]),
+        (0, [Request(1, 70)]),
+        (50, [Request(1, 1), Request(1, 129)]),
+    ]
+    cache = make_cache(460, block_size, NUM_KV_HEADS, head_dim, torch.float32, device)
+    batch, groups = build_cascade(cache, layout, NUM_KV_HEADS * 2, torch.float32)
+    args = {
+        "seq_lens": batch.seq_lens,
+        "kv_start": batch.kv_start,
+        "block_tables": batch.block_tables,
+        **groups.tensors(cache),
+        "scale": head_dim**-0.5,
+    }
+    for s in batch.seqs:
+        s.kv_start = 0
+    dense, _ = dense_paged(batch, cache, head_dim**-0.5)
+    out = torch.full_like(batch.q, float("nan"))
+    cascade_decode_attention(
+        batch.q, cache.k, cache.v, out, **args, max_group_q=3, num_splits=num_splits
+    )
+    torch.testing.assert_close(out.double().cpu(), dense.cpu(), atol=2e-4, rtol=2e-4)
 
 
 def test_one_pass_writes_strided_outputs_only_where_it_should(device: torch.device) -> None:
