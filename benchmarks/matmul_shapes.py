@@ -1,0 +1,123 @@
+"""How fast cuBLAS runs the model's own matmul shapes (a diagnostic for the mixed- and decode-step profiles).
+
+For Llama-3.1-8B's four projections (fused qkv, o, fused gate/up, down) and the logits, at the row counts
+the engine runs (a full 16,384-token mixed step, a 512-request decode step, and a few ragged counts), times
+`F.linear` in bf16 with CUDA events and prints TFLOP/s against the 8192^3 ceiling measured the same way,
+once per BLAS back end torch offers. Also samples the SM clock while a long burst of matmuls runs, since a
+sustained load is slower than a short one when the board reaches its power limit.
+Usage: python benchmarks/matmul_shapes.py [--rows 512,16384,16100] [--iters 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+
+import torch
+import torch.nn.functional as F
+
+from _common import device_name, emit
+
+HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 4096, 14336, 32, 8, 128, 128256
+SHAPES = {  # name: (out features N, in features K)
+    "qkv": ((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN),
+    "o": (HIDDEN, HEADS * HEAD_DIM),
+    "gate_up": (2 * INTERMEDIATE, HIDDEN),
+    "down": (HIDDEN, INTERMEDIATE),
+    "logits": (VOCAB, HIDDEN),
+}
+
+
+def time_linear(x: torch.Tensor, w: torch.Tensor, iters: int) -> float:
+    for _ in range(3):
+        F.linear(x, w)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        F.linear(x, w)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
+
+
+def sm_clock_mhz() -> int | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        return int(float(out.split(",")[0]))
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="512,16384,16100,13000")
+    ap.add_argument("--iters", type=int, default=50)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    backends = ["cublas", "cublaslt"]
+    for backend in backends:
+        torch.backends.cuda.preferred_blas_library(backend)
+        a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+        ceiling = 2 * 8192**3 / time_linear(a, a, args.iters)
+        emit(
+            {
+                "bench": "matmul_ceiling",
+                "backend": backend,
+                "tflops": round(ceiling / 1e12, 1),
+                "device": device_name(),
+            }
+        )
+        for rows in (int(r) for r in args.rows.split(",")):
+            total_flops, total_s = 0.0, 0.0
+            for name, (n, k) in SHAPES.items():
+                x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
+                w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
+                s = time_linear(x, w, args.iters)
+                flops = 2 * rows * n * k
+                if name != "logits":
+                    total_flops += flops
+                    total_s += s
+                emit(
+                    {
+                        "bench": "matmul_shape",
+                        "backend": backend,
+                        "rows": rows,
+                        "shape": name,
+                        "us": round(s * 1e6, 1),
+                        "tflops": round(flops / s / 1e12, 1),
+                        "of_ceiling": round(flops / s / ceiling, 3),
+                    }
+                )
+            emit(
+                {
+                    "bench": "matmul_layer",
+                    "backend": backend,
+                    "rows": rows,
+                    "us": round(total_s * 1e6, 1),
+                    "tflops": round(total_flops / total_s / 1e12, 1),
+                }
+            )
+    # A sustained burst of the layer's matmuls: the clock and rate after the board warms up.
+    torch.backends.cuda.preferred_blas_library("cublas")
+    x = torch.randn(16384, HIDDEN, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(2 * INTERMEDIATE, HIDDEN, device=dev, dtype=torch.bfloat16) * 0.02
+    for second in range(6):
+        s = time_linear(x, w, 200)
+        emit(
+            {
+                "bench": "matmul_sustained",
+                "after_bursts": second + 1,
+                "gate_up_tflops": round(2 * 16384 * w.shape[0] * HIDDEN / s / 1e12, 1),
+                "sm_clock_mhz": sm_clock_mhz(),
+            }
+        )
+
+
+if __name__ == "__main__":
+    main()
