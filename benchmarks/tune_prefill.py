@@ -7,6 +7,7 @@ causal, merged with the prefix state). Each variant is timed with do_bench (medi
 runs eagerly) and checked against the default launch's output. Prints one JSON object with the best
 variants of each kind, TFLOP/s included.
 Usage: python benchmarks/tune_prefill.py [--groups 4] [--per-group 16] [--prefix-len 2000] [--suffix-len 200]
+       [--quick] [--state-dtype model|float32]
 """
 
 from __future__ import annotations
@@ -55,7 +56,9 @@ class PrefillWorkload:
         n = g * d
         self.sq = torch.randn(n * s, heads, dim, device=dev, dtype=dt)
         self.sout = torch.empty_like(self.sq)
-        self.o_p = torch.empty(self.sq.shape, dtype=torch.float32, device=dev)
+        # The prefix state: in the model's dtype as the engine keeps it, or fp32 (--state-dtype).
+        state_dtype = dt if args.state_dtype == "model" else torch.float32
+        self.o_p = torch.empty(self.sq.shape, dtype=state_dtype, device=dev)
         self.lse_p = torch.empty(self.sq.shape[:2], dtype=torch.float32, device=dev)
         self.group_meta = {
             "group_cu_q": torch.arange(0, n * s + 1, d * s, **i32),
@@ -148,6 +151,12 @@ def main() -> int:
     ap.add_argument("--prefix-len", type=int, default=2000)
     ap.add_argument("--suffix-len", type=int, default=200)
     ap.add_argument("--top", type=int, default=6)
+    ap.add_argument(
+        "--state-dtype",
+        choices=["model", "float32"],
+        default="model",
+        help="dtype of the prefix pass's output that the suffix pass merges (the engine: model)",
+    )
     ap.add_argument("--quick", action="store_true", help="defaults only, no sweep")
     args = ap.parse_args()
     w = PrefillWorkload(args)

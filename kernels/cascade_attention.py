@@ -70,7 +70,7 @@ def _prefix_attention_kernel(
     q_ptr,  # [num_tokens, num_heads, HEAD_DIM] (token, head strides free)
     k_ptr,  # k_cache, v_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
     v_ptr,
-    o_ptr,  # [num_splits, num_tokens, num_heads, HEAD_DIM] fp32 (split dim absent if 1)
+    o_ptr,  # [num_splits, num_tokens, num_heads, HEAD_DIM] fp32 (split dim absent if 1: out's dtype)
     lse_ptr,  # [num_splits, num_tokens, num_heads] fp32
     group_cu_ptr,  # [num_groups + 1]
     prefix_lens_ptr,  # [num_groups]
@@ -179,7 +179,11 @@ def _prefix_attention_kernel(
     )
     lse_offs = (split.to(tl.int64) * num_tokens + token) * num_heads + head
     o_offs = lse_offs * HEAD_DIM
-    tl.store(o_ptr + o_offs[:, None] + dims[None, :], o, mask=row_valid[:, None])
+    tl.store(
+        o_ptr + o_offs[:, None] + dims[None, :],
+        o.to(o_ptr.dtype.element_ty),
+        mask=row_valid[:, None],
+    )
     tl.store(lse_ptr + lse_offs, lse, mask=row_valid)
 
 
@@ -261,7 +265,7 @@ def _outputs(
         out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     if out_lse is None:
         out_lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-    checks.check_output("out", out, q, torch.float32)
+    checks.check_output("out", out, q, checks.state_dtypes(q))
     checks.check_lse("out_lse", out_lse, q)
     return out, out_lse
 
@@ -361,8 +365,10 @@ def prefix_attention(
     group_cu_q[g]:group_cu_q[g + 1]); group_prefix_lens: [num_groups] (whole blocks in the engine,
     but any length works); group_block_tables: [num_groups, max_prefix_blocks]; index tensors
     int32. max_group_q, the largest group's row count, only picks the tile shape and the default
-    split count: a group with more rows is still computed whole. Returns (o_p, lse_p): [num_tokens, num_heads, head_dim] and
-    [num_tokens, num_heads], fp32, written into `out` / `out_lse` when given. num_splits (1..16)
+    split count: a group with more rows is still computed whole. Returns (o_p, lse_p):
+    [num_tokens, num_heads, head_dim] and [num_tokens, num_heads], written into `out` / `out_lse`
+    when given; lse_p is fp32, o_p fp32 unless `out` is in q's dtype (half the bytes to write and
+    read back, at one more rounding of o_p). num_splits (1..16)
     splits each prefix across programs; by default it is picked from the GPU's SM count. The grid
     depends on host ints only, so the call can be captured in a CUDA graph.
     """

@@ -91,9 +91,15 @@ def check_kv_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
 
 
 def check_output(
-    name: str, t: torch.Tensor, q: torch.Tensor, dtype: torch.dtype, *, contiguous: bool = True
+    name: str,
+    t: torch.Tensor,
+    q: torch.Tensor,
+    dtype: torch.dtype | tuple[torch.dtype, ...],
+    *,
+    contiguous: bool = True,
 ) -> None:
-    check_tensor(name, t, ndim=3, dtypes=(dtype,), device=q.device, contiguous=contiguous)
+    dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
+    check_tensor(name, t, ndim=3, dtypes=dtypes, device=q.device, contiguous=contiguous)
     check_unit_last_stride(name, t)
     check_shape(name, t, tuple(q.shape))
 
@@ -145,9 +151,16 @@ def check_state(
     lse_name: str,
     lse: torch.Tensor | None,
 ) -> None:
-    """An optional attention state: o [num_tokens, num_heads, head_dim] and lse, both fp32."""
+    """An optional attention state: o [num_tokens, num_heads, head_dim] in fp32 or q's dtype, and lse
+    [num_tokens, num_heads] in fp32."""
     if (o is None) != (lse is None):
         raise ValueError(f"{o_name} and {lse_name} must be given together (or neither)")
     if o is not None and lse is not None:
-        check_output(o_name, o, q, torch.float32)
+        check_output(o_name, o, q, state_dtypes(q))
         check_lse(lse_name, lse, q)
+
+
+def state_dtypes(q: torch.Tensor) -> tuple[torch.dtype, ...]:
+    """What a partial attention output may be stored in: fp32, or q's own dtype (half the bytes; the
+    log-sum-exp that weighs it in a merge stays fp32)."""
+    return (torch.float32,) if q.dtype == torch.float32 else (torch.float32, q.dtype)

@@ -31,7 +31,7 @@ def merge_pair(o_a, lse_a, o_b, lse_b):
 def reduce_splits_kernel(
     part_o_ptr,  # [NUM_SPLITS, num_rows, HEAD_DIM] fp32, a row is one (token, head)
     part_lse_ptr,  # [NUM_SPLITS, num_rows] fp32
-    o_ptr,  # [num_rows, HEAD_DIM] fp32
+    o_ptr,  # [num_rows, HEAD_DIM] fp32 or the queries' dtype
     lse_ptr,  # [num_rows] fp32
     num_rows,
     NUM_SPLITS: tl.constexpr,
@@ -50,7 +50,11 @@ def reduce_splits_kernel(
         )
         lse_s = tl.load(part_lse_ptr + split_rows, mask=valid, other=float("-inf"))
         o, lse = merge_pair(o, lse, o_s, lse_s)
-    tl.store(o_ptr + rows[:, None] * HEAD_DIM + dims[None, :], o, mask=valid[:, None])
+    tl.store(
+        o_ptr + rows[:, None] * HEAD_DIM + dims[None, :],
+        o.to(o_ptr.dtype.element_ty),
+        mask=valid[:, None],
+    )
     tl.store(lse_ptr + rows, lse, mask=valid)
 
 

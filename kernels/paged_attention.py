@@ -42,7 +42,7 @@ def _paged_attention_kernel(
     k_ptr,  # k_cache, v_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
     v_ptr,
     out_ptr,
-    prefix_o_ptr,  # [num_tokens, num_heads, HEAD_DIM] fp32
+    prefix_o_ptr,  # [num_tokens, num_heads, HEAD_DIM] fp32 or q's dtype
     prefix_lse_ptr,  # [num_tokens, num_heads] fp32
     cu_q_ptr,  # [num_seqs + 1]
     seq_lens_ptr,  # [num_seqs]
@@ -137,7 +137,7 @@ def _paged_attention_kernel(
         state_offs = token * num_heads + head  # prefix state is contiguous
         lse_p = tl.load(prefix_lse_ptr + state_offs, mask=row_valid, other=float("-inf"))
         o_offs = state_offs[:, None] * HEAD_DIM + dims[None, :]
-        o_p = tl.load(prefix_o_ptr + o_offs, mask=row_valid[:, None], other=0.0)
+        o_p = tl.load(prefix_o_ptr + o_offs, mask=row_valid[:, None], other=0.0).to(tl.float32)
         o, _ = merge_pair(o_p, lse_p, o, lse)
     tl.store(
         out_ptr + (token * stride_ot + head * stride_oh)[:, None] + dims[None, :],
@@ -271,8 +271,8 @@ def paged_attention(
     num_kv_heads, head_dim]; cu_seqlens_q: [num_seqs + 1]; seq_lens, kv_start: [num_seqs];
     block_tables: [num_seqs, max_blocks]; all index tensors int32. Query i of sequence s sits at
     position seq_lens[s] - q_len_s + i and attends keys [kv_start[s], position]. max_query_len must
-    be >= every q_len_s (padding is fine). prefix_out / prefix_lse (fp32) are merged in by
-    log-sum-exp. The grid depends on host ints only, so the call can be captured in a CUDA graph.
+    be >= every q_len_s (padding is fine). prefix_out (fp32 or q's dtype) and prefix_lse (fp32)
+    are merged in by log-sum-exp. The grid depends on host ints only, so the call can be captured in a CUDA graph.
     """
     launch = paged_attention_launch(
         q, k_cache, v_cache, out, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens,
@@ -321,5 +321,5 @@ def paged_attention_ref(
         o, lse = attend(q[cu[s] : cu[s + 1]], k, v, scale, allowed)
         if prefix_out is not None and prefix_lse is not None:
             rows = slice(cu[s], cu[s + 1])
-            o, _ = merge_states(prefix_out[rows], prefix_lse[rows], o, lse)
+            o, _ = merge_states(prefix_out[rows].float(), prefix_lse[rows], o, lse)
         out[cu[s] : cu[s + 1]] = o.to(out.dtype)

@@ -24,7 +24,7 @@ from prefixgrove.kernels.cascade_attention import (
     prefix_attention_ref,
     table_chunk,
 )
-from prefixgrove.kernels.paged_attention import paged_attention
+from prefixgrove.kernels.paged_attention import paged_attention, paged_attention_ref
 
 NUM_KV_HEADS = 2
 TOLERANCE = {torch.float32: 2e-4, torch.float16: 5e-3}
@@ -117,6 +117,7 @@ def test_prefix_pass_writes_into_given_buffers(device: torch.device) -> None:
     assert_states_close((o, lse), prefix_attention_ref(q, cache.k, cache.v, **args), 1e-5)
 
 
+@pytest.mark.parametrize("state_in_query_dtype", [False, True])
 @pytest.mark.parametrize("num_splits", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(("head_dim", "group", "block_size"), [(64, 4, 16), (128, 8, 8)])
@@ -127,7 +128,10 @@ def test_cascade_equals_plain_paged_attention_over_prefix_and_suffix(
     group: int,
     block_size: int,
     num_splits: int,
+    state_in_query_dtype: bool,
 ) -> None:
+    """Also with the prefix pass's output kept in the queries' dtype (what the engine does), which
+    the suffix pass reads back and merges in fp32."""
     cache = make_cache(96, block_size, NUM_KV_HEADS, head_dim, dtype, device)
     b = block_size
     layout = [
@@ -149,14 +153,26 @@ def test_cascade_equals_plain_paged_attention_over_prefix_and_suffix(
     }
     plain = torch.empty_like(batch.q)
     paged_attention(batch.q, cache.k, cache.v, plain, **meta)
+    state = torch.empty_like(batch.q) if state_in_query_dtype else None
     o_p, lse_p = prefix_attention(
         batch.q, cache.k, cache.v, **groups.tensors(cache), scale=scale, max_group_q=8,
-        num_splits=num_splits,
+        num_splits=num_splits, out=state,
     )  # fmt: skip
+    assert o_p.dtype == (dtype if state_in_query_dtype else torch.float32)
     cascade = torch.empty_like(batch.q)
     paged_attention(
         batch.q, cache.k, cache.v, cascade, **meta, kv_start=batch.kv_start, prefix_out=o_p,
         prefix_lse=lse_p,
+    )  # fmt: skip
+    ref_state = torch.empty_like(batch.q) if state_in_query_dtype else None
+    o_ref, lse_ref = prefix_attention_ref(
+        batch.q, cache.k, cache.v, **groups.tensors(cache), scale=scale, max_group_q=8,
+        out=ref_state,
+    )  # fmt: skip
+    cascade_ref = torch.empty_like(batch.q)
+    paged_attention_ref(
+        batch.q, cache.k, cache.v, cascade_ref, **meta, kv_start=batch.kv_start,
+        prefix_out=o_ref, prefix_lse=lse_ref,
     )  # fmt: skip
     for s in batch.seqs:
         s.kv_start = 0
@@ -164,6 +180,7 @@ def test_cascade_equals_plain_paged_attention_over_prefix_and_suffix(
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(plain.double().cpu(), dense.cpu(), atol=tol, rtol=tol)
     torch.testing.assert_close(cascade.double().cpu(), dense.cpu(), atol=tol, rtol=tol)
+    torch.testing.assert_close(cascade_ref.double().cpu(), dense.cpu(), atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -64,10 +64,14 @@ class AttentionBackend:
         prefix_out = prefix_lse = None
         if meta.cascade is not None:
             c = meta.cascade
+            # The prefix state in the model's dtype (lse in fp32), as FlashInfer keeps its cascade
+            # states: on prefill chunks it is [tokens, heads, head_dim] written once and read
+            # back once, half the bytes of fp32.
             prefix_out, prefix_lse = self.prefix(
                 q,
                 k_cache,
                 v_cache,
+                out=torch.empty_like(q),
                 group_cu_q=c.group_cu_q,
                 group_prefix_lens=c.group_prefix_lens,
                 group_block_tables=c.group_block_tables,
