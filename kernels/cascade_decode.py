@@ -32,7 +32,12 @@ from prefixgrove.kernels.cascade_attention import (
 )
 from prefixgrove.kernels.launch import KernelLaunch
 from prefixgrove.kernels.merge_states import merge_pair
-from prefixgrove.kernels.paged_attention import LOG2E, dot_precision, tile_tier
+from prefixgrove.kernels.paged_attention import (
+    LOG2E,
+    dot_precision,
+    online_softmax_step,
+    tile_tier,
+)
 from prefixgrove.kernels.reference_math import attend
 
 __all__ = ["cascade_decode_attention", "cascade_decode_attention_ref"]
@@ -198,17 +203,9 @@ def _cascade_decode_kernel(
             s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
             allowed = key_valid[None, :] & (in_prefix | (row_member == member))[:, None]
             s = tl.where(allowed, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            # NOTE: rows with nothing allowed yet keep m = -inf; shift by 0 to avoid inf - inf.
-            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_shift)
-            p = tl.exp2(s - m_shift[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(
-                v_ptr + kv_offs[:, None] + dims[None, :], mask=key_valid[:, None], other=0.0
+            m_i, l_i, acc = online_softmax_step(
+                s, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc, DOT_PRECISION
             )
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-            m_i = m_new
 
     has_keys = l_i > 0.0
     o = acc / tl.where(has_keys, l_i, 1.0)[:, None]

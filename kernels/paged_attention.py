@@ -35,6 +35,25 @@ def find_segment(cu_ptr, tile_idx, num_segments, BLOCK_Q: tl.constexpr):
     return lo - 1
 
 
+@triton.jit
+def online_softmax_step(
+    s, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc, DOT_PRECISION: tl.constexpr
+):
+    """Folds one key tile into an online softmax (log2 domain): s holds the rows' scores over the
+    tile, -inf where a key is not allowed; its values are loaded at kv_offs (key_valid masks the
+    load). Returns the updated (m, l, acc); rows with nothing allowed yet keep m = -inf."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # NOTE: shift rows whose m is still -inf by 0 to avoid inf - inf.
+    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_shift)
+    p = tl.exp2(s - m_shift[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    # v: [BLOCK_N, HEAD_DIM]
+    v = tl.load(v_ptr + kv_offs[:, None] + dims[None, :], mask=key_valid[:, None], other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
 # Sequence and tile counts change every step: no specialisation on them (see cascade_attention).
 @triton.jit(do_not_specialize=["num_seqs", "tiles_per_seq"])
 def _paged_attention_kernel(
@@ -116,15 +135,9 @@ def _paged_attention_kernel(
         s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
         allowed = key_valid[None, :] & (keys[None, :] <= pos[:, None])
         s = tl.where(allowed, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # NOTE: rows with nothing allowed yet keep m = -inf; shift by 0 to avoid inf - inf.
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_shift)
-        p = tl.exp2(s - m_shift[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + kv_offs[:, None] + dims[None, :], mask=key_valid[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(
+            s, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc, DOT_PRECISION
+        )
 
     has_keys = l_i > 0.0
     o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
