@@ -118,6 +118,10 @@ def test_decode_windows_with_graphs_match_single_steps(checkpoint):
         results.append([(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs])
         if steps > 1:
             assert llm.engine.metrics.decode_windows_ahead > 0
+            # Every captured size writes its logits into one shared buffer, not one of its own.
+            graphs = llm.engine.runner.graphs
+            assert graphs is not None and len(graphs._graphs) > 1
+            assert len({logits.data_ptr() for _, logits in graphs._graphs.values()}) == 1
             blocks = llm.engine.blocks
             assert blocks.num_free == blocks.num_usable
         del llm, outs

@@ -168,10 +168,10 @@ class ModelRunner:
 
     # -- steps ------------------------------------------------------------------------------------------
 
-    def _logits(self, inputs: StepInputs) -> torch.Tensor:
+    def _logits(self, inputs: StepInputs, out: torch.Tensor | None = None) -> torch.Tensor:
         ctx = ForwardContext(self.kv_caches, inputs.metadata, self.backend)
         hidden = self.model(inputs.input_ids, inputs.positions, ctx)
-        return self.model.compute_logits(hidden[inputs.logits_indices])
+        return self.model.compute_logits(hidden[inputs.logits_indices], out)
 
     def _forward(self, batch: list[ScheduledSeq]) -> tuple[StepInputs, torch.Tensor]:
         order, groups = self.builder.plan(batch)

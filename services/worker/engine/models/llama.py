@@ -134,9 +134,11 @@ class LlamaForCausalLM(nn.Module):
             x, residual = layer(x, residual, positions, self.cos_sin, ctx)
         return self.norm(x, residual)[0]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 logits [rows, vocab]; into `out` when given (the decode graphs' shared buffer)."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        logits = F.linear(hidden, weight)
+        return logits.float() if out is None else out.copy_(logits)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies Hugging Face tensors in, fusing q/k/v and gate/up; every parameter must be filled once."""
