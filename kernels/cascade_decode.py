@@ -151,8 +151,9 @@ def _cascade_decode_kernel(
     # keeps the next tiles' copies in flight (as in the prefix pass). A tile of BLOCK_N keys that
     # starts anywhere in a block spans at most TILE_ENTRIES of its table's entries.
     tile_slots = tl.arange(0, TILE_ENTRIES)
+    chunk_slots = tl.arange(0, CHUNK_TILES)
     for chunk_lo in range(tile_lo, tile_hi, CHUNK_TILES):
-        tiles = chunk_lo + tl.arange(0, CHUNK_TILES)
+        tiles = chunk_lo + chunk_slots
         t_in_prefix = tiles < prefix_tiles
         t_own = tiles - prefix_tiles
         t_member = tl.sum((own_cum[None, :] <= t_own[:, None]).to(tl.int32), 1)
@@ -176,18 +177,11 @@ def _cascade_decode_kernel(
         )
         for tile in range(chunk_lo, tl.minimum(chunk_lo + CHUNK_TILES, tile_hi)):
             in_prefix = tile < prefix_tiles
-            own_tile = tile - prefix_tiles
-            # The request whose own tiles hold this one (meaningless, and unused, inside the prefix).
-            member = tl.sum((own_cum <= own_tile).to(tl.int32), 0)
-            member_tile = own_tile - (
-                _pick(own_cum, members, member) - _pick(own_tiles, members, member)
-            )
-            first_key = tl.where(
-                in_prefix,
-                tile * BLOCK_N,
-                _pick(own_begin, members, member) + member_tile * BLOCK_N,
-            )
-            key_end = tl.where(in_prefix, prefix_len, _pick(own_end, members, member))
+            # This tile's entries of the chunk's vectors: the request whose own tiles hold it
+            # (meaningless, and unused, inside the prefix), its first key and its key range's end.
+            member = _pick(t_member, chunk_slots, tile - chunk_lo)
+            first_key = _pick(t_first, chunk_slots, tile - chunk_lo)
+            key_end = _pick(t_end, chunk_slots, tile - chunk_lo)
             keys = first_key + tl.arange(0, BLOCK_N)
             key_valid = keys < key_end
             # Wrapped into the chunk: the pipeliner computes this for tiles past the loop's end too
