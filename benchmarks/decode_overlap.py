@@ -30,7 +30,7 @@ from attention_kernels import Workload
 from attention_kernels import parse_args as attention_args
 from matmul_shapes import SHAPES, sm_clock_mhz
 
-from _common import device_name, emit
+from _common import as_graph, device_name, emit
 
 LAYERS = 32
 LAYER_SHAPES = [SHAPES[name] for name in ("qkv", "o", "gate_up", "down")]
@@ -64,19 +64,6 @@ class Half:
                 self.attend()
 
 
-def capture(body: Callable[[], None]) -> torch.cuda.CUDAGraph:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        body()  # compiles the Triton kernels, settles the allocator
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
-    return graph
-
-
 def two_streams(a: Half, b: Half) -> Callable[[], None]:
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
 
@@ -92,11 +79,12 @@ def two_streams(a: Half, b: Half) -> Callable[[], None]:
     return body
 
 
-def time_graph(graph: torch.cuda.CUDAGraph, replays: int) -> float:
+def time_graph(replay: Callable[[], None], replays: int) -> float:
+    """Milliseconds per replay of a captured graph, over `replays` back to back."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(replays):
-        graph.replay()
+        replay()
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / replays
@@ -130,12 +118,17 @@ def measure(
 ) -> dict[str, object]:
     whole = Half(batch, weights, ns)
     a, b = Half(batch // 2, weights, ns), Half(batch - batch // 2, weights, ns)
+
+    def halves_in_turn() -> None:
+        a.step()
+        b.step()
+
     graphs = {
-        "matmuls": capture(lambda: whole.step(with_attention=False)),
-        "attention": capture(lambda: whole.step(with_matmuls=False)),
-        "serial": capture(whole.step),
-        "halves_serial": capture(lambda: (a.step(), b.step())),
-        "halves_concurrent": capture(two_streams(a, b)),
+        "matmuls": as_graph(lambda: whole.step(with_attention=False)),
+        "attention": as_graph(lambda: whole.step(with_matmuls=False)),
+        "serial": as_graph(whole.step),
+        "halves_serial": as_graph(halves_in_turn),
+        "halves_concurrent": as_graph(two_streams(a, b)),
     }
     times: dict[str, list[float]] = {name: [] for name in graphs}
     clocks: dict[str, int | None] = {}
