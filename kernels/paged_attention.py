@@ -285,7 +285,8 @@ def paged_attention(
     block_tables: [num_seqs, max_blocks]; all index tensors int32. Query i of sequence s sits at
     position seq_lens[s] - q_len_s + i and attends keys [kv_start[s], position]. max_query_len must
     be >= every q_len_s (padding is fine). prefix_out (fp32 or q's dtype) and prefix_lse (fp32)
-    are merged in by log-sum-exp. The grid depends on host ints only, so the call can be captured in a CUDA graph.
+    are merged in by log-sum-exp. The grid depends on host ints only, so the call can be captured in
+    a CUDA graph.
     """
     launch = paged_attention_launch(
         q, k_cache, v_cache, out, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens,
