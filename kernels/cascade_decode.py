@@ -4,10 +4,11 @@ In a decode step every request has one query row. The two-pass cascade (prefix p
 per request that merges) reads each prefix once per group, but its suffix pass is many short programs
 (a few hundred keys each) that spend much of their life starting up and draining, and the two launches
 leave each other's tails idle. Here one program takes BLOCK_Q requests of a group (times the G query
-heads of one kv head as the M dimension of tl.dot) and walks one flat stream of key tiles: the group's
-prefix tiles, then each request's own tiles. Prefix keys are allowed for every row; a request's own
-keys only for its own rows (the rows of the others are masked, which costs tensor-core work that is
-free here, where the bound is memory). One online softmax covers the whole stream, so there is nothing
+heads of one kv head as the M dimension of tl.dot) and walks one dense stream of keys: the group's
+prefix, then each request's own keys, packed in whole key tiles (a tile may end one request's keys and
+start the next one's). Prefix keys are allowed for every row; a request's own keys only for its own
+rows (the rows of the others are masked, which costs tensor-core work that is free here, where the
+bound is memory). One online softmax covers the whole stream, so there is nothing
 to merge; long streams are split across num_splits programs whose partial results a small kernel
 reduces. Rows outside every group (requests without a prefix) form prefix-less segments and work the
 same way.
@@ -43,21 +44,20 @@ from prefixgrove.kernels.reference_math import attend
 __all__ = ["cascade_decode_attention", "cascade_decode_attention_ref"]
 
 
-# Key tiles whose block ids a program loads into registers at a time (32: 142.8 us at degree 16 /
-# 2,000 tokens on the H100, against 144.2 for 16 and 158.9 for 64).
+# Key tiles whose block ids and key codes a program loads into registers at a time (32: 142.8 us at
+# degree 16 / 2,000 tokens on the H100, against 144.2 for 16 and 158.9 for 64, measured when tiles held
+# one request's keys each).
 CHUNK_TILES = 32
 
+# A key code packs what the key loop needs of each unit besides its block id (see the kernel).
+_OWNER_SHIFT = tl.constexpr(24)  # the request of the tile it belongs to (BLOCK_Q: the prefix)
+_SUB_SHIFT = tl.constexpr(14)  # which unit of its cache block it is
+_LO_SHIFT = tl.constexpr(7)  # the first and end key of it that count (7 bits each: UNIT <= 64)
 
-def tile_entries(block_size: int, block_n: int) -> int:
-    """Block-table entries a tile of block_n keys can touch when it starts anywhere in a block (a power
-    of two: it sizes a register tensor)."""
-    return triton.next_power_of_2(triton.cdiv(block_n, block_size) + 1)
 
-
-@triton.jit
-def _pick(values, index_vector, i):
-    """values[i] for a small register vector (no memory access)."""
-    return tl.sum(tl.where(index_vector == i, values, 0), 0)
+def key_unit(block_size: int, block_n: int) -> int:
+    """Keys per unit of the dense key stream: a cache block, or a tile's worth of one."""
+    return min(block_size, block_n)
 
 
 # Row, group and split counts change every step: no specialisation on them (see cascade_attention).
@@ -95,8 +95,8 @@ def _cascade_decode_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    UNIT: tl.constexpr,
     CHUNK_TILES: tl.constexpr,
-    TILE_ENTRIES: tl.constexpr,
     SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -118,19 +118,31 @@ def _cascade_decode_kernel(
     is_group = (segment >= 1) & (segment <= num_groups)
     prefix_len = tl.load(prefix_lens_ptr + group, mask=is_group, other=0)
 
-    # The tile's requests and their own key ranges [kv_start, seq_len), counted in key tiles.
+    # The key stream, dense: the prefix's keys, then each request's own keys [kv_start, seq_len),
+    # in units of UNIT keys that lie in one cache block (a request's last unit may be partial; its
+    # first too when its own keys start mid-block). Tiles take UNITS_PER_TILE consecutive units, so a
+    # tile holds the end of one request's keys and the start of the next: a request's 200 own keys
+    # take 13 units, not 4 tiles of which the last holds 8 keys.
+    UNITS_PER_TILE: tl.constexpr = BLOCK_N // UNIT
+    UNITS_PER_BLOCK: tl.constexpr = BLOCK_SIZE // UNIT
+    CHUNK_UNITS: tl.constexpr = CHUNK_TILES * UNITS_PER_TILE
     members = tl.arange(0, BLOCK_Q)
     first_seq = seg_begin + q_tile * BLOCK_Q
     member_valid = q_tile * BLOCK_Q + members < seg_len
     own_end = tl.load(seq_lens_ptr + first_seq + members, mask=member_valid, other=0)
     own_begin = tl.load(kv_start_ptr + first_seq + members, mask=member_valid, other=0)
-    own_tiles = tl.where(member_valid, (own_end - own_begin + BLOCK_N - 1) // BLOCK_N, 0)
-    own_cum = tl.cumsum(own_tiles, 0)  # tiles up to and including each request
-    prefix_tiles = (prefix_len + BLOCK_N - 1) // BLOCK_N
-    num_tiles = prefix_tiles + tl.sum(own_tiles, 0)
+    own_first_unit = own_begin // UNIT
+    own_units = tl.where(own_end > own_begin, (own_end + UNIT - 1) // UNIT - own_first_unit, 0)
+    own_cum = tl.cumsum(own_units, 0)  # units up to and including each request
+    # Unit u of request j's own run is its key unit own_first_unit + u: the offset to add.
+    own_shift = own_first_unit - (own_cum - own_units)
+    prefix_units = (prefix_len + UNIT - 1) // UNIT
+    num_units = prefix_units + tl.sum(own_units, 0)
+    num_tiles = (num_units + UNITS_PER_TILE - 1) // UNITS_PER_TILE
     tiles_per_split = tl.cdiv(num_tiles, num_splits)
     tile_lo = split * tiles_per_split
     tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
+    unit_hi = tl.minimum(tile_hi * UNITS_PER_TILE, num_units)
 
     # Row r of the M dimension is request r // G of this tile, head kv_head * G + r % G.
     rows = tl.arange(0, BLOCK_M)
@@ -146,56 +158,59 @@ def _cascade_decode_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     group_row = group_tables_ptr + group.to(tl.int64) * stride_gt
-    # The block ids of CHUNK_TILES key tiles are loaded into registers at once and each tile's ids
-    # are gathered from there, so the key and value loads depend on no other load and the pipeliner
-    # keeps the next tiles' copies in flight (as in the prefix pass). A tile of BLOCK_N keys that
-    # starts anywhere in a block spans at most TILE_ENTRIES of its table's entries.
-    tile_slots = tl.arange(0, TILE_ENTRIES)
-    chunk_slots = tl.arange(0, CHUNK_TILES)
+    # Each chunk of CHUNK_TILES tiles works out its units' block ids and key codes as vectors, once,
+    # in registers; each tile gathers its keys' from there. So the key and value loads depend on no
+    # other load and the pipeliner keeps the next tiles' copies in flight.
+    unit_slots = tl.arange(0, CHUNK_UNITS)
+    key_unit_idx = tl.arange(0, BLOCK_N) // UNIT
+    key_in_unit = tl.arange(0, BLOCK_N) % UNIT
     for chunk_lo in range(tile_lo, tile_hi, CHUNK_TILES):
-        tiles = chunk_lo + chunk_slots
-        t_in_prefix = tiles < prefix_tiles
-        t_own = tiles - prefix_tiles
-        t_member = tl.sum((own_cum[None, :] <= t_own[:, None]).to(tl.int32), 1)
-        t_pick = members[None, :] == t_member[:, None]
-        t_cum_before = tl.sum(tl.where(t_pick, (own_cum - own_tiles)[None, :], 0), 1)
-        t_begin = tl.sum(tl.where(t_pick, own_begin[None, :], 0), 1)
-        t_end = tl.sum(tl.where(t_pick, own_end[None, :], 0), 1)
-        t_first = tl.where(t_in_prefix, tiles * BLOCK_N, t_begin + (t_own - t_cum_before) * BLOCK_N)
-        t_end = tl.where(t_in_prefix, prefix_len, t_end)
-        t_rows = tl.where(
-            t_in_prefix,
+        units = chunk_lo * UNITS_PER_TILE + unit_slots
+        u_in_prefix = units < prefix_units
+        u_own = units - prefix_units
+        u_member = tl.sum((own_cum[None, :] <= u_own[:, None]).to(tl.int32), 1)
+        u_pick = members[None, :] == u_member[:, None]
+        u_shift = tl.sum(tl.where(u_pick, own_shift[None, :], 0), 1)
+        u_begin = tl.sum(tl.where(u_pick, own_begin[None, :], 0), 1)
+        u_end = tl.sum(tl.where(u_pick, own_end[None, :], 0), 1)
+        # The unit's index among its table row's key units, and the keys of it that count.
+        u_index = tl.where(u_in_prefix, units, u_own + u_shift)
+        u_key = u_index * UNIT
+        lo = tl.where(u_in_prefix, 0, tl.maximum(u_begin - u_key, 0))
+        hi = tl.minimum(tl.where(u_in_prefix, prefix_len, u_end) - u_key, UNIT)
+        live = units < unit_hi
+        u_rows = tl.where(
+            u_in_prefix,
             group_row,
-            block_tables_ptr + (first_seq + t_member).to(tl.int64) * stride_bt,
+            block_tables_ptr + (first_seq + u_member).to(tl.int64) * stride_bt,
         )
-        t_entries = t_first // BLOCK_SIZE
-        entry = t_entries[:, None] + tile_slots[None, :]
-        entry_valid = (tiles < tile_hi)[:, None] & (entry * BLOCK_SIZE < t_end[:, None])
-        chunk_table = tl.reshape(
-            tl.load(t_rows[:, None] + entry, mask=entry_valid, other=0),
-            [CHUNK_TILES * TILE_ENTRIES],
+        chunk_ids = tl.load(u_rows + u_index // UNITS_PER_BLOCK, mask=live, other=0)
+        owner = tl.where(u_in_prefix, BLOCK_Q, u_member)
+        chunk_codes = (
+            (owner << _OWNER_SHIFT)
+            | ((u_index % UNITS_PER_BLOCK) << _SUB_SHIFT)
+            | (lo << _LO_SHIFT)
+            | tl.where(live, hi, 0)
         )
         for tile in range(chunk_lo, tl.minimum(chunk_lo + CHUNK_TILES, tile_hi)):
-            in_prefix = tile < prefix_tiles
-            # This tile's entries of the chunk's vectors: the request whose own tiles hold it
-            # (meaningless, and unused, inside the prefix), its first key and its key range's end.
-            member = _pick(t_member, chunk_slots, tile - chunk_lo)
-            first_key = _pick(t_first, chunk_slots, tile - chunk_lo)
-            key_end = _pick(t_end, chunk_slots, tile - chunk_lo)
-            keys = first_key + tl.arange(0, BLOCK_N)
-            key_valid = keys < key_end
             # Wrapped into the chunk: the pipeliner computes this for tiles past the loop's end too
             # (their loads are masked off), and a gather index out of range faults on the GPU.
-            slot = (tile - chunk_lo) * TILE_ENTRIES + keys // BLOCK_SIZE - first_key // BLOCK_SIZE
-            block = tl.gather(chunk_table, slot & (CHUNK_TILES * TILE_ENTRIES - 1), 0)
-            kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
-            kv_offs += kv_head * stride_kh
+            slot = ((tile - chunk_lo) * UNITS_PER_TILE + key_unit_idx) & (CHUNK_UNITS - 1)
+            block = tl.gather(chunk_ids, slot, 0)
+            code = tl.gather(chunk_codes, slot, 0)
+            key_owner = code >> _OWNER_SHIFT
+            key_valid = (key_in_unit >= ((code >> _LO_SHIFT) & 127)) & (key_in_unit < (code & 127))
+            in_block = ((code >> _SUB_SHIFT) & 1023) * UNIT + key_in_unit
+            kv_offs = block.to(tl.int64) * stride_kb + in_block * stride_ks + kv_head * stride_kh
             # k: [HEAD_DIM, BLOCK_N], v: [BLOCK_N, HEAD_DIM]
             k = tl.load(
                 k_ptr + kv_offs[None, :] + dims[:, None], mask=key_valid[None, :], other=0.0
             )
             s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
-            allowed = key_valid[None, :] & (in_prefix | (row_member == member))[:, None]
+            # Prefix keys count for every row; a request's own keys for its own rows only.
+            allowed = key_valid[None, :] & (
+                (key_owner == BLOCK_Q)[None, :] | (row_member[:, None] == key_owner[None, :])
+            )
             s = tl.where(allowed, s, float("-inf"))
             m_i, l_i, acc = online_softmax_step(
                 s, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc, DOT_PRECISION
@@ -364,8 +379,8 @@ def cascade_decode_attention_launches(
         "BLOCK_Q": block_q,
         "BLOCK_M": block_m,
         "BLOCK_N": block_n,
+        "UNIT": key_unit(k_cache.shape[1], block_n),
         "CHUNK_TILES": CHUNK_TILES,
-        "TILE_ENTRIES": tile_entries(k_cache.shape[1], block_n),
         "SPLIT": split,
         "DOT_PRECISION": dot_precision(q.dtype),
         "num_warps": 4,
