@@ -6,9 +6,10 @@ Modes, each on a fresh engine in this one process (so their ratios are measured 
   shuffled-nogroup  input shuffled, no grouping (every request prefills its whole prompt)
   sorted-nogroup    input sorted by prefix, no grouping
   group-nocascade   shuffled input, global grouping (prefix computed once, KV blocks shared), plain kernel
-  group-cascade     shuffled input, global grouping and cascade attention
-  group-cascade-one-pass  the same, with decode steps on the one-pass cascade decode kernel
-                    (cascade_decode_kernel="one-pass") instead of the two passes
+  group-cascade     shuffled input, global grouping and cascade attention (decode steps on the one-pass
+                    cascade decode kernel, the engine's default)
+  group-cascade-two-pass  the same, with decode steps on the two passes (prefix pass, then a suffix
+                    pass that merges; cascade_decode_kernel="two-pass")
 Prints one JSON line per mode. Usage: python benchmarks/batchllm.py [--groups 400] [--modes a,b]
 """
 
@@ -30,7 +31,7 @@ MODES = (
     "sorted-nogroup",
     "group-nocascade",
     "group-cascade",
-    "group-cascade-one-pass",
+    "group-cascade-two-pass",
 )
 
 
@@ -41,7 +42,7 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_cascade_attention=mode.startswith("group-cascade"),
-        cascade_decode_kernel="one-pass" if mode == "group-cascade-one-pass" else "two-pass",
+        cascade_decode_kernel="two-pass" if mode == "group-cascade-two-pass" else "one-pass",
         num_scheduler_steps=args.num_scheduler_steps,
     )
     params = SamplingParams(

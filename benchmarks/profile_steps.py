@@ -87,9 +87,9 @@ def main() -> None:
     add_canonical_args(ap, groups=64)
     ap.add_argument("--cascade", type=int, default=1)
     ap.add_argument(
-        "--one-pass-decode",
+        "--two-pass-decode",
         action="store_true",
-        help="decode steps on the one-pass cascade decode kernel instead of the two passes",
+        help="decode steps on the two cascade passes instead of the one-pass decode kernel",
     )
     ap.add_argument("--trace-mixed", type=int, default=3, help="mixed steps to trace (0: none)")
     ap.add_argument("--trace-decode", type=int, default=2, help="decode windows to trace")
@@ -107,7 +107,7 @@ def main() -> None:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_cascade_attention=bool(args.cascade),
-        cascade_decode_kernel="one-pass" if args.one_pass_decode else "two-pass",
+        cascade_decode_kernel="two-pass" if args.two_pass_decode else "one-pass",
     )
     engine, runner = llm.engine, llm.engine.runner
     model = runner.model

@@ -77,9 +77,10 @@ class EngineConfig:
     attention_backend: str = "torch"
     enable_prefix_grouping: bool = True
     enable_cascade_attention: bool = True
-    # How decode steps run cascade attention: "two-pass" (prefix pass, then a suffix pass that merges) or
-    # "one-pass" (kernels/cascade_decode.py). Two passes are faster in the canonical run (benchmarks).
-    cascade_decode_kernel: str = "two-pass"
+    # How decode steps run cascade attention: "one-pass" (kernels/cascade_decode.py: a group's prefix and
+    # its requests' own keys in one stream) or "two-pass" (prefix pass, then a suffix pass that merges).
+    # One pass has the shorter decode windows in the canonical run (benchmarks/RESULTS.md).
+    cascade_decode_kernel: str = "one-pass"
     enforce_eager: bool = False
     tokenizer: str | None = None
 
@@ -137,7 +138,7 @@ class EngineConfig:
         attention_backend: str = "auto",
         enable_prefix_grouping: bool = True,
         enable_cascade_attention: bool = True,
-        cascade_decode_kernel: str = "two-pass",
+        cascade_decode_kernel: str = "one-pass",
         num_scheduler_steps: int | None = None,
         enforce_eager: bool = False,
         tokenizer: str | None = None,
