@@ -21,7 +21,7 @@ MODE_LABELS = {
     "sorted-nogroup": "sorted,\nno grouping",
     "group-nocascade": "grouping,\nplain kernel",
     "group-cascade": "grouping +\ncascade",
-    "group-cascade-one-pass": "grouping +\ncascade, one-pass\ndecode kernel",
+    "group-cascade-two-pass": "grouping +\ncascade, two-pass\ndecode",
 }
 
 
