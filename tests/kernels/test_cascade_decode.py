@@ -132,6 +132,35 @@ def test_streams_longer_than_one_chunk_of_block_ids(device: torch.device, num_sp
     torch.testing.assert_close(out.double().cpu(), dense.cpu(), atol=2e-4, rtol=2e-4)
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_cache_blocks_larger_than_a_key_tile(device: torch.device, num_splits: int) -> None:
+    """128-key cache blocks against 64-key tiles: the key stream's units are half blocks, so a unit's
+    keys start mid-block; prefixes that end mid-unit put a request's first own key there too."""
+    block_size, head_dim = 128, 32
+    layout = [
+        (block_size + 64 + 5, [Request(1, n) for n in (300, 1, 70, 59)]),
+        (0, [Request(1, 130)]),
+        (100, [Request(1, 64), Request(1, 129)]),
+    ]
+    cache = make_cache(40, block_size, NUM_KV_HEADS, head_dim, torch.float32, device)
+    batch, groups = build_cascade(cache, layout, NUM_KV_HEADS * 2, torch.float32)
+    args = {
+        "seq_lens": batch.seq_lens,
+        "kv_start": batch.kv_start,
+        "block_tables": batch.block_tables,
+        **groups.tensors(cache),
+        "scale": head_dim**-0.5,
+    }
+    for s in batch.seqs:
+        s.kv_start = 0
+    dense, _ = dense_paged(batch, cache, head_dim**-0.5)
+    out = torch.full_like(batch.q, float("nan"))
+    cascade_decode_attention(
+        batch.q, cache.k, cache.v, out, **args, max_group_q=4, num_splits=num_splits
+    )
+    torch.testing.assert_close(out.double().cpu(), dense.cpu(), atol=2e-4, rtol=2e-4)
+
+
 def test_one_pass_writes_strided_outputs_only_where_it_should(device: torch.device) -> None:
     cache, args, dense = setup(torch.float32, 64, 4, 16, device)
     q = args.pop("q")
