@@ -35,10 +35,19 @@ def decode_layout(b: int) -> list[tuple[int, list[Request]]]:
 
 
 def setup(
-    dtype: torch.dtype, head_dim: int, group: int, block_size: int, device: torch.device
+    dtype: torch.dtype,
+    head_dim: int,
+    group: int,
+    block_size: int,
+    device: torch.device,
+    layout: list[tuple[int, list[Request]]] | None = None,
+    num_blocks: int = 160,
 ) -> tuple[Cache, dict, torch.Tensor]:
-    cache = make_cache(160, block_size, NUM_KV_HEADS, head_dim, dtype, device)
-    batch, groups = build_cascade(cache, decode_layout(block_size), NUM_KV_HEADS * group, dtype)
+    """The cache, the kernel's arguments (q included) and the dense reference for a layout (by
+    default decode_layout)."""
+    cache = make_cache(num_blocks, block_size, NUM_KV_HEADS, head_dim, dtype, device)
+    layout = layout if layout is not None else decode_layout(block_size)
+    batch, groups = build_cascade(cache, layout, NUM_KV_HEADS * group, dtype)
     args = {
         "seq_lens": batch.seq_lens,
         "kv_start": batch.kv_start,
@@ -50,6 +59,18 @@ def setup(
         s.kv_start = 0
     dense, _ = dense_paged(batch, cache, head_dim**-0.5)
     return cache, {"q": batch.q, **args}, dense
+
+
+def check_one_pass(
+    cache: Cache, args: dict, dense: torch.Tensor, max_group_q: int, num_splits: int
+) -> None:
+    """The kernel's output (fp32) equals the dense reference."""
+    q = args.pop("q")
+    out = torch.full_like(q, float("nan"))
+    cascade_decode_attention(
+        q, cache.k, cache.v, out, **args, max_group_q=max_group_q, num_splits=num_splits
+    )
+    torch.testing.assert_close(out.double().cpu(), dense.cpu(), atol=2e-4, rtol=2e-4)
 
 
 @pytest.mark.parametrize(("max_group_q", "num_splits"), [(1, 1), (4, 3), (16, 1), (16, 2)])
@@ -113,23 +134,8 @@ def test_streams_longer_than_one_chunk_of_block_ids(device: torch.device, num_sp
         (0, [Request(1, 70)]),
         (50, [Request(1, 1), Request(1, 129)]),
     ]
-    cache = make_cache(460, block_size, NUM_KV_HEADS, head_dim, torch.float32, device)
-    batch, groups = build_cascade(cache, layout, NUM_KV_HEADS * 2, torch.float32)
-    args = {
-        "seq_lens": batch.seq_lens,
-        "kv_start": batch.kv_start,
-        "block_tables": batch.block_tables,
-        **groups.tensors(cache),
-        "scale": head_dim**-0.5,
-    }
-    for s in batch.seqs:
-        s.kv_start = 0
-    dense, _ = dense_paged(batch, cache, head_dim**-0.5)
-    out = torch.full_like(batch.q, float("nan"))
-    cascade_decode_attention(
-        batch.q, cache.k, cache.v, out, **args, max_group_q=3, num_splits=num_splits
-    )
-    torch.testing.assert_close(out.double().cpu(), dense.cpu(), atol=2e-4, rtol=2e-4)
+    cache, args, dense = setup(torch.float32, head_dim, 2, block_size, device, layout, 460)
+    check_one_pass(cache, args, dense, max_group_q=3, num_splits=num_splits)
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])
@@ -142,23 +148,8 @@ def test_cache_blocks_larger_than_a_key_tile(device: torch.device, num_splits: i
         (0, [Request(1, 130)]),
         (100, [Request(1, 64), Request(1, 129)]),
     ]
-    cache = make_cache(40, block_size, NUM_KV_HEADS, head_dim, torch.float32, device)
-    batch, groups = build_cascade(cache, layout, NUM_KV_HEADS * 2, torch.float32)
-    args = {
-        "seq_lens": batch.seq_lens,
-        "kv_start": batch.kv_start,
-        "block_tables": batch.block_tables,
-        **groups.tensors(cache),
-        "scale": head_dim**-0.5,
-    }
-    for s in batch.seqs:
-        s.kv_start = 0
-    dense, _ = dense_paged(batch, cache, head_dim**-0.5)
-    out = torch.full_like(batch.q, float("nan"))
-    cascade_decode_attention(
-        batch.q, cache.k, cache.v, out, **args, max_group_q=4, num_splits=num_splits
-    )
-    torch.testing.assert_close(out.double().cpu(), dense.cpu(), atol=2e-4, rtol=2e-4)
+    cache, args, dense = setup(torch.float32, head_dim, 2, block_size, device, layout, 40)
+    check_one_pass(cache, args, dense, max_group_q=4, num_splits=num_splits)
 
 
 def test_one_pass_writes_strided_outputs_only_where_it_should(device: torch.device) -> None:
