@@ -7,7 +7,7 @@ Modes, each on a fresh engine in this one process (so their ratios are measured 
   sorted-nogroup    input sorted by prefix, no grouping
   group-nocascade   shuffled input, global grouping (prefix computed once, KV blocks shared), plain kernel
   group-cascade     shuffled input, global grouping and cascade attention (decode steps on the one-pass
-                    cascade decode kernel, the engine's default)
+                    cascade decode kernel, the engine's default on CUDA)
   group-cascade-two-pass  the same, with decode steps on the two passes (prefix pass, then a suffix
                     pass that merges; cascade_decode_kernel="two-pass")
 Prints one JSON line per mode. Usage: python benchmarks/batchllm.py [--groups 400] [--modes a,b]

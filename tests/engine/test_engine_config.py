@@ -51,6 +51,22 @@ def test_cpu_defaults_are_fp32_torch_backend_and_eager():
     assert config.scheduler.num_scheduler_steps == 1
 
 
+@pytest.mark.parametrize(
+    ("device", "backend", "kernel"),
+    [("cuda", "auto", "one-pass"), ("cuda", "torch", "two-pass"), ("cpu", "auto", "two-pass")],
+)
+def test_decode_steps_take_one_pass_only_with_triton_on_cuda(device, backend, kernel):
+    """One pass is faster on the GPU; elsewhere two passes keep every row's arithmetic the same in
+    decode-only and mixed steps, so results do not depend on batching."""
+    config = EngineConfig.create("tiny-random-llama", device=device, attention_backend=backend)
+    assert config.cascade_decode_kernel == kernel
+    chosen = EngineConfig.create(
+        "tiny-random-llama", device=device, attention_backend=backend,
+        cascade_decode_kernel="one-pass",
+    )  # fmt: skip
+    assert chosen.cascade_decode_kernel == "one-pass"
+
+
 def test_mistral_sliding_window_caps_max_model_len(tmp_path: Path):
     path = save_checkpoint("mistral", tmp_path, sliding_window=256)
     assert EngineConfig.create(path, device="cpu").model.max_model_len == 256

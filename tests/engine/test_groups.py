@@ -88,9 +88,8 @@ def test_grouped_cascade_on_triton_backend_matches_ungrouped(llama_dir, decode_k
 
 
 def test_cascade_kernels_run_only_when_enabled(llama_dir, job):
-    """By default decode steps take the one-pass kernel; without cascade attention no kernel of it runs."""
-    on = engine(llama_dir)
-    off = engine(llama_dir, enable_cascade_attention=False)
+    on = engine(llama_dir, cascade_decode_kernel="one-pass")
+    off = engine(llama_dir, enable_cascade_attention=False, cascade_decode_kernel="one-pass")
     on_calls, off_calls = count_cascade_calls(on), count_cascade_calls(off)
     run(on, job, PARAMS)
     run(off, job, PARAMS)
@@ -98,11 +97,9 @@ def test_cascade_kernels_run_only_when_enabled(llama_dir, job):
     assert off_calls == {"prefix": 0, "decode": 0}
 
 
-def test_two_pass_decode_leaves_greedy_tokens_unchanged(llama_dir, job, ungrouped):
-    llm = engine(llama_dir, cascade_decode_kernel="two-pass")
-    calls = count_cascade_calls(llm)
+def test_one_pass_decode_leaves_greedy_tokens_unchanged(llama_dir, job, ungrouped):
+    llm = engine(llama_dir, cascade_decode_kernel="one-pass")
     assert token_ids(run(llm, job, PARAMS)) == ungrouped
-    assert calls["prefix"] > 0 and calls["decode"] == 0
 
 
 def test_num_cached_tokens_reports_the_reused_prefix(llama_dir, job):

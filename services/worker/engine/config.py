@@ -78,9 +78,12 @@ class EngineConfig:
     enable_prefix_grouping: bool = True
     enable_cascade_attention: bool = True
     # How decode steps run cascade attention: "one-pass" (kernels/cascade_decode.py: a group's prefix and
-    # its requests' own keys in one stream) or "two-pass" (prefix pass, then a suffix pass that merges).
-    # One pass has the shorter decode windows in the canonical run (benchmarks/RESULTS.md).
-    cascade_decode_kernel: str = "one-pass"
+    # its requests' own keys in one stream) or "two-pass" (prefix pass, then a suffix pass that merges,
+    # as prefill chunks do). `create` picks one pass for Triton on CUDA, where its decode windows are
+    # shorter (benchmarks/RESULTS.md), and two passes elsewhere: there every row then takes the same
+    # arithmetic whether its step is decode-only or mixed, so a CPU run's tokens and logprobs do not
+    # depend on how requests were batched (a local run equals a distributed one, bit for bit).
+    cascade_decode_kernel: str = "two-pass"
     enforce_eager: bool = False
     tokenizer: str | None = None
 
@@ -138,7 +141,7 @@ class EngineConfig:
         attention_backend: str = "auto",
         enable_prefix_grouping: bool = True,
         enable_cascade_attention: bool = True,
-        cascade_decode_kernel: str = "one-pass",
+        cascade_decode_kernel: str = "auto",
         num_scheduler_steps: int | None = None,
         enforce_eager: bool = False,
         tokenizer: str | None = None,
@@ -170,6 +173,12 @@ class EngineConfig:
         )
         if max_num_batched_tokens is None:
             max_num_batched_tokens = max(8192 if cuda else 2048, max_num_seqs)
+        if attention_backend == "auto":
+            attention_backend = "triton" if cuda else "torch"
+        if cascade_decode_kernel == "auto":
+            cascade_decode_kernel = (
+                "one-pass" if cuda and attention_backend == "triton" else "two-pass"
+            )
         return cls(
             model=model_cfg,
             cache=CacheConfig(block_size, gpu_memory_utilization, num_gpu_blocks),
@@ -179,9 +188,7 @@ class EngineConfig:
                 (8 if cuda else 1) if num_scheduler_steps is None else num_scheduler_steps,
             ),
             device=device,
-            attention_backend=("triton" if cuda else "torch")
-            if attention_backend == "auto"
-            else attention_backend,
+            attention_backend=attention_backend,
             enable_prefix_grouping=enable_prefix_grouping,
             enable_cascade_attention=enable_cascade_attention,
             cascade_decode_kernel=cascade_decode_kernel,
