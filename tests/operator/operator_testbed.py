@@ -82,6 +82,13 @@ class BatchJobs:
     def status(self, name: str) -> dict[str, Any]:
         return (self.get(name) or {}).get("status") or {}
 
+    def delete(self, name: str, timeout: float = 30.0) -> None:
+        """Deletes the BatchJob and waits until it is gone, i.e. until the operator has handled the
+        deletion and removed its finalizer. Polled here rather than by kubectl's own wait, which once
+        hung past its 60 s after the operator had removed the finalizer."""
+        self.kube.kubectl("delete", "bj", name, "-n", self.namespace, "--wait=false")
+        wait_for(f"BatchJob {name} to be gone", lambda: self.get(name) is None, timeout)
+
     def wait_phase(self, name: str, *phases: str, timeout: float = 60.0) -> dict[str, Any]:
         return wait_for(
             f"BatchJob {name} to reach {phases}",

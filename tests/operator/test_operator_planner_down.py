@@ -57,6 +57,6 @@ def test_a_batchjob_waits_pending_for_the_planner_then_runs(
         assert running["phase"] in ("Running", "Succeeded"), running
         assert running["jobId"]
         assert "message" not in running
-        crd.kubectl("delete", "bj", name, "-n", NAMESPACE)
+        jobs.delete(name)
     finally:
         planner.stop()

@@ -16,7 +16,6 @@ from operator_testbed import (
     MAX_WORKERS,
     MIN_WORKERS,
     MODEL,
-    NAMESPACE,
     SCALE_DOWN_WINDOW_S,
     BatchJobs,
     replicas,
@@ -65,8 +64,7 @@ def test_deleting_a_running_batchjob_cancels_its_planner_job(
 ) -> None:
     name, job_id = queue_job(batchjobs, groups=1)
     assert FINALIZER in batchjobs.get(name)["metadata"]["finalizers"]  # type: ignore[index]
-    crd.kubectl("delete", "bj", name, "-n", NAMESPACE, "--wait=false")
-    wait_for(f"BatchJob {name} to be gone", lambda: batchjobs.get(name) is None, 30)
+    batchjobs.delete(name)
     assert planner.get_job(job_id).phase == "Cancelled"
 
 
@@ -82,7 +80,7 @@ def test_rising_queue_depth_scales_the_workers_up_at_once(
     assert want > before, "the queue was already deep enough for the most workers"
     wait_for(f"{want} worker replicas", lambda: replicas(crd) == want, 30)
     assert time.monotonic() - queued < SCALE_DOWN_WINDOW_S, "scaling up waited like scaling down"
-    crd.kubectl("delete", "bj", name, "-n", NAMESPACE)
+    batchjobs.delete(name)
 
 
 def test_an_empty_queue_scales_the_workers_down_to_the_minimum_after_the_window(
