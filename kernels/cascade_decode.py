@@ -60,6 +60,12 @@ def key_unit(block_size: int, block_n: int) -> int:
     return min(block_size, block_n)
 
 
+@triton.jit
+def _per_unit(pick, member_values):
+    """member_values[j] for each unit, where pick[u, j] marks unit u's request j (registers only)."""
+    return tl.sum(tl.where(pick, member_values[None, :], 0), 1)
+
+
 # Row, group and split counts change every step: no specialisation on them (see cascade_attention).
 @triton.jit(do_not_specialize=["num_groups", "num_seqs", "num_splits"])
 def _cascade_decode_kernel(
@@ -170,9 +176,9 @@ def _cascade_decode_kernel(
         u_own = units - prefix_units
         u_member = tl.sum((own_cum[None, :] <= u_own[:, None]).to(tl.int32), 1)
         u_pick = members[None, :] == u_member[:, None]
-        u_shift = tl.sum(tl.where(u_pick, own_shift[None, :], 0), 1)
-        u_begin = tl.sum(tl.where(u_pick, own_begin[None, :], 0), 1)
-        u_end = tl.sum(tl.where(u_pick, own_end[None, :], 0), 1)
+        u_shift = _per_unit(u_pick, own_shift)
+        u_begin = _per_unit(u_pick, own_begin)
+        u_end = _per_unit(u_pick, own_end)
         # The unit's index among its table row's key units, and the keys of it that count.
         u_index = tl.where(u_in_prefix, units, u_own + u_shift)
         u_key = u_index * UNIT
