@@ -85,7 +85,7 @@ class BatchJobs:
     def delete(self, name: str, timeout: float = 30.0) -> None:
         """Deletes the BatchJob and waits until it is gone, i.e. until the operator has handled the
         deletion and removed its finalizer. Polled here rather than by kubectl's own wait, which once
-        hung past its 60 s after the operator had removed the finalizer."""
+        hung past its 60 s although the operator's log showed the deletion handled."""
         self.kube.kubectl("delete", "bj", name, "-n", self.namespace, "--wait=false")
         wait_for(f"BatchJob {name} to be gone", lambda: self.get(name) is None, timeout)
 
