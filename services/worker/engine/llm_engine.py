@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import logging
 import numbers
 import random
@@ -69,20 +70,43 @@ class LLMEngine:
         return ids
 
     def _token_ids(self, prompt_token_ids: Seq[int]) -> list[int]:
-        # One vectorised pass (a job holds millions of tokens); the slow loop only runs to name a culprit.
-        vocab = self.config.model.arch.vocab_size
+        # A job holds millions of tokens: one C-level pass per prompt, and the slow loop only runs to
+        # name a culprit.
         if len(prompt_token_ids) == 0:
             raise ValueError("prompt is empty: at least one token is needed")
+        if isinstance(prompt_token_ids, (list, tuple)):
+            try:  # every item an integer (floats and strings refused), none beyond int64
+                packed = np.frombuffer(array.array("q", prompt_token_ids), dtype=np.int64)
+            except (TypeError, OverflowError):
+                self._name_bad_item(prompt_token_ids)
+                raise ValueError("prompt token ids must be a flat list of integers") from None
+            self._check_vocabulary(packed)
+            # A list is kept as it is, not copied: the engine never writes to a prompt's ids, and
+            # turning 2,000 ids back into new Python ints costs as much as checking them twice.
+            return (
+                prompt_token_ids if isinstance(prompt_token_ids, list) else list(prompt_token_ids)
+            )
         arr = np.asarray(prompt_token_ids) if not isinstance(prompt_token_ids, str) else None
         if arr is None or arr.ndim != 1 or arr.dtype.kind not in "iu":
-            for t in prompt_token_ids:
-                if not isinstance(t, numbers.Integral) or isinstance(t, bool):
-                    raise ValueError(f"prompt token id {t!r} is not an integer")
+            self._name_bad_item(prompt_token_ids)
             raise ValueError("prompt token ids must be a flat list of integers")
-        if arr.min() < 0 or arr.max() >= vocab:
-            bad = next(t for t in arr.tolist() if not 0 <= t < vocab)
-            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        self._check_vocabulary(arr)
         return arr.tolist()
+
+    def _name_bad_item(self, prompt_token_ids: Seq[int]) -> None:
+        """Raises ValueError for the first id that is not an integer or lies outside the vocabulary."""
+        vocab = self.config.model.arch.vocab_size
+        for t in prompt_token_ids:
+            if not isinstance(t, numbers.Integral) or isinstance(t, bool):
+                raise ValueError(f"prompt token id {t!r} is not an integer")
+            if not 0 <= t < vocab:
+                raise ValueError(f"prompt token id {t} is outside the vocabulary [0, {vocab})")
+
+    def _check_vocabulary(self, ids: np.ndarray) -> None:
+        vocab = self.config.model.arch.vocab_size
+        if ids.min() < 0 or ids.max() >= vocab:
+            bad = next(t for t in ids.tolist() if not 0 <= t < vocab)
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
 
     def add_request(
         self,
