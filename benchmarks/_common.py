@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import random
@@ -67,6 +68,32 @@ def timed(fn: Any) -> tuple[Any, float]:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return result, time.perf_counter() - start
+
+
+class GcClock:
+    """Counts the time the interpreter spends in garbage collections while it is entered (a
+    `gc.callbacks` hook): host time that no GPU work overlaps when the engine loop is the one waiting.
+    """
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = [0, 0, 0]
+        self._began: float | None = None
+
+    def _hook(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        elif self._began is not None:
+            self.seconds += time.perf_counter() - self._began
+            self.collections[info["generation"]] += 1
+            self._began = None
+
+    def __enter__(self) -> GcClock:
+        gc.callbacks.append(self._hook)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._hook)
 
 
 def emit(record: dict[str, Any]) -> None:

@@ -24,7 +24,7 @@ import torch
 from prefixgrove import LLM, SamplingParams
 from prefixgrove.planner.grouping import GroupingConfig, GroupingResult, group_prompts
 
-from _common import add_canonical_args, device_name, emit, shared_prefix_prompts, timed
+from _common import GcClock, add_canonical_args, device_name, emit, shared_prefix_prompts, timed
 
 MODES = (
     "shuffled-nogroup",
@@ -63,13 +63,14 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
     config = GroupingConfig(block_size=llm.config.cache.block_size)
     groups = GroupingResult([], list(range(len(inputs))), len(inputs), 0)
     grouping_s = 0.0
-    if grouped:  # grouping is part of the job: its time counts
-        groups, grouping_s = timed(lambda: group_prompts(inputs, config))
-    outs, generate_s = timed(
-        lambda: llm.generate(
-            [{"prompt_token_ids": p} for p in inputs], params, use_tqdm=False, groups=groups
+    with GcClock() as gc_clock:
+        if grouped:  # grouping is part of the job: its time counts
+            groups, grouping_s = timed(lambda: group_prompts(inputs, config))
+        outs, generate_s = timed(
+            lambda: llm.generate(
+                [{"prompt_token_ids": p} for p in inputs], params, use_tqdm=False, groups=groups
+            )
         )
-    )
     seconds = grouping_s + generate_s
     m = llm.engine.metrics
     out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
@@ -92,6 +93,8 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
         "mixed_seconds": round(m.mixed_seconds, 2),
         "host_seconds": round(m.host_seconds, 2),
         "intake_seconds": round(m.intake_seconds, 2),
+        "gc_seconds": round(gc_clock.seconds, 2),
+        "gc_collections": gc_clock.collections,
         "num_scheduler_steps": llm.config.scheduler.num_scheduler_steps,
         "peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
     }

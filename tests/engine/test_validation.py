@@ -167,3 +167,51 @@ def test_prevalidated_group_still_refuses_a_request_id_in_use(llm: LLM):
         llm.engine.add_group("g", 2, members, validated=True)
     llm.engine.abort(["taken"])
     _assert_nothing_queued_and_still_usable(llm)
+
+
+def test_prompt_lists_are_used_as_given_and_not_written(llm: LLM):
+    """generate keeps a list prompt's ids without copying them (a job holds millions) and never
+    writes to them; tuples and numpy arrays come back as lists of Python ints."""
+    import numpy as np
+
+    ids = [5, 6, 7]
+    outs = llm.generate(
+        [
+            {"prompt_token_ids": ids},
+            {"prompt_token_ids": (5, 6, 7)},
+            {"prompt_token_ids": np.array(ids)},
+        ],
+        greedy(3, ignore_eos=True),
+        use_tqdm=False,
+    )
+    assert ids == [5, 6, 7]
+    assert outs[0].prompt_token_ids is ids
+    for out in outs:
+        assert out.prompt_token_ids == [5, 6, 7] and type(out.prompt_token_ids) is list
+        assert out.outputs[0].token_ids == outs[0].outputs[0].token_ids
+
+
+def test_huge_token_id_names_the_value(llm: LLM):
+    with pytest.raises(ValueError, match=r"prompt 0: .*token id 18446744073709551616 .*vocabulary"):
+        run(llm, [[1, 2**64]], greedy(2))
+    _assert_nothing_queued_and_still_usable(llm)
+
+
+def test_generate_leaves_nothing_frozen(llama_dir: str):
+    """The job's objects are frozen for the garbage collector while it runs and thawed afterwards,
+    even when something was frozen before the call: an engine's objects left frozen would keep
+    their reference cycles (and the memory they hold) alive after the engine is dropped."""
+    import gc
+    import weakref
+
+    gc.freeze()  # as some interpreters start
+    try:
+        llm = engine(llama_dir, max_model_len=64)
+        cyclic = weakref.ref(llm.engine.scheduler)  # the test wrapper makes it a reference cycle
+        run(llm, [[1, 2, 3]], greedy(2))
+        assert gc.get_freeze_count() == 0
+        del llm
+        gc.collect()
+        assert cyclic() is None
+    finally:
+        gc.unfreeze()

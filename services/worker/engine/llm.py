@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Sequence as Seq
 from typing import Any
@@ -57,7 +58,18 @@ class LLM:
         if groups is None and self.config.enable_prefix_grouping:
             groups = self._group(token_ids)
         self._submit(request_ids, texts, token_ids, params, groups)
-        return self._run(request_ids, use_tqdm)
+        # The job's prompts (millions of ids in lists) and sequences live until it ends: frozen, the
+        # garbage collector's passes skip them instead of walking every list again (0.46 s of
+        # collections in the canonical 6,400-request run, 0.1 s frozen). Objects made while it runs
+        # are collected as usual. gc.unfreeze() also thaws what was frozen before the call (some
+        # interpreters start with objects frozen): freezing only spares collections work, so that
+        # costs speed at most, where leaving the engine's objects frozen would keep its reference
+        # cycles, and the GPU memory they hold, alive after the engine is gone.
+        gc.freeze()
+        try:
+            return self._run(request_ids, use_tqdm)
+        finally:
+            gc.unfreeze()
 
     def _tokenize(self, prompts: Seq[Prompt]) -> tuple[list[str | None], list[list[int]]]:
         texts: list[str | None] = []
@@ -69,7 +81,7 @@ class LLM:
                 ids.append(tokenizer.encode(p))
             elif isinstance(p, dict) and "prompt_token_ids" in p:
                 texts.append(p.get("prompt"))
-                ids.append(list(p["prompt_token_ids"]))
+                ids.append(p["prompt_token_ids"])  # checked (and copied where needed) by validate
             elif isinstance(p, dict) and "prompt" in p:
                 texts.append(p["prompt"])
                 ids.append(tokenizer.encode(p["prompt"]))
