@@ -25,7 +25,14 @@ from prefixgrove.kernels.merge_states import (
     merge_attention_states_ref,
     reduce_splits_kernel,
 )
-from prefixgrove.kernels.paged_attention import LOG2E, dot_precision, tile_tier
+from prefixgrove.kernels.paged_attention import (
+    LOG2E,
+    dot_precision,
+    load_keys,
+    online_softmax_step,
+    table_chunk,
+    tile_tier,
+)
 from prefixgrove.kernels.reference_math import attend
 
 __all__ = [
@@ -135,9 +142,12 @@ def _prefix_attention_kernel(
     # block ids are gathered from there: the key and value loads then depend on no other load, so
     # the pipeliner keeps num_stages - 1 tiles in flight (with the ids loaded from memory in the
     # loop it waits for every copy at the top of each iteration; 15% slower on prefill chunks).
+    # Tiles before full_hi hold prefix keys only and need no mask; a prefix that ends inside a tile
+    # leaves that one tile to the masked step after the loop.
+    full_hi = tl.minimum(tile_hi, prefix_len // BLOCK_N)
     TILES_PER_CHUNK: tl.constexpr = TABLE_CHUNK * BLOCK_SIZE // BLOCK_N
     entries = tl.arange(0, TABLE_CHUNK)
-    for chunk in range(tile_lo // TILES_PER_CHUNK, tl.cdiv(tile_hi, TILES_PER_CHUNK)):
+    for chunk in range(tile_lo // TILES_PER_CHUNK, tl.cdiv(full_hi, TILES_PER_CHUNK)):
         first_entry = chunk * TABLE_CHUNK
         table = tl.load(
             table_row + first_entry + entries,
@@ -145,32 +155,31 @@ def _prefix_attention_kernel(
             other=0,
         )
         chunk_lo = tl.maximum(tile_lo, chunk * TILES_PER_CHUNK)
-        chunk_hi = tl.minimum(tile_hi, (chunk + 1) * TILES_PER_CHUNK)
+        chunk_hi = tl.minimum(full_hi, (chunk + 1) * TILES_PER_CHUNK)
         for tile in range(chunk_lo, chunk_hi):
             keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-            key_valid = keys < prefix_len
             # Wrapped into the chunk: the pipeliner computes this for tiles past the loop's end
             # too (their loads are masked off), and a gather index out of range faults on the GPU.
             entry = (keys // BLOCK_SIZE - first_entry) & (TABLE_CHUNK - 1)
             block = tl.gather(table, entry, 0)
             kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
             kv_offs += kv_head * stride_kh
-            # k: [HEAD_DIM, BLOCK_N], v: [BLOCK_N, HEAD_DIM]
-            k = tl.load(
-                k_ptr + kv_offs[None, :] + dims[:, None], mask=key_valid[None, :], other=0.0
+            k = load_keys(k_ptr, kv_offs, dims, keys, False)
+            s = tl.dot(q, k, input_precision=DOT_PRECISION)
+            m_i, l_i, acc = online_softmax_step(
+                s, scale_log2, v_ptr, kv_offs, dims, keys, m_i, l_i, acc, False, DOT_PRECISION
             )
-            s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
-            s = tl.where(key_valid[None, :], s, float("-inf"))
-            # Every row sees at least one valid key per tile (non-causal), so m stays finite.
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(
-                v_ptr + kv_offs[:, None] + dims[None, :], mask=key_valid[:, None], other=0.0
-            )
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-            m_i = m_new
+    for tile in range(tl.maximum(tile_lo, full_hi), tile_hi):  # at most one: the prefix's last
+        keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        key_valid = keys < prefix_len
+        block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0)
+        kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
+        kv_offs += kv_head * stride_kh
+        k = load_keys(k_ptr, kv_offs, dims, key_valid, True)
+        s = tl.where(key_valid[None, :], tl.dot(q, k, input_precision=DOT_PRECISION), float("-inf"))
+        m_i, l_i, acc = online_softmax_step(
+            s, scale_log2, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc, True, DOT_PRECISION
+        )
 
     has_keys = l_i > 0.0
     o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
@@ -212,13 +221,6 @@ def _num_stages(block_m: int, tier: int) -> int:
     """Key tiles the pipeliner keeps in flight: wide rows and the wide prefill tiles have room for
     two in shared memory, narrow decode tiles for four."""
     return 4 if tier == 0 and not _is_wide(block_m, tier) else 2
-
-
-def table_chunk(block_size: int, block_n: int) -> int:
-    """Block-table entries a program holds in registers at a time (a power of two): 2,048 keys' worth,
-    and never less than one key tile (block_size and BLOCK_N are powers of two, so a chunk is a
-    whole number of key tiles)."""
-    return max(triton.next_power_of_2(max(1, 2048 // block_size)), triton.cdiv(block_n, block_size))
 
 
 def _is_wide(block_m: int, tier: int) -> bool:

@@ -212,14 +212,14 @@ def _cascade_decode_kernel(
             k = tl.load(
                 k_ptr + kv_offs[None, :] + dims[:, None], mask=key_valid[None, :], other=0.0
             )
-            s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
+            s = tl.dot(q, k, input_precision=DOT_PRECISION)
             # Prefix keys count for every row; a request's own keys for its own rows only.
             allowed = key_valid[None, :] & (
                 (key_owner == BLOCK_Q)[None, :] | (row_member[:, None] == key_owner[None, :])
             )
             s = tl.where(allowed, s, float("-inf"))
             m_i, l_i, acc = online_softmax_step(
-                s, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc, DOT_PRECISION
+                s, scale_log2, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc, True, DOT_PRECISION
             )
 
     has_keys = l_i > 0.0

@@ -37,21 +37,38 @@ def find_segment(cu_ptr, tile_idx, num_segments, BLOCK_Q: tl.constexpr):
 
 @triton.jit
 def online_softmax_step(
-    s, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc, DOT_PRECISION: tl.constexpr
-):
-    """Folds one key tile into an online softmax (log2 domain): s holds the rows' scores over the
-    tile, -inf where a key is not allowed; its values are loaded at kv_offs (key_valid masks the
-    load). Returns the updated (m, l, acc); rows with nothing allowed yet keep m = -inf."""
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    # NOTE: shift rows whose m is still -inf by 0 to avoid inf - inf.
-    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_shift)
-    p = tl.exp2(s - m_shift[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
+    s, scale_log2, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc,
+    MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Folds one key tile into an online softmax (log2 domain). s holds the rows' raw scores q.k
+    over the tile; scaling them by scale_log2 rides on the exponent's multiply-add, which saves a
+    pass over the tile. MASKED: s is -inf where a key is not allowed and key_valid masks the value
+    load; otherwise every key of the tile counts for every row (and key_valid is not read). Returns the updated (m, l, acc);
+    rows with nothing allowed yet keep m = -inf."""
+    m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2)
     # v: [BLOCK_N, HEAD_DIM]
-    v = tl.load(v_ptr + kv_offs[:, None] + dims[None, :], mask=key_valid[:, None], other=0.0)
+    v_ptrs = v_ptr + kv_offs[:, None] + dims[None, :]
+    if MASKED:
+        # NOTE: shift rows whose m is still -inf by 0 to avoid inf - inf.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        v = tl.load(v_ptrs, mask=key_valid[:, None], other=0.0)
+    else:
+        m_shift = m_new
+        v = tl.load(v_ptrs)
+    alpha = tl.exp2(m_i - m_shift)
+    p = tl.exp2(s * scale_log2 - m_shift[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
+
+
+@triton.jit
+def load_keys(k_ptr, kv_offs, dims, key_valid, MASKED: tl.constexpr):
+    """A key tile as [HEAD_DIM, BLOCK_N] (masked loads read zeros for keys outside key_valid)."""
+    k_ptrs = k_ptr + kv_offs[None, :] + dims[:, None]
+    if MASKED:
+        return tl.load(k_ptrs, mask=key_valid[None, :], other=0.0)
+    return tl.load(k_ptrs)
 
 
 # Sequence and tile counts change every step: no specialisation on them (see cascade_attention).
@@ -85,6 +102,8 @@ def _paged_attention_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    TABLE_CHUNK: tl.constexpr,
+    UNMASKED_BODY: tl.constexpr,  # the unmasked loop over the tiles every row sees whole
     DIRECT: tl.constexpr,  # grid of num_seqs * tiles_per_seq; otherwise tiles are searched for
     HAS_KV_START: tl.constexpr,
     HAS_PREFIX: tl.constexpr,
@@ -124,19 +143,57 @@ def _paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    for tile in range(kv_lo // BLOCK_N, tl.cdiv(kv_hi, BLOCK_N)):
+    t_begin = kv_lo // BLOCK_N
+    t_end = tl.cdiv(kv_hi, BLOCK_N)
+    full_lo = t_begin
+    full_hi = t_begin
+    if UNMASKED_BODY:
+        # Key tiles [full_lo, full_hi) lie inside [kv_lo, kv_hi) and at or before the tile's first
+        # query, so every row may see all their keys: that loop needs no mask (most of a long
+        # prefill's tiles). The tiles before and after it (a kv_lo inside a tile, the causal
+        # diagonal) take the masked loop below.
+        full_lo = tl.minimum(tl.cdiv(kv_lo, BLOCK_N), t_end)
+        full_hi = tl.maximum(full_lo, (context + q_tile * BLOCK_Q + 1) // BLOCK_N)
+        # The body reads the block table TABLE_CHUNK entries at a time into registers and gathers
+        # each tile's block ids from there, so that the key and value copies depend on no load
+        # inside the loop and the pipeliner keeps them in flight (see cascade_attention).
+        TILES_PER_CHUNK: tl.constexpr = TABLE_CHUNK * BLOCK_SIZE // BLOCK_N
+        entries = tl.arange(0, TABLE_CHUNK)
+        seq_blocks = tl.cdiv(kv_hi, BLOCK_SIZE)
+        for chunk in range(full_lo // TILES_PER_CHUNK, tl.cdiv(full_hi, TILES_PER_CHUNK)):
+            first_entry = chunk * TABLE_CHUNK
+            table = tl.load(
+                table_row + first_entry + entries, mask=first_entry + entries < seq_blocks, other=0
+            )
+            chunk_lo = tl.maximum(full_lo, chunk * TILES_PER_CHUNK)
+            chunk_hi = tl.minimum(full_hi, (chunk + 1) * TILES_PER_CHUNK)
+            for tile in range(chunk_lo, chunk_hi):
+                keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+                # Wrapped into the chunk: the pipeliner computes this for tiles past the loop's end.
+                entry = (keys // BLOCK_SIZE - first_entry) & (TABLE_CHUNK - 1)
+                block = tl.gather(table, entry, 0)
+                kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
+                kv_offs += kv_head * stride_kh
+                k = load_keys(k_ptr, kv_offs, dims, keys, False)
+                s = tl.dot(q, k, input_precision=DOT_PRECISION)
+                m_i, l_i, acc = online_softmax_step(
+                    s, scale_log2, v_ptr, kv_offs, dims, keys, m_i, l_i, acc, False, DOT_PRECISION
+                )
+    # Every tile outside [full_lo, full_hi): all of them without UNMASKED_BODY.
+    num_head_tiles = full_lo - t_begin
+    for i in range(0, num_head_tiles + t_end - full_hi):
+        tile = t_begin + i + tl.where(i < num_head_tiles, 0, full_hi - full_lo)
         keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         key_valid = (keys >= kv_lo) & (keys < kv_hi)
         block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0)
         kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
         kv_offs += kv_head * stride_kh
-        # k: [HEAD_DIM, BLOCK_N], v: [BLOCK_N, HEAD_DIM]
-        k = tl.load(k_ptr + kv_offs[None, :] + dims[:, None], mask=key_valid[None, :], other=0.0)
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
+        k = load_keys(k_ptr, kv_offs, dims, key_valid, True)
+        s = tl.dot(q, k, input_precision=DOT_PRECISION)
         allowed = key_valid[None, :] & (keys[None, :] <= pos[:, None])
         s = tl.where(allowed, s, float("-inf"))
         m_i, l_i, acc = online_softmax_step(
-            s, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc, DOT_PRECISION
+            s, scale_log2, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc, True, DOT_PRECISION
         )
 
     has_keys = l_i > 0.0
@@ -169,6 +226,13 @@ def tile_tier(head_dim: int, elem_bytes: int) -> int:
     rows get smaller tiles so that they stay in registers and shared memory."""
     row_bytes = head_dim * elem_bytes
     return 0 if row_bytes <= 256 else 1 if row_bytes <= 512 else 2
+
+
+def table_chunk(block_size: int, block_n: int) -> int:
+    """Block-table entries a program holds in registers at a time (a power of two): 2,048 keys' worth,
+    and never less than one key tile (block_size and BLOCK_N are powers of two, so a chunk is a
+    whole number of key tiles)."""
+    return max(triton.next_power_of_2(max(1, 2048 // block_size)), triton.cdiv(block_n, block_size))
 
 
 def _tile_shape(head_dim: int, elem_bytes: int, group: int, max_query_len: int) -> tuple[int, int]:
@@ -253,6 +317,11 @@ def paged_attention_launch(
         "BLOCK_Q": block_q,
         "BLOCK_M": block_m,
         "BLOCK_N": block_n,
+        "TABLE_CHUNK": table_chunk(k_cache.shape[1], block_n),
+        # The suffix pass (kv_start given) streams one request's own keys, a few hundred: there one
+        # masked loop beats three loops' pipeline start-ups (H100: decode suffix pass 100.7 against
+        # 106.9 us, prefill chunk 287.7 against 298.6; benchmarks/RESULTS.md, eighth round).
+        "UNMASKED_BODY": kv_start is None,
         "DIRECT": direct,
         "HAS_KV_START": kv_start is not None,
         "HAS_PREFIX": prefix_out is not None,

@@ -102,6 +102,20 @@ def test_kv_start_skips_earlier_keys(
     check_kernel_ref_dense(batch, cache, dtype, with_kv_start=True)
 
 
+@pytest.mark.parametrize("kv_start", [0, 1000])
+def test_contexts_longer_than_one_chunk_of_the_block_table(
+    device: torch.device, kv_start: int
+) -> None:
+    """The unmasked key loop holds the block table in registers 2,048 keys at a time: contexts over
+    several chunks, a kv_start inside a chunk and inside a key tile, and a prefill chunk whose query
+    tiles end at different keys still see every allowed key once. The last sequence's first query
+    tile starts two keys before a key tile ends: that tile must take the causal mask."""
+    cache = make_cache(600, 16, NUM_KV_HEADS, 64, torch.float32, device)
+    seqs = [Seq(1, 4500, kv_start), Seq(37, 2300, kv_start), Seq(5, 2049, 0), Seq(20, 82, 0)]
+    batch = make_batch(cache, seqs, NUM_KV_HEADS * 4, torch.float32)
+    check_kernel_ref_dense(batch, cache, torch.float32, with_kv_start=True)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_fused_merge_with_prefix_state_equals_attention_over_all_keys(
     device: torch.device, dtype: torch.dtype
