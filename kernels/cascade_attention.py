@@ -27,6 +27,7 @@ from prefixgrove.kernels.merge_states import (
 )
 from prefixgrove.kernels.paged_attention import (
     LOG2E,
+    attend_whole_tiles,
     dot_precision,
     load_keys,
     online_softmax_step,
@@ -138,37 +139,15 @@ def _prefix_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     table_row = block_tables_ptr + group.to(tl.int64) * stride_bt
     prefix_blocks = tl.cdiv(prefix_len, BLOCK_SIZE)
-    # The block table is read TABLE_CHUNK entries at a time into registers and each key tile's
-    # block ids are gathered from there: the key and value loads then depend on no other load, so
-    # the pipeliner keeps num_stages - 1 tiles in flight (with the ids loaded from memory in the
-    # loop it waits for every copy at the top of each iteration; 15% slower on prefill chunks).
-    # Tiles before full_hi hold prefix keys only and need no mask; a prefix that ends inside a tile
-    # leaves that one tile to the masked step after the loop.
+    # Tiles before full_hi hold prefix keys only and need no mask (the block table is held in
+    # registers a chunk at a time, see attend_whole_tiles); a prefix that ends inside a tile leaves
+    # that one tile to the masked step after the loop.
     full_hi = tl.minimum(tile_hi, prefix_len // BLOCK_N)
-    TILES_PER_CHUNK: tl.constexpr = TABLE_CHUNK * BLOCK_SIZE // BLOCK_N
-    entries = tl.arange(0, TABLE_CHUNK)
-    for chunk in range(tile_lo // TILES_PER_CHUNK, tl.cdiv(full_hi, TILES_PER_CHUNK)):
-        first_entry = chunk * TABLE_CHUNK
-        table = tl.load(
-            table_row + first_entry + entries,
-            mask=first_entry + entries < prefix_blocks,
-            other=0,
-        )
-        chunk_lo = tl.maximum(tile_lo, chunk * TILES_PER_CHUNK)
-        chunk_hi = tl.minimum(full_hi, (chunk + 1) * TILES_PER_CHUNK)
-        for tile in range(chunk_lo, chunk_hi):
-            keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-            # Wrapped into the chunk: the pipeliner computes this for tiles past the loop's end
-            # too (their loads are masked off), and a gather index out of range faults on the GPU.
-            entry = (keys // BLOCK_SIZE - first_entry) & (TABLE_CHUNK - 1)
-            block = tl.gather(table, entry, 0)
-            kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
-            kv_offs += kv_head * stride_kh
-            k = load_keys(k_ptr, kv_offs, dims, keys, False)
-            s = tl.dot(q, k, input_precision=DOT_PRECISION)
-            m_i, l_i, acc = online_softmax_step(
-                s, scale_log2, v_ptr, kv_offs, dims, keys, m_i, l_i, acc, False, DOT_PRECISION
-            )
+    m_i, l_i, acc = attend_whole_tiles(
+        q, k_ptr, v_ptr, table_row, tile_lo, full_hi, prefix_blocks, kv_head, dims, scale_log2,
+        m_i, l_i, acc, stride_kb, stride_ks, stride_kh,
+        BLOCK_SIZE, BLOCK_N, TABLE_CHUNK, DOT_PRECISION,
+    )  # fmt: skip
     for tile in range(tl.maximum(tile_lo, full_hi), tile_hi):  # at most one: the prefix's last
         keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         key_valid = keys < prefix_len
