@@ -36,6 +36,7 @@ from prefixgrove.kernels.merge_states import merge_pair
 from prefixgrove.kernels.paged_attention import (
     LOG2E,
     dot_precision,
+    load_keys,
     online_softmax_step,
     tile_tier,
 )
@@ -208,10 +209,7 @@ def _cascade_decode_kernel(
             key_valid = (key_in_unit >= ((code >> _LO_SHIFT) & 127)) & (key_in_unit < (code & 127))
             in_block = ((code >> _SUB_SHIFT) & 1023) * UNIT + key_in_unit
             kv_offs = block.to(tl.int64) * stride_kb + in_block * stride_ks + kv_head * stride_kh
-            # k: [HEAD_DIM, BLOCK_N], v: [BLOCK_N, HEAD_DIM]
-            k = tl.load(
-                k_ptr + kv_offs[None, :] + dims[:, None], mask=key_valid[None, :], other=0.0
-            )
+            k = load_keys(k_ptr, kv_offs, dims, key_valid, True)
             s = tl.dot(q, k, input_precision=DOT_PRECISION)
             # Prefix keys count for every row; a request's own keys for its own rows only.
             allowed = key_valid[None, :] & (

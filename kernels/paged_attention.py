@@ -43,8 +43,8 @@ def online_softmax_step(
     """Folds one key tile into an online softmax (log2 domain). s holds the rows' raw scores q.k
     over the tile; scaling them by scale_log2 rides on the exponent's multiply-add, which saves a
     pass over the tile. MASKED: s is -inf where a key is not allowed and key_valid masks the value
-    load; otherwise every key of the tile counts for every row (and key_valid is not read). Returns the updated (m, l, acc);
-    rows with nothing allowed yet keep m = -inf."""
+    load; otherwise every key of the tile counts for every row (and key_valid is not read).
+    Returns the updated (m, l, acc); rows with nothing allowed yet keep m = -inf."""
     m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2)
     # v: [BLOCK_N, HEAD_DIM]
     v_ptrs = v_ptr + kv_offs[:, None] + dims[None, :]

@@ -103,10 +103,8 @@ class LLMEngine:
                 raise ValueError(f"prompt token id {t} is outside the vocabulary [0, {vocab})")
 
     def _check_vocabulary(self, ids: np.ndarray) -> None:
-        vocab = self.config.model.arch.vocab_size
-        if ids.min() < 0 or ids.max() >= vocab:
-            bad = next(t for t in ids.tolist() if not 0 <= t < vocab)
-            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        if ids.min() < 0 or ids.max() >= self.config.model.arch.vocab_size:
+            self._name_bad_item(ids.tolist())
 
     def add_request(
         self,
