@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .attention.metadata import AttentionMetadata, CascadeMetadata
+from .attention.metadata import AttentionMetadata, CascadeMetadata, SampledRows
 from .scheduler import ScheduledSeq
 
 # A group's shared prefix is attended in a separate pass only when that pays: reading it once for many
@@ -35,6 +35,9 @@ class StepInputs:
     metadata: AttentionMetadata
     order: list[ScheduledSeq]  # the batch in the order its rows were laid out
     num_groups: int  # cascade groups actually present (padding excluded)
+    # What the last layer narrows to when some rows produce no token (prefill chunks); None when
+    # every row is sampled (decode steps)
+    sampled: SampledRows | None = None
 
 
 class _Arena:
@@ -91,6 +94,12 @@ class InputBuilder:
                 "group_prefix_lens": (s,),
                 "block_tables": (s, mb),
                 "group_block_tables": (s, mb),
+                # the sampled rows' decode-shaped metadata (block tables are gathered on the device)
+                "sampled_seqs": (s,),
+                "sampled_cu_q": (s + 1,),
+                "sampled_seq_lens": (s,),
+                "sampled_kv_start": (s,),
+                "sampled_group_cu_q": (s + 1,),
             },
             device,
         )
@@ -125,8 +134,11 @@ class InputBuilder:
         num_groups = pad_groups if pad_seqs and pad_groups is not None else len(groups)
         if num_groups:
             self._fill_groups(order, groups, cu, num_groups)
+        narrow = not pad_seqs and len(sampled) < int(cu[-1])
+        if narrow:
+            sampled_group_q = self._fill_sampled(sampled, groups)
         self.arena.upload()
-        return self._views(
+        inputs = self._views(
             order,
             int(cu[-1]),
             rows,
@@ -138,6 +150,11 @@ class InputBuilder:
             or _bucket(max((int(cu[r.stop] - cu[r.start]) for r in groups), default=0)),
             cascade=bool(groups) or pad_groups is not None,
         )
+        if narrow:
+            inputs.sampled = self._sampled_views(
+                inputs.metadata, len(sampled), len(groups), sampled_group_q
+            )
+        return inputs
 
     def refresh_block_tables(self, order: list[ScheduledSeq]) -> None:
         """Uploads the block tables of a batch already on the device whose tables grew since its fill
@@ -219,6 +236,46 @@ class InputBuilder:
             h["group_block_tables"][g, : seq.num_shared_blocks] = seq.block_table[
                 : seq.num_shared_blocks
             ]
+
+    def _fill_sampled(self, sampled: list[int], groups: list[range]) -> int:
+        """The sampled sequences as a decode step: one query each, their keys and groups as they are.
+        Returns the most sampled rows of one group."""
+        h = self._host
+        rows = np.asarray(sampled, dtype=np.int64)
+        m = len(rows)
+        h["sampled_seqs"][:m] = rows
+        h["sampled_cu_q"][: m + 1] = np.arange(m + 1)
+        h["sampled_seq_lens"][:m] = h["seq_lens"][rows]
+        h["sampled_kv_start"][:m] = h["kv_start"][rows]
+        # Groups are contiguous row ranges from row 0, so their sampled rows are contiguous too.
+        ends = np.searchsorted(rows, [r.stop for r in groups])
+        h["sampled_group_cu_q"][0] = 0
+        h["sampled_group_cu_q"][1 : len(groups) + 1] = ends
+        return int(np.diff(ends, prepend=0).max(initial=0))
+
+    def _sampled_views(
+        self, step: AttentionMetadata, num_sampled: int, num_groups: int, max_group_q: int
+    ) -> SampledRows:
+        d, m = self._dev, num_sampled
+        cascade = None
+        if step.cascade is not None:
+            cascade = CascadeMetadata(
+                group_cu_q=d["sampled_group_cu_q"][: num_groups + 1],
+                group_prefix_lens=step.cascade.group_prefix_lens,
+                group_block_tables=step.cascade.group_block_tables,
+                max_group_q=_bucket(max_group_q),  # as a decode step of these rows would take
+            )
+        meta = AttentionMetadata(
+            slot_mapping=step.slot_mapping[:0],  # their keys and values are cached by then
+            cu_seqlens_q=d["sampled_cu_q"][: m + 1],
+            seq_lens=d["sampled_seq_lens"][:m],
+            block_tables=step.block_tables.index_select(0, d["sampled_seqs"][:m]),
+            max_query_len=1,
+            kv_start=d["sampled_kv_start"][:m] if cascade is not None else None,
+            cascade=cascade,
+        )
+        token_rows = d["logits_indices"][:m]
+        return SampledRows(token_rows=token_rows, metadata=meta, num_rows=m)
 
     def _views(
         self,

@@ -169,9 +169,11 @@ class ModelRunner:
     # -- steps ------------------------------------------------------------------------------------------
 
     def _logits(self, inputs: StepInputs, out: torch.Tensor | None = None) -> torch.Tensor:
-        ctx = ForwardContext(self.kv_caches, inputs.metadata, self.backend)
+        ctx = ForwardContext(self.kv_caches, inputs.metadata, self.backend, inputs.sampled)
         hidden = self.model(inputs.input_ids, inputs.positions, ctx)
-        return self.model.compute_logits(hidden[inputs.logits_indices], out)
+        if inputs.sampled is None:  # every row was computed to the end
+            hidden = hidden[inputs.logits_indices]
+        return self.model.compute_logits(hidden, out)
 
     def _forward(self, batch: list[ScheduledSeq]) -> tuple[StepInputs, torch.Tensor]:
         order, groups = self.builder.plan(batch)

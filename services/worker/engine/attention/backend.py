@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .metadata import AttentionMetadata
+from .metadata import AttentionMetadata, SampledRows
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,8 @@ class AttentionBackend:
     ) -> torch.Tensor:
         # q: [num_tokens, num_heads, head_dim]; caches: [num_blocks, block_size, num_kv_heads, head_dim]
         out = torch.empty_like(q)
+        if q.shape[0] == 0:  # a last layer whose step samples nothing (prefix-only chunks)
+            return out
         decode = self.decode
         if (
             decode is not None
@@ -107,15 +109,24 @@ class ForwardContext:
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (k, v)
     metadata: AttentionMetadata
     backend: AttentionBackend
+    # The rows the last layer narrows to; None: every row is sampled (decode) or the step keeps all
+    sampled: SampledRows | None = None
 
     def __post_init__(self) -> None:
         self.slots = self.metadata.slot_mapping.long()  # once per step, not once per layer
 
-    def attend(self, layer: int, q: torch.Tensor, scale: float) -> torch.Tensor:
+    def attend(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        scale: float,
+        metadata: AttentionMetadata | None = None,
+    ) -> torch.Tensor:
         """q's attention over the layer's cache, which already holds this step's keys and values
-        (written to `slots` by the model's rotary kernel)."""
+        (written to `slots` by the model's rotary kernel); q's rows are the step's, or those that
+        `metadata` describes (the sampled rows' decode-shaped metadata)."""
         k_cache, v_cache = self.kv_caches[layer]
-        return self.backend.forward(q, k_cache, v_cache, self.metadata, scale)
+        return self.backend.forward(q, k_cache, v_cache, metadata or self.metadata, scale)
 
 
 def create_backend(name: str, *, one_pass_decode: bool = False) -> AttentionBackend:

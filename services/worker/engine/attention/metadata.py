@@ -30,3 +30,16 @@ class AttentionMetadata:
     max_query_len: int
     kv_start: torch.Tensor | None = None  # [num_seqs] int32: first key of the suffix pass (cascade)
     cascade: CascadeMetadata | None = None
+
+
+@dataclass
+class SampledRows:
+    """The rows of a step that end with a new token, which are all the model's last layer computes
+    past its K/V projection: on a prefill chunk every other row only feeds that layer's keys and
+    values, already in the cache once they are projected, so its attention, o_proj and MLP would be
+    thrown away. Each sampled row is its sequence's last query, so `metadata` is decode-shaped: one
+    query row per sampled sequence, same keys, same cascade groups (some of them empty)."""
+
+    token_rows: torch.Tensor  # [num_sampled]: rows of the step's flat token tensor, in logits order
+    metadata: AttentionMetadata
+    num_rows: int  # num_sampled, known on the host

@@ -20,6 +20,7 @@ from .rotary import rotary_table
 
 if TYPE_CHECKING:
     from ..attention.backend import ForwardContext
+    from ..attention.metadata import SampledRows
 
 
 class RMSNorm(nn.Module):
@@ -55,8 +56,25 @@ class Attention(nn.Module):
         self.scale = arch.head_dim**-0.5
 
     def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        ctx: ForwardContext,
+        rows: SampledRows | None = None,
+    ) -> torch.Tensor:
+        """Every row's keys and values go to the cache; the output is every row's, or `rows`' only."""
+        q = self._project_to_cache(x, positions, cos_sin, ctx)
+        if rows is None:
+            out = ctx.attend(self.layer_idx, q, self.scale)
+        else:
+            out = ctx.attend(self.layer_idx, q[rows.token_rows], self.scale, rows.metadata)
+        return self.o_proj(out.view(-1, self.q_size))
+
+    def _project_to_cache(
         self, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, ctx: ForwardContext
     ) -> torch.Tensor:
+        """Rotated queries [tokens, heads, head_dim]; the rotated keys and the values are cached."""
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
@@ -64,9 +82,7 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         k_cache, v_cache = ctx.kv_caches[self.layer_idx]
-        q = self.ops.rotary_to_cache(q, k, v, positions, cos_sin, k_cache, v_cache, ctx.slots)
-        out = ctx.attend(self.layer_idx, q, self.scale)
-        return self.o_proj(out.view(-1, self.q_size))
+        return self.ops.rotary_to_cache(q, k, v, positions, cos_sin, k_cache, v_cache, ctx.slots)
 
 
 class MLP(nn.Module):
@@ -95,13 +111,17 @@ class DecoderLayer(nn.Module):
         positions: torch.Tensor,
         cos_sin: torch.Tensor,
         ctx: ForwardContext,
+        rows: SampledRows | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, residual) of every row, or of `rows` only once their keys and values are cached."""
         # The residual stream is carried beside x so that each add fuses into the next norm.
         if residual is None:
             x, residual = self.input_layernorm(x), x
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(x, positions, cos_sin, ctx)
+        x = self.self_attn(x, positions, cos_sin, ctx, rows)
+        if rows is not None:
+            residual = residual[rows.token_rows]
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
@@ -128,10 +148,14 @@ class LlamaForCausalLM(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
     ) -> torch.Tensor:
-        # input_ids, positions: [num_tokens] -> hidden states [num_tokens, hidden]
+        # input_ids, positions: [num_tokens] -> hidden states [num_tokens, hidden], or
+        # [num_sampled, hidden] of ctx.sampled's rows: past the last layer's keys and values, only
+        # the rows that produce a token are computed.
         x, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
+        *body, last = self.layers
+        for layer in body:
             x, residual = layer(x, residual, positions, self.cos_sin, ctx)
+        x, residual = last(x, residual, positions, self.cos_sin, ctx, ctx.sampled)
         return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,0 +1,158 @@
+"""Past its keys and values, the model's last layer computes only the rows that end with a new token:
+the rows of a prefill chunk that sample nothing feed no later layer, so their attention, o_proj and MLP
+there would be thrown away. Narrowing changes no token and no log-probability."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from engine_checkpoints import engine, greedy, random_prompts, run, shared_prefix_job
+
+from prefixgrove import LLM
+from prefixgrove.worker.engine.input_builder import InputBuilder
+from prefixgrove.worker.engine.sampling_params import SamplingParams
+from prefixgrove.worker.engine.scheduler import ScheduledSeq
+from prefixgrove.worker.engine.sequence import Group, Sequence
+
+PARAMS = greedy(6, ignore_eos=True, logprobs=3)
+
+
+def every_row_to_the_end(llm: LLM) -> None:
+    """Turns narrowing off: every step computes the last layer for all its rows, as before it."""
+    builder = llm.engine.runner.builder
+    fill = builder.fill
+
+    def fill_without_narrowing(*args: Any, **kwargs: Any) -> Any:
+        inputs = fill(*args, **kwargs)
+        inputs.sampled = None
+        return inputs
+
+    builder.fill = fill_without_narrowing  # type: ignore[method-assign]
+
+
+def mlp_rows(llm: LLM, layer: int) -> list[int]:
+    """Rows each step's MLP of `layer` computes, recorded step by step."""
+    rows: list[int] = []
+    mlp = llm.engine.runner.model.layers[layer].mlp
+    mlp.register_forward_hook(lambda _m, args, _out: rows.append(args[0].shape[0]))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def job() -> list[list[int]]:
+    return shared_prefix_job(num_prefixes=3, per_prefix=4) + random_prompts([5, 40], seed=3)
+
+
+@pytest.mark.parametrize(
+    ("backend", "budget"),
+    [("torch", 512), ("torch", 48), ("triton", 48)],
+    ids=["torch-whole-prompts", "torch-chunked", "triton-chunked"],
+)
+def test_narrowing_leaves_tokens_and_logprobs_unchanged(llama_dir, job, backend, budget):
+    kwargs = {"attention_backend": backend, "max_num_batched_tokens": budget, "max_num_seqs": 16}
+    full = engine(llama_dir, **kwargs)
+    every_row_to_the_end(full)
+    expected = run(full, job, PARAMS)
+    got = run(engine(llama_dir, **kwargs), job, PARAMS)
+    for want, have in zip(expected, got, strict=True):
+        a, b = want.outputs[0], have.outputs[0]
+        assert b.token_ids == a.token_ids, want.request_id
+        assert a.logprobs is not None and b.logprobs is not None
+        for step_a, step_b in zip(a.logprobs, b.logprobs, strict=True):
+            assert step_b.keys() == step_a.keys()
+            for token, lp in step_a.items():
+                assert step_b[token].logprob == pytest.approx(lp.logprob, abs=1e-5)
+
+
+def test_last_layer_mlp_runs_once_per_generated_token(llama_dir, job):
+    llm = engine(llama_dir, max_num_batched_tokens=48, max_num_seqs=16)
+    first, last = mlp_rows(llm, 0), mlp_rows(llm, -1)
+    outs = run(llm, job, PARAMS)
+    generated = sum(len(o.outputs[0].token_ids) for o in outs)
+    assert sum(last) == generated
+    assert sum(first) > 2 * generated  # the prompts' rows, computed in every layer but the last
+    assert len(last) == len(first)  # steps that sample nothing still run the last layer's K/V
+
+
+def test_a_step_that_samples_nothing_still_caches_the_last_layer(llama_dir):
+    """A prompt prefilled over several chunks: the early chunks sample nothing, and the last layer's
+    keys and values they cache must be the same as without narrowing."""
+    prompt = random_prompts([100], seed=5)
+    caches = []
+    for narrow in (False, True):
+        llm = engine(
+            llama_dir, max_num_batched_tokens=32, max_num_seqs=16, enable_prefix_grouping=False
+        )
+        if not narrow:
+            every_row_to_the_end(llm)
+        run(llm, prompt, greedy(1))
+        k_cache, v_cache = llm.engine.runner.kv_caches[-1]
+        caches.append((k_cache.clone(), v_cache.clone()))
+    torch.testing.assert_close(caches[1][0], caches[0][0], rtol=0, atol=0)
+    torch.testing.assert_close(caches[1][1], caches[0][1], rtol=0, atol=0)
+
+
+def _member(seq_id: int, prompt_len: int, computed: int, table: list[int]) -> Sequence:
+    seq = Sequence(seq_id, f"r{seq_id}", list(range(prompt_len)), SamplingParams(max_tokens=4), 0)
+    seq.num_computed_tokens = computed
+    seq.block_table = table
+    return seq
+
+
+def test_sampled_metadata_is_a_decode_step_of_the_sampled_rows():
+    """Two grouped rows (one ends its prompt, one is mid-prompt) and one ungrouped decode row."""
+    builder = InputBuilder(
+        block_size=16,
+        device=torch.device("cpu"),
+        use_cascade=True,
+        max_tokens=64,
+        max_seqs=8,
+        max_blocks_per_seq=8,
+    )
+    prefix = _member(0, 64, 64, [1, 2, 3, 4])
+    ends, middle = _member(1, 70, 64, [1, 2, 3, 4, 5]), _member(2, 80, 64, [1, 2, 3, 4, 6])
+    group = Group("g", prefix_len=64, prefix_seq=prefix, members=[ends, middle])
+    for seq in (ends, middle):
+        seq.group, seq.num_shared_blocks = group, 4
+    decoding = _member(3, 5, 5, [7])
+    decoding.output_token_ids = [9]
+    batch = [
+        ScheduledSeq(decoding, 1, sample=True),
+        ScheduledSeq(ends, 6, sample=True),
+        ScheduledSeq(middle, 4, sample=False),
+    ]
+    inputs = builder.build(batch)
+    assert [item.seq.seq_id for item in inputs.order] == [1, 2, 3]  # group rows first
+    sampled = inputs.sampled
+    assert sampled is not None and sampled.num_rows == 2
+    # token rows: the group member's last prompt token (row 5 of 6 + 4 + 1), then the decode row
+    assert sampled.token_rows.tolist() == [5, 10]
+    meta = sampled.metadata
+    assert meta.cu_seqlens_q.tolist() == [0, 1, 2]
+    assert meta.seq_lens.tolist() == [70, 6]
+    assert meta.kv_start is not None and meta.kv_start.tolist() == [64, 0]
+    assert meta.max_query_len == 1
+    full_tables = inputs.metadata.block_tables
+    assert np.array_equal(meta.block_tables.numpy(), full_tables[[0, 2]].numpy())
+    assert meta.cascade is not None
+    assert meta.cascade.group_cu_q.tolist() == [0, 1]  # one sampled row in the group
+    assert meta.cascade.group_prefix_lens.tolist() == [64]
+
+
+def test_decode_steps_are_not_narrowed():
+    builder = InputBuilder(
+        block_size=4,
+        device=torch.device("cpu"),
+        use_cascade=False,
+        max_tokens=16,
+        max_seqs=4,
+        max_blocks_per_seq=4,
+    )
+    seqs = [_member(i, 5, 5, [i + 1, i + 5]) for i in range(2)]
+    for seq in seqs:
+        seq.output_token_ids = [3]
+    inputs = builder.build([ScheduledSeq(seq, 1, sample=True) for seq in seqs])
+    assert inputs.sampled is None
