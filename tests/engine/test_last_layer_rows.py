@@ -6,16 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from engine_checkpoints import engine, greedy, random_prompts, run, shared_prefix_job
 
 from prefixgrove import LLM
-from prefixgrove.worker.engine.input_builder import InputBuilder
-from prefixgrove.worker.engine.sampling_params import SamplingParams
-from prefixgrove.worker.engine.scheduler import ScheduledSeq
-from prefixgrove.worker.engine.sequence import Group, Sequence
 
 PARAMS = greedy(6, ignore_eos=True, logprobs=3)
 
@@ -93,66 +88,3 @@ def test_a_step_that_samples_nothing_still_caches_the_last_layer(llama_dir):
         caches.append((k_cache.clone(), v_cache.clone()))
     torch.testing.assert_close(caches[1][0], caches[0][0], rtol=0, atol=0)
     torch.testing.assert_close(caches[1][1], caches[0][1], rtol=0, atol=0)
-
-
-def _member(seq_id: int, prompt_len: int, computed: int, table: list[int]) -> Sequence:
-    seq = Sequence(seq_id, f"r{seq_id}", list(range(prompt_len)), SamplingParams(max_tokens=4), 0)
-    seq.num_computed_tokens = computed
-    seq.block_table = table
-    return seq
-
-
-def test_sampled_metadata_is_a_decode_step_of_the_sampled_rows():
-    """Two grouped rows (one ends its prompt, one is mid-prompt) and one ungrouped decode row."""
-    builder = InputBuilder(
-        block_size=16,
-        device=torch.device("cpu"),
-        use_cascade=True,
-        max_tokens=64,
-        max_seqs=8,
-        max_blocks_per_seq=8,
-    )
-    prefix = _member(0, 64, 64, [1, 2, 3, 4])
-    ends, middle = _member(1, 70, 64, [1, 2, 3, 4, 5]), _member(2, 80, 64, [1, 2, 3, 4, 6])
-    group = Group("g", prefix_len=64, prefix_seq=prefix, members=[ends, middle])
-    for seq in (ends, middle):
-        seq.group, seq.num_shared_blocks = group, 4
-    decoding = _member(3, 5, 5, [7])
-    decoding.output_token_ids = [9]
-    batch = [
-        ScheduledSeq(decoding, 1, sample=True),
-        ScheduledSeq(ends, 6, sample=True),
-        ScheduledSeq(middle, 4, sample=False),
-    ]
-    inputs = builder.build(batch)
-    assert [item.seq.seq_id for item in inputs.order] == [1, 2, 3]  # group rows first
-    sampled = inputs.sampled
-    assert sampled is not None and sampled.num_rows == 2
-    # token rows: the group member's last prompt token (row 5 of 6 + 4 + 1), then the decode row
-    assert sampled.token_rows.tolist() == [5, 10]
-    meta = sampled.metadata
-    assert meta.cu_seqlens_q.tolist() == [0, 1, 2]
-    assert meta.seq_lens.tolist() == [70, 6]
-    assert meta.kv_start is not None and meta.kv_start.tolist() == [64, 0]
-    assert meta.max_query_len == 1
-    full_tables = inputs.metadata.block_tables
-    assert np.array_equal(meta.block_tables.numpy(), full_tables[[0, 2]].numpy())
-    assert meta.cascade is not None
-    assert meta.cascade.group_cu_q.tolist() == [0, 1]  # one sampled row in the group
-    assert meta.cascade.group_prefix_lens.tolist() == [64]
-
-
-def test_decode_steps_are_not_narrowed():
-    builder = InputBuilder(
-        block_size=4,
-        device=torch.device("cpu"),
-        use_cascade=False,
-        max_tokens=16,
-        max_seqs=4,
-        max_blocks_per_seq=4,
-    )
-    seqs = [_member(i, 5, 5, [i + 1, i + 5]) for i in range(2)]
-    for seq in seqs:
-        seq.output_token_ids = [3]
-    inputs = builder.build([ScheduledSeq(seq, 1, sample=True) for seq in seqs])
-    assert inputs.sampled is None

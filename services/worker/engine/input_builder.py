@@ -21,6 +21,13 @@ CASCADE_MIN_SEQS = 2
 CASCADE_MIN_PREFIX = 64
 
 
+# Every region starts a multiple of 16 bytes into the buffer: Triton specialises a kernel on whether
+# each pointer is 16-byte aligned, so a region's alignment must not depend on the sizes of the ones
+# before it (the decode kernel fed from regions aligned otherwise than its graphs' compiled a second
+# variant in the middle of a job).
+_REGION_ALIGN = 4  # int32 elements
+
+
 def _bucket(n: int) -> int:
     """Rounds a host bound up to a power of two: kernels specialise on these bounds, and a handful of
     buckets keeps Triton from compiling a new variant for every batch shape."""
@@ -47,7 +54,7 @@ class _Arena:
         self.shapes, self.offsets, size = shapes, {}, 0
         for name, shape in shapes.items():
             self.offsets[name] = size
-            size += int(np.prod(shape))
+            size += -(-int(np.prod(shape)) // _REGION_ALIGN) * _REGION_ALIGN
         pin = device.type == "cuda"
         self.host = torch.zeros(size, dtype=torch.int32, pin_memory=pin)
         self.host_np = self.host.numpy()
