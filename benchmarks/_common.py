@@ -96,6 +96,40 @@ class GcClock:
         gc.callbacks.remove(self._hook)
 
 
+def compiled_variants() -> dict[str, int]:
+    """How many specialisations of each Triton kernel this process holds (each one a compile, or a
+    load from Triton's disk cache): a count that grows inside a timed run means the warm-up missed a
+    variant the run needed."""
+    import triton
+
+    from prefixgrove.kernels import (
+        activation,
+        cascade_attention,
+        cascade_decode,
+        merge_states,
+        paged_attention,
+        rmsnorm,
+        rotary,
+    )
+
+    modules = (
+        activation,
+        cascade_attention,
+        cascade_decode,
+        merge_states,
+        paged_attention,
+        rmsnorm,
+        rotary,
+    )
+    counts = {}
+    for module in modules:
+        for name, fn in vars(module).items():
+            caches = getattr(fn, "device_caches", None)
+            if isinstance(fn, triton.runtime.JITFunction) and caches:
+                counts[name] = sum(len(c[0]) for c in caches.values())
+    return counts
+
+
 def emit(record: dict[str, Any]) -> None:
     print(json.dumps(record), flush=True)
     sys.stdout.flush()

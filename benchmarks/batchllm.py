@@ -10,6 +10,9 @@ Modes, each on a fresh engine in this one process (so their ratios are measured 
                     cascade decode kernel, the engine's default on CUDA)
   group-cascade-two-pass  the same, with decode steps on the two passes (prefix pass, then a suffix
                     pass that merges; cascade_decode_kernel="two-pass")
+  group-cascade-all-rows  group-cascade with the model's last layer computing every row of a step, as
+                    before it narrowed to the rows that sample a token (a side-by-side measure of that)
+A mode may be named more than once (alternating runs in one process share its warm kernel caches).
 Prints one JSON line per mode. Usage: python benchmarks/batchllm.py [--groups 400] [--modes a,b]
 """
 
@@ -18,13 +21,22 @@ from __future__ import annotations
 import argparse
 import gc
 import random
+from typing import Any
 
 import torch
 
 from prefixgrove import LLM, SamplingParams
 from prefixgrove.planner.grouping import GroupingConfig, GroupingResult, group_prompts
 
-from _common import GcClock, add_canonical_args, device_name, emit, shared_prefix_prompts, timed
+from _common import (
+    GcClock,
+    add_canonical_args,
+    compiled_variants,
+    device_name,
+    emit,
+    shared_prefix_prompts,
+    timed,
+)
 
 MODES = (
     "shuffled-nogroup",
@@ -32,7 +44,22 @@ MODES = (
     "group-nocascade",
     "group-cascade",
     "group-cascade-two-pass",
+    "group-cascade-all-rows",
 )
+
+
+def compute_every_row(llm: LLM) -> None:
+    """Steps keep every row to the end of the model: the engine before its last layer narrowed to the
+    rows that sample a token."""
+    builder = llm.engine.runner.builder
+    fill = builder.fill
+
+    def fill_without_narrowing(*args: Any, **kwargs: Any) -> Any:
+        inputs = fill(*args, **kwargs)
+        inputs.sampled = None
+        return inputs
+
+    builder.fill = fill_without_narrowing  # type: ignore[method-assign]
 
 
 def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> dict:
@@ -45,6 +72,8 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
         cascade_decode_kernel="two-pass" if mode == "group-cascade-two-pass" else "one-pass",
         num_scheduler_steps=args.num_scheduler_steps,
     )
+    if mode == "group-cascade-all-rows":
+        compute_every_row(llm)
     params = SamplingParams(
         max_tokens=args.output_len, temperature=0.0, ignore_eos=True, detokenize=False
     )
@@ -63,6 +92,7 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
     config = GroupingConfig(block_size=llm.config.cache.block_size)
     groups = GroupingResult([], list(range(len(inputs))), len(inputs), 0)
     grouping_s = 0.0
+    variants_before = compiled_variants()
     with GcClock() as gc_clock:
         if grouped:  # grouping is part of the job: its time counts
             groups, grouping_s = timed(lambda: group_prompts(inputs, config))
@@ -95,6 +125,12 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
         "intake_seconds": round(m.intake_seconds, 2),
         "gc_seconds": round(gc_clock.seconds, 2),
         "gc_collections": gc_clock.collections,
+        # kernel: variants the run compiled (or loaded from disk) that its warm-up had not needed
+        "kernel_variants_added": {
+            name: count - variants_before.get(name, 0)
+            for name, count in compiled_variants().items()
+            if count > variants_before.get(name, 0)
+        },
         "num_scheduler_steps": llm.config.scheduler.num_scheduler_steps,
         "peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
     }

@@ -26,7 +26,14 @@ from torch.profiler import ProfilerActivity, profile
 from prefixgrove import LLM, SamplingParams
 from prefixgrove.worker.engine import sampler as sampler_module
 
-from _common import H100_BF16_FLOPS, add_canonical_args, device_name, emit, shared_prefix_prompts
+from _common import (
+    H100_BF16_FLOPS,
+    add_canonical_args,
+    compiled_variants,
+    device_name,
+    emit,
+    shared_prefix_prompts,
+)
 
 
 class HostTimers:
@@ -52,28 +59,6 @@ class HostTimers:
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def compiled_variants() -> dict[str, int]:
-    """How many specialisations of each Triton kernel were compiled (each one costs a compile)."""
-    import triton
-
-    from prefixgrove.kernels import (
-        activation,
-        cascade_attention,
-        merge_states,
-        paged_attention,
-        rmsnorm,
-        rotary,
-    )
-
-    counts = {}
-    for module in (activation, cascade_attention, merge_states, paged_attention, rmsnorm, rotary):
-        for name, fn in vars(module).items():
-            caches = getattr(fn, "device_caches", None)
-            if isinstance(fn, triton.runtime.JITFunction) and caches:
-                counts[name] = sum(len(c[0]) for c in caches.values())
-    return counts
 
 
 def kernel_table(prof: Any, rows: int) -> str:
