@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import gc
 import random
-from typing import Any
 
 import torch
 
@@ -48,20 +47,6 @@ MODES = (
 )
 
 
-def compute_every_row(llm: LLM) -> None:
-    """Steps keep every row to the end of the model: the engine before its last layer narrowed to the
-    rows that sample a token."""
-    builder = llm.engine.runner.builder
-    fill = builder.fill
-
-    def fill_without_narrowing(*args: Any, **kwargs: Any) -> Any:
-        inputs = fill(*args, **kwargs)
-        inputs.sampled = None
-        return inputs
-
-    builder.fill = fill_without_narrowing  # type: ignore[method-assign]
-
-
 def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> dict:
     llm = LLM(
         args.model,
@@ -73,7 +58,7 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
         num_scheduler_steps=args.num_scheduler_steps,
     )
     if mode == "group-cascade-all-rows":
-        compute_every_row(llm)
+        llm.engine.runner.builder.narrow_last_layer = False
     params = SamplingParams(
         max_tokens=args.output_len, temperature=0.0, ignore_eos=True, detokenize=False
     )

@@ -4,8 +4,6 @@ there would be thrown away. Narrowing changes no token and no log-probability.""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 from engine_checkpoints import engine, greedy, random_prompts, run, shared_prefix_job
@@ -17,15 +15,7 @@ PARAMS = greedy(6, ignore_eos=True, logprobs=3)
 
 def every_row_to_the_end(llm: LLM) -> None:
     """Turns narrowing off: every step computes the last layer for all its rows, as before it."""
-    builder = llm.engine.runner.builder
-    fill = builder.fill
-
-    def fill_without_narrowing(*args: Any, **kwargs: Any) -> Any:
-        inputs = fill(*args, **kwargs)
-        inputs.sampled = None
-        return inputs
-
-    builder.fill = fill_without_narrowing  # type: ignore[method-assign]
+    llm.engine.runner.builder.narrow_last_layer = False
 
 
 def mlp_rows(llm: LLM, layer: int) -> list[int]:

@@ -87,6 +87,9 @@ class InputBuilder:
     ) -> None:
         self.block_size = block_size
         self.use_cascade = use_cascade
+        # Whether steps narrow the model's last layer to their sampled rows; off only to measure or test
+        # the engine as it computed before (every row to the end).
+        self.narrow_last_layer = True
         t, s, mb = max_tokens, max_seqs, max_blocks_per_seq
         self.arena = _Arena(
             {
@@ -141,7 +144,7 @@ class InputBuilder:
         num_groups = pad_groups if pad_seqs and pad_groups is not None else len(groups)
         if num_groups:
             self._fill_groups(order, groups, cu, num_groups)
-        narrow = not pad_seqs and len(sampled) < int(cu[-1])
+        narrow = self.narrow_last_layer and not pad_seqs and len(sampled) < int(cu[-1])
         if narrow:
             sampled_group_q = self._fill_sampled(sampled, groups)
         self.arena.upload()
