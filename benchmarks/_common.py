@@ -96,33 +96,24 @@ class GcClock:
         gc.callbacks.remove(self._hook)
 
 
+# The modules under kernels/ that hold @triton.jit kernels
+KERNEL_MODULES = (
+    "activation cascade_attention cascade_decode merge_states paged_attention rmsnorm rotary"
+)
+
+
 def compiled_variants() -> dict[str, int]:
     """How many specialisations of each Triton kernel this process holds (each one a compile, or a
     load from Triton's disk cache): a count that grows inside a timed run means the warm-up missed a
     variant the run needed."""
+    import importlib
+
     import triton
 
-    from prefixgrove.kernels import (
-        activation,
-        cascade_attention,
-        cascade_decode,
-        merge_states,
-        paged_attention,
-        rmsnorm,
-        rotary,
-    )
-
-    modules = (
-        activation,
-        cascade_attention,
-        cascade_decode,
-        merge_states,
-        paged_attention,
-        rmsnorm,
-        rotary,
-    )
     counts = {}
-    for module in modules:
+    for module in (
+        importlib.import_module(f"prefixgrove.kernels.{n}") for n in KERNEL_MODULES.split()
+    ):
         for name, fn in vars(module).items():
             caches = getattr(fn, "device_caches", None)
             if isinstance(fn, triton.runtime.JITFunction) and caches:
