@@ -56,6 +56,29 @@ def test_worker_runs_on_gpu_nodes_with_a_gpu_limit_and_the_model_volume() -> Non
     assert {"name": "models", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
 
 
+def test_workers_keep_compiled_kernels_on_the_node_when_asked() -> None:
+    objects = template(
+        "--set", "worker.kernelCache.type=hostPath",
+        "--set", "worker.kernelCache.hostPath=/var/lib/prefixgrove/triton",
+    )  # fmt: skip
+    worker = find(objects, "Deployment", f"{PREFIX}-worker")
+    c = container(worker, "worker")
+    volumes = {v["name"]: v for v in worker["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["kernel-cache"]["hostPath"] == {
+        "path": "/var/lib/prefixgrove/triton",
+        "type": "Directory",
+    }
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "kernel-cache")
+    assert env_of(c)["TRITON_CACHE_DIR"] == mount["mountPath"]
+
+
+def test_workers_compile_into_their_own_tmp_by_default() -> None:
+    worker = find(template(), "Deployment", f"{PREFIX}-worker")
+    c = container(worker, "worker")
+    assert "TRITON_CACHE_DIR" not in env_of(c)  # the image's /tmp/triton, on the pod's emptyDir
+    assert all(v["name"] != "kernel-cache" for v in worker["spec"]["template"]["spec"]["volumes"])
+
+
 def test_cpu_workers_reserve_no_gpu() -> None:
     objects = template("--set", "worker.device=cpu", "--set", "worker.gpus=0")
     c = container(find(objects, "Deployment", f"{PREFIX}-worker"), "worker")

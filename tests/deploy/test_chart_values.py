@@ -25,6 +25,8 @@ VALID_SHAPES = {
     "model from a claim, pdb, dashboard": [
         "--set", "worker.modelVolume.type=persistentVolumeClaim",
         "--set", "worker.modelVolume.claimName=llama-weights",
+        "--set", "worker.kernelCache.type=persistentVolumeClaim",
+        "--set", "worker.kernelCache.claimName=kernel-cache",
         "--set", "planner.podDisruptionBudget.enabled=true",
         "--set", "metrics.grafanaDashboard.enabled=true",
     ],
@@ -48,6 +50,9 @@ NONSENSE = [
     ("worker.gpus=0", "worker.device is cuda but worker.gpus is 0"),
     ("worker.modelVolume.type=nfs", "worker.modelVolume.type"),
     ("worker.modelVolume.type=hostPath", "worker.modelVolume.hostPath is required"),
+    ("worker.kernelCache.type=nfs", "worker.kernelCache.type"),
+    ("worker.kernelCache.type=hostPath", "worker.kernelCache.hostPath is required"),
+    ("worker.kernelCache.claimName=Not_A_Claim", "worker.kernelCache.claimName"),
     ("autoscaling.groupsPerWorker=0", "autoscaling.groupsPerWorker"),
     ("autoscaling.maxReplicas=0", "autoscaling.maxReplicas"),
     (
