@@ -33,7 +33,9 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3 python3
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 HOME=/tmp TRITON_CACHE_DIR=/tmp/triton \
     NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
 COPY --from=build /opt/venv /opt/venv
-RUN useradd --uid 10001 --user-group --no-create-home --home-dir /tmp prefixgrove
+RUN useradd --uid 10001 --user-group --no-create-home --home-dir /tmp prefixgrove \
+    && mkdir -p /tmp/triton && chown 10001:10001 /tmp/triton
+# A volume mounted on /tmp/triton (compose's kernel cache) starts with this directory's owner.
 USER 10001:10001
 EXPOSE 9091
 HEALTHCHECK --interval=20s --timeout=5s --start-period=300s --retries=3 CMD \

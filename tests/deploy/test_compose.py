@@ -70,6 +70,13 @@ def test_gpu_profile_adds_a_worker_reserving_an_nvidia_device() -> None:
     assert gpu["build"]["dockerfile"] == "docker/worker.Dockerfile"
 
 
+def test_gpu_worker_keeps_compiled_kernels_on_a_named_volume() -> None:
+    config = resolved("gpu")
+    mounts = config["services"]["worker-gpu"]["volumes"]
+    cache = next(m for m in mounts if m["target"] == "/tmp/triton")  # the image's TRITON_CACHE_DIR
+    assert cache["type"] == "volume" and cache["source"] in config["volumes"]
+
+
 def test_redis_keeps_an_append_only_file_on_a_volume_behind_a_password() -> None:
     config = resolved()
     redis = config["services"]["redis"]
