@@ -98,7 +98,13 @@ class GcClock:
 
 # The modules under kernels/ that hold @triton.jit kernels
 KERNEL_MODULES = (
-    "activation cascade_attention cascade_decode merge_states paged_attention rmsnorm rotary"
+    "activation",
+    "cascade_attention",
+    "cascade_decode",
+    "merge_states",
+    "paged_attention",
+    "rmsnorm",
+    "rotary",
 )
 
 
@@ -111,9 +117,7 @@ def compiled_variants() -> dict[str, int]:
     import triton
 
     counts = {}
-    for module in (
-        importlib.import_module(f"prefixgrove.kernels.{n}") for n in KERNEL_MODULES.split()
-    ):
+    for module in (importlib.import_module(f"prefixgrove.kernels.{n}") for n in KERNEL_MODULES):
         for name, fn in vars(module).items():
             caches = getattr(fn, "device_caches", None)
             if isinstance(fn, triton.runtime.JITFunction) and caches:

@@ -57,7 +57,7 @@ def test_sampled_metadata_is_a_decode_step_of_the_sampled_rows():
     inputs = builder.build(batch)
     assert [item.seq.seq_id for item in inputs.order] == [1, 2, 3]  # group rows first
     sampled = inputs.sampled
-    assert sampled is not None and sampled.num_rows == 2
+    assert sampled is not None and sampled.token_rows.shape[0] == 2
     # token rows: the group member's last prompt token (row 5 of 6 + 4 + 1), then the decode row
     assert sampled.token_rows.tolist() == [5, 10]
     meta = sampled.metadata

@@ -161,9 +161,7 @@ class InputBuilder:
             cascade=bool(groups) or pad_groups is not None,
         )
         if narrow:
-            inputs.sampled = self._sampled_views(
-                inputs.metadata, len(sampled), len(groups), sampled_group_q
-            )
+            inputs.sampled = self._sampled_views(inputs, sampled_group_q)
         return inputs
 
     def refresh_block_tables(self, order: list[ScheduledSeq]) -> None:
@@ -263,14 +261,13 @@ class InputBuilder:
         h["sampled_group_cu_q"][1 : len(groups) + 1] = ends
         return int(np.diff(ends, prepend=0).max(initial=0))
 
-    def _sampled_views(
-        self, step: AttentionMetadata, num_sampled: int, num_groups: int, max_group_q: int
-    ) -> SampledRows:
-        d, m = self._dev, num_sampled
+    def _sampled_views(self, inputs: StepInputs, max_group_q: int) -> SampledRows:
+        """Views of what _fill_sampled wrote; the sampled rows are the step's logits rows."""
+        d, step, m = self._dev, inputs.metadata, inputs.logits_indices.shape[0]
         cascade = None
         if step.cascade is not None:
             cascade = CascadeMetadata(
-                group_cu_q=d["sampled_group_cu_q"][: num_groups + 1],
+                group_cu_q=d["sampled_group_cu_q"][: inputs.num_groups + 1],
                 group_prefix_lens=step.cascade.group_prefix_lens,
                 group_block_tables=step.cascade.group_block_tables,
                 max_group_q=_bucket(max_group_q),  # as a decode step of these rows would take
@@ -284,8 +281,7 @@ class InputBuilder:
             kv_start=d["sampled_kv_start"][:m] if cascade is not None else None,
             cascade=cascade,
         )
-        token_rows = d["logits_indices"][:m]
-        return SampledRows(token_rows=token_rows, metadata=meta, num_rows=m)
+        return SampledRows(token_rows=inputs.logits_indices, metadata=meta)
 
     def _views(
         self,

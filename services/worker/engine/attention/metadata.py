@@ -42,4 +42,3 @@ class SampledRows:
 
     token_rows: torch.Tensor  # [num_sampled]: rows of the step's flat token tensor, in logits order
     metadata: AttentionMetadata
-    num_rows: int  # num_sampled, known on the host
