@@ -253,6 +253,11 @@ def table_chunk(block_size: int, block_n: int) -> int:
     return max(triton.next_power_of_2(max(1, 2048 // block_size)), triton.cdiv(block_n, block_size))
 
 
+# A launch whose longest query exceeds this holds a long causal prefill (see UNMASKED_BODY below); a
+# suffix pass's queries are a request's own tokens, a few hundred.
+LONG_QUERY = 512
+
+
 def _tile_shape(head_dim: int, elem_bytes: int, group: int, max_query_len: int) -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N): 16 rows when all of a sequence's queries fit (decode), more for prefill."""
     tier = tile_tier(head_dim, elem_bytes)
@@ -338,8 +343,11 @@ def paged_attention_launch(
         "TABLE_CHUNK": table_chunk(k_cache.shape[1], block_n),
         # The suffix pass (kv_start given) streams one request's own keys, a few hundred: there one
         # masked loop beats three loops' pipeline start-ups (H100: decode suffix pass 100.7 against
-        # 106.9 us, prefill chunk 287.7 against 298.6; benchmarks/RESULTS.md, eighth round).
-        "UNMASKED_BODY": kv_start is None,
+        # 106.9 us, prefill chunk 287.7 against 298.6; benchmarks/RESULTS.md, eighth round). But a
+        # prefill step's one launch also holds the causal prefills of new prefixes, thousands of
+        # keys each, which the unmasked loop takes ~15% faster: with such a sequence in the launch
+        # (a long query), every program takes the three loops.
+        "UNMASKED_BODY": kv_start is None or max_query_len > LONG_QUERY,
         "DIRECT": direct,
         "HAS_KV_START": kv_start is not None,
         "HAS_PREFIX": prefix_out is not None,

@@ -15,7 +15,7 @@ from paged_cases import (
     make_cache,
 )
 
-from prefixgrove.kernels.paged_attention import paged_attention, paged_attention_ref
+from prefixgrove.kernels.paged_attention import LONG_QUERY, paged_attention, paged_attention_ref
 
 NUM_KV_HEADS = 2
 # (head_dim, query heads per kv head, block_size)
@@ -112,6 +112,17 @@ def test_contexts_longer_than_one_chunk_of_the_block_table(
     tile starts two keys before a key tile ends: that tile must take the causal mask."""
     cache = make_cache(600, 16, NUM_KV_HEADS, 64, torch.float32, device)
     seqs = [Seq(1, 4500, kv_start), Seq(37, 2300, kv_start), Seq(5, 2049, 0), Seq(20, 82, 0)]
+    batch = make_batch(cache, seqs, NUM_KV_HEADS * 4, torch.float32)
+    check_kernel_ref_dense(batch, cache, torch.float32, with_kv_start=True)
+
+
+def test_a_long_prefill_beside_suffix_rows(device: torch.device) -> None:
+    """A prefill step's launch: a query longer than LONG_QUERY (a new prefix's causal prefill) puts
+    every program on the unmasked loop of whole tiles, the suffix rows too, whose keys start at a
+    kv_start inside a key tile or on its edge; each row still sees exactly its own keys."""
+    cache = make_cache(160, 16, NUM_KV_HEADS, 64, torch.float32, device)
+    long = LONG_QUERY + 88
+    seqs = [Seq(long, long, 0), Seq(30, 700, 608), Seq(1, 650, 640), Seq(12, 20, 0)]
     batch = make_batch(cache, seqs, NUM_KV_HEADS * 4, torch.float32)
     check_kernel_ref_dense(batch, cache, torch.float32, with_kv_start=True)
 
