@@ -1,10 +1,12 @@
-"""Sweeps the launch options of cascade decode attention's two passes on one workload point.
+"""Sweeps the launch options of cascade decode attention on one workload point.
 
-For the prefix pass: splits, BLOCK_N, num_warps, num_stages; for the suffix pass (the paged kernel with a
-prefix state to merge): BLOCK_N, num_warps, num_stages. Each variant is timed like attention_kernels.py
-(median of do_bench over a CUDA graph) and checked against the default launch's output. Prints one JSON
-object with every variant sorted by time. The defaults in kernels/ come from these sweeps.
-Usage: python benchmarks/tune_cascade.py [--degree 16] [--prefix-len 2000]
+Two passes (the default): for the prefix pass, splits, BLOCK_N, num_warps, num_stages; for the suffix
+pass (the paged kernel with a prefix state to merge), BLOCK_N, num_warps, num_stages. With --one-pass:
+the one-pass kernel's splits, BLOCK_N, num_stages and CHUNK_TILES. Each variant is timed like
+attention_kernels.py (median of do_bench over a CUDA graph) and checked against the default launch's
+output. Prints one JSON object with the fastest variants and the default's time. The defaults in
+kernels/ come from these sweeps.
+Usage: python benchmarks/tune_cascade.py [--degree 16] [--prefix-len 2000] [--one-pass] [--requests 256]
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from typing import Any
 
 import torch
 
-from _common import ensure_prefixgrove, median_us
+from _common import device_name, ensure_prefixgrove, median_us
 
 ensure_prefixgrove()
 
 from attention_kernels import Workload, parse_args  # noqa: E402
 
 from prefixgrove.kernels.cascade_attention import prefix_attention_launches  # noqa: E402
+from prefixgrove.kernels.cascade_decode import cascade_decode_attention_launches  # noqa: E402
 from prefixgrove.kernels.paged_attention import paged_attention_launch  # noqa: E402
 
 
@@ -48,6 +51,61 @@ def suffix_launch(w: Workload, overrides: dict[str, Any]):
     return launch._replace(options={**launch.options, **overrides})
 
 
+def one_pass_launches(w: Workload, splits: int | None, overrides: dict[str, Any]) -> list:
+    launches = cascade_decode_attention_launches(
+        w.q, w.k_cache, w.v_cache, w.one_pass_out, seq_lens=w.seq_lens, kv_start=w.kv_start,
+        block_tables=w.block_tables, group_cu_q=w.group_cu_q,
+        group_prefix_lens=w.group_prefix_lens, group_block_tables=w.group_block_tables,
+        scale=w.scale, max_group_q=w.degree, num_splits=splits,
+    )  # fmt: skip
+    first = launches[0]
+    launches[0] = first._replace(options={**first.options, **overrides})
+    return launches
+
+
+def sweep_one_pass(w: Workload, own: argparse.Namespace) -> dict[str, Any]:
+    """The one-pass kernel's variants at this point, against its default launch."""
+    w.one_pass()
+    _sync(w)
+    ref = w.one_pass_out.clone()
+    default = one_pass_launches(w, None, {})
+    num_splits = default[0].args[15]  # the launcher's pick
+    rows = [
+        {"default": True, "splits": num_splits, **default[0].options, **_timed(w, default, ref)}
+    ]
+    rows[0].pop("DOT_PRECISION", None)
+    for splits, block_n, stages, chunk in itertools.product(
+        own.splits, own.block_n, own.stages, own.chunks
+    ):
+        opts = {"BLOCK_N": block_n, "num_stages": stages, "CHUNK_TILES": chunk}
+        try:
+            rows.append(
+                {"splits": splits, **opts, **_timed(w, one_pass_launches(w, splits, opts), ref)}
+            )
+        except Exception as e:  # e.g. out of shared memory: skip the variant, say why
+            rows.append({"splits": splits, **opts, "error": repr(e)[:120]})
+    ok = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])
+    return {
+        "default_us": rows[0].get("us"),
+        "one_pass_best": ok[: own.top],
+        "errors": [r for r in rows if "error" in r][:4],
+    }
+
+
+def _timed(w: Workload, launches: list, ref: torch.Tensor) -> dict[str, Any]:
+    run_all(launches)
+    _sync(w)
+    err = (w.one_pass_out.float() - ref.float()).abs().max().item()
+    us = median_us(lambda: run_all(launches), w.q.device.type, True)
+    gbps = (w.prefix_bytes + w.suffix_bytes) / us / 1e3
+    return {"us": round(us, 1), "gb_s": round(gbps), "err": err}
+
+
+def _sync(w: Workload) -> None:
+    if w.q.is_cuda:
+        torch.cuda.synchronize()
+
+
 def run_all(launches: list) -> None:
     for launch in launches:
         launch.run()
@@ -58,9 +116,20 @@ def main() -> int:
     ap.add_argument("--degree", type=int, default=16)
     ap.add_argument("--prefix-len", type=int, default=2000)
     ap.add_argument("--top", type=int, default=8)
+    ap.add_argument("--one-pass", action="store_true", help="sweep the one-pass decode kernel")
+    ints = {"type": int, "nargs": "+"}
+    ap.add_argument("--splits", **ints, default=[1, 2, 4], help="one pass: splits to try")
+    ap.add_argument("--block-n", **ints, default=[32, 64, 128], help="one pass: key tiles")
+    ap.add_argument("--stages", **ints, default=[2, 3, 4, 5, 6], help="one pass: pipeline depths")
+    ap.add_argument("--chunks", **ints, default=[16, 32], help="one pass: CHUNK_TILES")
     own, rest = ap.parse_known_args()
     args = parse_args(rest)
     w = Workload(args, own.degree, own.prefix_len)
+    if own.one_pass:
+        point = {"degree": own.degree, "prefix_len": w.prefix_len, "requests": w.num_requests}
+        report = {"device": device_name(), **point, **sweep_one_pass(w, own)}
+        print(json.dumps(report, indent=1))
+        return 0
     w.prefix_pass()
     w.suffix_pass()
     torch.cuda.synchronize()
