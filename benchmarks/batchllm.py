@@ -12,6 +12,8 @@ Modes, each on a fresh engine in this one process (so their ratios are measured 
                     pass that merges; cascade_decode_kernel="two-pass")
   group-cascade-all-rows  group-cascade with the model's last layer computing every row of a step, as
                     before it narrowed to the rows that sample a token (a side-by-side measure of that)
+  group-cascade-sync  group-cascade with every prefill step waiting for the previous step's tokens
+                    before it is scheduled (async_scheduling=False; a side-by-side measure of that)
 A mode may be named more than once (alternating runs in one process share its warm kernel caches).
 Prints one JSON line per mode. Usage: python benchmarks/batchllm.py [--groups 400] [--modes a,b]
 """
@@ -44,7 +46,11 @@ MODES = (
     "group-cascade",
     "group-cascade-two-pass",
     "group-cascade-all-rows",
+    "group-cascade-sync",
 )
+
+
+WARM_GROUPS = 12
 
 
 def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> dict:
@@ -56,16 +62,18 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
         enable_cascade_attention=mode.startswith("group-cascade"),
         cascade_decode_kernel="two-pass" if mode == "group-cascade-two-pass" else "one-pass",
         num_scheduler_steps=args.num_scheduler_steps,
+        async_scheduling=mode != "group-cascade-sync",
     )
     if mode == "group-cascade-all-rows":
         llm.engine.runner.builder.narrow_last_layer = False
     params = SamplingParams(
         max_tokens=args.output_len, temperature=0.0, ignore_eos=True, detokenize=False
     )
-    # Warm-up on two groups of the workload's own shape, so that the kernels the run needs (grouped
+    # Warm-up on groups of the workload's own shape, so that the kernels the run needs (grouped
     # prefill, cascade decode) are compiled before the clock starts, as they are on a machine whose
-    # Triton cache is warm.
-    warm = [{"prompt_token_ids": p} for p in sorted(prompts)[: 2 * args.per_group]]
+    # Triton cache is warm: enough groups that some step holds a new prefix's long prefill beside
+    # other groups' suffixes, as most of the run's prefill steps do.
+    warm = [{"prompt_token_ids": p} for p in sorted(prompts)[: WARM_GROUPS * args.per_group]]
     llm.generate(
         warm, SamplingParams(max_tokens=16, ignore_eos=True, detokenize=False), use_tqdm=False
     )
@@ -106,6 +114,7 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
         "decode_steps": m.decode_steps,
         "decode_seconds": round(m.decode_seconds, 2),
         "mixed_seconds": round(m.mixed_seconds, 2),
+        "steps_launched_ahead": m.steps_launched_ahead,
         "host_seconds": round(m.host_seconds, 2),
         "intake_seconds": round(m.intake_seconds, 2),
         "gc_seconds": round(gc_clock.seconds, 2),

@@ -61,6 +61,10 @@ class SchedulerConfig:
     first_wave: int = (
         4  # suffixes of a new group that must fit beside its prefix before it is admitted
     )
+    # A prefill step is scheduled and enqueued while the one before it still runs, before the host
+    # has seen that step's tokens (they reach the new step's inputs on the device), so the GPU does
+    # not wait for the host's scheduling and input filling between prefill steps.
+    async_scheduling: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_scheduler_steps", "first_wave"):
@@ -143,6 +147,7 @@ class EngineConfig:
         enable_cascade_attention: bool = True,
         cascade_decode_kernel: str = "auto",
         num_scheduler_steps: int | None = None,
+        async_scheduling: bool = True,
         enforce_eager: bool = False,
         tokenizer: str | None = None,
         **unknown: Any,
@@ -186,6 +191,7 @@ class EngineConfig:
                 max_num_seqs,
                 max_num_batched_tokens,
                 (8 if cuda else 1) if num_scheduler_steps is None else num_scheduler_steps,
+                async_scheduling=async_scheduling,
             ),
             device=device,
             attention_backend=attention_backend,

@@ -59,6 +59,7 @@ class _Arena:
         self.host = torch.zeros(size, dtype=torch.int32, pin_memory=pin)
         self.host_np = self.host.numpy()
         self.device = torch.zeros(size, dtype=torch.int32, device=device)
+        self._uploaded: torch.cuda.Event | None = None
 
     def host_view(self, name: str) -> np.ndarray:
         start = self.offsets[name]
@@ -72,6 +73,15 @@ class _Arena:
 
     def upload(self) -> None:
         self.device.copy_(self.host, non_blocking=True)  # the step's one host-to-device copy
+        if self.device.is_cuda:
+            self._uploaded = torch.cuda.Event()
+            self._uploaded.record()
+
+    def wait_for_upload(self) -> None:
+        """Before the host regions are written again: the last copy out of them may still be queued
+        behind a step in flight (one enqueued before the host saw the previous step's tokens)."""
+        if self._uploaded is not None:
+            self._uploaded.synchronize()
 
 
 class InputBuilder:
@@ -129,6 +139,7 @@ class InputBuilder:
     ) -> StepInputs:
         """Writes a planned batch into the arena and uploads it. With pad_seqs (decode graphs) every row
         is one token, and the batch and its groups are padded with empty work to the captured sizes."""
+        self.arena.wait_for_upload()
         n = len(order)
         rows = pad_seqs or n
         q_lens = np.ones(rows, dtype=np.int64)

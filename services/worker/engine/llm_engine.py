@@ -15,7 +15,7 @@ from .block_manager import BlockManager
 from .config import EngineConfig
 from .detokenizer import Detokenizer, DetokState
 from .metrics import EngineMetrics
-from .model_runner import DecodeWindow, ModelRunner
+from .model_runner import DecodeWindow, ModelRunner, PendingStep
 from .models.presets import load_tokenizer
 from .outputs import CompletionOutput, Logprob, RequestOutput
 from .sampling_params import SamplingParams
@@ -50,6 +50,12 @@ class LLMEngine:
         # in flight (their blocks go back once it is done).
         self._chained: tuple[SchedulerOutput, DecodeWindow] | None = None
         self._deferred: list[Sequence] = []
+        # A prefill step on the device whose tokens the host has not taken in yet (async scheduling),
+        # and requests it finished outside a step (an abort waits for it), for the next step to return.
+        # A request that finishes while a step in flight still computes a row for it gives its blocks
+        # back at once: everything that could reuse them is enqueued behind that step.
+        self._ahead: PendingStep | None = None
+        self._ready: list[RequestOutput] = []
 
     # -- intake -----------------------------------------------------------------------------------------
 
@@ -209,6 +215,9 @@ class LLMEngine:
         return self._next_id
 
     def abort(self, request_ids: Seq[str]) -> None:
+        if self._ahead is not None:  # take its tokens in first; the aborted requests' are dropped
+            ahead, self._ahead = self._ahead, None
+            self._ready += self._finish_in_flight(ahead)
         for rid in request_ids:
             seq = self._requests.pop(rid, None)
             if seq is not None and not seq.finished:
@@ -216,28 +225,58 @@ class LLMEngine:
                 self._release(seq)
 
     def has_unfinished_requests(self) -> bool:
-        return self._chained is not None or self.scheduler.has_unfinished()
+        return (
+            self._chained is not None
+            or self._ahead is not None
+            or bool(self._ready)
+            or self.scheduler.has_unfinished()
+        )
 
     # -- one step ---------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Runs one scheduled step, or a window of decode steps; returns the requests that finished."""
+        """Runs one scheduled step, or a window of decode steps; returns the requests that finished.
+        With async scheduling a prefill step may return before its tokens are back: its requests
+        finish in the next call."""
+        ready, self._ready = self._ready, []
+        return ready + self._step()
+
+    def _step(self) -> list[RequestOutput]:
         begin = time.perf_counter()
-        window: DecodeWindow | None = None
-        preempted = False
         if self._chained is not None:
             # Enqueued behind the last window: its batch is decided and its steps are on the device.
             (out, window), self._chained = self._chained, None
-            steps = window.steps
-        else:
-            preemptions = self.scheduler.num_preemptions
-            out = self.scheduler.schedule()
-            self.metrics.preemptions = self.scheduler.num_preemptions
-            if not out.batch:
-                self.metrics.host_seconds += time.perf_counter() - begin
-                return []
-            steps = self._window(out)
-            preempted = self.scheduler.num_preemptions != preemptions
+            return self._run(out, window.steps, begin, window=window)
+        preemptions = self.scheduler.num_preemptions
+        out = self.scheduler.schedule()
+        self.metrics.preemptions = self.scheduler.num_preemptions
+        preempted = self.scheduler.num_preemptions != preemptions
+        ahead, self._ahead = self._ahead, None
+        if out.batch and self._may_go_ahead(out, preempted):
+            return self._launch_ahead(out, ahead, begin)
+        outputs: list[RequestOutput] = []
+        if ahead is not None:
+            waited = time.perf_counter()
+            outputs = self._finish_in_flight(ahead)
+            begin += time.perf_counter() - waited  # step time, not host time
+        if len(outputs):  # the tokens just seen ended some of the batch scheduled beside them
+            batch = [item for item in out.batch if item.seq.finish_reason is None]
+            out = SchedulerOutput(batch, sum(item.num_tokens for item in batch))
+        if not out.batch:
+            self.metrics.host_seconds += time.perf_counter() - begin
+            return outputs
+        return outputs + self._run(out, self._window(out), begin, preempted=preempted)
+
+    def _run(
+        self,
+        out: SchedulerOutput,
+        steps: int,
+        begin: float,
+        *,
+        window: DecodeWindow | None = None,
+        preempted: bool = False,
+    ) -> list[RequestOutput]:
+        """Runs a batch (one step, or a window of decode steps) and waits for its tokens."""
         start = time.perf_counter()
         if steps == 1:
             results = iter([self.runner.execute(out.batch)])
@@ -259,12 +298,7 @@ class LLMEngine:
                     finished.append(item.seq)
         end = time.perf_counter()
         self._time_step(out, steps, end - start)
-        outputs = []
-        for seq in finished:
-            self._release(seq)
-            self._requests.pop(seq.request_id, None)
-            self.metrics.requests_finished += 1
-            outputs.append(self._output(seq))
+        outputs = self._finished(finished)
         if self._chained is None:
             for seq in self._deferred:  # the last window that computed rows for them is done
                 self.scheduler.finish(seq)
@@ -272,9 +306,73 @@ class LLMEngine:
         self.metrics.host_seconds += time.perf_counter() - end + start - begin
         return outputs
 
+    def _may_go_ahead(self, out: SchedulerOutput, preempted: bool) -> bool:
+        """Whether `out` may be enqueued before the host has seen the tokens of the step in flight: a
+        prefill step (decode-only batches replay graphs and run windows, which start from the host's
+        tokens), without penalties (they read every output token on the host), and nobody preempted."""
+        return (
+            self.config.scheduler.async_scheduling
+            and not preempted
+            and not out.is_decode_only
+            and not any(item.seq.params.has_penalties for item in out.batch)
+        )
+
+    def _launch_ahead(
+        self, out: SchedulerOutput, ahead: PendingStep | None, begin: float
+    ) -> list[RequestOutput]:
+        """Enqueues `out` behind the step in flight (if any), takes what it will have computed as done,
+        then waits for and processes the step in flight. So the GPU starts this step the moment it
+        finishes the last one, while the host was scheduling and filling this one's inputs."""
+        start = time.perf_counter()
+        self._ahead = self.runner.launch(out.batch, feed=ahead)
+        for item in out.batch:
+            self._count(item)
+            self.scheduler.complete_chunk(item)
+            if item.sample:
+                item.seq.num_pending_tokens += 1
+                if item.seq.awaits_last_token:
+                    # Nothing more runs for it: its slot and blocks go back now, as they would once
+                    # the host had seen that token (whatever reuses them is enqueued behind this
+                    # step); it finishes as usual when the token lands.
+                    self.scheduler.finish(item.seq)
+        self.metrics.steps += 1
+        self.metrics.steps_launched_ahead += 1
+        self.metrics.mixed_seconds += time.perf_counter() - start
+        self.metrics.host_seconds += start - begin
+        return self._finish_in_flight(ahead) if ahead is not None else []
+
+    def _finish_in_flight(self, flight: PendingStep) -> list[RequestOutput]:
+        """Waits for a step launched ahead and takes in its tokens."""
+        start = time.perf_counter()
+        order, rows = self.runner.result(flight)
+        finished: list[Sequence] = []
+        sampled = iter(rows)
+        for item in order:
+            if not item.sample:
+                continue
+            row, seq = next(sampled), item.seq
+            seq.num_pending_tokens -= 1
+            if seq.finish_reason is not None:
+                continue  # aborted, or stopped at the step before: this token is dropped
+            if self._append_token(seq, row):
+                finished.append(seq)
+        outputs = self._finished(finished)
+        self.metrics.mixed_seconds += time.perf_counter() - start
+        return outputs
+
+    def _finished(self, finished: list[Sequence]) -> list[RequestOutput]:
+        outputs = []
+        for seq in finished:
+            self._release(seq)
+            self._requests.pop(seq.request_id, None)
+            self.metrics.requests_finished += 1
+            outputs.append(self._output(seq))
+        return outputs
+
     def _release(self, seq: Sequence) -> None:
         """Gives a finished request's blocks back, or, while a window enqueued ahead still computes its
-        row (and writes its KV), once that window is done."""
+        row (and writes its KV), once that window is done (later windows of the chain re-upload the
+        batch's block tables from the host)."""
         if self._chained is not None:
             self._deferred.append(seq)
         else:
@@ -346,7 +444,9 @@ class LLMEngine:
             seq.finish_reason = "stop"
         elif (
             len(seq.output_token_ids) >= p.max_tokens
-            or seq.num_tokens >= self.config.model.max_model_len
+            # tokens the host has seen: one sampled by a step in flight is not counted here
+            or len(seq.prompt_token_ids) + len(seq.output_token_ids)
+            >= self.config.model.max_model_len
         ):
             seq.finish_reason = "length"
         return seq.finish_reason is not None

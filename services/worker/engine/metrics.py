@@ -27,6 +27,9 @@ class EngineMetrics:
         0  # decode windows enqueued behind the previous one before the CPU had seen its tokens
     )
     mixed_seconds: float = 0.0  # wall time of steps with prefill work
+    steps_launched_ahead: int = (
+        0  # prefill steps enqueued before the host had seen the previous step's tokens
+    )
     host_seconds: float = (
         0.0  # CPU-only time between steps: scheduling, stop checks, finishing requests
     )

@@ -20,7 +20,7 @@ from .cuda_graphs import DecodeGraphs
 from .input_builder import InputBuilder, StepInputs
 from .models.loader import load_model
 from .models.ops import create_ops
-from .sampler import Sampler, SamplingBatch
+from .sampler import Sampler, SamplingBatch, to_device
 from .scheduler import ScheduledSeq
 from .sequence import Sequence
 
@@ -42,6 +42,17 @@ class DecodeWindow:
     steps: int
     copies: list[tuple[torch.Tensor, torch.cuda.Event | None]]  # per step: host rows, copy done
     last_tokens: torch.Tensor  # [num_rows] the last step's tokens, on the device
+
+
+@dataclass
+class PendingStep:
+    """One step on the device whose sampled tokens are still on their way back to the host."""
+
+    order: list[ScheduledSeq]  # the batch in row order
+    host: torch.Tensor | None  # host rows, one per sampling sequence (None: nothing sampled)
+    done: torch.cuda.Event | None  # the copy into `host` has landed
+    tokens: torch.Tensor | None  # [num_sampled] the sampled ids on the device (as floats)
+    sampled_rows: dict[int, int]  # seq_id -> its row among the sampled ones
 
 
 class ModelRunner:
@@ -175,24 +186,65 @@ class ModelRunner:
             hidden = hidden[inputs.logits_indices]
         return self.model.compute_logits(hidden, out)
 
-    def _forward(self, batch: list[ScheduledSeq]) -> tuple[StepInputs, torch.Tensor]:
+    def _forward(
+        self, batch: list[ScheduledSeq], feed: PendingStep | None = None
+    ) -> tuple[StepInputs, torch.Tensor]:
         order, groups = self.builder.plan(batch)
         decode = all(item.num_tokens == 1 and item.sample for item in order)
-        if decode and self.graphs is not None and self.graphs.padded_size(len(order)):
+        if (
+            feed is None
+            and decode
+            and self.graphs is not None
+            and self.graphs.padded_size(len(order))
+        ):
             return self.graphs.run(order, groups)
         inputs = self.builder.fill(order, groups)
+        if feed is not None:
+            self._feed_pending(inputs, feed)
         return inputs, self._logits(inputs)
 
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> StepResult:
         """One step; returns the batch in row order and one host row per sampling sequence."""
-        inputs, logits = self._forward(batch)
+        return self.result(self.launch(batch))
+
+    @torch.inference_mode()
+    def launch(self, batch: list[ScheduledSeq], feed: PendingStep | None = None) -> PendingStep:
+        """Enqueues one step without waiting for its tokens. `feed` is the step enqueued before it whose
+        tokens the host has not seen: the ids this step's rows need of them are copied on the device."""
+        inputs, logits = self._forward(batch, feed)
         sampling = [item.seq for item in inputs.order if item.sample]
         if not sampling:
-            return inputs.order, np.empty((0, 1), dtype=np.float32)
+            return PendingStep(inputs.order, None, None, None, {})
         params = SamplingBatch.build(sampling, self.device, self.config.model.arch.vocab_size)
-        host, done = self._copy_to_host(self.sampler(logits, params))
-        return inputs.order, self._wait(host, done)
+        packed = self.sampler(logits, params)
+        host, done = self._copy_to_host(packed)
+        rows = {seq.seq_id: i for i, seq in enumerate(sampling)}
+        return PendingStep(inputs.order, host, done, packed[:, 0], rows)
+
+    def result(self, step: PendingStep) -> StepResult:
+        """Waits for a launched step's tokens: its batch in row order, one host row per sampling one."""
+        if step.host is None:
+            return step.order, np.empty((0, 1), dtype=np.float32)
+        return step.order, self._wait(step.host, step.done)
+
+    def _feed_pending(self, inputs: StepInputs, feed: PendingStep) -> None:
+        """Writes the ids of the tokens `feed` sampled, which the host has not seen (a sequence's last
+        token, pending), into this step's input ids, on the device and in stream order."""
+        dst, src, offset = [], [], 0
+        for item in inputs.order:
+            seq, start = item.seq, item.seq.num_computed_tokens
+            last = seq.num_tokens - 1
+            if seq.num_pending_tokens and start <= last < start + item.num_tokens:
+                dst.append(offset + last - start)
+                src.append(feed.sampled_rows[seq.seq_id])
+            offset += item.num_tokens
+        if not dst:
+            return
+        assert feed.tokens is not None  # a sequence with a pending token was sampled by `feed`
+        index = to_device(np.array([dst, src], dtype=np.int64), self.device)
+        ids = inputs.input_ids
+        ids.index_copy_(0, index[0], feed.tokens.index_select(0, index[1]).to(ids.dtype))
 
     @torch.inference_mode()
     def start_window(self, batch: list[ScheduledSeq], steps: int) -> DecodeWindow:

@@ -57,7 +57,7 @@ class SamplingBatch:
         first_step: int = 0,
     ) -> SamplingBatch:
         """Settings for `steps` steps whose first samples each request's output token number
-        len(output_token_ids) + first_step (a window enqueued behind another one starts ahead)."""
+        num_generated + first_step (a window enqueued behind another one starts ahead)."""
         ps = [s.params for s in seqs]
         floats = np.array(
             [[p.temperature, p.top_p, p.min_p] for p in ps], dtype=np.float32
@@ -65,10 +65,10 @@ class SamplingBatch:
         ints = np.empty((1 + steps, len(seqs)), dtype=np.int64)
         ints[0] = [p.top_k for p in ps]
         seeds = np.array([s.sampling_seed for s in seqs], dtype=np.int64)
-        produced = np.array([len(s.output_token_ids) for s in seqs], dtype=np.int64) + first_step
+        produced = np.array([s.num_generated for s in seqs], dtype=np.int64) + first_step
         # Noise keys of this step and of the window's later steps, all at once.
         ints[1:] = row_key(seeds[None, :], produced[None, :] + np.arange(steps)[:, None])
-        f, i = _upload(floats, device), _upload(ints, device)
+        f, i = to_device(floats, device), to_device(ints, device)
         logprob_counts = [p.logprobs for p in ps if p.logprobs is not None]
         return cls(
             temperature=f[:, 0],
@@ -86,7 +86,7 @@ class SamplingBatch:
         )
 
 
-def _upload(array: np.ndarray, device: torch.device) -> torch.Tensor:
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     """Host array to the device without waiting: a pageable source may make the copy wait for the
     stream (the GPU may be steps ahead), so it goes through the pinned pool, which keeps the buffer
     until the copy has run."""
@@ -112,10 +112,10 @@ def _penalty_tensors(seqs: list[Sequence], device: torch.device, vocab: int):
         ],
         dtype=np.float32,
     )
-    v = _upload(values, device)
+    v = to_device(values, device)
     return (
-        _upload(outputs, device),
-        _upload(prompts, device),
+        to_device(outputs, device),
+        to_device(prompts, device),
         v[:, 0],
         v[:, 1],
         v[:, 2],

@@ -237,7 +237,8 @@ class Scheduler:
             self.ready_groups.append(seq.group)
 
     def finish(self, seq: Sequence) -> None:
-        """Ends a request (done or aborted): its blocks go back; a group's prefix goes with its last one."""
+        """Ends a request (done or aborted): its blocks go back; a group's prefix goes with its last one.
+        Finishing a finished request again changes nothing."""
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
         elif seq in self.waiting:

@@ -20,7 +20,10 @@ class Sequence:
     """A request's tokens, its place in the KV cache and its progress.
 
     `num_computed_tokens` counts tokens whose K/V are in the cache. The first `num_shared_blocks` entries of
-    `block_table` belong to the group's prefix and are shared, not owned.
+    `block_table` belong to the group's prefix and are shared, not owned. `num_pending_tokens` counts
+    tokens already sampled on the device whose ids the host has not seen yet (a step enqueued before
+    the previous one's tokens came back): they count as tokens, and their ids reach the next step's
+    inputs on the device.
     """
 
     seq_id: int
@@ -34,6 +37,7 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    num_pending_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
     num_shared_blocks: int = 0
     num_cached_tokens: int = 0
@@ -49,7 +53,17 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_pending_tokens
+
+    @property
+    def num_generated(self) -> int:
+        """Output tokens sampled so far, those still on their way to the host included."""
+        return len(self.output_token_ids) + self.num_pending_tokens
+
+    @property
+    def awaits_last_token(self) -> bool:
+        """Its last token (max_tokens) is sampled and on its way: nothing more to compute for it."""
+        return self.num_pending_tokens > 0 and self.num_generated >= self.params.max_tokens
 
     @property
     def num_uncomputed(self) -> int:
@@ -57,7 +71,7 @@ class Sequence:
 
     @property
     def is_decoding(self) -> bool:
-        return bool(self.output_token_ids) and self.num_uncomputed == 1
+        return self.num_generated > 0 and self.num_uncomputed == 1
 
     @property
     def finished(self) -> bool:
@@ -68,6 +82,10 @@ class Sequence:
         return self.group.prefix_len if self.group is not None and self.num_shared_blocks else 0
 
     def token_ids(self, start: int, end: int) -> list[int]:
+        """Ids of tokens [start, end); 0 stands for a pending token (the device writes its id)."""
+        known = len(self.prompt_token_ids) + len(self.output_token_ids)
+        if end > known:
+            return self.token_ids(start, known) + [0] * (end - max(start, known))
         n = len(self.prompt_token_ids)
         if end <= n:
             return self.prompt_token_ids[start:end]
