@@ -1,6 +1,7 @@
-"""Async scheduling changes nothing a request gets: a prefill step enqueued before the host has seen the
-previous step's tokens (those reach its inputs on the device) gives the same tokens, seeds, logprobs,
-stops and lengths as a run that waits for every step, and every block comes back."""
+"""Async scheduling changes nothing a request gets: a step or a window of decode steps enqueued before
+the host has seen the previous one's tokens (those reach its inputs on the device) gives the same
+tokens, seeds, logprobs, stops and lengths as a run that waits for every step, and every block comes
+back."""
 
 from __future__ import annotations
 
@@ -41,23 +42,25 @@ def completions(outs):
     ]
 
 
-def test_greedy_tokens_lengths_and_cached_prefixes_are_unchanged(llama_dir):
+@pytest.mark.parametrize("steps", [1, 4])  # decode steps per window
+def test_greedy_tokens_lengths_and_cached_prefixes_are_unchanged(llama_dir, steps):
     params = [greedy(n, ignore_eos=True) for n in LENGTHS]
-    ahead, waited = both(llama_dir, JOB, params)
+    ahead, waited = both(llama_dir, JOB, params, num_scheduler_steps=steps)
     assert completions(ahead) == completions(waited)
     assert [len(o.outputs[0].token_ids) for o in ahead] == LENGTHS
     assert [o.num_cached_tokens for o in ahead] == [o.num_cached_tokens for o in waited]
     assert sum(o.num_cached_tokens > 0 for o in ahead) >= 10, "the job's groups must share"
 
 
-def test_seeded_sampling_and_logprobs_are_unchanged(llama_dir):
+@pytest.mark.parametrize("steps", [1, 4])
+def test_seeded_sampling_and_logprobs_are_unchanged(llama_dir, steps):
     params = [
         SamplingParams(
             max_tokens=n, temperature=0.9, top_p=0.9, seed=i, logprobs=2, ignore_eos=True
         )
         for i, n in enumerate(LENGTHS)
     ]
-    ahead, waited = both(llama_dir, JOB, params)
+    ahead, waited = both(llama_dir, JOB, params, num_scheduler_steps=steps)
     for a, b in zip(ahead, waited, strict=True):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         for ea, eb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True):
@@ -80,8 +83,9 @@ def test_eos_stop_tokens_and_strings_end_requests_where_they_did(llama_dir):
             params.append(greedy(12, ignore_eos=True, stop=[stop]))
         else:
             params.append(greedy(12))  # EOS may end it
-    ahead, waited = both(llama_dir, JOB, params)
-    assert completions(ahead) == completions(waited)
+    for steps in (1, 4):
+        ahead, waited = both(llama_dir, JOB, params, num_scheduler_steps=steps)
+        assert completions(ahead) == completions(waited)
     assert sum(o.outputs[0].finish_reason == "stop" for o in ahead) >= 6
 
 

@@ -105,27 +105,36 @@ def test_windows_under_block_pressure_are_unchanged(llama_dir):
     assert completions(window) == completions(single)
 
 
-def test_windows_run_ahead_only_while_the_batch_cannot_change(llama_dir):
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_windows_run_ahead_only_while_the_batch_cannot_change(llama_dir, async_scheduling):
     """Equal lengths and nothing waiting: each window is enqueued behind the previous one, until the
-    window in which requests end by length (their slots would change the next batch)."""
+    window in which requests end by length (their slots would change the next batch). With async
+    scheduling every step and window is enqueued behind the one before instead, that last one too."""
     prompts = random_prompts((6, 9, 12), seed=50)
-    llm = engine(llama_dir, num_scheduler_steps=4)
+    llm = engine(llama_dir, num_scheduler_steps=4, async_scheduling=async_scheduling)
     outs = run(llm, prompts, greedy(22, ignore_eos=True))
     assert_no_leak(llm)
     m = llm.engine.metrics
     # 21 decode steps after the prefill's token: windows of 4, 4, 4, 4, 4 and 1; every one after the
     # first is enqueued ahead (nobody ends by length before the last one).
-    assert m.decode_windows_ahead == 5
+    if async_scheduling:
+        assert (m.steps_launched_ahead, m.decode_windows_ahead) == (7, 0)
+    else:
+        assert (m.steps_launched_ahead, m.decode_windows_ahead) == (0, 5)
     assert m.decode_steps == 21
     single = run(engine(llama_dir), prompts, greedy(22, ignore_eos=True))
     assert completions(outs) == completions(single)
 
 
-def test_no_window_runs_ahead_when_waiting_work_could_join(llama_dir):
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_no_window_runs_ahead_when_waiting_work_could_join(llama_dir, async_scheduling):
     """A request ending by length inside a window frees a slot for waiting work: the next window is
-    scheduled after the CPU has seen it, so the waiting request joins at the boundary."""
+    scheduled after the CPU has seen it (with async scheduling: once that window is enqueued, since
+    its last token is known to be its last), so the waiting request joins at the boundary."""
     prompts = random_prompts((6, 9, 12), seed=51)
-    llm = engine(llama_dir, num_scheduler_steps=4, max_num_seqs=2)
+    llm = engine(
+        llama_dir, num_scheduler_steps=4, max_num_seqs=2, async_scheduling=async_scheduling
+    )
     schedules = record_steps(llm)
     params = [greedy(n, ignore_eos=True) for n in (5, 13, 9)]
     outs = run(llm, prompts, params)
@@ -138,7 +147,9 @@ def test_no_window_runs_ahead_when_waiting_work_could_join(llama_dir):
 
 
 def test_a_request_that_stops_in_a_window_run_ahead_keeps_its_blocks_until_it_is_done(llama_dir):
-    llm = engine(llama_dir, num_scheduler_steps=4)
+    """Windows chained without async scheduling (with it, an abort first takes in the work in
+    flight: tests/engine/test_async_scheduling.py)."""
+    llm = engine(llama_dir, num_scheduler_steps=4, async_scheduling=False)
     eng = llm.engine
     free = eng.blocks.num_free
     for i, p in enumerate(random_prompts((7, 8, 9), seed=52)):

@@ -94,13 +94,19 @@ class DecodeGraphs:
         return next((s for s in self.sizes if s >= n), None)
 
     def run(
-        self, order: list[ScheduledSeq], groups: list[range]
+        self,
+        order: list[ScheduledSeq],
+        groups: list[range],
+        before_replay: Callable[[StepInputs], None] | None = None,
     ) -> tuple[StepInputs, torch.Tensor]:
-        """Replays the graph for this decode batch; returns its inputs and logits [len(order), vocab]."""
+        """Replays the graph for this decode batch; returns its inputs and logits [len(order), vocab].
+        before_replay may change the filled inputs on the device first (tokens still in flight)."""
         size = self.padded_size(len(order))
         assert size is not None, "batch larger than the largest captured graph"
         self._last = (size, bool(groups))  # groups only exist when cascade is on
         inputs = self._fill(order, groups, *self._last)
+        if before_replay is not None:
+            before_replay(inputs)
         return inputs, self.replay_last()[: len(order)]
 
     def replay_last(self) -> torch.Tensor:

@@ -15,7 +15,7 @@ from .block_manager import BlockManager
 from .config import EngineConfig
 from .detokenizer import Detokenizer, DetokState
 from .metrics import EngineMetrics
-from .model_runner import DecodeWindow, ModelRunner, PendingStep
+from .model_runner import DecodeWindow, InFlight, ModelRunner
 from .models.presets import load_tokenizer
 from .outputs import CompletionOutput, Logprob, RequestOutput
 from .sampling_params import SamplingParams
@@ -54,7 +54,7 @@ class LLMEngine:
         # and requests it finished outside a step (an abort waits for it), for the next step to return.
         # A request that finishes while a step in flight still computes a row for it gives its blocks
         # back at once: everything that could reuse them is enqueued behind that step.
-        self._ahead: PendingStep | None = None
+        self._ahead: InFlight | None = None
         self._ready: list[RequestOutput] = []
 
     # -- intake -----------------------------------------------------------------------------------------
@@ -236,8 +236,8 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Runs one scheduled step, or a window of decode steps; returns the requests that finished.
-        With async scheduling a prefill step may return before its tokens are back: its requests
-        finish in the next call."""
+        With async scheduling the step (or window) is enqueued behind the one before, whose tokens
+        this call then takes in: a request finishes in the call after the one that ran its last step."""
         ready, self._ready = self._ready, []
         return ready + self._step()
 
@@ -307,57 +307,71 @@ class LLMEngine:
         return outputs
 
     def _may_go_ahead(self, out: SchedulerOutput, preempted: bool) -> bool:
-        """Whether `out` may be enqueued before the host has seen the tokens of the step in flight: a
-        prefill step (decode-only batches replay graphs and run windows, which start from the host's
-        tokens), without penalties (they read every output token on the host), and nobody preempted."""
+        """Whether `out` may be enqueued before the host has seen the tokens of the step in flight:
+        nobody preempted, no penalties (they read every output token on the host), and every request
+        with a token still on its way needs only that one as an input (a decode row)."""
         return (
             self.config.scheduler.async_scheduling
             and not preempted
-            and not out.is_decode_only
             and not any(item.seq.params.has_penalties for item in out.batch)
+            and all(item.num_tokens == 1 for item in out.batch if item.seq.num_pending_tokens)
         )
 
     def _launch_ahead(
-        self, out: SchedulerOutput, ahead: PendingStep | None, begin: float
+        self, out: SchedulerOutput, ahead: InFlight | None, begin: float
     ) -> list[RequestOutput]:
-        """Enqueues `out` behind the step in flight (if any), takes what it will have computed as done,
-        then waits for and processes the step in flight. So the GPU starts this step the moment it
-        finishes the last one, while the host was scheduling and filling this one's inputs."""
+        """Enqueues `out` (a step, or a window of decode steps) behind the work in flight (if any),
+        takes what it will have computed as done, then waits for and takes in the work in flight. So
+        the GPU starts on `out` the moment it finishes what came before, while the host scheduled and
+        filled `out` and then takes in the earlier tokens during it."""
         start = time.perf_counter()
-        self._ahead = self.runner.launch(out.batch, feed=ahead)
+        steps = self._window(out)
+        if steps == 1:
+            self._ahead = self.runner.launch(out.batch, feed=ahead)
+        else:
+            self._ahead = self.runner.start_window(out.batch, steps, feed=ahead)
+        for _ in range(steps):
+            for item in out.batch:
+                self._count(item)
+                self.scheduler.complete_chunk(item)
+                if item.sample:
+                    item.seq.num_pending_tokens += 1
         for item in out.batch:
-            self._count(item)
-            self.scheduler.complete_chunk(item)
-            if item.sample:
-                item.seq.num_pending_tokens += 1
-                if item.seq.awaits_last_token:
-                    # Nothing more runs for it: its slot and blocks go back now, as they would once
-                    # the host had seen that token (whatever reuses them is enqueued behind this
-                    # step); it finishes as usual when the token lands.
-                    self.scheduler.finish(item.seq)
-        self.metrics.steps += 1
+            if item.sample and item.seq.awaits_last_token:
+                # Nothing more runs for it: its slot and blocks go back now, as they would once the
+                # host had seen that token (whatever reuses them is enqueued behind this step); it
+                # finishes as usual when the token lands.
+                self.scheduler.finish(item.seq)
         self.metrics.steps_launched_ahead += 1
-        self.metrics.mixed_seconds += time.perf_counter() - start
+        self._time_step(out, steps, time.perf_counter() - start)
         self.metrics.host_seconds += start - begin
         return self._finish_in_flight(ahead) if ahead is not None else []
 
-    def _finish_in_flight(self, flight: PendingStep) -> list[RequestOutput]:
-        """Waits for a step launched ahead and takes in its tokens."""
+    def _finish_in_flight(self, flight: InFlight) -> list[RequestOutput]:
+        """Waits for work launched ahead and takes in its tokens."""
         start = time.perf_counter()
-        order, rows = self.runner.result(flight)
+        if isinstance(flight, DecodeWindow):
+            results = self.runner.window_results(flight)
+        else:
+            results = iter([self.runner.result(flight)])
         finished: list[Sequence] = []
-        sampled = iter(rows)
-        for item in order:
-            if not item.sample:
-                continue
-            row, seq = next(sampled), item.seq
-            seq.num_pending_tokens -= 1
-            if seq.finish_reason is not None:
-                continue  # aborted, or stopped at the step before: this token is dropped
-            if self._append_token(seq, row):
-                finished.append(seq)
+        for order, rows in results:
+            sampled = iter(rows)
+            for item in order:
+                if not item.sample:
+                    continue
+                row, seq = next(sampled), item.seq
+                seq.num_pending_tokens -= 1
+                if seq.finish_reason is not None:
+                    continue  # aborted, or stopped earlier: this token is dropped
+                if self._append_token(seq, row):
+                    finished.append(seq)
         outputs = self._finished(finished)
-        self.metrics.mixed_seconds += time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        if isinstance(flight, DecodeWindow):
+            self.metrics.decode_seconds += seconds
+        else:
+            self.metrics.mixed_seconds += seconds
         return outputs
 
     def _finished(self, finished: list[Sequence]) -> list[RequestOutput]:
@@ -505,6 +519,6 @@ class LLMEngine:
 
 
 def _tokens_left(seq: Sequence) -> int:
-    """Tokens a request may still produce. max_tokens binds before max_model_len: validation keeps
-    prompt + max_tokens within it."""
-    return seq.params.max_tokens - len(seq.output_token_ids)
+    """Tokens a request may still produce (those on their way count as produced). max_tokens binds
+    before max_model_len: validation keeps prompt + max_tokens within it."""
+    return seq.params.max_tokens - seq.num_generated

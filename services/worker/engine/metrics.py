@@ -28,7 +28,7 @@ class EngineMetrics:
     )
     mixed_seconds: float = 0.0  # wall time of steps with prefill work
     steps_launched_ahead: int = (
-        0  # prefill steps enqueued before the host had seen the previous step's tokens
+        0  # steps and windows enqueued before the host had seen the previous one's tokens
     )
     host_seconds: float = (
         0.0  # CPU-only time between steps: scheduling, stop checks, finishing requests

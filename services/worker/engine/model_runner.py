@@ -43,6 +43,15 @@ class DecodeWindow:
     copies: list[tuple[torch.Tensor, torch.cuda.Event | None]]  # per step: host rows, copy done
     last_tokens: torch.Tensor  # [num_rows] the last step's tokens, on the device
 
+    @property
+    def tokens(self) -> torch.Tensor:
+        """What a step enqueued behind it takes as its rows' last tokens (as PendingStep.tokens)."""
+        return self.last_tokens
+
+    @property
+    def sampled_rows(self) -> dict[int, int]:
+        return {item.seq.seq_id: i for i, item in enumerate(self.inputs.order)}
+
 
 @dataclass
 class PendingStep:
@@ -53,6 +62,10 @@ class PendingStep:
     done: torch.cuda.Event | None  # the copy into `host` has landed
     tokens: torch.Tensor | None  # [num_sampled] the sampled ids on the device (as floats)
     sampled_rows: dict[int, int]  # seq_id -> its row among the sampled ones
+
+
+# A step or a window on the device whose sampled tokens the host has not seen yet.
+InFlight = PendingStep | DecodeWindow
 
 
 class ModelRunner:
@@ -187,17 +200,14 @@ class ModelRunner:
         return self.model.compute_logits(hidden, out)
 
     def _forward(
-        self, batch: list[ScheduledSeq], feed: PendingStep | None = None
+        self, batch: list[ScheduledSeq], feed: InFlight | None = None
     ) -> tuple[StepInputs, torch.Tensor]:
         order, groups = self.builder.plan(batch)
         decode = all(item.num_tokens == 1 and item.sample for item in order)
-        if (
-            feed is None
-            and decode
-            and self.graphs is not None
-            and self.graphs.padded_size(len(order))
-        ):
-            return self.graphs.run(order, groups)
+        if decode and self.graphs is not None and self.graphs.padded_size(len(order)):
+            if feed is None:
+                return self.graphs.run(order, groups)
+            return self.graphs.run(order, groups, lambda inputs: self._feed_pending(inputs, feed))
         inputs = self.builder.fill(order, groups)
         if feed is not None:
             self._feed_pending(inputs, feed)
@@ -209,9 +219,10 @@ class ModelRunner:
         return self.result(self.launch(batch))
 
     @torch.inference_mode()
-    def launch(self, batch: list[ScheduledSeq], feed: PendingStep | None = None) -> PendingStep:
-        """Enqueues one step without waiting for its tokens. `feed` is the step enqueued before it whose
-        tokens the host has not seen: the ids this step's rows need of them are copied on the device."""
+    def launch(self, batch: list[ScheduledSeq], feed: InFlight | None = None) -> PendingStep:
+        """Enqueues one step without waiting for its tokens. `feed` is the step (or window) enqueued
+        before it whose tokens the host has not seen: the ids this step's rows need of them (each such
+        row's last token) are copied on the device."""
         inputs, logits = self._forward(batch, feed)
         sampling = [item.seq for item in inputs.order if item.sample]
         if not sampling:
@@ -228,9 +239,9 @@ class ModelRunner:
             return step.order, np.empty((0, 1), dtype=np.float32)
         return step.order, self._wait(step.host, step.done)
 
-    def _feed_pending(self, inputs: StepInputs, feed: PendingStep) -> None:
-        """Writes the ids of the tokens `feed` sampled, which the host has not seen (a sequence's last
-        token, pending), into this step's input ids, on the device and in stream order."""
+    def _feed_pending(self, inputs: StepInputs, feed: InFlight) -> None:
+        """Writes the ids of the tokens `feed` sampled last, which the host has not seen (a sequence's
+        last token, pending), into this step's input ids, on the device and in stream order."""
         dst, src, offset = [], [], 0
         for item in inputs.order:
             seq, start = item.seq, item.seq.num_computed_tokens
@@ -247,10 +258,12 @@ class ModelRunner:
         ids.index_copy_(0, index[0], feed.tokens.index_select(0, index[1]).to(ids.dtype))
 
     @torch.inference_mode()
-    def start_window(self, batch: list[ScheduledSeq], steps: int) -> DecodeWindow:
+    def start_window(
+        self, batch: list[ScheduledSeq], steps: int, feed: InFlight | None = None
+    ) -> DecodeWindow:
         """Enqueues `steps` decode steps of a decode-only batch whose blocks for them are reserved; the
-        tokens come back through `window_results` while later steps still run."""
-        inputs, logits = self._forward(batch)
+        tokens come back through `window_results` while later steps still run. `feed` as in `launch`."""
+        inputs, logits = self._forward(batch, feed)
         seqs = [item.seq for item in inputs.order]
         params = SamplingBatch.build(seqs, self.device, self.config.model.arch.vocab_size, steps)
         return self._run_steps(inputs, logits, params, steps)
