@@ -126,6 +126,8 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
             if count > variants_before.get(name, 0)
         },
         "num_scheduler_steps": llm.config.scheduler.num_scheduler_steps,
+        "max_num_seqs": llm.config.scheduler.max_num_seqs,
+        "max_num_batched_tokens": llm.config.scheduler.max_num_batched_tokens,
         "peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
     }
     return record
