@@ -50,7 +50,7 @@ class LLMEngine:
         # in flight (their blocks go back once it is done).
         self._chained: tuple[SchedulerOutput, DecodeWindow] | None = None
         self._deferred: list[Sequence] = []
-        # A prefill step on the device whose tokens the host has not taken in yet (async scheduling),
+        # A step or window on the device whose tokens the host has not taken in yet (async scheduling),
         # and requests it finished outside a step (an abort waits for it), for the next step to return.
         # A request that finishes while a step in flight still computes a row for it gives its blocks
         # back at once: everything that could reuse them is enqueued behind that step.
