@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from transformers import (
     LlamaForCausalLM,
@@ -139,6 +140,19 @@ def greedy(max_tokens: int, **kwargs: Any) -> SamplingParams:
 
 def run(llm: LLM, prompts: Sequence[list[int]], params: Any) -> list[RequestOutput]:
     return llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+
+
+def assert_same_tokens_and_logprobs(
+    a: Sequence[RequestOutput], b: Sequence[RequestOutput], tolerance: float = 1e-5
+) -> None:
+    """Two runs of one job: equal tokens, and per token the same top ids, ranks and log-probs."""
+    for x, y in zip(a, b, strict=True):
+        assert x.outputs[0].token_ids == y.outputs[0].token_ids
+        for ex, ey in zip(x.outputs[0].logprobs, y.outputs[0].logprobs, strict=True):
+            assert ex.keys() == ey.keys()
+            for tid in ex:
+                assert ey[tid].logprob == pytest.approx(ex[tid].logprob, abs=tolerance)
+                assert ey[tid].rank == ex[tid].rank
 
 
 def token_ids(outputs: Sequence[RequestOutput]) -> list[list[int]]:

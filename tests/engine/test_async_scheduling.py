@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from engine_checkpoints import (
     assert_no_leak,
+    assert_same_tokens_and_logprobs,
     engine,
     greedy,
     random_prompts,
@@ -61,12 +62,7 @@ def test_seeded_sampling_and_logprobs_are_unchanged(llama_dir, steps):
         for i, n in enumerate(LENGTHS)
     ]
     ahead, waited = both(llama_dir, JOB, params, num_scheduler_steps=steps)
-    for a, b in zip(ahead, waited, strict=True):
-        assert a.outputs[0].token_ids == b.outputs[0].token_ids
-        for ea, eb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True):
-            assert ea.keys() == eb.keys()
-            for tid in ea:
-                assert ea[tid].logprob == pytest.approx(eb[tid].logprob, abs=1e-5)
+    assert_same_tokens_and_logprobs(waited, ahead)
 
 
 def test_eos_stop_tokens_and_strings_end_requests_where_they_did(llama_dir):

@@ -6,6 +6,7 @@ import pytest
 from engine_checkpoints import (
     EOS_IDS,
     assert_no_leak,
+    assert_same_tokens_and_logprobs,
     engine,
     greedy,
     random_prompts,
@@ -81,13 +82,7 @@ def test_stop_token_ids_and_strings_inside_a_window(llama_dir):
 def test_logprobs_are_unchanged(llama_dir):
     params = SamplingParams(max_tokens=9, temperature=0.8, seed=3, logprobs=3, ignore_eos=True)
     single, window = both(llama_dir, PROMPTS[:4], params)
-    for a, b in zip(single, window, strict=True):
-        assert a.outputs[0].token_ids == b.outputs[0].token_ids
-        for ea, eb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True):
-            assert ea.keys() == eb.keys()
-            for tid in ea:
-                assert eb[tid].logprob == pytest.approx(ea[tid].logprob, abs=1e-5)
-                assert eb[tid].rank == ea[tid].rank
+    assert_same_tokens_and_logprobs(single, window)
 
 
 def test_grouped_cascade_decode_is_unchanged(llama_dir):
