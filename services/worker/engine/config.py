@@ -61,9 +61,9 @@ class SchedulerConfig:
     first_wave: int = (
         4  # suffixes of a new group that must fit beside its prefix before it is admitted
     )
-    # A prefill step is scheduled and enqueued while the one before it still runs, before the host
-    # has seen that step's tokens (they reach the new step's inputs on the device), so the GPU does
-    # not wait for the host's scheduling and input filling between prefill steps.
+    # Each step or decode window is scheduled and enqueued while the one before it still runs, before
+    # the host has seen that one's tokens (they reach the new step's inputs on the device), so the GPU
+    # does not wait for the host's scheduling, input filling and token handling between steps.
     async_scheduling: bool = True
 
     def __post_init__(self) -> None:

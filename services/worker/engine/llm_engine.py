@@ -259,7 +259,7 @@ class LLMEngine:
             waited = time.perf_counter()
             outputs = self._finish_in_flight(ahead)
             begin += time.perf_counter() - waited  # step time, not host time
-        if len(outputs):  # the tokens just seen ended some of the batch scheduled beside them
+        if outputs:  # the tokens just seen ended some of the batch scheduled beside them
             batch = [item for item in out.batch if item.seq.finish_reason is None]
             out = SchedulerOutput(batch, sum(item.num_tokens for item in batch))
         if not out.batch:

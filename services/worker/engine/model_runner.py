@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -48,8 +49,9 @@ class DecodeWindow:
         """What a step enqueued behind it takes as its rows' last tokens (as PendingStep.tokens)."""
         return self.last_tokens
 
-    @property
+    @cached_property
     def sampled_rows(self) -> dict[int, int]:
+        """seq_id -> its row (every row samples); built once, read once per row of the next step."""
         return {item.seq.seq_id: i for i, item in enumerate(self.inputs.order)}
 
 
