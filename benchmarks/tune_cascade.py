@@ -2,11 +2,11 @@
 
 Two passes (the default): for the prefix pass, splits, BLOCK_N, num_warps, num_stages; for the suffix
 pass (the paged kernel with a prefix state to merge), BLOCK_N, num_warps, num_stages. With --one-pass:
-the one-pass kernel's splits, BLOCK_N, num_stages and CHUNK_TILES. Each variant is timed like
+the one-pass kernel's splits, BLOCK_N, num_stages, CHUNK_TILES, num_warps and a register cap. Each variant is timed like
 attention_kernels.py (median of do_bench over a CUDA graph) and checked against the default launch's
 output. Prints one JSON object with the fastest variants and the default's time. The defaults in
 kernels/ come from these sweeps.
-Usage: python benchmarks/tune_cascade.py [--degree 16] [--prefix-len 2000] [--one-pass] [--requests 256]
+Usage: python benchmarks/tune_cascade.py [--degree 16] [--prefix-len 2000] [--one-pass] [--warps 4 8] [--requests 256]
 """
 
 from __future__ import annotations
@@ -74,10 +74,12 @@ def sweep_one_pass(w: Workload, own: argparse.Namespace) -> dict[str, Any]:
         {"default": True, "splits": num_splits, **default[0].options, **_timed(w, default, ref)}
     ]
     rows[0].pop("DOT_PRECISION", None)
-    for splits, block_n, stages, chunk in itertools.product(
-        own.splits, own.block_n, own.stages, own.chunks
+    for splits, block_n, stages, chunk, warps, maxnreg in itertools.product(
+        own.splits, own.block_n, own.stages, own.chunks, own.warps, own.maxnreg
     ):
-        opts = {"BLOCK_N": block_n, "num_stages": stages, "CHUNK_TILES": chunk}
+        opts = {"BLOCK_N": block_n, "num_stages": stages, "CHUNK_TILES": chunk, "num_warps": warps}
+        if maxnreg:  # a register cap (0: the compiler's choice) lets more programs share an SM
+            opts["maxnreg"] = maxnreg
         try:
             rows.append(
                 {"splits": splits, **opts, **_timed(w, one_pass_launches(w, splits, opts), ref)}
@@ -122,6 +124,8 @@ def main() -> int:
     ap.add_argument("--block-n", **ints, default=[32, 64, 128], help="one pass: key tiles")
     ap.add_argument("--stages", **ints, default=[2, 3, 4, 5, 6], help="one pass: pipeline depths")
     ap.add_argument("--chunks", **ints, default=[16, 32], help="one pass: CHUNK_TILES")
+    ap.add_argument("--warps", **ints, default=[4], help="one pass: warps per program")
+    ap.add_argument("--maxnreg", **ints, default=[0], help="one pass: register caps (0: none)")
     own, rest = ap.parse_known_args()
     args = parse_args(rest)
     w = Workload(args, own.degree, own.prefix_len)
