@@ -14,6 +14,8 @@ Modes, each on a fresh engine in this one process (so their ratios are measured 
                     before it narrowed to the rows that sample a token (a side-by-side measure of that)
   group-cascade-sync  group-cascade with every prefill step waiting for the previous step's tokens
                     before it is scheduled (async_scheduling=False; a side-by-side measure of that)
+  group-cascade-unfused  group-cascade with prefill steps' suffix chunks taking the two passes
+                    instead of being finished in the prefix pass (cascade_prefill_kernel="two-pass")
 A mode may be named more than once (alternating runs in one process share its warm kernel caches).
 Prints one JSON line per mode. Usage: python benchmarks/batchllm.py [--groups 400] [--modes a,b]
 """
@@ -47,6 +49,7 @@ MODES = (
     "group-cascade-two-pass",
     "group-cascade-all-rows",
     "group-cascade-sync",
+    "group-cascade-unfused",
 )
 
 
@@ -61,6 +64,7 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_cascade_attention=mode.startswith("group-cascade"),
         cascade_decode_kernel="two-pass" if mode == "group-cascade-two-pass" else "one-pass",
+        cascade_prefill_kernel="two-pass" if mode == "group-cascade-unfused" else "fused",
         num_scheduler_steps=args.num_scheduler_steps,
         async_scheduling=mode != "group-cascade-sync",
     )

@@ -4,7 +4,9 @@ The canonical workload's prefill steps hold three kinds of attention: group pref
 causal prefills (`--prefix-len` tokens each), the cascade prefix pass of a group's suffix tokens over its
 prefix (a [group tokens x prefix] non-causal product), and the suffix pass (each request's own tokens,
 causal, merged with the prefix state). The engine runs the prefixes' prefills and the suffix pass as one
-launch (`mixed_step`), timed also against the same launch with every program on the masked key loop.
+launch (`mixed_step`), timed also against the same launch with every program on the masked key loop,
+and the whole step's attention (prefix pass + that launch) with the suffix chunks finished in the
+prefix pass (fused, the engine's default on CUDA) against two passes.
 Each variant is timed with do_bench (median, no graph: prefill runs eagerly) and checked against the
 default launch's output. Prints one JSON object with the best variants of each kind, TFLOP/s included.
 Usage: python benchmarks/tune_prefill.py [--groups 4] [--per-group 16] [--prefix-len 2000] [--suffix-len 200]
@@ -98,6 +100,21 @@ class PrefillWorkload:
                 ]
             ),
         }
+        # The whole step's attention as the engine runs it: grouped rows first (the suffix chunks),
+        # then the new prefixes' prefills; a prefix pass over the groups, then the paged launch
+        # over every sequence, either merging every grouped row's prefix state (two passes) or
+        # with the suffix chunks finished in the prefix pass (fused).
+        self.step_q = torch.cat([self.sq, self.pq])
+        self.step_out = torch.empty_like(self.step_q)
+        self.step_state = torch.empty_like(self.step_q)
+        self.step_lse = torch.empty(self.step_q.shape[:2], dtype=torch.float32, device=dev)
+        step_lens = [s] * n + [p] * g
+        self.step_meta = {
+            "cu_seqlens_q": torch.tensor([0, *itertools.accumulate(step_lens)], **i32),
+            "seq_lens": torch.cat([self.s_meta["seq_lens"], self.p_meta["seq_lens"]]),
+            "kv_start": torch.cat([self.s_meta["kv_start"], torch.zeros(g, **i32)]),
+            "block_tables": torch.cat([tables, padded]).to(dev),
+        }
         # Without cascade: the same suffix tokens over prefix and own keys in one causal pass.
         self.plain_out = torch.empty_like(self.sq)
         self.plain_meta = {k: v for k, v in self.s_meta.items() if k != "kv_start"}
@@ -110,6 +127,7 @@ class PrefillWorkload:
             "plain_suffix": n * per_head * s * (p + (s + 1) / 2),
         }
         self.flops["mixed_step"] = self.flops["prefix_prefill"] + self.flops["suffix_pass"]
+        self.flops["step"] = self.flops["mixed_step"] + self.flops["prefix_pass"]
 
     def prefix_prefill(self) -> None:
         paged_attention.paged_attention(
@@ -122,6 +140,19 @@ class PrefillWorkload:
         )
         assert launch is not None
         launch._replace(options={**launch.options, **overrides}).run()
+
+    def step(self, fused: bool) -> None:
+        """The step's cascade attention, two passes or with the suffix chunks fused."""
+        chunks = cascade_attention.SuffixChunks(self.step_out, **self.step_meta) if fused else None
+        state, lse = cascade_attention.prefix_attention(
+            self.step_q, self.k, self.v, scale=self.scale, out=self.step_state,
+            out_lse=self.step_lse, suffix_chunks=chunks, **self.group_meta,
+        )  # fmt: skip
+        paged_attention.paged_attention(
+            self.step_q, self.k, self.v, self.step_out, scale=self.scale,
+            max_query_len=self.m_meta["max_query_len"], prefix_out=state, prefix_lse=lse,
+            skip_suffix_chunks=fused, **self.step_meta,
+        )  # fmt: skip
 
     def plain_suffix(self) -> None:
         paged_attention.paged_attention(
@@ -218,6 +249,17 @@ def main() -> int:
         (median_us(w.mixed_step, "cuda", False), median_us(masked, "cuda", False)) for _ in range(3)
     ]
     report["mixed_step_vs_masked_loop_us"] = [[round(a, 1), round(b, 1)] for a, b in pairs]
+    # The whole step: two passes against the suffix chunks fused into the prefix pass, alternating.
+    two_pass, fused = (functools.partial(w.step, fused=f) for f in (False, True))
+    two_pass()
+    want = w.step_out.float().clone()
+    fused()
+    pairs = [
+        (median_us(two_pass, "cuda", False), median_us(fused, "cuda", False)) for _ in range(3)
+    ]
+    report["step_two_pass_vs_fused_us"] = [[round(a, 1), round(b, 1)] for a, b in pairs]
+    report["step_fused_tflops"] = round(w.flops["step"] / min(b for _, b in pairs) / 1e6, 1)
+    report["step_fused_max_abs_diff"] = (w.step_out.float() - want).abs().max().item()
     print(json.dumps(report, indent=1))
     return 0
 

@@ -13,6 +13,7 @@ empty) get o = 0 and lse = -inf, which the suffix pass treats as "no prefix".
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -29,14 +30,17 @@ from prefixgrove.kernels.paged_attention import (
     LOG2E,
     attend_whole_tiles,
     dot_precision,
+    is_suffix_chunk,
     load_keys,
     online_softmax_step,
+    paged_attention_ref,
     table_chunk,
     tile_tier,
 )
 from prefixgrove.kernels.reference_math import attend
 
 __all__ = [
+    "SuffixChunks",
     "merge_attention_states",
     "merge_attention_states_ref",
     "prefix_attention",
@@ -44,6 +48,18 @@ __all__ = [
 ]
 
 MAX_SPLITS = 16
+
+
+class SuffixChunks(NamedTuple):
+    """The step's sequences as the paged kernel takes them, and the attention output: given to the
+    prefix pass, it finishes the suffix chunks among them (grouped sequences with more than one
+    query; `is_suffix_chunk`) and writes their rows of `out`, which the paged kernel then skips."""
+
+    out: torch.Tensor  # [num_tokens, num_heads, head_dim], q's dtype (token, head strides free)
+    cu_seqlens_q: torch.Tensor  # [num_seqs + 1] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32
+    kv_start: torch.Tensor  # [num_seqs] int32: a grouped sequence's first own key
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
 
 
 @triton.jit
@@ -71,9 +87,75 @@ def find_group_segment(cu_ptr, tile_idx, num_groups, num_tokens, BLOCK_Q: tl.con
     return lo - 1
 
 
+@triton.jit
+def find_owner(cu_ptr, token, num_seqs):
+    """The sequence owning a query token: the largest s with cu[s] <= token."""
+    lo: tl.int32 = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(cu_ptr + mid) <= token:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def attend_suffix_chunks(
+    q, k_ptr, v_ptr, cu_q_ptr, seq_lens_ptr, kv_start_ptr, seq_tables_ptr, num_seqs,
+    first, end, token, row_valid, kv_head, dims, scale_log2, m_i, l_i, acc,
+    stride_kb, stride_ks, stride_kh, stride_st,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Folds the own keys of the suffix chunks among query tokens [first, end) into their rows'
+    online softmax: each row of such a chunk sees its sequence's keys [kv_start, its position],
+    causally, and no other sequence's. The tile's tokens belong to consecutive sequences (a 32-token
+    tile of 200-token chunks: one or two), walked one after the other. Returns (m, l, acc) and the
+    rows that belong to suffix chunks."""
+    s_first = find_owner(cu_q_ptr, first, num_seqs)
+    s_last = find_owner(cu_q_ptr, end - 1, num_seqs)
+    row_seq = tl.zeros_like(token).to(tl.int32) + s_first
+    for s in range(s_first + 1, s_last + 1):
+        row_seq += (token >= tl.load(cu_q_ptr + s)).to(tl.int32)
+    row_begin = tl.load(cu_q_ptr + row_seq, mask=row_valid, other=0)
+    row_q_len = tl.load(cu_q_ptr + row_seq + 1, mask=row_valid, other=0) - row_begin
+    row_kv_start = tl.load(kv_start_ptr + row_seq, mask=row_valid, other=0)
+    in_seq = (token - row_begin) < row_q_len  # not a padding row past the last sequence
+    chunk_rows = row_valid & in_seq & is_suffix_chunk(row_kv_start, row_q_len)
+    row_len = tl.load(seq_lens_ptr + row_seq, mask=row_valid, other=0)
+    row_pos = row_len - row_q_len + (token - row_begin).to(tl.int32)
+    for s in range(s_first, s_last + 1):
+        begin = tl.load(cu_q_ptr + s)
+        q_len = tl.load(cu_q_ptr + s + 1) - begin
+        kv_lo = tl.load(kv_start_ptr + s)
+        if is_suffix_chunk(kv_lo, q_len):
+            # Keys up to the position of s's last token in this tile.
+            kv_hi = tl.load(seq_lens_ptr + s) - q_len + tl.minimum(q_len, end - begin)
+            table_row = seq_tables_ptr + tl.cast(s, tl.int64) * stride_st
+            rows_of_s = (row_seq == s) & chunk_rows
+            for tile in range(kv_lo // BLOCK_N, tl.cdiv(kv_hi, BLOCK_N)):
+                keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+                key_valid = (keys >= kv_lo) & (keys < kv_hi)
+                block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0)
+                kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
+                kv_offs += kv_head * stride_kh
+                k = load_keys(k_ptr, kv_offs, dims, key_valid, True)
+                sc = tl.dot(q, k, input_precision=DOT_PRECISION)
+                allowed = (
+                    key_valid[None, :] & rows_of_s[:, None] & (keys[None, :] <= row_pos[:, None])
+                )
+                sc = tl.where(allowed, sc, float("-inf"))
+                m_i, l_i, acc = online_softmax_step(
+                    sc, scale_log2, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc, True,
+                    DOT_PRECISION,
+                )  # fmt: skip
+    return m_i, l_i, acc, chunk_rows
+
+
 # Row and group counts change every step: specialising on them (== 1, multiples of 16) would compile a
 # new variant mid-run, which costs a second or more each.
-@triton.jit(do_not_specialize=["num_groups", "num_tokens", "num_splits"])
+@triton.jit(do_not_specialize=["num_groups", "num_tokens", "num_splits", "num_seqs"])
 def _prefix_attention_kernel(
     q_ptr,  # [num_tokens, num_heads, HEAD_DIM] (token, head strides free)
     k_ptr,  # k_cache, v_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
@@ -83,10 +165,17 @@ def _prefix_attention_kernel(
     group_cu_ptr,  # [num_groups + 1]
     prefix_lens_ptr,  # [num_groups]
     block_tables_ptr,  # [num_groups, max_prefix_blocks] (row stride stride_bt)
+    # With SUFFIX_CHUNKS: the step's sequences (as the paged kernel takes them) and its output
+    out_ptr,  # [num_tokens, num_heads, HEAD_DIM] (token, head strides free)
+    cu_q_ptr,  # [num_seqs + 1]
+    seq_lens_ptr,  # [num_seqs]
+    kv_start_ptr,  # [num_seqs]
+    seq_tables_ptr,  # [num_seqs, max_blocks] (row stride stride_st)
     num_groups,
     num_tokens,
     num_heads,
     num_splits,  # programs per (group tile, kv head) along the prefix (a runtime int: no recompiles)
+    num_seqs,
     scale_log2,
     stride_qt,
     stride_qh,
@@ -94,6 +183,9 @@ def _prefix_attention_kernel(
     stride_ks,
     stride_kh,
     stride_bt,
+    stride_ot,
+    stride_oh,
+    stride_st,
     NUM_QUERIES_PER_KV: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
@@ -101,6 +193,7 @@ def _prefix_attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     TABLE_CHUNK: tl.constexpr,
+    SUFFIX_CHUNKS: tl.constexpr,  # finish suffix chunks here (see prefix_attention)
     DOT_PRECISION: tl.constexpr,
 ):
     # One flat grid, row tiles slowest: every real tile's programs (all kv heads and splits) are
@@ -160,8 +253,27 @@ def _prefix_attention_kernel(
             s, scale_log2, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc, True, DOT_PRECISION
         )
 
+    state_rows = row_valid
+    if SUFFIX_CHUNKS:
+        # The rows of suffix chunks go on to their own keys in the same online softmax, and their
+        # output is final; every other row leaves its prefix state for the suffix pass as before.
+        first = seg_begin + q_tile * BLOCK_Q
+        end = seg_begin + tl.minimum((q_tile + 1) * BLOCK_Q, seg_len)  # one past the tile's last
+        m_i, l_i, acc, chunk_rows = attend_suffix_chunks(
+            q, k_ptr, v_ptr, cu_q_ptr, seq_lens_ptr, kv_start_ptr, seq_tables_ptr, num_seqs,
+            first, end, token, row_valid, kv_head, dims, scale_log2, m_i, l_i, acc,
+            stride_kb, stride_ks, stride_kh, stride_st, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
+        )  # fmt: skip
+        state_rows = row_valid & ~chunk_rows
     has_keys = l_i > 0.0
     o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if SUFFIX_CHUNKS:
+        out_offs = token * stride_ot + head * stride_oh
+        tl.store(
+            out_ptr + out_offs[:, None] + dims[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=chunk_rows[:, None],
+        )
     lse = tl.where(
         has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) / 1.4426950408889634, float("-inf")
     )
@@ -170,9 +282,9 @@ def _prefix_attention_kernel(
     tl.store(
         o_ptr + o_offs[:, None] + dims[None, :],
         o.to(o_ptr.dtype.element_ty),
-        mask=row_valid[:, None],
+        mask=state_rows[:, None],
     )
-    tl.store(lse_ptr + lse_offs, lse, mask=row_valid)
+    tl.store(lse_ptr + lse_offs, lse, mask=state_rows)
 
 
 @functools.cache
@@ -239,6 +351,16 @@ def _check_prefix_args(
     return num_groups, group
 
 
+def _check_suffix_chunks(q: torch.Tensor, chunks: SuffixChunks) -> int:
+    """Validates the sequences on the host; returns their number."""
+    checks.check_output("suffix_chunks.out", chunks.out, q, (q.dtype,), contiguous=False)
+    return checks.check_segments(
+        q, "suffix_chunks.cu_seqlens_q", chunks.cu_seqlens_q,
+        {"suffix_chunks.seq_lens": chunks.seq_lens, "suffix_chunks.kv_start": chunks.kv_start},
+        "suffix_chunks.block_tables", chunks.block_tables, "num_tokens", q.shape[0],
+    )  # fmt: skip
+
+
 def _outputs(
     q: torch.Tensor, out: torch.Tensor | None, out_lse: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -264,12 +386,19 @@ def prefix_attention_launches(
     out: torch.Tensor | None = None,
     out_lse: torch.Tensor | None = None,
     num_splits: int | None = None,
+    suffix_chunks: SuffixChunks | None = None,
 ) -> tuple[list[KernelLaunch], torch.Tensor, torch.Tensor]:
     """Checks the arguments and plans the launches `prefix_attention` makes, with its outputs."""
     num_groups, group = _check_prefix_args(
         q, k_cache, v_cache, group_cu_q, group_prefix_lens, group_block_tables, scale, max_group_q
     )
     out, out_lse = _outputs(q, out, out_lse)
+    num_seqs = 0 if suffix_chunks is None else _check_suffix_chunks(q, suffix_chunks)
+    if suffix_chunks is not None:
+        # A suffix chunk's own keys follow its prefix in one program's online softmax.
+        if num_splits not in (None, 1):
+            raise ValueError(f"suffix_chunks needs num_splits=1, got {num_splits!r}")
+        num_splits = 1
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     block_m, block_n = _tile_shape(head_dim, q.element_size(), group, max_group_q)
@@ -287,13 +416,19 @@ def prefix_attention_launches(
     else:
         part_o = torch.empty((num_splits, *q.shape), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((num_splits, *q.shape[:2]), dtype=torch.float32, device=q.device)
+    # Without suffix chunks their pointers are never read: tensors of the call stand in.
+    chunks = suffix_chunks or SuffixChunks(
+        part_o, group_cu_q, group_prefix_lens, group_prefix_lens, group_block_tables
+    )
     args = (
         q, k_cache, v_cache, part_o, part_lse,
         group_cu_q, group_prefix_lens, group_block_tables,
-        num_groups, num_tokens, num_heads, num_splits, scale * LOG2E,
+        chunks.out, chunks.cu_seqlens_q, chunks.seq_lens, chunks.kv_start, chunks.block_tables,
+        num_groups, num_tokens, num_heads, num_splits, num_seqs, scale * LOG2E,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         group_block_tables.stride(0),
+        chunks.out.stride(0), chunks.out.stride(1), chunks.block_tables.stride(0),
     )  # fmt: skip
     options = {
         "NUM_QUERIES_PER_KV": group,
@@ -303,6 +438,7 @@ def prefix_attention_launches(
         "BLOCK_M": block_m,
         "BLOCK_N": block_n,
         "TABLE_CHUNK": table_chunk(k_cache.shape[1], block_n),
+        "SUFFIX_CHUNKS": num_seqs > 0,
         "DOT_PRECISION": dot_precision(q.dtype),
         "num_stages": _num_stages(block_m, tier),
     }
@@ -338,6 +474,7 @@ def prefix_attention(
     out: torch.Tensor | None = None,
     out_lse: torch.Tensor | None = None,
     num_splits: int | None = None,
+    suffix_chunks: SuffixChunks | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Non-causal attention of every group's query rows over the group's whole prefix.
 
@@ -350,13 +487,20 @@ def prefix_attention(
     [num_tokens, num_heads, head_dim] and [num_tokens, num_heads], written into `out` / `out_lse`
     when given; lse_p is fp32, o_p fp32 unless `out` is in q's dtype (half the bytes to write and
     read back, at one more rounding of o_p). num_splits (1..16)
-    splits each prefix across programs; by default it is picked from the GPU's SM count. The grid
-    depends on host ints only, so the call can be captured in a CUDA graph.
+    splits each prefix across programs; by default it is picked from the GPU's SM count.
+
+    With suffix_chunks, the rows of suffix chunks (grouped sequences with more than one query in the
+    step: chunks of their own prompts) go on, in the same pass, to their own keys [kv_start, their
+    position] causally, and their final attention over [prefix ; own keys] is written to
+    suffix_chunks.out; (o_p, lse_p) of those rows are then left unwritten, and the paged kernel's
+    suffix pass (skip_suffix_chunks) takes the other rows. This saves writing and reading back the
+    chunks' prefix state and a pass of programs over their few hundred own keys (one split only).
+    The grid depends on host ints only, so the call can be captured in a CUDA graph.
     """
     launches, out, out_lse = prefix_attention_launches(
         q, k_cache, v_cache, group_cu_q=group_cu_q, group_prefix_lens=group_prefix_lens,
         group_block_tables=group_block_tables, scale=scale, max_group_q=max_group_q, out=out,
-        out_lse=out_lse, num_splits=num_splits,
+        out_lse=out_lse, num_splits=num_splits, suffix_chunks=suffix_chunks,
     )  # fmt: skip
     for launch in launches:
         launch.run()
@@ -375,12 +519,18 @@ def prefix_attention_ref(
     max_group_q: int,
     out: torch.Tensor | None = None,
     out_lse: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    suffix_chunks: SuffixChunks | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Torch version of `prefix_attention` (same contract), one group at a time in fp32."""
+    """Torch version of `prefix_attention` (same contract), one group at a time in fp32; suffix
+    chunks are finished by the paged kernel's reference over the prefix state (the merge the
+    kernel's one online softmax is equal to)."""
     num_groups, _ = _check_prefix_args(
         q, k_cache, v_cache, group_cu_q, group_prefix_lens, group_block_tables, scale, max_group_q
     )
     out, out_lse = _outputs(q, out, out_lse)
+    if suffix_chunks is not None:
+        _check_suffix_chunks(q, suffix_chunks)
     out.zero_()
     out_lse.fill_(float("-inf"))
     block_size = k_cache.shape[1]
@@ -396,4 +546,32 @@ def prefix_attention_ref(
         out[cu[g] : cu[g + 1]], out_lse[cu[g] : cu[g + 1]] = attend(
             q[cu[g] : cu[g + 1]], k, v, scale, allowed
         )
+    if suffix_chunks is not None:
+        _finish_suffix_chunks_ref(q, k_cache, v_cache, scale, suffix_chunks, out, out_lse)
     return out, out_lse
+
+
+def _finish_suffix_chunks_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    scale: float,
+    chunks: SuffixChunks,
+    prefix_out: torch.Tensor,
+    prefix_lse: torch.Tensor,
+) -> None:
+    """The suffix chunks' rows of chunks.out: the suffix pass over their own keys, merged with
+    their prefix state, one suffix chunk at a time."""
+    cu = chunks.cu_seqlens_q.tolist()
+    starts = chunks.kv_start.tolist()
+    for s in range(len(cu) - 1):
+        if not (starts[s] > 0 and cu[s + 1] - cu[s] > 1):
+            continue
+        rows = slice(cu[s], cu[s + 1])
+        paged_attention_ref(
+            q[rows], k_cache, v_cache, chunks.out[rows],
+            cu_seqlens_q=chunks.cu_seqlens_q.new_tensor([0, cu[s + 1] - cu[s]]),
+            seq_lens=chunks.seq_lens[s : s + 1], block_tables=chunks.block_tables[s : s + 1],
+            scale=scale, max_query_len=cu[s + 1] - cu[s], kv_start=chunks.kv_start[s : s + 1],
+            prefix_out=prefix_out[rows], prefix_lse=prefix_lse[rows],
+        )  # fmt: skip

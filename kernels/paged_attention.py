@@ -36,6 +36,14 @@ def find_segment(cu_ptr, tile_idx, num_segments, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def is_suffix_chunk(kv_start, q_len):
+    """A grouped sequence (its own keys start after the group's prefix) with more than one query in
+    the step: a chunk of its own prompt, which the prefix pass finishes when asked to (decode rows and
+    sequences outside every group are the suffix pass's)."""
+    return (kv_start > 0) & (q_len > 1)
+
+
+@triton.jit
 def online_softmax_step(
     s, scale_log2, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc,
     MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -145,6 +153,7 @@ def _paged_attention_kernel(
     DIRECT: tl.constexpr,  # grid of num_seqs * tiles_per_seq; otherwise tiles are searched for
     HAS_KV_START: tl.constexpr,
     HAS_PREFIX: tl.constexpr,
+    SKIP_SUFFIX_CHUNKS: tl.constexpr,  # the prefix pass has finished them
     DOT_PRECISION: tl.constexpr,
 ):
     tile_idx = tl.program_id(0)
@@ -164,6 +173,9 @@ def _paged_attention_kernel(
     kv_lo = 0
     if HAS_KV_START:
         kv_lo = tl.load(kv_start_ptr + seq)
+        if SKIP_SUFFIX_CHUNKS:  # noqa: SIM102 (a constexpr: the test compiles away)
+            if is_suffix_chunk(kv_lo, q_len):
+                return
 
     # Row r of the M dimension is query token r // G of this tile, head kv_head * G + r % G.
     rows = tl.arange(0, BLOCK_M)
@@ -307,12 +319,15 @@ def paged_attention_launch(
     kv_start: torch.Tensor | None = None,
     prefix_out: torch.Tensor | None = None,
     prefix_lse: torch.Tensor | None = None,
+    skip_suffix_chunks: bool = False,
 ) -> KernelLaunch | None:
     """Checks the arguments and plans the launch `paged_attention` makes (None: nothing to do)."""
     num_seqs, group = check_paged_attention_args(
         q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, scale, max_query_len,
         kv_start, prefix_out, prefix_lse,
     )  # fmt: skip
+    if skip_suffix_chunks and kv_start is None:
+        raise ValueError("skip_suffix_chunks needs kv_start (suffix chunks are grouped sequences)")
     num_tokens, _, head_dim = q.shape
     if num_tokens == 0 or num_seqs == 0 or max_query_len == 0:
         return None
@@ -351,6 +366,7 @@ def paged_attention_launch(
         "DIRECT": direct,
         "HAS_KV_START": kv_start is not None,
         "HAS_PREFIX": prefix_out is not None,
+        "SKIP_SUFFIX_CHUNKS": skip_suffix_chunks,
         "DOT_PRECISION": dot_precision(q.dtype),
         "num_warps": 4,
         "num_stages": 3 if tile_tier(head_dim, q.element_size()) == 0 else 2,
@@ -372,6 +388,7 @@ def paged_attention(
     kv_start: torch.Tensor | None = None,
     prefix_out: torch.Tensor | None = None,
     prefix_lse: torch.Tensor | None = None,
+    skip_suffix_chunks: bool = False,
 ) -> None:
     """Causal attention of each sequence's new queries over its paged keys; writes `out`.
 
@@ -380,13 +397,14 @@ def paged_attention(
     block_tables: [num_seqs, max_blocks]; all index tensors int32. Query i of sequence s sits at
     position seq_lens[s] - q_len_s + i and attends keys [kv_start[s], position]. max_query_len must
     be >= every q_len_s (padding is fine). prefix_out (fp32 or q's dtype) and prefix_lse (fp32)
-    are merged in by log-sum-exp. The grid depends on host ints only, so the call can be captured in
-    a CUDA graph.
+    are merged in by log-sum-exp. With skip_suffix_chunks, the rows of suffix chunks (sequences
+    with kv_start > 0 and more than one query: see `prefix_attention`'s suffix_chunks) are left as
+    they are. The grid depends on host ints only, so the call can be captured in a CUDA graph.
     """
     launch = paged_attention_launch(
         q, k_cache, v_cache, out, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens,
         block_tables=block_tables, scale=scale, max_query_len=max_query_len, kv_start=kv_start,
-        prefix_out=prefix_out, prefix_lse=prefix_lse,
+        prefix_out=prefix_out, prefix_lse=prefix_lse, skip_suffix_chunks=skip_suffix_chunks,
     )  # fmt: skip
     if launch is not None:
         launch.run()
@@ -406,6 +424,7 @@ def paged_attention_ref(
     kv_start: torch.Tensor | None = None,
     prefix_out: torch.Tensor | None = None,
     prefix_lse: torch.Tensor | None = None,
+    skip_suffix_chunks: bool = False,
 ) -> None:
     """Torch version of `paged_attention` (same contract), one sequence at a time in fp32."""
     num_seqs, _ = check_paged_attention_args(
@@ -418,7 +437,7 @@ def paged_attention_ref(
     starts = kv_start.tolist() if kv_start is not None else [0] * num_seqs
     for s in range(num_seqs):
         q_len = cu[s + 1] - cu[s]
-        if q_len == 0:
+        if q_len == 0 or (skip_suffix_chunks and starts[s] > 0 and q_len > 1):
             continue
         seq_len, lo = lens[s], starts[s]
         blocks = block_tables[s, : triton.cdiv(seq_len, block_size)].long()

@@ -22,6 +22,7 @@ from prefixgrove.worker.engine import EngineConfig
         ({"num_scheduler_steps": 0}, r"num_scheduler_steps=0"),
         ({"attention_backend": "flash"}, r"attention_backend='flash'"),
         ({"cascade_decode_kernel": "fused"}, r"cascade_decode_kernel='fused'"),
+        ({"cascade_prefill_kernel": "one-pass"}, r"cascade_prefill_kernel='one-pass'"),
         ({"device": "tpu"}, r"device='tpu'"),
         ({"dtype": "float8"}, r"dtype='float8'"),
         ({"max_model_len": 1}, r"max_model_len=1"),
@@ -52,19 +53,24 @@ def test_cpu_defaults_are_fp32_torch_backend_and_eager():
 
 
 @pytest.mark.parametrize(
-    ("device", "backend", "kernel"),
-    [("cuda", "auto", "one-pass"), ("cuda", "torch", "two-pass"), ("cpu", "auto", "two-pass")],
+    ("device", "backend", "kernels"),
+    [
+        ("cuda", "auto", ("one-pass", "fused")),
+        ("cuda", "torch", ("two-pass", "two-pass")),
+        ("cpu", "auto", ("two-pass", "two-pass")),
+    ],
 )
-def test_decode_steps_take_one_pass_only_with_triton_on_cuda(device, backend, kernel):
-    """One pass is faster on the GPU; elsewhere two passes keep every row's arithmetic the same in
-    decode-only and mixed steps, so results do not depend on batching."""
+def test_cascade_takes_one_pass_and_fused_chunks_only_with_triton_on_cuda(device, backend, kernels):
+    """One pass (decode) and fused suffix chunks (prefill) are faster on the GPU; elsewhere two
+    passes keep every row's arithmetic the same however it was batched, so results do not depend on
+    batching."""
     config = EngineConfig.create("tiny-random-llama", device=device, attention_backend=backend)
-    assert config.cascade_decode_kernel == kernel
+    assert (config.cascade_decode_kernel, config.cascade_prefill_kernel) == kernels
     chosen = EngineConfig.create(
         "tiny-random-llama", device=device, attention_backend=backend,
-        cascade_decode_kernel="one-pass",
+        cascade_decode_kernel="one-pass", cascade_prefill_kernel="fused",
     )  # fmt: skip
-    assert chosen.cascade_decode_kernel == "one-pass"
+    assert (chosen.cascade_decode_kernel, chosen.cascade_prefill_kernel) == ("one-pass", "fused")
 
 
 def test_mistral_sliding_window_caps_max_model_len(tmp_path: Path):

@@ -39,13 +39,15 @@ def ungrouped(llama_dir: str, job: list[list[int]]) -> list[list[int]]:
 
 def count_cascade_calls(llm: LLM) -> dict[str, int]:
     """Counts calls of the backend's cascade kernels (one per layer and step that uses them): the
-    prefix pass, and the one-pass decode kernel when the engine has one."""
-    calls = {"prefix": 0, "decode": 0}
+    prefix pass (and how many of them finished suffix chunks), and the one-pass decode kernel when
+    the engine has one."""
+    calls = {"prefix": 0, "decode": 0, "fused": 0}
     runner = llm.engine.runner
 
     def counting(name: str, kernel):
         def count(*args, **kwargs):
             calls[name] += 1
+            calls["fused"] += kwargs.get("suffix_chunks") is not None  # prefix passes that fuse
             return kernel(*args, **kwargs)
 
         return count
@@ -70,18 +72,26 @@ def test_grouping_and_cascade_leave_greedy_tokens_unchanged(
     assert_no_leak(llm)
 
 
-@pytest.mark.parametrize("decode_kernel", ["two-pass", "one-pass"])
-def test_grouped_cascade_on_triton_backend_matches_ungrouped(llama_dir, decode_kernel):
+@pytest.mark.parametrize(
+    ("decode_kernel", "prefill_kernel"), [("two-pass", "two-pass"), ("one-pass", "fused")]
+)
+def test_grouped_cascade_on_triton_backend_matches_ungrouped(
+    llama_dir, decode_kernel, prefill_kernel
+):
     """Small on purpose: the kernels run in Triton's interpreter here."""
     prompts = shared_prefix_job(num_prefixes=2, per_prefix=2, prefix_len=64, seed=3)
     params = greedy(3, ignore_eos=True)
-    llm = engine(llama_dir, attention_backend="triton", cascade_decode_kernel=decode_kernel)
+    llm = engine(
+        llama_dir, attention_backend="triton", cascade_decode_kernel=decode_kernel,
+        cascade_prefill_kernel=prefill_kernel,
+    )  # fmt: skip
     assert llm.engine.runner.backend.name == "triton"
     calls = count_cascade_calls(llm)
     outs = run(llm, prompts, params)
     assert [o.num_cached_tokens for o in outs] == [64] * 4
     assert calls["prefix"] > 0
     assert (calls["decode"] > 0) == (decode_kernel == "one-pass")
+    assert (calls["fused"] > 0) == (prefill_kernel == "fused")
     reference = engine(llama_dir, enable_prefix_grouping=False)
     assert token_ids(outs) == token_ids(run(reference, prompts, params))
     assert_no_leak(llm)
@@ -94,7 +104,7 @@ def test_cascade_kernels_run_only_when_enabled(llama_dir, job):
     run(on, job, PARAMS)
     run(off, job, PARAMS)
     assert on_calls["prefix"] > 0 and on_calls["decode"] > 0
-    assert off_calls == {"prefix": 0, "decode": 0}
+    assert off_calls == {"prefix": 0, "decode": 0, "fused": 0}
 
 
 def test_one_pass_decode_leaves_greedy_tokens_unchanged(llama_dir, job, ungrouped):

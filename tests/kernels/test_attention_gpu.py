@@ -12,6 +12,7 @@ import torch
 from paged_cases import Batch, Cache, Seq, cumulative, int32, make_batch, make_cache
 
 from prefixgrove.kernels.cascade_attention import (
+    SuffixChunks,
     merge_attention_states,
     merge_attention_states_ref,
     prefix_attention,
@@ -129,6 +130,48 @@ def test_cascade_matches_plain_paged_attention_and_the_reference(
         num_splits=num_splits,
     )  # fmt: skip
     assert_close(one_pass, want, dtype)
+
+
+@pytest.mark.parametrize("dtype", LOW_PRECISION)
+def test_fused_suffix_chunks_match_the_fp32_reference(dtype: torch.dtype) -> None:
+    """A canonical prefill step: groups whose requests bring 200-token chunks of their own prompts
+    (and some decode rows), then new prefixes' causal prefills; the prefix pass finishes the chunks,
+    the paged launch the rest."""
+    cache = make_cache(8192, BLOCK, NUM_KV_HEADS, HEAD_DIM, dtype, torch.device("cuda"))
+    seqs, prefix_tables, rows = [], [], []
+    for _ in range(4):
+        shared = cache.take(2000)
+        prefix_tables.append(shared)
+        group = [Seq(200, 2200, 2000, shared + cache.take(200)) for _ in range(13)]
+        group += [Seq(1, 2000 + n, 2000, shared + cache.take(n)) for n in (201, 230, 250)]
+        seqs += group
+        rows.append(sum(s.q_len for s in group))
+    seqs += [Seq(2000, 2000), Seq(1300, 2000)]  # prefixes of the next groups: plain causal
+    batch = make_batch(cache, seqs, NUM_KV_HEADS * GROUP, dtype)
+    device = cache.k.device
+    groups = {
+        "group_cu_q": cumulative(rows, device),
+        "group_prefix_lens": int32([2000] * 4, device),
+        "group_block_tables": torch.tensor(prefix_tables, dtype=torch.int32, device=device),
+    }
+    scale = HEAD_DIM**-0.5
+    meta = paged_meta(batch, scale)
+    out = torch.empty_like(batch.q)
+    chunks = SuffixChunks(
+        out, batch.cu_seqlens_q, batch.seq_lens, batch.kv_start, batch.block_tables
+    )
+    o_p, lse_p = prefix_attention(
+        batch.q, cache.k, cache.v, **groups, scale=scale, max_group_q=max(rows),
+        out=torch.empty_like(batch.q), suffix_chunks=chunks,
+    )  # fmt: skip
+    paged_attention(
+        batch.q, cache.k, cache.v, out, **meta, kv_start=batch.kv_start, prefix_out=o_p,
+        prefix_lse=lse_p, skip_suffix_chunks=True,
+    )  # fmt: skip
+    want = torch.empty_like(batch.q, dtype=torch.float32)
+    wide = fp32_copy(cache)
+    paged_attention_ref(batch.q.float(), wide.k, wide.v, want, **meta)
+    assert_close(out, want, dtype)
 
 
 def test_merge_kernel_matches_reference_in_bf16() -> None:

@@ -18,6 +18,7 @@ from paged_cases import (
 )
 
 from prefixgrove.kernels.cascade_attention import (
+    SuffixChunks,
     merge_attention_states,
     merge_attention_states_ref,
     prefix_attention,
@@ -181,6 +182,93 @@ def test_cascade_equals_plain_paged_attention_over_prefix_and_suffix(
     torch.testing.assert_close(plain.double().cpu(), dense.cpu(), atol=tol, rtol=tol)
     torch.testing.assert_close(cascade.double().cpu(), dense.cpu(), atol=tol, rtol=tol)
     torch.testing.assert_close(cascade_ref.double().cpu(), dense.cpu(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(
+    ("head_dim", "group", "block_size", "max_group_q"),
+    [(64, 4, 16, 8), (128, 8, 8, 16), (64, 1, 8, 64)],
+)
+def test_prefix_pass_finishes_suffix_chunks(
+    device: torch.device,
+    dtype: torch.dtype,
+    head_dim: int,
+    group: int,
+    block_size: int,
+    max_group_q: int,
+) -> None:
+    """The prefix pass takes the suffix chunks (grouped, several queries) on to their own keys and
+    writes their output; the paged kernel's suffix pass skips them and finishes the rest (decode rows
+    of the same groups, ungrouped sequences) from the prefix state. Together, and as references,
+    that is plain attention over prefix and own keys; rows past the last sequence stay untouched.
+    The tiles here span several chunks, a chunk over several tiles, and decode rows beside chunks."""
+    cache = make_cache(160, block_size, NUM_KV_HEADS, head_dim, dtype, device)
+    b = block_size
+    layout = [
+        (0, [Request(3, 20)]),  # ungrouped chunk with context
+        # a decode row, a chunk after earlier own keys, a short one, a decode row, a first chunk
+        (4 * b, [Request(1, 10), Request(7, 25), Request(2, 2), Request(1, 3), Request(13, 13)]),
+        (0, [Request(1, 7)]),  # ungrouped decode row between groups
+        (2 * b, [Request(3, 12), Request(3, 5), Request(3, 3), Request(3, 9), Request(3, 4)]),
+        (11 * b, [Request(40, 41)]),  # one chunk over several tiles
+        (b, []),  # padded group
+    ]
+    batch, groups = build_cascade(cache, layout, NUM_KV_HEADS * group, dtype)
+    num_real = batch.q.shape[0]
+    padding = random_queries(5, NUM_KV_HEADS * group, head_dim, dtype, device)
+    q = torch.cat([batch.q, padding])
+    scale = head_dim**-0.5
+    seqs = {
+        "cu_seqlens_q": batch.cu_seqlens_q,
+        "seq_lens": batch.seq_lens,
+        "block_tables": batch.block_tables,
+    }
+    prefix = {**groups.tensors(cache), "scale": scale, "max_group_q": max_group_q}
+    outputs = []
+    for prefix_pass, paged in (
+        (prefix_attention, paged_attention),
+        (prefix_attention_ref, paged_attention_ref),
+    ):
+        out = torch.full_like(q, float("nan"))
+        chunks = SuffixChunks(out, kv_start=batch.kv_start, **seqs)
+        o_p, lse_p = prefix_pass(
+            q, cache.k, cache.v, **prefix, out=torch.empty_like(q), suffix_chunks=chunks
+        )
+        paged(
+            q, cache.k, cache.v, out, **seqs, scale=scale, max_query_len=batch.max_query_len,
+            kv_start=batch.kv_start, prefix_out=o_p, prefix_lse=lse_p, skip_suffix_chunks=True,
+        )  # fmt: skip
+        outputs.append(out)
+    for s in batch.seqs:
+        s.kv_start = 0
+    dense, _ = dense_paged(batch, cache, scale)
+    tol = TOLERANCE[dtype]
+    for out in outputs:
+        torch.testing.assert_close(out[:num_real].double().cpu(), dense.cpu(), atol=tol, rtol=tol)
+        assert out[num_real:].isnan().all()
+
+
+def test_suffix_chunks_need_one_split_and_the_paged_skip_needs_kv_start(
+    device: torch.device,
+) -> None:
+    cache = make_cache(16, 8, NUM_KV_HEADS, 32, torch.float32, device)
+    batch, groups = build_cascade(cache, [(16, [Request(3, 5)])], NUM_KV_HEADS, torch.float32)
+    out = torch.empty_like(batch.q)
+    chunks = SuffixChunks(
+        out, batch.cu_seqlens_q, batch.seq_lens, batch.kv_start, batch.block_tables
+    )
+    args = {**groups.tensors(cache), "scale": 0.1, "max_group_q": 3}
+    with pytest.raises(ValueError, match="suffix_chunks needs num_splits=1"):
+        prefix_attention(batch.q, cache.k, cache.v, num_splits=2, suffix_chunks=chunks, **args)
+    with pytest.raises(ValueError, match=r"suffix_chunks\.block_tables has 2 rows"):
+        bad = chunks._replace(block_tables=batch.block_tables.repeat(2, 1))
+        prefix_attention(batch.q, cache.k, cache.v, suffix_chunks=bad, **args)
+    with pytest.raises(ValueError, match="skip_suffix_chunks needs kv_start"):
+        paged_attention(
+            batch.q, cache.k, cache.v, out, cu_seqlens_q=batch.cu_seqlens_q,
+            seq_lens=batch.seq_lens, block_tables=batch.block_tables, scale=0.1,
+            max_query_len=3, skip_suffix_chunks=True,
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

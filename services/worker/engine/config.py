@@ -88,6 +88,13 @@ class EngineConfig:
     # arithmetic whether its step is decode-only or mixed, so a CPU run's tokens and logprobs do not
     # depend on how requests were batched (a local run equals a distributed one, bit for bit).
     cascade_decode_kernel: str = "two-pass"
+    # How prefill steps run the cascade for suffix chunks (a grouped request's prompt rows):
+    # "fused" (the prefix pass goes on to each chunk's own keys and writes its output; only decode
+    # rows and ungrouped sequences take the suffix pass) or "two-pass" (every grouped row's prefix
+    # state written, read back and merged by the suffix pass). `create` picks "fused" for Triton on
+    # CUDA and "two-pass" elsewhere, for the same bit-for-bit reason as above (a prompt's last token
+    # alone in a step is a one-row chunk, which takes two passes).
+    cascade_prefill_kernel: str = "two-pass"
     enforce_eager: bool = False
     tokenizer: str | None = None
 
@@ -96,6 +103,11 @@ class EngineConfig:
             raise ValueError(
                 f"cascade_decode_kernel={self.cascade_decode_kernel!r}: expected 'two-pass' or "
                 "'one-pass'"
+            )
+        if self.cascade_prefill_kernel not in ("two-pass", "fused"):
+            raise ValueError(
+                f"cascade_prefill_kernel={self.cascade_prefill_kernel!r}: expected 'two-pass' or "
+                "'fused'"
             )
         if self.attention_backend not in ("triton", "torch"):
             raise ValueError(
@@ -146,6 +158,7 @@ class EngineConfig:
         enable_prefix_grouping: bool = True,
         enable_cascade_attention: bool = True,
         cascade_decode_kernel: str = "auto",
+        cascade_prefill_kernel: str = "auto",
         num_scheduler_steps: int | None = None,
         async_scheduling: bool = True,
         enforce_eager: bool = False,
@@ -180,10 +193,11 @@ class EngineConfig:
             max_num_batched_tokens = max(8192 if cuda else 2048, max_num_seqs)
         if attention_backend == "auto":
             attention_backend = "triton" if cuda else "torch"
+        on_gpu_kernels = cuda and attention_backend == "triton"
         if cascade_decode_kernel == "auto":
-            cascade_decode_kernel = (
-                "one-pass" if cuda and attention_backend == "triton" else "two-pass"
-            )
+            cascade_decode_kernel = "one-pass" if on_gpu_kernels else "two-pass"
+        if cascade_prefill_kernel == "auto":
+            cascade_prefill_kernel = "fused" if on_gpu_kernels else "two-pass"
         return cls(
             model=model_cfg,
             cache=CacheConfig(block_size, gpu_memory_utilization, num_gpu_blocks),
@@ -198,6 +212,7 @@ class EngineConfig:
             enable_prefix_grouping=enable_prefix_grouping,
             enable_cascade_attention=enable_cascade_attention,
             cascade_decode_kernel=cascade_decode_kernel,
+            cascade_prefill_kernel=cascade_prefill_kernel,
             enforce_eager=enforce_eager
             or not cuda
             or attention_backend == "torch",  # references sync

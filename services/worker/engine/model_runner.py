@@ -89,7 +89,9 @@ class ModelRunner:
             ops=create_ops(config.attention_backend),
         )
         self.backend = create_backend(
-            config.attention_backend, one_pass_decode=config.cascade_decode_kernel == "one-pass"
+            config.attention_backend,
+            one_pass_decode=config.cascade_decode_kernel == "one-pass",
+            fuse_suffix_chunks=config.cascade_prefill_kernel == "fused",
         )
         self.builder = InputBuilder(
             block_size=config.cache.block_size,

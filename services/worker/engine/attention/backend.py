@@ -6,7 +6,10 @@ keys [kv_start[s], its own position] of its block table, plus, when the step has
 one of its groups, that group's whole prefix (attended once for all the group's queries); rows of padded
 sequences may hold anything. Cascade steps take two passes (a prefix pass, then a suffix pass that merges
 by log-sum-exp); with one_pass_decode, decode steps (one query per sequence) take the one-pass cascade
-decode kernel instead, which streams a group's prefix and its requests' own keys through one program.
+decode kernel instead, which streams a group's prefix and its requests' own keys through one program; with
+fuse_suffix_chunks, the prefix pass of a step with prefill rows also finishes the suffix chunks (grouped
+sequences with several queries: their own keys follow the prefix in the same online softmax), and the
+suffix pass takes only the other rows.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ class AttentionBackend:
     # cascade_decode_attention or its reference (prefixgrove.kernels.cascade_decode) for decode steps;
     # None: decode steps take the two passes too
     decode: Any | None = None
+    # SuffixChunks (prefixgrove.kernels.cascade_attention) when the prefix pass finishes the suffix
+    # chunks of prefill steps; None: they take the suffix pass
+    suffix_chunks: Any | None = None
 
     def forward(
         self,
@@ -63,9 +69,14 @@ class AttentionBackend:
                 max_group_q=c.max_group_q,
             )
             return out
-        prefix_out = prefix_lse = None
+        prefix_out = prefix_lse = chunks = None
         if meta.cascade is not None:
             c = meta.cascade
+            make_chunks = self.suffix_chunks
+            if make_chunks is not None and meta.kv_start is not None and meta.max_query_len > 1:
+                chunks = make_chunks(
+                    out, meta.cu_seqlens_q, meta.seq_lens, meta.kv_start, meta.block_tables
+                )
             # The prefix state in the model's dtype (lse in fp32), as FlashInfer keeps its cascade
             # states: on prefill chunks it is [tokens, heads, head_dim] written once and read
             # back once, half the bytes of fp32.
@@ -79,6 +90,7 @@ class AttentionBackend:
                 group_block_tables=c.group_block_tables,
                 scale=scale,
                 max_group_q=c.max_group_q,
+                suffix_chunks=chunks,
             )
         self.paged(
             q,
@@ -93,6 +105,7 @@ class AttentionBackend:
             kv_start=meta.kv_start,
             prefix_out=prefix_out,
             prefix_lse=prefix_lse,
+            skip_suffix_chunks=chunks is not None,
         )
         return out
 
@@ -129,10 +142,14 @@ class ForwardContext:
         return self.backend.forward(q, k_cache, v_cache, metadata or self.metadata, scale)
 
 
-def create_backend(name: str, *, one_pass_decode: bool = False) -> AttentionBackend:
+def create_backend(
+    name: str, *, one_pass_decode: bool = False, fuse_suffix_chunks: bool = False
+) -> AttentionBackend:
     from prefixgrove.kernels import cascade_attention as cascade
     from prefixgrove.kernels import cascade_decode as decode
     from prefixgrove.kernels import paged_attention as paged
+
+    chunks = cascade.SuffixChunks if fuse_suffix_chunks else None
 
     if name == "triton":
         return AttentionBackend(
@@ -140,6 +157,7 @@ def create_backend(name: str, *, one_pass_decode: bool = False) -> AttentionBack
             paged.paged_attention,
             cascade.prefix_attention,
             decode.cascade_decode_attention if one_pass_decode else None,
+            chunks,
         )
     if name == "torch":
         return AttentionBackend(
@@ -147,5 +165,6 @@ def create_backend(name: str, *, one_pass_decode: bool = False) -> AttentionBack
             paged.paged_attention_ref,
             cascade.prefix_attention_ref,
             decode.cascade_decode_attention_ref if one_pass_decode else None,
+            chunks,
         )
     raise ValueError(f"attention_backend={name!r} is unknown; expected 'triton' or 'torch'")
