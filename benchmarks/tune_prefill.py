@@ -78,32 +78,11 @@ class PrefillWorkload:
             "block_tables": tables.to(dev),
             "max_query_len": 1 << (s - 1).bit_length(),
         }
-        # The engine's launch in a mixed step: the new prefixes' causal prefills and the suffix pass
-        # in one paged launch, kv_start 0 for the prefixes and an empty prefix state for their rows.
+        # The step as the engine lays it out: grouped rows first (the suffix chunks), then the new
+        # prefixes' prompts (kv_start 0: no prefix state).
         width = max(prefix_blocks, tables.shape[1])
         padded = torch.zeros(g, width, dtype=torch.int32)
         padded[:, :prefix_blocks] = prefix_ids
-        lens = [p] * g + [s] * n
-        self.mq = torch.cat([self.pq, self.sq])
-        self.mout = torch.empty_like(self.mq)
-        self.m_meta = {
-            "cu_seqlens_q": torch.tensor([0, *itertools.accumulate(lens)], **i32),
-            "seq_lens": torch.cat([self.p_meta["seq_lens"], self.s_meta["seq_lens"]]),
-            "kv_start": torch.cat([torch.zeros(g, **i32), self.s_meta["kv_start"]]),
-            "block_tables": torch.cat([padded, tables]).to(dev),
-            "max_query_len": p,
-            "prefix_out": torch.zeros(self.mq.shape, dtype=state_dtype, device=dev),
-            "prefix_lse": torch.cat(
-                [
-                    torch.full((g * p, heads), float("-inf"), device=dev),
-                    torch.zeros(n * s, heads, device=dev),
-                ]
-            ),
-        }
-        # The whole step's attention as the engine runs it: grouped rows first (the suffix chunks),
-        # then the new prefixes' prefills; a prefix pass over the groups, then the paged launch
-        # over every sequence, either merging every grouped row's prefix state (two passes) or
-        # with the suffix chunks finished in the prefix pass (fused).
         self.step_q = torch.cat([self.sq, self.pq])
         self.step_out = torch.empty_like(self.step_q)
         self.step_state = torch.empty_like(self.step_q)
@@ -114,6 +93,15 @@ class PrefillWorkload:
             "seq_lens": torch.cat([self.s_meta["seq_lens"], self.p_meta["seq_lens"]]),
             "kv_start": torch.cat([self.s_meta["kv_start"], torch.zeros(g, **i32)]),
             "block_tables": torch.cat([tables, padded]).to(dev),
+            "max_query_len": p,
+        }
+        # The engine's paged launch in a mixed step (two passes): the new prefixes' causal prefills
+        # and the suffix pass merging the chunks' prefix state.
+        self.mout = torch.empty_like(self.step_q)
+        self.m_meta = {
+            **self.step_meta,
+            "prefix_out": torch.zeros(self.step_q.shape, dtype=state_dtype, device=dev),
+            "prefix_lse": torch.zeros(self.step_q.shape[:2], device=dev),
         }
         # Without cascade: the same suffix tokens over prefix and own keys in one causal pass.
         self.plain_out = torch.empty_like(self.sq)
@@ -136,22 +124,22 @@ class PrefillWorkload:
 
     def mixed_step(self, **overrides: Any) -> None:
         launch = paged_attention.paged_attention_launch(
-            self.mq, self.k, self.v, self.mout, scale=self.scale, **self.m_meta
+            self.step_q, self.k, self.v, self.mout, scale=self.scale, **self.m_meta
         )
         assert launch is not None
         launch._replace(options={**launch.options, **overrides}).run()
 
     def step(self, fused: bool) -> None:
         """The step's cascade attention, two passes or with the suffix chunks fused."""
-        chunks = cascade_attention.SuffixChunks(self.step_out, **self.step_meta) if fused else None
+        seqs = {k: v for k, v in self.step_meta.items() if k != "max_query_len"}
+        chunks = cascade_attention.SuffixChunks(self.step_out, **seqs) if fused else None
         state, lse = cascade_attention.prefix_attention(
             self.step_q, self.k, self.v, scale=self.scale, out=self.step_state,
             out_lse=self.step_lse, suffix_chunks=chunks, **self.group_meta,
         )  # fmt: skip
         paged_attention.paged_attention(
-            self.step_q, self.k, self.v, self.step_out, scale=self.scale,
-            max_query_len=self.m_meta["max_query_len"], prefix_out=state, prefix_lse=lse,
-            skip_suffix_chunks=fused, **self.step_meta,
+            self.step_q, self.k, self.v, self.step_out, scale=self.scale, prefix_out=state,
+            prefix_lse=lse, skip_suffix_chunks=fused, **self.step_meta,
         )  # fmt: skip
 
     def plain_suffix(self) -> None:

@@ -156,7 +156,11 @@ def _paged_attention_kernel(
     SKIP_SUFFIX_CHUNKS: tl.constexpr,  # the prefix pass has finished them
     DOT_PRECISION: tl.constexpr,
 ):
-    tile_idx = tl.program_id(0)
+    # Programs are dispatched roughly in program-id order: the grid runs backwards so that the last
+    # sequences' last query tiles, the longest of a causal prefill, start first and the short ones
+    # fill in behind them. The engine puts a step's grouped rows first and the new prefixes'
+    # prompts after them, whose long prefills would otherwise start last and set the launch's tail.
+    tile_idx = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
     if DIRECT:
         seq = tile_idx // tiles_per_seq
@@ -228,17 +232,18 @@ def _paged_attention_kernel(
 
     has_keys = l_i > 0.0
     o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-    if HAS_PREFIX:
-        lse = tl.where(
-            has_keys,
-            (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) / 1.4426950408889634,
-            float("-inf"),
-        )
-        state_offs = token * num_heads + head  # prefix state is contiguous
-        lse_p = tl.load(prefix_lse_ptr + state_offs, mask=row_valid, other=float("-inf"))
-        o_offs = state_offs[:, None] * HEAD_DIM + dims[None, :]
-        o_p = tl.load(prefix_o_ptr + o_offs, mask=row_valid[:, None], other=0.0).to(tl.float32)
-        o, _ = merge_pair(o_p, lse_p, o, lse)
+    if HAS_PREFIX:  # noqa: SIM102 (a constexpr: the test compiles away)
+        if kv_lo > 0:  # only a grouped sequence has a prefix state (see cascade_attention)
+            lse = tl.where(
+                has_keys,
+                (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) / 1.4426950408889634,
+                float("-inf"),
+            )
+            state_offs = token * num_heads + head  # prefix state is contiguous
+            lse_p = tl.load(prefix_lse_ptr + state_offs, mask=row_valid, other=float("-inf"))
+            o_offs = state_offs[:, None] * HEAD_DIM + dims[None, :]
+            o_p = tl.load(prefix_o_ptr + o_offs, mask=row_valid[:, None], other=0.0)
+            o, _ = merge_pair(o_p.to(tl.float32), lse_p, o, lse)
     tl.store(
         out_ptr + (token * stride_ot + head * stride_oh)[:, None] + dims[None, :],
         o.to(out_ptr.dtype.element_ty),
@@ -326,6 +331,10 @@ def paged_attention_launch(
         q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, scale, max_query_len,
         kv_start, prefix_out, prefix_lse,
     )  # fmt: skip
+    if prefix_out is not None and kv_start is None:
+        raise ValueError(
+            "prefix_out needs kv_start (the state merges into sequences with kv_start > 0)"
+        )
     if skip_suffix_chunks and kv_start is None:
         raise ValueError("skip_suffix_chunks needs kv_start (suffix chunks are grouped sequences)")
     num_tokens, _, head_dim = q.shape
@@ -397,7 +406,8 @@ def paged_attention(
     block_tables: [num_seqs, max_blocks]; all index tensors int32. Query i of sequence s sits at
     position seq_lens[s] - q_len_s + i and attends keys [kv_start[s], position]. max_query_len must
     be >= every q_len_s (padding is fine). prefix_out (fp32 or q's dtype) and prefix_lse (fp32)
-    are merged in by log-sum-exp. With skip_suffix_chunks, the rows of suffix chunks (sequences
+    are merged in by log-sum-exp into the rows of sequences with kv_start > 0 (grouped ones, whose
+    own keys start after their group's prefix; other rows' state is never read). With skip_suffix_chunks, the rows of suffix chunks (sequences
     with kv_start > 0 and more than one query: see `prefix_attention`'s suffix_chunks) are left as
     they are. The grid depends on host ints only, so the call can be captured in a CUDA graph.
     """
@@ -447,7 +457,7 @@ def paged_attention_ref(
         key_pos = torch.arange(lo, seq_len, device=q.device)
         allowed = key_pos[None, :] <= positions[:, None]
         o, lse = attend(q[cu[s] : cu[s + 1]], k, v, scale, allowed)
-        if prefix_out is not None and prefix_lse is not None:
+        if prefix_out is not None and prefix_lse is not None and lo > 0:
             rows = slice(cu[s], cu[s + 1])
             o, _ = merge_states(prefix_out[rows].float(), prefix_lse[rows], o, lse)
         out[cu[s] : cu[s + 1]] = o.to(out.dtype)

@@ -163,15 +163,36 @@ def test_fused_merge_with_prefix_state_equals_attention_over_all_keys(
 
 def test_prefix_lse_minus_inf_means_no_prefix(device: torch.device) -> None:
     cache = make_cache(16, 8, NUM_KV_HEADS, 32, torch.float32, device)
-    batch = make_batch(cache, [Seq(1, 20), Seq(4, 9)], NUM_KV_HEADS, torch.float32)
+    batch = make_batch(cache, [Seq(1, 20, 8), Seq(4, 9, 2)], NUM_KV_HEADS, torch.float32)
     scale = 0.2
     no_prefix = {
         "prefix_out": torch.randn(batch.q.shape, device=device),
         "prefix_lse": torch.full(batch.q.shape[:2], float("-inf"), device=device),
     }
-    plain = run(paged_attention, batch, cache, scale)
-    merged = run(paged_attention, batch, cache, scale, **no_prefix)
+    plain = run(paged_attention, batch, cache, scale, kv_start=batch.kv_start)
+    merged = run(paged_attention, batch, cache, scale, kv_start=batch.kv_start, **no_prefix)
     torch.testing.assert_close(merged, plain, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("attention", [paged_attention, paged_attention_ref])
+def test_a_prefix_state_merges_only_into_sequences_after_a_prefix(
+    device: torch.device, attention: object
+) -> None:
+    """kv_start 0: outside every group, whatever the state holds is not read (the prefix pass
+    leaves those rows unwritten)."""
+    cache = make_cache(16, 8, NUM_KV_HEADS, 32, torch.float32, device)
+    batch = make_batch(cache, [Seq(3, 20, 0), Seq(4, 9, 5)], NUM_KV_HEADS, torch.float32)
+    state = {
+        "prefix_out": torch.full(batch.q.shape, float("nan"), device=device),
+        "prefix_lse": torch.zeros(batch.q.shape[:2], device=device),
+    }
+    state["prefix_out"][3:] = 0.5  # the second sequence's rows
+    merged = run(attention, batch, cache, 0.2, kv_start=batch.kv_start, **state)
+    alone = run(attention, batch, cache, 0.2, kv_start=batch.kv_start)
+    torch.testing.assert_close(merged[:3], alone[:3], atol=1e-6, rtol=1e-6)
+    assert not torch.allclose(merged[3:], alone[3:])
+    with pytest.raises(ValueError, match="prefix_out needs kv_start"):
+        run(paged_attention, batch, cache, 0.2, **state)
 
 
 def test_empty_batch_writes_nothing(device: torch.device) -> None:
