@@ -112,17 +112,23 @@ def compiled_variants() -> dict[str, int]:
     """How many specialisations of each Triton kernel this process holds (each one a compile, or a
     load from Triton's disk cache): a count that grows inside a timed run means the warm-up missed a
     variant the run needed."""
+    return {name: len(keys) for name, keys in compiled_variant_keys().items()}
+
+
+def compiled_variant_keys() -> dict[str, set[str]]:
+    """The specialisation keys (argument kinds and alignments, constexprs) of each Triton kernel's
+    variants in this process: what tells two variants of one kernel apart."""
     import importlib
 
     import triton
 
-    counts = {}
+    keys: dict[str, set[str]] = {}
     for module in (importlib.import_module(f"prefixgrove.kernels.{n}") for n in KERNEL_MODULES):
         for name, fn in vars(module).items():
             caches = getattr(fn, "device_caches", None)
             if isinstance(fn, triton.runtime.JITFunction) and caches:
-                counts[name] = sum(len(c[0]) for c in caches.values())
-    return counts
+                keys[name] = {str(key) for cache in caches.values() for key in cache[0]}
+    return keys
 
 
 def emit(record: dict[str, Any]) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import gc
 import random
+import sys
 
 import torch
 
@@ -34,7 +35,7 @@ from prefixgrove.planner.grouping import GroupingConfig, GroupingResult, group_p
 from _common import (
     GcClock,
     add_canonical_args,
-    compiled_variants,
+    compiled_variant_keys,
     device_name,
     emit,
     shared_prefix_prompts,
@@ -89,7 +90,7 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
     config = GroupingConfig(block_size=llm.config.cache.block_size)
     groups = GroupingResult([], list(range(len(inputs))), len(inputs), 0)
     grouping_s = 0.0
-    variants_before = compiled_variants()
+    variants_before = compiled_variant_keys()
     with GcClock() as gc_clock:
         if grouped:  # grouping is part of the job: its time counts
             groups, grouping_s = timed(lambda: group_prompts(inputs, config))
@@ -99,6 +100,14 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
             )
         )
     seconds = grouping_s + generate_s
+    added = {
+        name: keys - variants_before.get(name, set())
+        for name, keys in compiled_variant_keys().items()
+        if keys - variants_before.get(name, set())
+    }
+    for name, keys in added.items():  # what the warm-up missed, for whoever reads stderr
+        for key in keys:
+            print(f"kernel variant compiled in the run: {name} {key}", file=sys.stderr)
     m = llm.engine.metrics
     out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     record = {
@@ -124,11 +133,7 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
         "gc_seconds": round(gc_clock.seconds, 2),
         "gc_collections": gc_clock.collections,
         # kernel: variants the run compiled (or loaded from disk) that its warm-up had not needed
-        "kernel_variants_added": {
-            name: count - variants_before.get(name, 0)
-            for name, count in compiled_variants().items()
-            if count > variants_before.get(name, 0)
-        },
+        "kernel_variants_added": {name: len(keys) for name, keys in added.items()},
         "num_scheduler_steps": llm.config.scheduler.num_scheduler_steps,
         "max_num_seqs": llm.config.scheduler.max_num_seqs,
         "max_num_batched_tokens": llm.config.scheduler.max_num_batched_tokens,

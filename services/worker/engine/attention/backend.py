@@ -73,7 +73,7 @@ class AttentionBackend:
         if meta.cascade is not None:
             c = meta.cascade
             make_chunks = self.suffix_chunks
-            if make_chunks is not None and meta.kv_start is not None and meta.max_query_len > 1:
+            if make_chunks is not None and meta.kv_start is not None and c.has_suffix_chunks:
                 chunks = make_chunks(
                     out, meta.cu_seqlens_q, meta.seq_lens, meta.kv_start, meta.block_tables
                 )
