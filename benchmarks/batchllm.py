@@ -54,7 +54,9 @@ MODES = (
 )
 
 
-WARM_GROUPS = 12
+# Groups the warm-up takes beyond those that fit at once (max_num_seqs): later ones are admitted
+# while earlier ones decode, as in the run.
+WARM_EXTRA_GROUPS = 8
 
 
 def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> dict:
@@ -76,9 +78,10 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
     )
     # Warm-up on groups of the workload's own shape, so that the kernels the run needs (grouped
     # prefill, cascade decode) are compiled before the clock starts, as they are on a machine whose
-    # Triton cache is warm: enough groups that some step holds a new prefix's long prefill beside
-    # other groups' suffixes, as most of the run's prefill steps do.
-    warm = [{"prompt_token_ids": p} for p in sorted(prompts)[: WARM_GROUPS * args.per_group]]
+    # Triton cache is warm: more groups than fit at once, so that its steps hold what the run's do,
+    # new prefixes' long prefills beside other groups' suffixes and beside decoding groups.
+    warm_groups = args.max_num_seqs // args.per_group + WARM_EXTRA_GROUPS
+    warm = [{"prompt_token_ids": p} for p in sorted(prompts)[: warm_groups * args.per_group]]
     llm.generate(
         warm, SamplingParams(max_tokens=16, ignore_eos=True, detokenize=False), use_tqdm=False
     )

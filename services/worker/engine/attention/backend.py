@@ -90,6 +90,10 @@ class AttentionBackend:
                 group_block_tables=c.group_block_tables,
                 scale=scale,
                 max_group_q=c.max_group_q,
+                # A step with prefill rows runs the pass unsplit: its launches are long anyway, and
+                # each split count is a kernel variant of its own (and its reduce another), which a
+                # job's odd steps (a few groups' decode rows beside a new prefix) compiled mid-run.
+                num_splits=1 if meta.max_query_len > 1 else None,
                 suffix_chunks=chunks,
             )
         self.paged(
