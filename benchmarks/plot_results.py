@@ -22,6 +22,7 @@ MODE_LABELS = {
     "group-nocascade": "grouping,\nplain kernel",
     "group-cascade": "grouping +\ncascade",
     "group-cascade-two-pass": "grouping +\ncascade, two-pass\ndecode",
+    "group-cascade-unfused": "grouping +\ncascade, two-pass\nprefill chunks",
 }
 
 
@@ -34,7 +35,7 @@ def plot_modes() -> None:
     by_size: dict[int, list[dict]] = defaultdict(list)
     for r in records:
         by_size[r["requests"]].append(r)
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(8.5, 4))
     width = 0.8 / len(by_size)
     modes = [m for m in MODE_LABELS if any(r["mode"] == m for r in records)]
     for i, (size, rs) in enumerate(sorted(by_size.items())):
