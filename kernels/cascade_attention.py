@@ -410,7 +410,10 @@ def prefix_attention_launches(
         num_splits = 1
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    block_m, block_n = _tile_shape(head_dim, q.element_size(), group, max_group_q)
+    # With suffix chunks, one tile shape (the widest) whatever the groups' sizes: each shape is a
+    # kernel variant, and a step whose groups hold a few rows compiled its own in the middle of a job.
+    tile_hint = max_group_q if suffix_chunks is None else max(max_group_q, 128)
+    block_m, block_n = _tile_shape(head_dim, q.element_size(), group, tile_hint)
     block_q = block_m // group
     tier = tile_tier(head_dim, q.element_size())
     if num_splits is None:

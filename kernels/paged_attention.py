@@ -118,7 +118,9 @@ def attend_whole_tiles(
 
 
 # Sequence and tile counts change every step: no specialisation on them (see cascade_attention).
-@triton.jit(do_not_specialize=["num_seqs", "tiles_per_seq"])
+# What a step's shape decides at run time (the grid's mapping, skipping suffix chunks) is an argument, not
+# a constexpr: each constexpr combination is a variant, compiled the first time a job meets it.
+@triton.jit(do_not_specialize=["num_seqs", "tiles_per_seq", "skip_suffix_chunks"])
 def _paged_attention_kernel(
     q_ptr,  # q, out: [num_tokens, num_heads, HEAD_DIM] (token, head strides free)
     k_ptr,  # k_cache, v_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
@@ -131,7 +133,8 @@ def _paged_attention_kernel(
     kv_start_ptr,  # [num_seqs]
     block_tables_ptr,  # [num_seqs, max_blocks] (row stride stride_bt)
     num_seqs,
-    tiles_per_seq,  # query tiles per sequence on the direct grid (a runtime int: no recompiles)
+    tiles_per_seq,  # query tiles per sequence on the direct grid; 0: tiles are searched for
+    skip_suffix_chunks,  # 1: the prefix pass has finished the suffix chunks (see is_suffix_chunk)
     num_heads,
     scale_log2,
     stride_qt,
@@ -150,10 +153,8 @@ def _paged_attention_kernel(
     BLOCK_N: tl.constexpr,
     TABLE_CHUNK: tl.constexpr,
     UNMASKED_BODY: tl.constexpr,  # the unmasked loop over the tiles every row sees whole
-    DIRECT: tl.constexpr,  # grid of num_seqs * tiles_per_seq; otherwise tiles are searched for
     HAS_KV_START: tl.constexpr,
     HAS_PREFIX: tl.constexpr,
-    SKIP_SUFFIX_CHUNKS: tl.constexpr,  # the prefix pass has finished them
     DOT_PRECISION: tl.constexpr,
 ):
     # Programs are dispatched roughly in program-id order: the grid runs backwards so that the last
@@ -162,7 +163,7 @@ def _paged_attention_kernel(
     # prompts after them, whose long prefills would otherwise start last and set the launch's tail.
     tile_idx = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
-    if DIRECT:
+    if tiles_per_seq > 0:  # a grid of num_seqs * tiles_per_seq
         seq = tile_idx // tiles_per_seq
         q_tile = tile_idx % tiles_per_seq
     else:
@@ -177,9 +178,8 @@ def _paged_attention_kernel(
     kv_lo = 0
     if HAS_KV_START:
         kv_lo = tl.load(kv_start_ptr + seq)
-        if SKIP_SUFFIX_CHUNKS:  # noqa: SIM102 (a constexpr: the test compiles away)
-            if is_suffix_chunk(kv_lo, q_len):
-                return
+        if (skip_suffix_chunks != 0) & is_suffix_chunk(kv_lo, q_len):
+            return
 
     # Row r of the M dimension is query token r // G of this tile, head kv_head * G + r % G.
     rows = tl.arange(0, BLOCK_M)
@@ -352,7 +352,8 @@ def paged_attention_launch(
         prefix_lse if prefix_lse is not None else seq_lens,
         cu_seqlens_q, seq_lens,
         kv_start if kv_start is not None else seq_lens,
-        block_tables, num_seqs, tiles_per_seq, q.shape[1], scale * LOG2E,
+        block_tables, num_seqs, tiles_per_seq if direct else 0, int(skip_suffix_chunks),
+        q.shape[1], scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
@@ -372,10 +373,8 @@ def paged_attention_launch(
         # keys each, which the unmasked loop takes ~15% faster: with such a sequence in the launch
         # (a long query), every program takes the three loops.
         "UNMASKED_BODY": kv_start is None or max_query_len > LONG_QUERY,
-        "DIRECT": direct,
         "HAS_KV_START": kv_start is not None,
         "HAS_PREFIX": prefix_out is not None,
-        "SKIP_SUFFIX_CHUNKS": skip_suffix_chunks,
         "DOT_PRECISION": dot_precision(q.dtype),
         "num_warps": 4,
         "num_stages": 3 if tile_tier(head_dim, q.element_size()) == 0 else 2,
