@@ -72,6 +72,7 @@ class AttentionBackend:
         prefix_out = prefix_lse = chunks = None
         if meta.cascade is not None:
             c = meta.cascade
+            prefill = meta.max_query_len > 1
             make_chunks = self.suffix_chunks
             if make_chunks is not None and meta.kv_start is not None and c.has_suffix_chunks:
                 chunks = make_chunks(
@@ -89,11 +90,12 @@ class AttentionBackend:
                 group_prefix_lens=c.group_prefix_lens,
                 group_block_tables=c.group_block_tables,
                 scale=scale,
-                max_group_q=c.max_group_q,
-                # A step with prefill rows runs the pass unsplit: its launches are long anyway, and
-                # each split count is a kernel variant of its own (and its reduce another), which a
-                # job's odd steps (a few groups' decode rows beside a new prefix) compiled mid-run.
-                num_splits=1 if meta.max_query_len > 1 else None,
+                # A step with prefill rows runs the pass unsplit and in its widest tile, whatever its
+                # groups' sizes: its launches are long anyway, and each split count and tile shape is
+                # a kernel variant of its own (a split one's reduce another), which a job's odd steps
+                # (a few groups' decode rows beside a new prefix) compiled mid-run.
+                max_group_q=max(c.max_group_q, 128) if prefill else c.max_group_q,
+                num_splits=1 if prefill else None,
                 suffix_chunks=chunks,
             )
         self.paged(
