@@ -38,6 +38,7 @@ from prefixgrove.kernels.paged_attention import (
     load_keys,
     online_softmax_step,
     paged_attention_ref,
+    score_masked_tile,
     table_chunk,
     tile_tier,
 )
@@ -139,13 +140,10 @@ def attend_suffix_chunks(
             table_row = seq_tables_ptr + tl.cast(s, tl.int64) * stride_st
             rows_of_s = (row_seq == s) & chunk_rows
             for tile in range(kv_lo // BLOCK_N, tl.cdiv(kv_hi, BLOCK_N)):
-                keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-                key_valid = (keys >= kv_lo) & (keys < kv_hi)
-                block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0)
-                kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
-                kv_offs += kv_head * stride_kh
-                k = load_keys(k_ptr, kv_offs, dims, key_valid, True)
-                sc = tl.dot(q, k, input_precision=DOT_PRECISION)
+                sc, keys, key_valid, kv_offs = score_masked_tile(
+                    q, k_ptr, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks,
+                    stride_kh, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
+                )  # fmt: skip
                 allowed = (
                     key_valid[None, :] & rows_of_s[:, None] & (keys[None, :] <= row_pos[:, None])
                 )

@@ -80,6 +80,24 @@ def load_keys(k_ptr, kv_offs, dims, key_valid, MASKED: tl.constexpr):
 
 
 @triton.jit
+def score_masked_tile(
+    q, k_ptr, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks, stride_kh,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Key tile `tile` of one block-table row with the keys outside [kv_lo, kv_hi) masked off: the
+    rows' raw scores q.k over it, and its keys, their validity and cache offsets (for the online
+    softmax step, which loads the values from the same offsets). The block id of each key is loaded
+    here, so a loop of these waits for it before each tile's copies: for short or edge loops."""
+    keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    key_valid = (keys >= kv_lo) & (keys < kv_hi)
+    block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0)
+    kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
+    kv_offs += kv_head * stride_kh
+    k = load_keys(k_ptr, kv_offs, dims, key_valid, True)
+    return tl.dot(q, k, input_precision=DOT_PRECISION), keys, key_valid, kv_offs
+
+
+@triton.jit
 def attend_whole_tiles(
     q, k_ptr, v_ptr, table_row, tile_lo, tile_hi, num_blocks, kv_head, dims, scale_log2,
     m_i, l_i, acc, stride_kb, stride_ks, stride_kh,
@@ -217,13 +235,10 @@ def _paged_attention_kernel(
     num_head_tiles = full_lo - t_begin
     for i in range(0, num_head_tiles + t_end - full_hi):
         tile = t_begin + i + tl.where(i < num_head_tiles, 0, full_hi - full_lo)
-        keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        key_valid = (keys >= kv_lo) & (keys < kv_hi)
-        block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0)
-        kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
-        kv_offs += kv_head * stride_kh
-        k = load_keys(k_ptr, kv_offs, dims, key_valid, True)
-        s = tl.dot(q, k, input_precision=DOT_PRECISION)
+        s, keys, key_valid, kv_offs = score_masked_tile(
+            q, k_ptr, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks,
+            stride_kh, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
+        )  # fmt: skip
         allowed = key_valid[None, :] & (keys[None, :] <= pos[:, None])
         s = tl.where(allowed, s, float("-inf"))
         m_i, l_i, acc = online_softmax_step(

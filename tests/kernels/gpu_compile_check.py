@@ -64,14 +64,16 @@ def paged_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
     from prefixgrove.kernels.paged_attention import paged_attention_launch
 
     out = []
-    # (name, tokens, seqs, max_query_len, heads, kv heads, head_dim, block_size, cascade suffix)
-    shapes = [
+    # (name, tokens, seqs, max_query_len, heads, kv heads, head_dim, block_size, cascade suffix;
+    # "skip": the suffix pass beside suffix chunks finished in the prefix pass)
+    shapes: list[tuple[str, int, int, int, int, int, int, int, bool | str]] = [
         ("decode", 256, 256, 1, 32, 8, 128, 16, False),
         ("decode_one_seq", 1, 1, 1, 32, 8, 128, 16, True),
         ("decode_suffix", 256, 256, 1, 32, 8, 128, 16, True),
         ("prefill", 2048, 4, 512, 32, 8, 128, 16, False),
         ("decode_d64_mha", 64, 64, 1, 8, 8, 64, 32, False),
         ("prefill_d256_g8", 512, 2, 256, 16, 2, 256, 16, True),
+        ("prefill_skip_chunks", 4096, 20, 2000, 32, 8, 128, 16, "skip"),
     ]
     for name, tokens, seqs, max_q, heads, kv_heads, dim, block, suffix in shapes:
         q = torch.empty(tokens, heads, dim, dtype=dtype)
@@ -83,6 +85,7 @@ def paged_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
                 "kv_start": index[:seqs],
                 "prefix_out": torch.empty(q.shape),
                 "prefix_lse": torch.empty(q.shape[:2]),
+                "skip_suffix_chunks": suffix == "skip",
             }
         launch = paged_attention_launch(
             q, cache, cache, torch.empty_like(q), cu_seqlens_q=index, seq_lens=index[:seqs],
@@ -94,7 +97,7 @@ def paged_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
 
 
 def prefix_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
-    from prefixgrove.kernels.cascade_attention import prefix_attention_launches
+    from prefixgrove.kernels.cascade_attention import SuffixChunks, prefix_attention_launches
 
     out = []
     # (name, tokens, groups, max_group_q, heads, kv heads, head_dim, splits)
@@ -116,6 +119,19 @@ def prefix_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
             max_group_q=max_q, num_splits=splits,
         )  # fmt: skip
         out += [(f"prefix/{name}/{i}", launch) for i, launch in enumerate(launches)]
+    # A prefill step's prefix pass finishing its suffix chunks (16 chunks of 200 tokens a group).
+    q = torch.empty(4 * 3200, 32, 128, dtype=dtype)
+    cache = torch.empty(64, 16, 8, 128, dtype=dtype)
+    index = torch.zeros(65, dtype=torch.int32)
+    chunks = SuffixChunks(
+        torch.empty_like(q), index, index[:64], index[:64], torch.zeros(64, 160, dtype=torch.int32)
+    )
+    launches, _, _ = prefix_attention_launches(
+        q, cache, cache, group_cu_q=index[:5], group_prefix_lens=index[:4],
+        group_block_tables=torch.zeros(4, 500, dtype=torch.int32), scale=0.1, max_group_q=3200,
+        out=torch.empty_like(q), suffix_chunks=chunks,
+    )  # fmt: skip
+    out += [(f"prefix/suffix_chunks/{i}", launch) for i, launch in enumerate(launches)]
     return out
 
 
