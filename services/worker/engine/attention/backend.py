@@ -72,9 +72,16 @@ class AttentionBackend:
         prefix_out = prefix_lse = chunks = None
         if meta.cascade is not None:
             c = meta.cascade
-            prefill = meta.max_query_len > 1
             make_chunks = self.suffix_chunks
-            if make_chunks is not None and meta.kv_start is not None and c.has_suffix_chunks:
+            # With the fused form (Triton on CUDA), a step with prefill rows runs the pass unsplit
+            # and in its widest tile, whatever its groups' sizes: its launches are long anyway, and
+            # each split count and tile shape is a kernel variant of its own (a split one's reduce
+            # another), which a job's odd steps (a few groups' decode rows beside a new prefix)
+            # compiled mid-run. Elsewhere the tile stays what the groups ask for, so that a decode
+            # row's arithmetic is the same in a mixed step as in a decode step.
+            one_shape = make_chunks is not None and meta.max_query_len > 1
+            fuse = one_shape and meta.kv_start is not None and c.has_suffix_chunks
+            if make_chunks is not None and fuse:
                 chunks = make_chunks(
                     out, meta.cu_seqlens_q, meta.seq_lens, meta.kv_start, meta.block_tables
                 )
@@ -90,12 +97,8 @@ class AttentionBackend:
                 group_prefix_lens=c.group_prefix_lens,
                 group_block_tables=c.group_block_tables,
                 scale=scale,
-                # A step with prefill rows runs the pass unsplit and in its widest tile, whatever its
-                # groups' sizes: its launches are long anyway, and each split count and tile shape is
-                # a kernel variant of its own (a split one's reduce another), which a job's odd steps
-                # (a few groups' decode rows beside a new prefix) compiled mid-run.
-                max_group_q=max(c.max_group_q, 128) if prefill else c.max_group_q,
-                num_splits=1 if prefill else None,
+                max_group_q=max(c.max_group_q, 128) if one_shape else c.max_group_q,
+                num_splits=1 if one_shape else None,
                 suffix_chunks=chunks,
             )
         self.paged(
