@@ -119,9 +119,9 @@ def test_depth_only_falls_while_workers_lease_and_finish_concurrently(
                 queue.ack(held)
 
     workers = [threading.Thread(target=work, args=(f"w{i}",)) for i in range(3)]
+    seen = [store.model_queue(MODEL)]  # before any worker runs (one may finish groups at once)
     for thread in workers:
         thread.start()
-    seen = [store.model_queue(MODEL)]
     while any(t.is_alive() for t in workers):
         seen.append(store.model_queue(MODEL))
     for thread in workers:
