@@ -104,9 +104,9 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
         )
     seconds = grouping_s + generate_s
     added = {
-        name: keys - variants_before.get(name, set())
+        name: new
         for name, keys in compiled_variant_keys().items()
-        if keys - variants_before.get(name, set())
+        if (new := keys - variants_before.get(name, set()))
     }
     for name, keys in added.items():  # what the warm-up missed, for whoever reads stderr
         for key in keys:

@@ -11,7 +11,8 @@ empty) get no state (with one split they are left as they were; a split launch's
 whatever its partial buffers held there): their sequences have kv_start 0, and the suffix pass merges
 a prefix state only into sequences whose own keys start after a prefix (kv_start > 0). On a prefill
 step those rows are mostly the new prefixes' prompts, often half the step: writing them a state that
-says "no prefix", and merging it, cost ~15% of the step's attention.
+says "no prefix" made the pass over a canonical step's 20,800 rows take 1.35 ms where its 12,800
+grouped rows alone take 1.08 (H100), and the suffix pass read it all back.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from prefixgrove.kernels.paged_attention import (
     attend_whole_tiles,
     dot_precision,
     is_suffix_chunk,
+    is_suffix_chunk_host,
     load_keys,
     online_softmax_step,
     paged_attention_ref,
@@ -408,10 +410,7 @@ def prefix_attention_launches(
         num_splits = 1
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    # With suffix chunks, one tile shape (the widest) whatever the groups' sizes: each shape is a
-    # kernel variant, and a step whose groups hold a few rows compiled its own in the middle of a job.
-    tile_hint = max_group_q if suffix_chunks is None else max(max_group_q, 128)
-    block_m, block_n = _tile_shape(head_dim, q.element_size(), group, tile_hint)
+    block_m, block_n = _tile_shape(head_dim, q.element_size(), group, max_group_q)
     block_q = block_m // group
     tier = tile_tier(head_dim, q.element_size())
     if num_splits is None:
@@ -573,7 +572,7 @@ def _finish_suffix_chunks_ref(
     cu = chunks.cu_seqlens_q.tolist()
     starts = chunks.kv_start.tolist()
     for s in range(len(cu) - 1):
-        if not (starts[s] > 0 and cu[s + 1] - cu[s] > 1):
+        if not is_suffix_chunk_host(starts[s], cu[s + 1] - cu[s]):
             continue
         rows = slice(cu[s], cu[s + 1])
         paged_attention_ref(

@@ -43,6 +43,11 @@ def is_suffix_chunk(kv_start, q_len):
     return (kv_start > 0) & (q_len > 1)
 
 
+def is_suffix_chunk_host(kv_start: int, q_len: int) -> bool:
+    """`is_suffix_chunk` for the torch references, on host ints."""
+    return kv_start > 0 and q_len > 1
+
+
 @triton.jit
 def online_softmax_step(
     s, scale_log2, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc,
@@ -421,9 +426,10 @@ def paged_attention(
     position seq_lens[s] - q_len_s + i and attends keys [kv_start[s], position]. max_query_len must
     be >= every q_len_s (padding is fine). prefix_out (fp32 or q's dtype) and prefix_lse (fp32)
     are merged in by log-sum-exp into the rows of sequences with kv_start > 0 (grouped ones, whose
-    own keys start after their group's prefix; other rows' state is never read). With skip_suffix_chunks, the rows of suffix chunks (sequences
-    with kv_start > 0 and more than one query: see `prefix_attention`'s suffix_chunks) are left as
-    they are. The grid depends on host ints only, so the call can be captured in a CUDA graph.
+    own keys start after their group's prefix; other rows' state is never read). With
+    skip_suffix_chunks, the rows of suffix chunks (sequences with kv_start > 0 and more than one
+    query: see `prefix_attention`'s suffix_chunks) are left as they are. The grid depends on host
+    ints only, so the call can be captured in a CUDA graph.
     """
     launch = paged_attention_launch(
         q, k_cache, v_cache, out, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens,
@@ -461,7 +467,7 @@ def paged_attention_ref(
     starts = kv_start.tolist() if kv_start is not None else [0] * num_seqs
     for s in range(num_seqs):
         q_len = cu[s + 1] - cu[s]
-        if q_len == 0 or (skip_suffix_chunks and starts[s] > 0 and q_len > 1):
+        if q_len == 0 or (skip_suffix_chunks and is_suffix_chunk_host(starts[s], q_len)):
             continue
         seq_len, lo = lens[s], starts[s]
         blocks = block_tables[s, : triton.cdiv(seq_len, block_size)].long()

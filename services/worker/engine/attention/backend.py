@@ -21,6 +21,9 @@ import torch
 
 from .metadata import AttentionMetadata, SampledRows
 
+# A prefix-pass tile hint (rows of the largest group) at or above the pass's widest tile.
+WIDEST_TILE_HINT = 128
+
 
 @dataclass(frozen=True)
 class AttentionBackend:
@@ -97,7 +100,7 @@ class AttentionBackend:
                 group_prefix_lens=c.group_prefix_lens,
                 group_block_tables=c.group_block_tables,
                 scale=scale,
-                max_group_q=max(c.max_group_q, 128) if one_shape else c.max_group_q,
+                max_group_q=max(c.max_group_q, WIDEST_TILE_HINT) if one_shape else c.max_group_q,
                 num_splits=1 if one_shape else None,
                 suffix_chunks=chunks,
             )
