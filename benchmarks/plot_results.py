@@ -79,7 +79,7 @@ def plot_kernels() -> None:
     ax.set_xlabel("requests sharing a prefix (degree)")
     ax.set_ylabel("speed-up of cascade over plain paged attention")
     ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.set_title(f"Decode attention, 8B shapes, bf16 ({report['device']})", fontsize=9)
+    ax.set_title(f"Decode attention, 8B shapes, bf16, cold L2 ({report['device']})", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(DOCS / "cascade_kernel_speedup.png", dpi=120)
