@@ -170,7 +170,6 @@ class InputBuilder:
             max_group_q=max_group_q
             or _bucket(max((int(cu[r.stop] - cu[r.start]) for r in groups), default=0)),
             cascade=bool(groups) or pad_groups is not None,
-            has_suffix_chunks=any(order[i].num_tokens > 1 for r in groups for i in r),
         )
         if narrow:
             inputs.sampled = self._sampled_views(inputs, sampled_group_q)
@@ -307,7 +306,6 @@ class InputBuilder:
         max_query_len: int,
         max_group_q: int,
         cascade: bool,
-        has_suffix_chunks: bool,
     ) -> StepInputs:
         d = self._dev
         cascade_meta = None
@@ -317,7 +315,6 @@ class InputBuilder:
                 group_prefix_lens=d["group_prefix_lens"][:num_groups],
                 group_block_tables=d["group_block_tables"][:num_groups],
                 max_group_q=max_group_q,
-                has_suffix_chunks=has_suffix_chunks,
             )
         meta = AttentionMetadata(
             slot_mapping=d["slot_mapping"][:num_tokens],

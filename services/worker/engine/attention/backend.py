@@ -76,14 +76,16 @@ class AttentionBackend:
         if meta.cascade is not None:
             c = meta.cascade
             make_chunks = self.suffix_chunks
-            # With the fused form (Triton on CUDA), a step with prefill rows runs the pass unsplit
-            # and in its widest tile, whatever its groups' sizes: its launches are long anyway, and
-            # each split count and tile shape is a kernel variant of its own (a split one's reduce
+            # With the fused form (Triton on CUDA), every step with prefill rows runs the pass in
+            # one variant: fused, unsplit and in its widest tile, whatever its groups' sizes and
+            # whether they hold suffix chunks at all. Its launches are long anyway, and each split
+            # count, tile shape and form is a kernel variant of its own (a split one's reduce
             # another), which a job's odd steps (a few groups' decode rows beside a new prefix)
-            # compiled mid-run. Elsewhere the tile stays what the groups ask for, so that a decode
-            # row's arithmetic is the same in a mixed step as in a decode step.
+            # compiled mid-run: on a fresh machine the canonical job's first run lost ~1 s to the
+            # unfused one. Elsewhere the tile stays what the groups ask for, so that a decode row's
+            # arithmetic is the same in a mixed step as in a decode step.
             one_shape = make_chunks is not None and meta.max_query_len > 1
-            fuse = one_shape and meta.kv_start is not None and c.has_suffix_chunks
+            fuse = one_shape and meta.kv_start is not None
             if make_chunks is not None and fuse:
                 chunks = make_chunks(
                     out, meta.cu_seqlens_q, meta.seq_lens, meta.kv_start, meta.block_tables

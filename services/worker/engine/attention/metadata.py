@@ -19,9 +19,6 @@ class CascadeMetadata:
     group_prefix_lens: torch.Tensor  # [num_groups] int32, multiples of the block size
     group_block_tables: torch.Tensor  # [num_groups, max_prefix_blocks] int32
     max_group_q: int  # rows of the largest group (a tile-shape hint for the prefix pass)
-    # Some grouped sequence has more than one query (a chunk of its own prompt): only then may the
-    # prefix pass finish suffix chunks (a kernel variant of its own, not compiled for nothing).
-    has_suffix_chunks: bool = False
 
 
 @dataclass
