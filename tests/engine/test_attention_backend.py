@@ -11,16 +11,18 @@ from prefixgrove.worker.engine.attention.backend import WIDEST_TILE_HINT, create
 from prefixgrove.worker.engine.attention.metadata import AttentionMetadata, CascadeMetadata
 
 BLOCK, HEADS, KV_HEADS, DIM = 16, 4, 2, 32
+# Triton's interpreter runs the kernels on CPU tensors; on a GPU machine they need CUDA ones.
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def mixed_step(chunk_in_group: bool) -> tuple[torch.Tensor, AttentionMetadata]:
     """A group of two sequences over a one-block prefix (both decoding, or the second with a
     3-token chunk of its own prompt: a suffix chunk) beside an ungrouped 4-token prefill."""
     q_lens = [1, 3 if chunk_in_group else 1, 4]
-    int32 = {"dtype": torch.int32}
+    int32 = {"dtype": torch.int32, "device": DEVICE}
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], **int32)
     meta = AttentionMetadata(
-        slot_mapping=torch.zeros(sum(q_lens), dtype=torch.int64),
+        slot_mapping=torch.zeros(sum(q_lens), dtype=torch.int64, device=DEVICE),
         cu_seqlens_q=cu,
         seq_lens=torch.tensor([BLOCK + 5, BLOCK + 7, 4], **int32),
         # block 0 is the prefix; each sequence's own keys are in a block of its own
@@ -35,7 +37,7 @@ def mixed_step(chunk_in_group: bool) -> tuple[torch.Tensor, AttentionMetadata]:
         ),
     )
     q = torch.randn(sum(q_lens), HEADS, DIM, generator=torch.Generator().manual_seed(1))
-    return q, meta
+    return q.to(DEVICE), meta
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -48,6 +50,7 @@ def test_fused_form_runs_every_prefill_step_in_one_prefix_pass_variant(
     result equals the two-pass form's."""
     q, meta = mixed_step(chunk_in_group)
     cache = torch.randn(2, 4, BLOCK, KV_HEADS, DIM, generator=torch.Generator().manual_seed(2))
+    cache = cache.to(DEVICE)
     k_cache, v_cache = cache[0], cache[1]
     fused = create_backend(backend, fuse_suffix_chunks=True)
     launches: list[dict] = []
