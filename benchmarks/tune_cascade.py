@@ -2,10 +2,11 @@
 
 Two passes (the default): for the prefix pass, splits, BLOCK_N, num_warps, num_stages; for the suffix
 pass (the paged kernel with a prefix state to merge), BLOCK_N, num_warps, num_stages. With --one-pass:
-the one-pass kernel's splits, BLOCK_N, num_stages, CHUNK_TILES, num_warps and a register cap. Each variant is
-timed over a CUDA graph (the one-pass variants from a cold, clean L2 as attention_kernels.py times them, the
-two passes' with do_bench) and checked against the default launch's output. Prints one JSON object with the fastest variants and the default's time. The defaults in
-kernels/ come from these sweeps.
+the one-pass kernel's splits, BLOCK_N, num_stages, CHUNK_TILES, num_warps and a register cap. Each
+variant is timed over a CUDA graph (the one-pass variants from a cold, clean L2 as attention_kernels.py
+times them, the two passes' with do_bench) and checked against the default launch's output. Prints one
+JSON object with the fastest variants and the default's time. The defaults in kernels/ come from these
+sweeps.
 Usage: python benchmarks/tune_cascade.py [--degree 16] [--prefix-len 2000] [--one-pass] [--warps 4 8] [--requests 256]
 """
 
