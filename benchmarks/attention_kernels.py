@@ -10,7 +10,11 @@ then a suffix pass that merges: what steps with prefill rows run), the KV bytes 
 the GB/s that makes, the speedups, and the largest difference from the plain result. The plain and
 one-pass times are also given as triton.testing.do_bench takes them (`*_dirty_l2`: its L2 flush
 writes 256 MB, and the timed kernel then writes those dirty lines back; the earlier rounds' figures
-in RESULTS.md were taken that way).
+in RESULTS.md were taken that way). On a GPU each point also carries the machine's read ceiling
+(`_read_ceiling.py`): the time a plain streaming read of the one-pass kernel's KV bytes takes, the
+fraction of it the one-pass kernel reaches, and the speed-up over the plain kernel that a kernel
+reading those bytes at the ceiling would have (`read_ceiling_us`, `one_pass_of_ceiling`,
+`speedup_bound`).
 
     python benchmarks/attention_kernels.py            # full sweep (degrees 4/16/64 x 512/2000/8000)
     python benchmarks/attention_kernels.py --quick    # degree 16 and 64 at 2000 tokens
@@ -33,6 +37,7 @@ import torch
 import triton
 
 from _common import ensure_prefixgrove, median_us, median_us_clean_l2
+from _read_ceiling import read_ceiling_us
 
 ensure_prefixgrove()
 
@@ -164,6 +169,14 @@ def measure(args: argparse.Namespace, degree: int, prefix_len: int) -> dict[str,
     times = {name: median_us_clean_l2(fn, args.device, use_graph) for name, fn in calls}
     dirty = {f"{name}_dirty_l2": median_us(fn, args.device, use_graph) for name, fn in calls[:2]}
     cascade_bytes = w.prefix_bytes + w.suffix_bytes
+    ceiling = {}
+    if args.device != "cpu":  # the interpreter's wall time would bound nothing
+        read_us = read_ceiling_us(cascade_bytes, args.device)
+        ceiling = {
+            "read_ceiling_us": round(read_us, 2),
+            "one_pass_of_ceiling": round(read_us / times["one_pass_us"], 3),
+            "speedup_bound": round(times["plain_us"] / read_us, 2),
+        }
     return {
         "degree": degree,
         "prefix_len": w.prefix_len,
@@ -180,6 +193,7 @@ def measure(args: argparse.Namespace, degree: int, prefix_len: int) -> dict[str,
         "two_pass_gb_per_s": round(cascade_bytes / times["two_pass_us"] / 1e3, 1),
         "prefix_pass_gb_per_s": round(w.prefix_bytes / times["prefix_pass_us"] / 1e3, 1),
         "suffix_pass_gb_per_s": round(w.suffix_bytes / times["suffix_pass_us"] / 1e3, 1),
+        **ceiling,
         "max_abs_diff_vs_plain": diff,
     }
 

@@ -28,3 +28,21 @@ def test_benchmark_reports_every_sweep_point_and_cascade_matches_plain() -> None
     for r in report["results"]:
         assert r["matches_plain"] and r["groups"] == 8 // r["degree"]
         assert r["cascade_kv_mb"] < r["plain_kv_mb"]
+
+
+def test_read_ceiling_kernel_reads_every_element_it_claims(device) -> None:
+    """The streaming read that bounds the attention benchmark really loads what it counts: its lane
+    sums add up to the sum of exactly the elements it says it read (and not the ones past them)."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        from _read_ceiling import per_program_elements, stream_read
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    import torch
+
+    x = torch.arange(3 * 64 * 2 + 37, device=device).to(torch.float16)
+    sums = stream_read(x, programs=3, block=64)
+    read = 3 * per_program_elements(x.numel(), 3, 64)
+    assert read == 3 * 128
+    assert sums.shape == (3, 64)
+    assert sums.sum().item() == x[:read].float().sum().item()

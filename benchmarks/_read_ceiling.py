@@ -1,0 +1,74 @@
+"""The machine's read ceiling: how long a plain streaming read of N contiguous bytes takes.
+
+An attention kernel that must read N bytes of KV cache cannot beat a kernel that only reads N
+contiguous bytes and adds them up. attention_kernels.py times that read for the one-pass kernel's
+bytes beside it, so its figures carry their own bound: the fraction of the ceiling the kernel reaches,
+and the most any kernel reading those bytes could gain over the plain one. The read is timed as the
+kernels are (a CUDA graph, from a cold, clean L2) under a few launch shapes, and the fastest counts:
+on the H100 four programs per SM of 4,096-element blocks and two of 8,192 both reach ~2.9 TB/s at a
+few hundred MB, fewer or smaller ones do not (RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from _common import median_us_clean_l2
+
+# (programs per SM, elements per load, warps, stages)
+LAUNCH_SHAPES = ((4, 4096, 4, 3), (2, 8192, 8, 3), (8, 2048, 4, 4))
+
+
+@triton.jit
+def _stream_read_kernel(x_ptr, out_ptr, per_program, BLOCK: tl.constexpr):
+    """Program p adds up elements [p * per_program, (p + 1) * per_program) by lanes into out[p]
+    (a sum that depends on every load, so no load can be dropped)."""
+    pid = tl.program_id(0)
+    base = x_ptr + pid.to(tl.int64) * per_program
+    acc = tl.zeros([BLOCK], tl.float32)
+    for offset in range(0, per_program, BLOCK):
+        acc += tl.load(base + offset + tl.arange(0, BLOCK)).to(tl.float32)
+    tl.store(out_ptr + pid * BLOCK + tl.arange(0, BLOCK), acc)
+
+
+def per_program_elements(numel: int, programs: int, block: int) -> int:
+    """Elements each program reads of a flat tensor of numel: a whole number of blocks."""
+    per_program = numel // programs // block * block
+    if per_program == 0:
+        raise ValueError(f"{numel} elements are fewer than {programs} programs x {block}")
+    return per_program
+
+
+def stream_read(
+    x: torch.Tensor, programs: int, block: int, warps: int = 4, stages: int = 3
+) -> torch.Tensor:
+    """Reads the first programs * per_program_elements(...) elements of the flat tensor x; returns
+    each program's lane sums [programs, block] (fp32)."""
+    per_program = per_program_elements(x.numel(), programs, block)
+    out = torch.empty((programs, block), dtype=torch.float32, device=x.device)
+    grid = (programs,)
+    _stream_read_kernel[grid](x, out, per_program, BLOCK=block, num_warps=warps, num_stages=stages)
+    return out
+
+
+def read_ceiling_us(nbytes: int, device: str) -> float:
+    """Microseconds of the fastest streaming read of nbytes (bf16 elements) on the GPU, timed as
+    median_us_clean_l2 times the kernels, scaled to exactly nbytes (a launch shape reads a whole
+    number of blocks per program, a little less than asked)."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    x = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=device)
+    best = float("inf")
+    for per_sm, block, warps, stages in LAUNCH_SHAPES:
+        programs = per_sm * sms
+        read = programs * per_program_elements(x.numel(), programs, block) * 2
+
+        def run(
+            programs: int = programs, block: int = block, warps: int = warps, stages: int = stages
+        ) -> None:
+            stream_read(x, programs, block, warps, stages)
+
+        us = median_us_clean_l2(run, device, use_graph=True)
+        best = min(best, us * nbytes / read)
+    return best
