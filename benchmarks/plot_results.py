@@ -60,21 +60,26 @@ def plot_modes() -> None:
 
 def plot_kernels() -> None:
     report = json.loads((RESULTS / "attention_kernels.json").read_text())
-    by_len: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    by_len: dict[int, list[tuple[int, float, float | None]]] = defaultdict(list)
     for r in report["results"]:
         if "speedup" in r:
-            by_len[r["prefix_len"]].append((r["degree"], r["speedup"]))
+            by_len[r["prefix_len"]].append((r["degree"], r["speedup"], r.get("speedup_bound")))
     fig, ax = plt.subplots(figsize=(6, 4))
     for prefix_len, points in sorted(by_len.items()):
         points.sort()
-        ax.plot(
-            [d for d, _ in points],
-            [s for _, s in points],
+        (line,) = ax.plot(
+            [d for d, _, _ in points],
+            [s for _, s, _ in points],
             marker="o",
             label=f"{prefix_len:,}-token prefix",
         )
+        bounds = [(d, b) for d, _, b in points if b is not None]
+        if bounds:  # a kernel reading the same bytes at the machine's streaming-read ceiling
+            ax.plot(*zip(*bounds, strict=True), linestyle="--", color=line.get_color(), alpha=0.6)
+    if any(b is not None for points in by_len.values() for _, _, b in points):
+        ax.plot([], [], linestyle="--", color="grey", label="read ceiling (same bytes)")
     ax.set_xscale("log", base=2)
-    degrees = sorted({d for points in by_len.values() for d, _ in points})
+    degrees = sorted({d for points in by_len.values() for d, _, _ in points})
     ax.set_xticks(degrees, [str(d) for d in degrees])
     ax.set_xlabel("requests sharing a prefix (degree)")
     ax.set_ylabel("speed-up of cascade over plain paged attention")
