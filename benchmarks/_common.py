@@ -131,6 +131,18 @@ def compiled_variant_keys() -> dict[str, set[str]]:
     return keys
 
 
+def allocator_counts() -> dict[str, int]:
+    """The CUDA caching allocator's running counts (torch.cuda.memory_stats): segments taken from and
+    given back to the driver, and cache flushes to retry a failed cudaMalloc. Each of these stalls
+    the host, a flush-and-retry the whole device; a warm run should do none. Zeros without CUDA."""
+    stats = torch.cuda.memory_stats() if torch.cuda.is_available() else {}
+    return {
+        "device_mallocs": stats.get("num_device_alloc", 0),
+        "device_frees": stats.get("num_device_free", 0),
+        "alloc_retries": stats.get("num_alloc_retries", 0),
+    }
+
+
 def emit(record: dict[str, Any]) -> None:
     print(json.dumps(record), flush=True)
     sys.stdout.flush()

@@ -35,6 +35,7 @@ from prefixgrove.planner.grouping import GroupingConfig, GroupingResult, group_p
 from _common import (
     GcClock,
     add_canonical_args,
+    allocator_counts,
     compiled_variant_keys,
     device_name,
     emit,
@@ -94,6 +95,7 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
     groups = GroupingResult([], list(range(len(inputs))), len(inputs), 0)
     grouping_s = 0.0
     variants_before = compiled_variant_keys()
+    allocator_before = allocator_counts()
     with GcClock() as gc_clock:
         if grouped:  # grouping is part of the job: its time counts
             groups, grouping_s = timed(lambda: group_prompts(inputs, config))
@@ -141,6 +143,9 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
         "max_num_seqs": llm.config.scheduler.max_num_seqs,
         "max_num_batched_tokens": llm.config.scheduler.max_num_batched_tokens,
         "peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
+        # the caching allocator during the run: segments it had to get from (or give back to) the
+        # driver, and times it freed its whole cache to retry a failed cudaMalloc (each syncs)
+        **{k: v - allocator_before[k] for k, v in allocator_counts().items()},
     }
     return record
 
