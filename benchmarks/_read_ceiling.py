@@ -55,13 +55,15 @@ def stream_read(
 
 def read_ceiling_us(nbytes: int, device: str) -> float:
     """Microseconds of the fastest streaming read of nbytes (bf16 elements) on the GPU, timed as
-    median_us_clean_l2 times the kernels, scaled to exactly nbytes (a launch shape reads a whole
-    number of blocks per program, a little less than asked)."""
+    median_us_clean_l2 times the kernels, scaled up to exactly nbytes (a launch shape reads a whole
+    number of blocks per program, a little less than asked). Small sizes take fewer programs and read
+    at least one whole block (smoke runs: what bounds a tiny read is the launch, not bandwidth)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    x = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=device)
+    largest_block = max(block for _, block, _, _ in LAUNCH_SHAPES)
+    x = torch.ones(max(nbytes // 2, largest_block), dtype=torch.bfloat16, device=device)
     best = float("inf")
     for per_sm, block, warps, stages in LAUNCH_SHAPES:
-        programs = per_sm * sms
+        programs = min(per_sm * sms, x.numel() // block)
         read = programs * per_program_elements(x.numel(), programs, block) * 2
 
         def run(
@@ -70,5 +72,5 @@ def read_ceiling_us(nbytes: int, device: str) -> float:
             stream_read(x, programs, block, warps, stages)
 
         us = median_us_clean_l2(run, device, use_graph=True)
-        best = min(best, us * nbytes / read)
+        best = min(best, us * max(1.0, nbytes / read))  # padded tiny reads: not scaled down
     return best

@@ -8,15 +8,24 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "attention_kernels.py"
 
 
-def test_benchmark_reports_every_sweep_point_and_cascade_matches_plain() -> None:
-    args = "--device cpu --dtype float16 --requests 8 --degrees 4 8 --prefix-lens 64"
-    args += " --own-tokens 16 --heads 8 --kv-heads 2 --head-dim 64 --num-splits 2"
+def test_benchmark_reports_every_sweep_point_and_cascade_matches_plain(device) -> None:
+    """Tiny shapes: on the GPU when there is one (CUDA graphs, bf16, the read ceiling beside each
+    point), else in Triton's interpreter on the CPU."""
+    on_gpu = device.type == "cuda"
+    args = "--requests 8 --degrees 4 8 --prefix-lens 64 --own-tokens 16 --heads 8 --kv-heads 2"
+    args += " --head-dim 64 --num-splits 2"
+    args += " --device cuda --dtype bfloat16" if on_gpu else " --device cpu --dtype float16"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if not on_gpu:
+        env["TRITON_INTERPRET"] = "1"
     done = subprocess.run(
         [sys.executable, str(SCRIPT), *args.split()],
-        env={**os.environ, "TRITON_INTERPRET": "1"},
+        env=env,
         capture_output=True,
         text=True,
         timeout=300,
@@ -28,6 +37,12 @@ def test_benchmark_reports_every_sweep_point_and_cascade_matches_plain() -> None
     for r in report["results"]:
         assert r["matches_plain"] and r["groups"] == 8 // r["degree"]
         assert r["cascade_kv_mb"] < r["plain_kv_mb"]
+        if on_gpu:  # a kernel that reads more than the streaming read cannot be faster than it
+            assert r["read_ceiling_us"] > 0
+            assert 0 < r["one_pass_of_ceiling"] <= 1.2
+            assert r["speedup_bound"] == pytest.approx(r["plain_us"] / r["read_ceiling_us"], 0.02)
+        else:
+            assert "read_ceiling_us" not in r
 
 
 def test_read_ceiling_kernel_reads_every_element_it_claims(device) -> None:
