@@ -11,6 +11,8 @@ few hundred MB, fewer or smaller ones do not (RESULTS.md).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -65,12 +67,7 @@ def read_ceiling_us(nbytes: int, device: str) -> float:
     for per_sm, block, warps, stages in LAUNCH_SHAPES:
         programs = min(per_sm * sms, x.numel() // block)
         read = programs * per_program_elements(x.numel(), programs, block) * 2
-
-        def run(
-            programs: int = programs, block: int = block, warps: int = warps, stages: int = stages
-        ) -> None:
-            stream_read(x, programs, block, warps, stages)
-
+        run = functools.partial(stream_read, x, programs, block, warps, stages)
         us = median_us_clean_l2(run, device, use_graph=True)
         best = min(best, us * max(1.0, nbytes / read))  # padded tiny reads: not scaled down
     return best

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "attention_kernels.py"
 
@@ -53,7 +54,6 @@ def test_read_ceiling_kernel_reads_every_element_it_claims(device) -> None:
         from _read_ceiling import per_program_elements, stream_read
     finally:
         sys.path.remove(str(SCRIPT.parent))
-    import torch
 
     x = torch.arange(3 * 64 * 2 + 37, device=device).to(torch.float16)
     sums = stream_read(x, programs=3, block=64)
