@@ -123,7 +123,7 @@ def compiled_variant_keys() -> dict[str, set[str]]:
     import triton
 
     keys: dict[str, set[str]] = {}
-    for module in (importlib.import_module(f"prefixgrove.kernels.{n}") for n in KERNEL_MODULES):
+    for module in (importlib.import_module(f"prefixgrove_kernels.{n}") for n in KERNEL_MODULES):
         for name, fn in vars(module).items():
             caches = getattr(fn, "device_caches", None)
             if isinstance(fn, triton.runtime.JITFunction) and caches:
@@ -151,7 +151,7 @@ def emit(record: dict[str, Any]) -> None:
 def ensure_prefixgrove() -> None:
     """Imports the package from this checkout when it is not installed."""
     try:
-        import prefixgrove.kernels.cascade_attention  # noqa: F401
+        import prefixgrove_kernels.cascade_attention  # noqa: F401
 
         return
     except ImportError:
@@ -167,9 +167,9 @@ def ensure_prefixgrove() -> None:
     sys.modules["prefixgrove"] = package
     spec.loader.exec_module(package)
     if not (services / "kernels").is_dir():  # the link may be lost in a copy
-        kernels = types.ModuleType("prefixgrove.kernels")
+        kernels = types.ModuleType("prefixgrove_kernels")
         kernels.__path__ = [str(ROOT / "kernels")]
-        sys.modules["prefixgrove.kernels"] = kernels
+        sys.modules["prefixgrove_kernels"] = kernels
 
 
 def as_graph(fn: Callable[[], Any]) -> Callable[[], Any]:

@@ -42,9 +42,9 @@ from _read_ceiling import read_ceiling_us
 ensure_prefixgrove()
 
 
-from prefixgrove.kernels.cascade_attention import prefix_attention  # noqa: E402
-from prefixgrove.kernels.cascade_decode import cascade_decode_attention  # noqa: E402
-from prefixgrove.kernels.paged_attention import paged_attention  # noqa: E402
+from prefixgrove_kernels.cascade_attention import prefix_attention  # noqa: E402
+from prefixgrove_kernels.cascade_decode import cascade_decode_attention  # noqa: E402
+from prefixgrove_kernels.paged_attention import paged_attention  # noqa: E402
 
 TARGET = {"degree": 16, "prefix_len": 2000, "min_speedup": 3.0}
 

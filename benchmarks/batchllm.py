@@ -30,7 +30,7 @@ import sys
 import torch
 
 from prefixgrove import LLM, SamplingParams
-from prefixgrove.planner.grouping import GroupingConfig, GroupingResult, group_prompts
+from prefixgrove.grouping import GroupingConfig, GroupingResult, group_prompts
 
 from _common import (
     GcClock,

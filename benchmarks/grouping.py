@@ -16,7 +16,7 @@ from dataclasses import asdict
 
 import numpy as np
 
-from prefixgrove.planner.grouping import GroupingConfig, GroupingResult, group_prompts
+from prefixgrove.grouping import GroupingConfig, GroupingResult, group_prompts
 
 VOCAB = 128_256
 

@@ -63,9 +63,9 @@ def rss_mb(pid: int | str = "self") -> float:
 
 
 def run_inproc(n: int) -> dict[str, object]:
-    from prefixgrove.planner.ingest import JobIngestor
-    from prefixgrove.planner.settings import IngestSettings
-    from prefixgrove.planner.tokenize import PromptTokenizer
+    from prefixgrove.jobs.ingest import JobIngestor
+    from prefixgrove.jobs.tokenize import PromptTokenizer
+    from prefixgrove.settings import IngestSettings
 
     ingestor = JobIngestor(PromptTokenizer(MODEL, 2048), IngestSettings())
     base = rss_mb()

@@ -24,7 +24,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from prefixgrove import LLM, SamplingParams
-from prefixgrove.worker.engine import sampler as sampler_module
+from prefixgrove.engine import sampler as sampler_module
 
 from _common import (
     H100_BF16_FLOPS,

@@ -29,7 +29,7 @@ from _common import ensure_prefixgrove, median_us
 
 ensure_prefixgrove()
 
-from prefixgrove.kernels import cascade_attention, paged_attention  # noqa: E402
+from prefixgrove_kernels import cascade_attention, paged_attention  # noqa: E402
 
 
 class PrefillWorkload:

@@ -28,6 +28,6 @@ COPY --from=build /opt/venv /opt/venv
 RUN useradd --uid 10001 --user-group --no-create-home --home-dir /tmp prefixgrove
 USER 10001:10001
 EXPOSE 8080
-ENTRYPOINT ["kopf", "run", "--standalone", "--module=prefixgrove.operator.handlers", \
+ENTRYPOINT ["kopf", "run", "--standalone", "--module=prefixgrove_operator.handlers", \
             "--liveness=http://0.0.0.0:8080/healthz"]
 CMD ["--all-namespaces"]

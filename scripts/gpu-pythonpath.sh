@@ -1,9 +1,7 @@
 #!/usr/bin/env bash
-# Makes `import prefixgrove` work from this checkout without installing it (the GPU machines have no
-# package index): links services/ as the package root in a temp dir and prints the PYTHONPATH to use.
+# Makes the checkout importable without installing it (the GPU machines have no package index): prints
+# the four source roots (services/, kernels/, operator/, proto/) as a PYTHONPATH.
 # Usage: export PYTHONPATH=$(scripts/gpu-pythonpath.sh)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-dir=$(mktemp -d)
-ln -s "$root/services" "$dir/prefixgrove"
-echo "$dir"
+echo "$root/services:$root/kernels:$root/operator:$root/proto${PYTHONPATH:+:$PYTHONPATH}"

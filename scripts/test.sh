@@ -12,5 +12,6 @@ scripts/ci/install-compose.sh
 scripts/ci/build-kube-apiserver.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/mypy services kernels/*.py operator/*.py
+.venv/bin/lint-imports
+.venv/bin/mypy services kernels operator proto
 .venv/bin/pytest -q "$@"

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from deploy_tools import COMPOSE_FILE, REPO, compose_command, parse_cli, run
 
-from prefixgrove.planner.settings import PlannerSettings, WorkerSettings, load
+from prefixgrove.settings import PlannerSettings, WorkerSettings, load
 
 
 def compose(

@@ -183,7 +183,7 @@ def test_batchjob_with_a_missing_configmap_fails_with_a_condition_and_an_event(
 def test_batchjob_is_submitted_and_deleting_it_cancels_the_planner_job(
     cluster: Cluster, operator: tuple[Process, int], planner_address: str
 ) -> None:
-    from prefixgrove.operator.planner_client import PlannerClient
+    from prefixgrove_operator.planner_client import PlannerClient
 
     requests = [
         {

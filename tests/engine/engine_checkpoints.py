@@ -26,14 +26,14 @@ from transformers import (
 )
 
 from prefixgrove import LLM, RequestOutput, SamplingParams
-from prefixgrove.worker.engine.models.byte_tokenizer import (
+from prefixgrove.catalog.byte_tokenizer import (
     BOS_ID,
     EOS_ID,
     EOT_ID,
     VOCAB_SIZE,
     byte_tokenizer,
 )
-from prefixgrove.worker.engine.models.presets import _tiny_random_llama
+from prefixgrove.catalog.presets import _tiny_random_llama
 
 EOS_IDS = (EOS_ID, EOT_ID)
 _SHAPES: dict[str, Any] = {

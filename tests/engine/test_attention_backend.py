@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from prefixgrove.worker.engine.attention.backend import WIDEST_TILE_HINT, create_backend
-from prefixgrove.worker.engine.attention.metadata import AttentionMetadata, CascadeMetadata
+from prefixgrove.engine.attention.backend import WIDEST_TILE_HINT, create_backend
+from prefixgrove.engine.attention.metadata import AttentionMetadata, CascadeMetadata
 
 BLOCK, HEADS, KV_HEADS, DIM = 16, 4, 2, 32
 # Triton's interpreter runs the kernels on CPU tensors; on a GPU machine they need CUDA ones.

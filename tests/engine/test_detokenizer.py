@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from prefixgrove.worker.engine.detokenizer import Detokenizer, DetokState
-from prefixgrove.worker.engine.models.byte_tokenizer import EOS_ID, VOCAB_SIZE, byte_tokenizer
+from prefixgrove.catalog.byte_tokenizer import EOS_ID, VOCAB_SIZE, byte_tokenizer
+from prefixgrove.engine.detokenizer import Detokenizer, DetokState
 
 TEXTS = ["plain ascii", "grüße, 森林 and 🌲🌳!", "\n\t  spaced  ", "é"]
 

@@ -17,7 +17,7 @@ from engine_checkpoints import (
 )
 
 from prefixgrove import LLM, SamplingParams
-from prefixgrove.planner.grouping import GroupingConfig, group_prompts
+from prefixgrove.grouping import GroupingConfig, group_prompts
 
 PREFIX_LEN = 80  # 5 blocks of 16, above the cascade pass's 64-token threshold
 PARAMS = greedy(5, ignore_eos=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from prefixgrove.worker.engine.input_builder import InputBuilder
-from prefixgrove.worker.engine.sampling_params import SamplingParams
-from prefixgrove.worker.engine.scheduler import ScheduledSeq
-from prefixgrove.worker.engine.sequence import Group, Sequence
+from prefixgrove.engine.input_builder import InputBuilder
+from prefixgrove.engine.sampling_params import SamplingParams
+from prefixgrove.engine.scheduler import ScheduledSeq
+from prefixgrove.engine.sequence import Group, Sequence
 
 
 def _builder(*, use_cascade: bool = True, max_seqs: int = 8) -> InputBuilder:

@@ -61,7 +61,7 @@ def resource_usage(cubin: bytes) -> dict[str, int]:
 
 
 def paged_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
-    from prefixgrove.kernels.paged_attention import paged_attention_launch
+    from prefixgrove_kernels.paged_attention import paged_attention_launch
 
     out = []
     # (name, tokens, seqs, max_query_len, heads, kv heads, head_dim, block_size, cascade suffix;
@@ -97,7 +97,7 @@ def paged_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
 
 
 def prefix_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
-    from prefixgrove.kernels.cascade_attention import SuffixChunks, prefix_attention_launches
+    from prefixgrove_kernels.cascade_attention import SuffixChunks, prefix_attention_launches
 
     out = []
     # (name, tokens, groups, max_group_q, heads, kv heads, head_dim, splits)
@@ -136,7 +136,7 @@ def prefix_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
 
 
 def decode_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
-    from prefixgrove.kernels.cascade_decode import cascade_decode_attention_launches
+    from prefixgrove_kernels.cascade_decode import cascade_decode_attention_launches
 
     out = []
     # (name, seqs, groups, max_group_q, heads, kv heads, head_dim, splits)
@@ -165,7 +165,7 @@ def decode_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
 
 
 def merge_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
-    from prefixgrove.kernels.merge_states import merge_attention_states_launch
+    from prefixgrove_kernels.merge_states import merge_attention_states_launch
 
     o = torch.empty(256, 32, 128, dtype=dtype)
     lse = torch.empty(256, 32)

@@ -10,16 +10,15 @@ from __future__ import annotations
 import pytest
 import torch
 from paged_cases import Batch, Cache, Seq, cumulative, int32, make_batch, make_cache
-
-from prefixgrove.kernels.cascade_attention import (
+from prefixgrove_kernels.cascade_attention import (
     SuffixChunks,
     merge_attention_states,
     merge_attention_states_ref,
     prefix_attention,
     prefix_attention_ref,
 )
-from prefixgrove.kernels.cascade_decode import cascade_decode_attention
-from prefixgrove.kernels.paged_attention import paged_attention, paged_attention_ref
+from prefixgrove_kernels.cascade_decode import cascade_decode_attention
+from prefixgrove_kernels.paged_attention import paged_attention, paged_attention_ref
 
 pytestmark = [
     pytest.mark.gpu,

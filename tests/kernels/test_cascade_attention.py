@@ -16,8 +16,7 @@ from paged_cases import (
     make_cache,
     random_queries,
 )
-
-from prefixgrove.kernels.cascade_attention import (
+from prefixgrove_kernels.cascade_attention import (
     SuffixChunks,
     merge_attention_states,
     merge_attention_states_ref,
@@ -25,7 +24,7 @@ from prefixgrove.kernels.cascade_attention import (
     prefix_attention_ref,
     table_chunk,
 )
-from prefixgrove.kernels.paged_attention import paged_attention, paged_attention_ref
+from prefixgrove_kernels.paged_attention import paged_attention, paged_attention_ref
 
 NUM_KV_HEADS = 2
 TOLERANCE = {torch.float32: 2e-4, torch.float16: 5e-3}

@@ -5,15 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 from paged_cases import Cache, Request, build_cascade, dense_paged, make_cache
-
-from prefixgrove.kernels.cascade_attention import prefix_attention
-from prefixgrove.kernels.cascade_decode import (
+from prefixgrove_kernels.cascade_attention import prefix_attention
+from prefixgrove_kernels.cascade_decode import (
     CHUNK_TILES,
     cascade_decode_attention,
     cascade_decode_attention_launches,
     cascade_decode_attention_ref,
 )
-from prefixgrove.kernels.paged_attention import paged_attention
+from prefixgrove_kernels.paged_attention import paged_attention
 
 NUM_KV_HEADS = 2
 TOLERANCE = {torch.float32: 2e-4, torch.float16: 5e-3}

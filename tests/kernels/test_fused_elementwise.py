@@ -18,16 +18,16 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from prefixgrove.kernels.activation import silu_and_mul, silu_and_mul_ref
-from prefixgrove.kernels.rmsnorm import rms_norm, rms_norm_ref
-from prefixgrove.kernels.rotary import (
+from prefixgrove_kernels.activation import silu_and_mul, silu_and_mul_ref
+from prefixgrove_kernels.rmsnorm import rms_norm, rms_norm_ref
+from prefixgrove_kernels.rotary import (
     apply_rotary,
     apply_rotary_ref,
     apply_rotary_to_cache,
     apply_rotary_to_cache_ref,
 )
-from prefixgrove.worker.engine.models.rotary import rotary_table
+
+from prefixgrove.engine.models.rotary import rotary_table
 
 DTYPES = [torch.float32, torch.float16]
 MANTISSA_BITS = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}

@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_fused_elementwise import assert_mostly_equal, assert_ulps, fused_qkv_views, randn
-
-from prefixgrove.kernels.activation import silu_and_mul, silu_and_mul_ref
-from prefixgrove.kernels.rmsnorm import rms_norm, rms_norm_ref
-from prefixgrove.kernels.rotary import (
+from prefixgrove_kernels.activation import silu_and_mul, silu_and_mul_ref
+from prefixgrove_kernels.rmsnorm import rms_norm, rms_norm_ref
+from prefixgrove_kernels.rotary import (
     apply_rotary,
     apply_rotary_ref,
     apply_rotary_to_cache,
     apply_rotary_to_cache_ref,
 )
-from prefixgrove.worker.engine.models.rotary import rotary_table
+from test_fused_elementwise import assert_mostly_equal, assert_ulps, fused_qkv_views, randn
+
+from prefixgrove.engine.models.rotary import rotary_table
 
 pytestmark = [
     pytest.mark.gpu,

@@ -14,8 +14,7 @@ from paged_cases import (
     make_batch,
     make_cache,
 )
-
-from prefixgrove.kernels.paged_attention import LONG_QUERY, paged_attention, paged_attention_ref
+from prefixgrove_kernels.paged_attention import LONG_QUERY, paged_attention, paged_attention_ref
 
 NUM_KV_HEADS = 2
 # (head_dim, query heads per kv head, block_size)

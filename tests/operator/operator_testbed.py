@@ -171,7 +171,7 @@ def start_planner(
 ) -> tuple[Service, str]:
     """A real planner process on a free port, answering calls; returns it and its address.
     `tls` holds the planner's PEM files: cert, key and (for clients) ca."""
-    from prefixgrove.operator.planner_client import PlannerClient, PlannerUnavailable, TlsFiles
+    from prefixgrove_operator.planner_client import PlannerClient, PlannerUnavailable, TlsFiles
 
     port = port or free_port()
     args = cli("serve", "planner", "--host", "127.0.0.1", "--port", str(port))
@@ -216,7 +216,7 @@ def planner_address(redis_url: str, logs_dir: Path) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def planner(planner_address: str) -> Iterator[Any]:
     """The operator's own client to the test planner, to check what the operator did."""
-    from prefixgrove.operator.planner_client import PlannerClient
+    from prefixgrove_operator.planner_client import PlannerClient
 
     client = PlannerClient(planner_address)
     yield client
@@ -261,7 +261,7 @@ def operator_env(crd: KubeApi, planner_address: str, volume: Path) -> Iterator[N
     }
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
-    import prefixgrove.operator.handlers as handlers
+    import prefixgrove_operator.handlers as handlers
 
     assert handlers.SETTINGS.planner_address == planner_address, "handlers imported too early"
     yield
@@ -309,7 +309,7 @@ def operator(operator_env: None, worker_deployment: str) -> Iterator[Any]:
         "--standalone",
         f"--namespace={NAMESPACE}",
         "-m",
-        "prefixgrove.operator.handlers",
+        "prefixgrove_operator.handlers",
     ]
     with KopfRunner(args, timeout=60) as runner:
         yield runner

@@ -1,5 +1,5 @@
 {{/* The operator's rules for BatchJobs, shared by the Role (namespace scope) and ClusterRole (cluster scope). */}}
-{{- define "prefixgrove.operator.batchJobRules" -}}
+{{- define "prefixgrove_operator.batchJobRules" -}}
 - apiGroups: [prefixgrove.io]
   resources: [batchjobs]
   verbs: [get, list, watch, patch]

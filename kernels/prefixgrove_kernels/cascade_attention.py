@@ -1,0 +1,584 @@
+"""The prefix pass of cascade attention (the merge lives in merge_states, fused in the suffix pass).
+
+A prefix group's queries (all its requests' tokens in this step, decode and prefill chunks alike)
+are contiguous rows of q. One program takes BLOCK_Q of those rows times the G query heads of one kv
+head as the M dimension of tl.dot, so the group's prefix KV is read once per (group, kv head, M tile)
+instead of once per request. With few groups the prefix is also split across num_splits programs
+(flash-decoding style) whose partial (o, lse) a second kernel reduces.
+
+Rows outside every group (before group_cu_q[0], after group_cu_q[-1], or in a group whose prefix is
+empty) get no state (with one split they are left as they were; a split launch's reduce writes
+whatever its partial buffers held there): their sequences have kv_start 0, and the suffix pass merges
+a prefix state only into sequences whose own keys start after a prefix (kv_start > 0). On a prefill
+step those rows are mostly the new prefixes' prompts, often half the step: writing them a state that
+says "no prefix" made the pass over a canonical step's 20,800 rows take 1.35 ms where its 12,800
+grouped rows alone take 1.08 (H100), and the suffix pass read it all back.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from prefixgrove_kernels import checks
+from prefixgrove_kernels.launch import KernelLaunch
+from prefixgrove_kernels.merge_states import (
+    merge_attention_states,
+    merge_attention_states_ref,
+    reduce_splits_kernel,
+)
+from prefixgrove_kernels.paged_attention import (
+    LOG2E,
+    attend_whole_tiles,
+    dot_precision,
+    is_suffix_chunk,
+    is_suffix_chunk_host,
+    load_keys,
+    online_softmax_step,
+    paged_attention_ref,
+    score_masked_tile,
+    table_chunk,
+    tile_tier,
+)
+from prefixgrove_kernels.reference_math import attend
+
+__all__ = [
+    "SuffixChunks",
+    "merge_attention_states",
+    "merge_attention_states_ref",
+    "prefix_attention",
+    "prefix_attention_ref",
+]
+
+MAX_SPLITS = 16
+
+
+class SuffixChunks(NamedTuple):
+    """The step's sequences as the paged kernel takes them, and the attention output: given to the
+    prefix pass, it finishes the suffix chunks among them (grouped sequences with more than one
+    query; `is_suffix_chunk`) and writes their rows of `out`, which the paged kernel then skips."""
+
+    out: torch.Tensor  # [num_tokens, num_heads, head_dim], q's dtype (token, head strides free)
+    cu_seqlens_q: torch.Tensor  # [num_seqs + 1] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32
+    kv_start: torch.Tensor  # [num_seqs] int32: a grouped sequence's first own key
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
+
+
+@triton.jit
+def segment_begin(cu_ptr, j, num_groups, num_tokens):
+    """Row where segment j begins: segment 0 is [0, cu[0]), j in 1..num_groups is group j - 1,
+    segment num_groups + 1 is [cu[num_groups], num_tokens); j = num_groups + 2 ends it all."""
+    inside = (j >= 1) & (j <= num_groups + 1)
+    begin = tl.load(cu_ptr + j - 1, mask=inside, other=0)
+    return tl.where(j > num_groups + 1, num_tokens, begin)
+
+
+@triton.jit
+def find_group_segment(cu_ptr, tile_idx, num_groups, num_tokens, BLOCK_Q: tl.constexpr):
+    """The segment (as in segment_begin) owning global row tile tile_idx, where segment j's tiles
+    start at segment_begin(j) // BLOCK_Q + j."""
+    lo: tl.int32 = 0
+    hi = num_groups + 2
+    while lo < hi:
+        mid = (lo + hi) // 2
+        start = segment_begin(cu_ptr, mid, num_groups, num_tokens) // BLOCK_Q + mid
+        if start <= tile_idx:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def find_owner(cu_ptr, token, num_seqs):
+    """The sequence owning a query token: the largest s with cu[s] <= token."""
+    lo: tl.int32 = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(cu_ptr + mid) <= token:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def attend_suffix_chunks(
+    q, k_ptr, v_ptr, cu_q_ptr, seq_lens_ptr, kv_start_ptr, seq_tables_ptr, num_seqs,
+    first, end, token, row_valid, kv_head, dims, scale_log2, m_i, l_i, acc,
+    stride_kb, stride_ks, stride_kh, stride_st,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Folds the own keys of the suffix chunks among query tokens [first, end) into their rows'
+    online softmax: each row of such a chunk sees its sequence's keys [kv_start, its position],
+    causally, and no other sequence's. The tile's tokens belong to consecutive sequences (a 32-token
+    tile of 200-token chunks: one or two), walked one after the other. Returns (m, l, acc) and the
+    rows that belong to suffix chunks."""
+    s_first = find_owner(cu_q_ptr, first, num_seqs)
+    s_last = find_owner(cu_q_ptr, end - 1, num_seqs)
+    row_seq = tl.zeros_like(token).to(tl.int32) + s_first
+    for s in range(s_first + 1, s_last + 1):
+        row_seq += (token >= tl.load(cu_q_ptr + s)).to(tl.int32)
+    row_begin = tl.load(cu_q_ptr + row_seq, mask=row_valid, other=0)
+    row_q_len = tl.load(cu_q_ptr + row_seq + 1, mask=row_valid, other=0) - row_begin
+    row_kv_start = tl.load(kv_start_ptr + row_seq, mask=row_valid, other=0)
+    in_seq = (token - row_begin) < row_q_len  # not a padding row past the last sequence
+    chunk_rows = row_valid & in_seq & is_suffix_chunk(row_kv_start, row_q_len)
+    row_len = tl.load(seq_lens_ptr + row_seq, mask=row_valid, other=0)
+    row_pos = row_len - row_q_len + (token - row_begin).to(tl.int32)
+    for s in range(s_first, s_last + 1):
+        begin = tl.load(cu_q_ptr + s)
+        q_len = tl.load(cu_q_ptr + s + 1) - begin
+        kv_lo = tl.load(kv_start_ptr + s)
+        if is_suffix_chunk(kv_lo, q_len):
+            # Keys up to the position of s's last token in this tile.
+            kv_hi = tl.load(seq_lens_ptr + s) - q_len + tl.minimum(q_len, end - begin)
+            table_row = seq_tables_ptr + tl.cast(s, tl.int64) * stride_st
+            rows_of_s = (row_seq == s) & chunk_rows
+            for tile in range(kv_lo // BLOCK_N, tl.cdiv(kv_hi, BLOCK_N)):
+                sc, keys, key_valid, kv_offs = score_masked_tile(
+                    q, k_ptr, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks,
+                    stride_kh, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
+                )  # fmt: skip
+                allowed = (
+                    key_valid[None, :] & rows_of_s[:, None] & (keys[None, :] <= row_pos[:, None])
+                )
+                sc = tl.where(allowed, sc, float("-inf"))
+                m_i, l_i, acc = online_softmax_step(
+                    sc, scale_log2, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc, True,
+                    DOT_PRECISION,
+                )  # fmt: skip
+    return m_i, l_i, acc, chunk_rows
+
+
+# Row and group counts change every step: specialising on them (== 1, multiples of 16) would compile a
+# new variant mid-run, which costs a second or more each.
+@triton.jit(do_not_specialize=["num_groups", "num_tokens", "num_splits", "num_seqs"])
+def _prefix_attention_kernel(
+    q_ptr,  # [num_tokens, num_heads, HEAD_DIM] (token, head strides free)
+    k_ptr,  # k_cache, v_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
+    v_ptr,
+    o_ptr,  # [num_splits, num_tokens, num_heads, HEAD_DIM] fp32 (split dim absent if 1: out's dtype)
+    lse_ptr,  # [num_splits, num_tokens, num_heads] fp32
+    group_cu_ptr,  # [num_groups + 1]
+    prefix_lens_ptr,  # [num_groups]
+    block_tables_ptr,  # [num_groups, max_prefix_blocks] (row stride stride_bt)
+    # With SUFFIX_CHUNKS: the step's sequences (as the paged kernel takes them) and its output
+    out_ptr,  # [num_tokens, num_heads, HEAD_DIM] (token, head strides free)
+    cu_q_ptr,  # [num_seqs + 1]
+    seq_lens_ptr,  # [num_seqs]
+    kv_start_ptr,  # [num_seqs]
+    seq_tables_ptr,  # [num_seqs, max_blocks] (row stride stride_st)
+    num_groups,
+    num_tokens,
+    num_heads,
+    num_splits,  # programs per (group tile, kv head) along the prefix (a runtime int: no recompiles)
+    num_seqs,
+    scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_bt,
+    stride_ot,
+    stride_oh,
+    stride_st,
+    NUM_QUERIES_PER_KV: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TABLE_CHUNK: tl.constexpr,
+    SUFFIX_CHUNKS: tl.constexpr,  # finish suffix chunks here (see prefix_attention)
+    DOT_PRECISION: tl.constexpr,
+):
+    # One flat grid, row tiles slowest: every real tile's programs (all kv heads and splits) are
+    # dispatched before the empty tiles of padded groups, which would otherwise hold SM slots
+    # (their segment search) ahead of real work of later kv heads.
+    num_kv_heads = num_heads // NUM_QUERIES_PER_KV
+    pid = tl.program_id(0)
+    kv_head = pid % num_kv_heads
+    split = (pid // num_kv_heads) % num_splits
+    tile_idx = pid // (num_kv_heads * num_splits)
+    segment = find_group_segment(group_cu_ptr, tile_idx, num_groups, num_tokens, BLOCK_Q)
+    seg_begin = segment_begin(group_cu_ptr, segment, num_groups, num_tokens)
+    seg_len = segment_begin(group_cu_ptr, segment + 1, num_groups, num_tokens) - seg_begin
+    q_tile = tile_idx - (seg_begin // BLOCK_Q + segment)
+    if q_tile * BLOCK_Q >= seg_len:
+        return
+    group = segment - 1
+    is_group = (segment >= 1) & (segment <= num_groups)
+    prefix_len = tl.load(prefix_lens_ptr + group, mask=is_group, other=0)
+    if prefix_len == 0:
+        # Rows outside every group (and of groups without a prefix) have no prefix state: their
+        # sequences have kv_start 0, which the suffix pass reads as "nothing to merge". On a
+        # prefill step they are the new prefixes' prompts, often half the step's rows.
+        return
+
+    rows = tl.arange(0, BLOCK_M)
+    q_idx = q_tile * BLOCK_Q + rows // NUM_QUERIES_PER_KV
+    head = kv_head * NUM_QUERIES_PER_KV + rows % NUM_QUERIES_PER_KV
+    row_valid = (rows < BLOCK_Q * NUM_QUERIES_PER_KV) & (q_idx < seg_len)
+    token = (seg_begin + q_idx).to(tl.int64)
+    dims = tl.arange(0, HEAD_DIM)
+    q_offs = token * stride_qt + head * stride_qh
+    q = tl.load(q_ptr + q_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
+
+    num_tiles = tl.cdiv(prefix_len, BLOCK_N)
+    tiles_per_split = tl.cdiv(num_tiles, num_splits)
+    tile_lo = split * tiles_per_split
+    tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    table_row = block_tables_ptr + group.to(tl.int64) * stride_bt
+    prefix_blocks = tl.cdiv(prefix_len, BLOCK_SIZE)
+    # Tiles before full_hi hold prefix keys only and need no mask (the block table is held in
+    # registers a chunk at a time, see attend_whole_tiles); a prefix that ends inside a tile leaves
+    # that one tile to the masked step after the loop.
+    full_hi = tl.minimum(tile_hi, prefix_len // BLOCK_N)
+    m_i, l_i, acc = attend_whole_tiles(
+        q, k_ptr, v_ptr, table_row, tile_lo, full_hi, prefix_blocks, kv_head, dims, scale_log2,
+        m_i, l_i, acc, stride_kb, stride_ks, stride_kh,
+        BLOCK_SIZE, BLOCK_N, TABLE_CHUNK, DOT_PRECISION,
+    )  # fmt: skip
+    for tile in range(tl.maximum(tile_lo, full_hi), tile_hi):  # at most one: the prefix's last
+        keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        key_valid = keys < prefix_len
+        block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0)
+        kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
+        kv_offs += kv_head * stride_kh
+        k = load_keys(k_ptr, kv_offs, dims, key_valid, True)
+        s = tl.where(key_valid[None, :], tl.dot(q, k, input_precision=DOT_PRECISION), float("-inf"))
+        m_i, l_i, acc = online_softmax_step(
+            s, scale_log2, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc, True, DOT_PRECISION
+        )
+
+    state_rows = row_valid
+    if SUFFIX_CHUNKS:
+        # The rows of suffix chunks go on to their own keys in the same online softmax, and their
+        # output is final; every other row leaves its prefix state for the suffix pass as before.
+        first = seg_begin + q_tile * BLOCK_Q
+        end = seg_begin + tl.minimum((q_tile + 1) * BLOCK_Q, seg_len)  # one past the tile's last
+        m_i, l_i, acc, chunk_rows = attend_suffix_chunks(
+            q, k_ptr, v_ptr, cu_q_ptr, seq_lens_ptr, kv_start_ptr, seq_tables_ptr, num_seqs,
+            first, end, token, row_valid, kv_head, dims, scale_log2, m_i, l_i, acc,
+            stride_kb, stride_ks, stride_kh, stride_st, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
+        )  # fmt: skip
+        state_rows = row_valid & ~chunk_rows
+    has_keys = l_i > 0.0
+    o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if SUFFIX_CHUNKS:
+        out_offs = token * stride_ot + head * stride_oh
+        tl.store(
+            out_ptr + out_offs[:, None] + dims[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=chunk_rows[:, None],
+        )
+    lse = tl.where(
+        has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) / 1.4426950408889634, float("-inf")
+    )
+    lse_offs = (split.to(tl.int64) * num_tokens + token) * num_heads + head
+    o_offs = lse_offs * HEAD_DIM
+    tl.store(
+        o_ptr + o_offs[:, None] + dims[None, :],
+        o.to(o_ptr.dtype.element_ty),
+        mask=state_rows[:, None],
+    )
+    tl.store(lse_ptr + lse_offs, lse, mask=state_rows)
+
+
+@functools.cache
+def num_sms(device_index: int) -> int:
+    """Streaming multiprocessors of a CUDA device (cached: asked once per device)."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _tile_shape(head_dim: int, elem_bytes: int, group: int, max_group_q: int) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N): M covers a whole group's rows when it can (up to 128 for narrow rows).
+    Narrow-row tiles of decode steps stream 32 keys at a time, four tiles in flight (see
+    `_num_stages`): as fast as 64 x 3 at degree 16 and 4-7% faster at degrees 4 and 64 (H100). The
+    widest M (a group's prefill chunk) takes 64 keys, two stages and at most 128 registers: 5% faster
+    than 128 x 32 with three on the canonical prefill (benchmarks/tune_prefill.py, H100)."""
+    tier = tile_tier(head_dim, elem_bytes)
+    min_m = max(16, triton.next_power_of_2(group))
+    block_m = triton.next_power_of_2(max(1, max_group_q * group))
+    block_m = min(max(min_m, block_m), max(min_m, 128 >> tier))
+    if tier == 0:
+        return block_m, 64 if _is_wide(block_m, tier) else 32
+    return block_m, 64 >> tier
+
+
+def _num_stages(block_m: int, tier: int) -> int:
+    """Key tiles the pipeliner keeps in flight: wide rows and the wide prefill tiles have room for
+    two in shared memory, narrow decode tiles for four."""
+    return 4 if tier == 0 and not _is_wide(block_m, tier) else 2
+
+
+def _is_wide(block_m: int, tier: int) -> bool:
+    return tier == 0 and block_m >= 128
+
+
+def default_num_splits(
+    q: torch.Tensor, num_groups: int, m_tiles_per_group: int, num_kv_heads: int
+) -> int:
+    """About two programs per SM when there are few groups; a power of two (each count is its own
+    kernel variant), 1 off the GPU."""
+    if q.device.type != "cuda":
+        return 1
+    programs = max(1, num_groups * m_tiles_per_group * num_kv_heads)
+    wanted = min(MAX_SPLITS, triton.cdiv(2 * num_sms(q.device.index or 0), programs))
+    return 1 << (max(1, wanted).bit_length() - 1)
+
+
+def _check_prefix_args(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    group_cu_q: torch.Tensor,
+    group_prefix_lens: torch.Tensor,
+    group_block_tables: torch.Tensor,
+    scale: float,
+    max_group_q: int,
+) -> tuple[int, int]:
+    """Validates on the host; returns (num_groups, GQA ratio)."""
+    checks.check_queries(q)
+    group = checks.check_kv_cache(q, k_cache, v_cache)
+    checks.check_scale(scale)
+    num_groups = checks.check_segments(
+        q, "group_cu_q", group_cu_q, {"group_prefix_lens": group_prefix_lens},
+        "group_block_tables", group_block_tables, "max_group_q", max_group_q,
+    )  # fmt: skip
+    return num_groups, group
+
+
+def _check_suffix_chunks(q: torch.Tensor, chunks: SuffixChunks) -> int:
+    """Validates the sequences on the host; returns their number."""
+    checks.check_output("suffix_chunks.out", chunks.out, q, (q.dtype,), contiguous=False)
+    return checks.check_segments(
+        q, "suffix_chunks.cu_seqlens_q", chunks.cu_seqlens_q,
+        {"suffix_chunks.seq_lens": chunks.seq_lens, "suffix_chunks.kv_start": chunks.kv_start},
+        "suffix_chunks.block_tables", chunks.block_tables, "num_tokens", q.shape[0],
+    )  # fmt: skip
+
+
+def _outputs(
+    q: torch.Tensor, out: torch.Tensor | None, out_lse: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if out is None:
+        out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    if out_lse is None:
+        out_lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    checks.check_output("out", out, q, checks.state_dtypes(q))
+    checks.check_lse("out_lse", out_lse, q)
+    return out, out_lse
+
+
+def prefix_attention_launches(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    group_cu_q: torch.Tensor,
+    group_prefix_lens: torch.Tensor,
+    group_block_tables: torch.Tensor,
+    scale: float,
+    max_group_q: int,
+    out: torch.Tensor | None = None,
+    out_lse: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    suffix_chunks: SuffixChunks | None = None,
+) -> tuple[list[KernelLaunch], torch.Tensor, torch.Tensor]:
+    """Checks the arguments and plans the launches `prefix_attention` makes, with its outputs."""
+    num_groups, group = _check_prefix_args(
+        q, k_cache, v_cache, group_cu_q, group_prefix_lens, group_block_tables, scale, max_group_q
+    )
+    out, out_lse = _outputs(q, out, out_lse)
+    num_seqs = 0 if suffix_chunks is None else _check_suffix_chunks(q, suffix_chunks)
+    if suffix_chunks is not None:
+        # A suffix chunk's own keys follow its prefix in one program's online softmax.
+        if num_splits not in (None, 1):
+            raise ValueError(f"suffix_chunks needs num_splits=1, got {num_splits!r}")
+        num_splits = 1
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    block_m, block_n = _tile_shape(head_dim, q.element_size(), group, max_group_q)
+    block_q = block_m // group
+    tier = tile_tier(head_dim, q.element_size())
+    if num_splits is None:
+        m_tiles = triton.cdiv(max_group_q, block_q)
+        num_splits = default_num_splits(q, num_groups, m_tiles, num_kv_heads)
+    if not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be an int in [1, {MAX_SPLITS}], got {num_splits!r}")
+    if num_tokens == 0:
+        return [], out, out_lse
+    if num_splits == 1:
+        part_o, part_lse = out, out_lse
+    else:
+        part_o = torch.empty((num_splits, *q.shape), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((num_splits, *q.shape[:2]), dtype=torch.float32, device=q.device)
+    # Without suffix chunks their pointers are never read: tensors of the call stand in.
+    chunks = suffix_chunks or SuffixChunks(
+        part_o, group_cu_q, group_prefix_lens, group_prefix_lens, group_block_tables
+    )
+    args = (
+        q, k_cache, v_cache, part_o, part_lse,
+        group_cu_q, group_prefix_lens, group_block_tables,
+        chunks.out, chunks.cu_seqlens_q, chunks.seq_lens, chunks.kv_start, chunks.block_tables,
+        num_groups, num_tokens, num_heads, num_splits, num_seqs, scale * LOG2E,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        group_block_tables.stride(0),
+        chunks.out.stride(0), chunks.out.stride(1), chunks.block_tables.stride(0),
+    )  # fmt: skip
+    options = {
+        "NUM_QUERIES_PER_KV": group,
+        "HEAD_DIM": head_dim,
+        "BLOCK_SIZE": k_cache.shape[1],
+        "BLOCK_Q": block_q,
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "TABLE_CHUNK": table_chunk(k_cache.shape[1], block_n),
+        "SUFFIX_CHUNKS": num_seqs > 0,
+        "DOT_PRECISION": dot_precision(q.dtype),
+        "num_stages": _num_stages(block_m, tier),
+    }
+    options["num_warps"] = 8 if block_m * head_dim >= 128 * 128 else 4
+    if _is_wide(block_m, tier):
+        # At most 128 registers a thread lets two of these 8-warp programs share an SM (65,536
+        # registers), which the prefill chunks' 128-row tiles need to be fast: left alone the
+        # compiler takes ~160 for no gain; at 128 nothing spills on sm_90.
+        options["maxnreg"] = 128
+    grid = ((num_tokens // block_q + num_groups + 2) * num_splits * num_kv_heads,)
+    launches = [KernelLaunch(_prefix_attention_kernel, grid, args, options)]
+    if num_splits > 1:
+        num_rows = num_tokens * num_heads
+        reduce_args = (part_o, part_lse, out, out_lse, num_rows)
+        reduce_options = {"NUM_SPLITS": num_splits, "BLOCK_R": 16, "HEAD_DIM": head_dim}
+        reduce_grid = (triton.cdiv(num_rows, 16),)
+        launches.append(
+            KernelLaunch(reduce_splits_kernel, reduce_grid, reduce_args, reduce_options)
+        )
+    return launches, out, out_lse
+
+
+def prefix_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    group_cu_q: torch.Tensor,
+    group_prefix_lens: torch.Tensor,
+    group_block_tables: torch.Tensor,
+    scale: float,
+    max_group_q: int,
+    out: torch.Tensor | None = None,
+    out_lse: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    suffix_chunks: SuffixChunks | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Non-causal attention of every group's query rows over the group's whole prefix.
+
+    q: [num_tokens, num_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size,
+    num_kv_heads, head_dim]; group_cu_q: [num_groups + 1] (group g owns rows
+    group_cu_q[g]:group_cu_q[g + 1]); group_prefix_lens: [num_groups] (whole blocks in the engine,
+    but any length works); group_block_tables: [num_groups, max_prefix_blocks]; index tensors
+    int32. max_group_q, the largest group's row count, only picks the tile shape and the default
+    split count: a group with more rows is still computed whole. Returns (o_p, lse_p):
+    [num_tokens, num_heads, head_dim] and [num_tokens, num_heads], written into `out` / `out_lse`
+    when given; lse_p is fp32, o_p fp32 unless `out` is in q's dtype (half the bytes to write and
+    read back, at one more rounding of o_p). num_splits (1..16)
+    splits each prefix across programs; by default it is picked from the GPU's SM count.
+
+    With suffix_chunks, the rows of suffix chunks (grouped sequences with more than one query in the
+    step: chunks of their own prompts) go on, in the same pass, to their own keys [kv_start, their
+    position] causally, and their final attention over [prefix ; own keys] is written to
+    suffix_chunks.out; (o_p, lse_p) of those rows are then left unwritten, and the paged kernel's
+    suffix pass (skip_suffix_chunks) takes the other rows. This saves writing and reading back the
+    chunks' prefix state and a pass of programs over their few hundred own keys (one split only).
+    The grid depends on host ints only, so the call can be captured in a CUDA graph.
+    """
+    launches, out, out_lse = prefix_attention_launches(
+        q, k_cache, v_cache, group_cu_q=group_cu_q, group_prefix_lens=group_prefix_lens,
+        group_block_tables=group_block_tables, scale=scale, max_group_q=max_group_q, out=out,
+        out_lse=out_lse, num_splits=num_splits, suffix_chunks=suffix_chunks,
+    )  # fmt: skip
+    for launch in launches:
+        launch.run()
+    return out, out_lse
+
+
+def prefix_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    group_cu_q: torch.Tensor,
+    group_prefix_lens: torch.Tensor,
+    group_block_tables: torch.Tensor,
+    scale: float,
+    max_group_q: int,
+    out: torch.Tensor | None = None,
+    out_lse: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    suffix_chunks: SuffixChunks | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch version of `prefix_attention` (same contract), one group at a time in fp32; suffix
+    chunks are finished by the paged kernel's reference over the prefix state (the merge the
+    kernel's one online softmax is equal to)."""
+    num_groups, _ = _check_prefix_args(
+        q, k_cache, v_cache, group_cu_q, group_prefix_lens, group_block_tables, scale, max_group_q
+    )
+    out, out_lse = _outputs(q, out, out_lse)
+    if suffix_chunks is not None:
+        _check_suffix_chunks(q, suffix_chunks)
+    block_size = k_cache.shape[1]
+    cu = group_cu_q.tolist()
+    prefix_lens = group_prefix_lens.tolist()
+    for g in range(num_groups):
+        if cu[g + 1] == cu[g] or prefix_lens[g] == 0:
+            continue
+        blocks = group_block_tables[g, : triton.cdiv(prefix_lens[g], block_size)].long()
+        k = k_cache[blocks].flatten(0, 1)[: prefix_lens[g]]
+        v = v_cache[blocks].flatten(0, 1)[: prefix_lens[g]]
+        allowed = torch.ones(cu[g + 1] - cu[g], k.shape[0], dtype=torch.bool, device=q.device)
+        out[cu[g] : cu[g + 1]], out_lse[cu[g] : cu[g + 1]] = attend(
+            q[cu[g] : cu[g + 1]], k, v, scale, allowed
+        )
+    if suffix_chunks is not None:
+        _finish_suffix_chunks_ref(q, k_cache, v_cache, scale, suffix_chunks, out, out_lse)
+    return out, out_lse
+
+
+def _finish_suffix_chunks_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    scale: float,
+    chunks: SuffixChunks,
+    prefix_out: torch.Tensor,
+    prefix_lse: torch.Tensor,
+) -> None:
+    """The suffix chunks' rows of chunks.out: the suffix pass over their own keys, merged with
+    their prefix state, one suffix chunk at a time."""
+    cu = chunks.cu_seqlens_q.tolist()
+    starts = chunks.kv_start.tolist()
+    for s in range(len(cu) - 1):
+        if not is_suffix_chunk_host(starts[s], cu[s + 1] - cu[s]):
+            continue
+        rows = slice(cu[s], cu[s + 1])
+        paged_attention_ref(
+            q[rows], k_cache, v_cache, chunks.out[rows],
+            cu_seqlens_q=chunks.cu_seqlens_q.new_tensor([0, cu[s + 1] - cu[s]]),
+            seq_lens=chunks.seq_lens[s : s + 1], block_tables=chunks.block_tables[s : s + 1],
+            scale=scale, max_query_len=cu[s + 1] - cu[s], kv_start=chunks.kv_start[s : s + 1],
+            prefix_out=prefix_out[rows], prefix_lse=prefix_lse[rows],
+        )  # fmt: skip

@@ -1,0 +1,483 @@
+"""Paged causal attention over a block-table KV cache, for decode and chunked prefill alike.
+
+One program handles BLOCK_Q query tokens of one sequence times the G query heads that share one kv
+head, so the M dimension of tl.dot is BLOCK_Q * G even in decode (tensor cores with GQA). Keys come
+from the paged cache through the block table in tiles of BLOCK_N, with an online softmax. With a
+prefix result (o, lse) given, this is the suffix pass of cascade attention and the merge is fused.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from prefixgrove_kernels import checks
+from prefixgrove_kernels.launch import KernelLaunch
+from prefixgrove_kernels.merge_states import merge_pair
+from prefixgrove_kernels.reference_math import attend, merge_states
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def find_segment(cu_ptr, tile_idx, num_segments, BLOCK_Q: tl.constexpr):
+    """Largest s with cu[s] // BLOCK_Q + s <= tile_idx: the segment owning a global query tile."""
+    lo: tl.int32 = 0
+    hi = num_segments
+    while lo < hi:
+        mid = (lo + hi) // 2
+        start = tl.load(cu_ptr + mid) // BLOCK_Q + mid
+        if start <= tile_idx:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def is_suffix_chunk(kv_start, q_len):
+    """A grouped sequence (its own keys start after the group's prefix) with more than one query in
+    the step: a chunk of its own prompt, which the prefix pass finishes when asked to (decode rows and
+    sequences outside every group are the suffix pass's)."""
+    return (kv_start > 0) & (q_len > 1)
+
+
+def is_suffix_chunk_host(kv_start: int, q_len: int) -> bool:
+    """`is_suffix_chunk` for the torch references, on host ints."""
+    return kv_start > 0 and q_len > 1
+
+
+@triton.jit
+def online_softmax_step(
+    s, scale_log2, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc,
+    MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Folds one key tile into an online softmax (log2 domain). s holds the rows' raw scores q.k
+    over the tile; scaling them by scale_log2 rides on the exponent's multiply-add, which saves a
+    pass over the tile. MASKED: s is -inf where a key is not allowed and key_valid masks the value
+    load; otherwise every key of the tile counts for every row (and key_valid is not read).
+    Returns the updated (m, l, acc); rows with nothing allowed yet keep m = -inf."""
+    m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2)
+    # v: [BLOCK_N, HEAD_DIM]
+    v_ptrs = v_ptr + kv_offs[:, None] + dims[None, :]
+    if MASKED:
+        # NOTE: shift rows whose m is still -inf by 0 to avoid inf - inf.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        v = tl.load(v_ptrs, mask=key_valid[:, None], other=0.0)
+    else:
+        m_shift = m_new
+        v = tl.load(v_ptrs)
+    alpha = tl.exp2(m_i - m_shift)
+    p = tl.exp2(s * scale_log2 - m_shift[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def load_keys(k_ptr, kv_offs, dims, key_valid, MASKED: tl.constexpr):
+    """A key tile as [HEAD_DIM, BLOCK_N] (masked loads read zeros for keys outside key_valid)."""
+    k_ptrs = k_ptr + kv_offs[None, :] + dims[:, None]
+    if MASKED:
+        return tl.load(k_ptrs, mask=key_valid[None, :], other=0.0)
+    return tl.load(k_ptrs)
+
+
+@triton.jit
+def score_masked_tile(
+    q, k_ptr, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks, stride_kh,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Key tile `tile` of one block-table row with the keys outside [kv_lo, kv_hi) masked off: the
+    rows' raw scores q.k over it, and its keys, their validity and cache offsets (for the online
+    softmax step, which loads the values from the same offsets). The block id of each key is loaded
+    here, so a loop of these waits for it before each tile's copies: for short or edge loops."""
+    keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    key_valid = (keys >= kv_lo) & (keys < kv_hi)
+    block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0)
+    kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
+    kv_offs += kv_head * stride_kh
+    k = load_keys(k_ptr, kv_offs, dims, key_valid, True)
+    return tl.dot(q, k, input_precision=DOT_PRECISION), keys, key_valid, kv_offs
+
+
+@triton.jit
+def attend_whole_tiles(
+    q, k_ptr, v_ptr, table_row, tile_lo, tile_hi, num_blocks, kv_head, dims, scale_log2,
+    m_i, l_i, acc, stride_kb, stride_ks, stride_kh,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TABLE_CHUNK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Folds key tiles [tile_lo, tile_hi) of one block-table row into the online softmax, every key
+    of them counting for every row (no masks). The table row (num_blocks entries in use) is read
+    TABLE_CHUNK entries at a time into registers and each tile's block ids are gathered from there:
+    the key and value copies then depend on no load inside the loop, so the pipeliner keeps
+    num_stages - 1 tiles in flight (with the ids loaded from memory in the loop it waits for every
+    copy at the top of each iteration; 15% slower on the prefix pass's prefill chunks)."""
+    TILES_PER_CHUNK: tl.constexpr = TABLE_CHUNK * BLOCK_SIZE // BLOCK_N
+    entries = tl.arange(0, TABLE_CHUNK)
+    for chunk in range(tile_lo // TILES_PER_CHUNK, tl.cdiv(tile_hi, TILES_PER_CHUNK)):
+        first_entry = chunk * TABLE_CHUNK
+        table = tl.load(
+            table_row + first_entry + entries, mask=first_entry + entries < num_blocks, other=0
+        )
+        chunk_lo = tl.maximum(tile_lo, chunk * TILES_PER_CHUNK)
+        chunk_hi = tl.minimum(tile_hi, (chunk + 1) * TILES_PER_CHUNK)
+        for tile in range(chunk_lo, chunk_hi):
+            keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+            # Wrapped into the chunk: the pipeliner computes this for tiles past the loop's end
+            # too (their loads are masked off), and a gather index out of range faults on the GPU.
+            entry = (keys // BLOCK_SIZE - first_entry) & (TABLE_CHUNK - 1)
+            block = tl.gather(table, entry, 0)
+            kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
+            kv_offs += kv_head * stride_kh
+            k = load_keys(k_ptr, kv_offs, dims, keys, False)
+            s = tl.dot(q, k, input_precision=DOT_PRECISION)
+            m_i, l_i, acc = online_softmax_step(
+                s, scale_log2, v_ptr, kv_offs, dims, keys, m_i, l_i, acc, False, DOT_PRECISION
+            )
+    return m_i, l_i, acc
+
+
+# Sequence and tile counts change every step: no specialisation on them (see cascade_attention).
+# What a step's shape decides at run time (the grid's mapping, skipping suffix chunks) is an argument, not
+# a constexpr: each constexpr combination is a variant, compiled the first time a job meets it.
+@triton.jit(do_not_specialize=["num_seqs", "tiles_per_seq", "skip_suffix_chunks"])
+def _paged_attention_kernel(
+    q_ptr,  # q, out: [num_tokens, num_heads, HEAD_DIM] (token, head strides free)
+    k_ptr,  # k_cache, v_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
+    v_ptr,
+    out_ptr,
+    prefix_o_ptr,  # [num_tokens, num_heads, HEAD_DIM] fp32 or q's dtype
+    prefix_lse_ptr,  # [num_tokens, num_heads] fp32
+    cu_q_ptr,  # [num_seqs + 1]
+    seq_lens_ptr,  # [num_seqs]
+    kv_start_ptr,  # [num_seqs]
+    block_tables_ptr,  # [num_seqs, max_blocks] (row stride stride_bt)
+    num_seqs,
+    tiles_per_seq,  # query tiles per sequence on the direct grid; 0: tiles are searched for
+    skip_suffix_chunks,  # 1: the prefix pass has finished the suffix chunks (see is_suffix_chunk)
+    num_heads,
+    scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_bt,
+    NUM_QUERIES_PER_KV: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TABLE_CHUNK: tl.constexpr,
+    UNMASKED_BODY: tl.constexpr,  # the unmasked loop over the tiles every row sees whole
+    HAS_KV_START: tl.constexpr,
+    HAS_PREFIX: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # Programs are dispatched roughly in program-id order: the grid runs backwards so that the last
+    # sequences' last query tiles, the longest of a causal prefill, start first and the short ones
+    # fill in behind them. The engine puts a step's grouped rows first and the new prefixes'
+    # prompts after them, whose long prefills would otherwise start last and set the launch's tail.
+    tile_idx = tl.num_programs(0) - 1 - tl.program_id(0)
+    kv_head = tl.program_id(1)
+    if tiles_per_seq > 0:  # a grid of num_seqs * tiles_per_seq
+        seq = tile_idx // tiles_per_seq
+        q_tile = tile_idx % tiles_per_seq
+    else:
+        seq = find_segment(cu_q_ptr, tile_idx, num_seqs, BLOCK_Q)
+        q_tile = tile_idx - (tl.load(cu_q_ptr + seq) // BLOCK_Q + seq)
+    q_begin = tl.load(cu_q_ptr + seq)
+    q_len = tl.load(cu_q_ptr + seq + 1) - q_begin
+    if q_tile * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context = seq_len - q_len
+    kv_lo = 0
+    if HAS_KV_START:
+        kv_lo = tl.load(kv_start_ptr + seq)
+        if (skip_suffix_chunks != 0) & is_suffix_chunk(kv_lo, q_len):
+            return
+
+    # Row r of the M dimension is query token r // G of this tile, head kv_head * G + r % G.
+    rows = tl.arange(0, BLOCK_M)
+    q_idx = q_tile * BLOCK_Q + rows // NUM_QUERIES_PER_KV
+    head = kv_head * NUM_QUERIES_PER_KV + rows % NUM_QUERIES_PER_KV
+    row_valid = (rows < BLOCK_Q * NUM_QUERIES_PER_KV) & (q_idx < q_len)
+    pos = context + q_idx
+    dims = tl.arange(0, HEAD_DIM)
+    token = (q_begin + q_idx).to(tl.int64)
+    q_offs = token * stride_qt + head * stride_qh
+    q = tl.load(q_ptr + q_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
+
+    kv_hi = context + tl.minimum((q_tile + 1) * BLOCK_Q, q_len)  # one past the last key needed
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    t_begin = kv_lo // BLOCK_N
+    t_end = tl.cdiv(kv_hi, BLOCK_N)
+    full_lo = t_begin
+    full_hi = t_begin
+    if UNMASKED_BODY:
+        # Key tiles [full_lo, full_hi) lie inside [kv_lo, kv_hi) and at or before the tile's first
+        # query, so every row may see all their keys: that loop needs no mask (most of a long
+        # prefill's tiles). The tiles before and after it (a kv_lo inside a tile, the causal
+        # diagonal) take the masked loop below.
+        full_lo = tl.minimum(tl.cdiv(kv_lo, BLOCK_N), t_end)
+        full_hi = tl.maximum(full_lo, (context + q_tile * BLOCK_Q + 1) // BLOCK_N)
+        m_i, l_i, acc = attend_whole_tiles(
+            q, k_ptr, v_ptr, table_row, full_lo, full_hi, tl.cdiv(kv_hi, BLOCK_SIZE), kv_head,
+            dims, scale_log2, m_i, l_i, acc, stride_kb, stride_ks, stride_kh,
+            BLOCK_SIZE, BLOCK_N, TABLE_CHUNK, DOT_PRECISION,
+        )  # fmt: skip
+    # Every tile outside [full_lo, full_hi): all of them without UNMASKED_BODY.
+    num_head_tiles = full_lo - t_begin
+    for i in range(0, num_head_tiles + t_end - full_hi):
+        tile = t_begin + i + tl.where(i < num_head_tiles, 0, full_hi - full_lo)
+        s, keys, key_valid, kv_offs = score_masked_tile(
+            q, k_ptr, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks,
+            stride_kh, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
+        )  # fmt: skip
+        allowed = key_valid[None, :] & (keys[None, :] <= pos[:, None])
+        s = tl.where(allowed, s, float("-inf"))
+        m_i, l_i, acc = online_softmax_step(
+            s, scale_log2, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc, True, DOT_PRECISION
+        )
+
+    has_keys = l_i > 0.0
+    o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if HAS_PREFIX:  # noqa: SIM102 (a constexpr: the test compiles away)
+        if kv_lo > 0:  # only a grouped sequence has a prefix state (see cascade_attention)
+            lse = tl.where(
+                has_keys,
+                (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) / 1.4426950408889634,
+                float("-inf"),
+            )
+            state_offs = token * num_heads + head  # prefix state is contiguous
+            lse_p = tl.load(prefix_lse_ptr + state_offs, mask=row_valid, other=float("-inf"))
+            o_offs = state_offs[:, None] * HEAD_DIM + dims[None, :]
+            o_p = tl.load(prefix_o_ptr + o_offs, mask=row_valid[:, None], other=0.0)
+            o, _ = merge_pair(o_p.to(tl.float32), lse_p, o, lse)
+    tl.store(
+        out_ptr + (token * stride_ot + head * stride_oh)[:, None] + dims[None, :],
+        o.to(out_ptr.dtype.element_ty),
+        mask=row_valid[:, None],
+    )
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    # fp32 inputs would otherwise go through tf32 tensor cores (10-bit mantissa).
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def tile_tier(head_dim: int, elem_bytes: int) -> int:
+    """0 for rows up to 256 bytes (bf16/fp16 up to head_dim 128), 1 up to 512, 2 beyond: wider
+    rows get smaller tiles so that they stay in registers and shared memory."""
+    row_bytes = head_dim * elem_bytes
+    return 0 if row_bytes <= 256 else 1 if row_bytes <= 512 else 2
+
+
+def table_chunk(block_size: int, block_n: int) -> int:
+    """Block-table entries a program holds in registers at a time (a power of two): 2,048 keys' worth,
+    and never less than one key tile (block_size and BLOCK_N are powers of two, so a chunk is a
+    whole number of key tiles)."""
+    return max(triton.next_power_of_2(max(1, 2048 // block_size)), triton.cdiv(block_n, block_size))
+
+
+# A launch whose longest query exceeds this holds a long causal prefill (see UNMASKED_BODY below); a
+# suffix pass's queries are a request's own tokens, a few hundred.
+LONG_QUERY = 512
+
+
+def _tile_shape(head_dim: int, elem_bytes: int, group: int, max_query_len: int) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N): 16 rows when all of a sequence's queries fit (decode), more for prefill."""
+    tier = tile_tier(head_dim, elem_bytes)
+    min_m = max(16, triton.next_power_of_2(group))
+    block_m = min_m if max_query_len * group <= min_m else max(min_m, 64 >> tier)
+    return block_m, 64 >> tier
+
+
+def check_paged_attention_args(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+    kv_start: torch.Tensor | None,
+    prefix_out: torch.Tensor | None,
+    prefix_lse: torch.Tensor | None,
+) -> tuple[int, int]:
+    """Validates everything on the host; returns (num_seqs, GQA ratio)."""
+    checks.check_queries(q)
+    group = checks.check_kv_cache(q, k_cache, v_cache)
+    checks.check_output("out", out, q, q.dtype, contiguous=False)
+    checks.check_scale(scale)
+    num_seqs = checks.check_segments(
+        q, "cu_seqlens_q", cu_seqlens_q, {"seq_lens": seq_lens, "kv_start": kv_start},
+        "block_tables", block_tables, "max_query_len", max_query_len,
+    )  # fmt: skip
+    checks.check_state(q, "prefix_out", prefix_out, "prefix_lse", prefix_lse)
+    return num_seqs, group
+
+
+def paged_attention_launch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+    kv_start: torch.Tensor | None = None,
+    prefix_out: torch.Tensor | None = None,
+    prefix_lse: torch.Tensor | None = None,
+    skip_suffix_chunks: bool = False,
+) -> KernelLaunch | None:
+    """Checks the arguments and plans the launch `paged_attention` makes (None: nothing to do)."""
+    num_seqs, group = check_paged_attention_args(
+        q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, scale, max_query_len,
+        kv_start, prefix_out, prefix_lse,
+    )  # fmt: skip
+    if prefix_out is not None and kv_start is None:
+        raise ValueError(
+            "prefix_out needs kv_start (the state merges into sequences with kv_start > 0)"
+        )
+    if skip_suffix_chunks and kv_start is None:
+        raise ValueError("skip_suffix_chunks needs kv_start (suffix chunks are grouped sequences)")
+    num_tokens, _, head_dim = q.shape
+    if num_tokens == 0 or num_seqs == 0 or max_query_len == 0:
+        return None
+    block_m, block_n = _tile_shape(head_dim, q.element_size(), group, max_query_len)
+    block_q = block_m // group
+    tiles_per_seq = triton.cdiv(max_query_len, block_q)
+    searched_tiles = num_tokens // block_q + num_seqs
+    direct = num_seqs * tiles_per_seq <= searched_tiles
+    grid = (num_seqs * tiles_per_seq if direct else searched_tiles, k_cache.shape[2])
+    args = (
+        q, k_cache, v_cache, out,
+        prefix_out if prefix_out is not None else out,
+        prefix_lse if prefix_lse is not None else seq_lens,
+        cu_seqlens_q, seq_lens,
+        kv_start if kv_start is not None else seq_lens,
+        block_tables, num_seqs, tiles_per_seq if direct else 0, int(skip_suffix_chunks),
+        q.shape[1], scale * LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+    )  # fmt: skip
+    options = {
+        "NUM_QUERIES_PER_KV": group,
+        "HEAD_DIM": head_dim,
+        "BLOCK_SIZE": k_cache.shape[1],
+        "BLOCK_Q": block_q,
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "TABLE_CHUNK": table_chunk(k_cache.shape[1], block_n),
+        # The suffix pass (kv_start given) streams one request's own keys, a few hundred: there one
+        # masked loop beats three loops' pipeline start-ups (H100: decode suffix pass 100.7 against
+        # 106.9 us, prefill chunk 287.7 against 298.6; benchmarks/RESULTS.md, eighth round). But a
+        # prefill step's one launch also holds the causal prefills of new prefixes, thousands of
+        # keys each, which the unmasked loop takes ~15% faster: with such a sequence in the launch
+        # (a long query), every program takes the three loops.
+        "UNMASKED_BODY": kv_start is None or max_query_len > LONG_QUERY,
+        "HAS_KV_START": kv_start is not None,
+        "HAS_PREFIX": prefix_out is not None,
+        "DOT_PRECISION": dot_precision(q.dtype),
+        "num_warps": 4,
+        "num_stages": 3 if tile_tier(head_dim, q.element_size()) == 0 else 2,
+    }
+    return KernelLaunch(_paged_attention_kernel, grid, args, options)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+    kv_start: torch.Tensor | None = None,
+    prefix_out: torch.Tensor | None = None,
+    prefix_lse: torch.Tensor | None = None,
+    skip_suffix_chunks: bool = False,
+) -> None:
+    """Causal attention of each sequence's new queries over its paged keys; writes `out`.
+
+    q, out: [num_tokens, num_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size,
+    num_kv_heads, head_dim]; cu_seqlens_q: [num_seqs + 1]; seq_lens, kv_start: [num_seqs];
+    block_tables: [num_seqs, max_blocks]; all index tensors int32. Query i of sequence s sits at
+    position seq_lens[s] - q_len_s + i and attends keys [kv_start[s], position]. max_query_len must
+    be >= every q_len_s (padding is fine). prefix_out (fp32 or q's dtype) and prefix_lse (fp32)
+    are merged in by log-sum-exp into the rows of sequences with kv_start > 0 (grouped ones, whose
+    own keys start after their group's prefix; other rows' state is never read). With
+    skip_suffix_chunks, the rows of suffix chunks (sequences with kv_start > 0 and more than one
+    query: see `prefix_attention`'s suffix_chunks) are left as they are. The grid depends on host
+    ints only, so the call can be captured in a CUDA graph.
+    """
+    launch = paged_attention_launch(
+        q, k_cache, v_cache, out, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens,
+        block_tables=block_tables, scale=scale, max_query_len=max_query_len, kv_start=kv_start,
+        prefix_out=prefix_out, prefix_lse=prefix_lse, skip_suffix_chunks=skip_suffix_chunks,
+    )  # fmt: skip
+    if launch is not None:
+        launch.run()
+
+
+def paged_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+    kv_start: torch.Tensor | None = None,
+    prefix_out: torch.Tensor | None = None,
+    prefix_lse: torch.Tensor | None = None,
+    skip_suffix_chunks: bool = False,
+) -> None:
+    """Torch version of `paged_attention` (same contract), one sequence at a time in fp32."""
+    num_seqs, _ = check_paged_attention_args(
+        q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, scale, max_query_len,
+        kv_start, prefix_out, prefix_lse,
+    )  # fmt: skip
+    block_size = k_cache.shape[1]
+    cu = cu_seqlens_q.tolist()
+    lens = seq_lens.tolist()
+    starts = kv_start.tolist() if kv_start is not None else [0] * num_seqs
+    for s in range(num_seqs):
+        q_len = cu[s + 1] - cu[s]
+        if q_len == 0 or (skip_suffix_chunks and is_suffix_chunk_host(starts[s], q_len)):
+            continue
+        seq_len, lo = lens[s], starts[s]
+        blocks = block_tables[s, : triton.cdiv(seq_len, block_size)].long()
+        k = k_cache[blocks].flatten(0, 1)[lo:seq_len]
+        v = v_cache[blocks].flatten(0, 1)[lo:seq_len]
+        positions = torch.arange(seq_len - q_len, seq_len, device=q.device)
+        key_pos = torch.arange(lo, seq_len, device=q.device)
+        allowed = key_pos[None, :] <= positions[:, None]
+        o, lse = attend(q[cu[s] : cu[s + 1]], k, v, scale, allowed)
+        if prefix_out is not None and prefix_lse is not None and lo > 0:
+            rows = slice(cu[s], cu[s + 1])
+            o, _ = merge_states(prefix_out[rows].float(), prefix_lse[rows], o, lse)
+        out[cu[s] : cu[s + 1]] = o.to(out.dtype)

@@ -1,0 +1,370 @@
+"""Rotary position embeddings (GPT-NeoX "rotate half" layout) on q and k in one launch.
+
+One program per token reads its position's [cos | sin] row once and rotates every query and key
+head of that token, in fp32, rounding once to the input dtype. Writes new tensors, or updates q
+and k in place when they are passed as the outputs.
+
+`apply_rotary_to_cache` is the attention layer's form: the rotated keys go straight to their slots of
+the paged KV cache and the values are copied next to them in the same launch, instead of a rotated
+k tensor that two more kernels (index_copy_ of k, then of v) would write into the cache.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from prefixgrove_kernels import checks
+from prefixgrove_kernels.launch import KernelLaunch
+
+ROTARY_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+POSITION_DTYPES = (torch.int32, torch.int64)
+MIN_HEAD_DIM = 8
+# Elements (heads x half head_dim) one tile holds.
+TILE_ELEMENTS = 2048
+
+
+@triton.jit
+def _rotate_heads(
+    src_ptr,  # [tokens, heads, HEAD_DIM] of one token's row, already offset
+    dst_ptr,
+    num_heads,
+    src_stride_h,
+    dst_stride_h,
+    cos,  # [HALF] fp32
+    sin,
+    BLOCK_H: tl.constexpr,
+    HALF: tl.constexpr,
+):
+    dims = tl.arange(0, HALF)
+    for h0 in range(0, num_heads, BLOCK_H):
+        heads = h0 + tl.arange(0, BLOCK_H)
+        mask = (heads < num_heads)[:, None]
+        src = src_ptr + heads[:, None] * src_stride_h + dims[None, :]
+        x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+        o1 = x1 * cos[None, :] - x2 * sin[None, :]
+        o2 = x2 * cos[None, :] + x1 * sin[None, :]
+        dst = dst_ptr + heads[:, None] * dst_stride_h + dims[None, :]
+        tl.store(dst, o1.to(dst_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst + HALF, o2.to(dst_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _copy_heads(
+    src_ptr,
+    dst_ptr,
+    num_heads,
+    src_stride_h,
+    dst_stride_h,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    dims = tl.arange(0, HEAD_DIM)
+    for h0 in range(0, num_heads, BLOCK_H):
+        heads = h0 + tl.arange(0, BLOCK_H)
+        mask = (heads < num_heads)[:, None]
+        x = tl.load(src_ptr + heads[:, None] * src_stride_h + dims[None, :], mask=mask)
+        dst = dst_ptr + heads[:, None] * dst_stride_h + dims[None, :]
+        tl.store(dst, x.to(dst_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(
+    q_ptr,  # q: [tokens, num_heads, HEAD_DIM]
+    k_ptr,  # k: [tokens, num_kv_heads, HEAD_DIM]
+    v_ptr,  # v: like k (read only with TO_CACHE)
+    q_out_ptr,  # like q
+    k_out_ptr,  # like k, or with TO_CACHE the key cache viewed as [slots, num_kv_heads, HEAD_DIM]
+    v_out_ptr,  # with TO_CACHE the value cache, like the key cache
+    pos_ptr,  # positions: [tokens] int32/int64
+    slots_ptr,  # with TO_CACHE: [tokens] int32/int64, the cache slot of each token's key and value
+    cos_sin_ptr,  # cos_sin: [max_positions, HEAD_DIM] fp32 = [cos | sin]
+    num_heads,
+    num_kv_heads,
+    q_stride_t,
+    q_stride_h,
+    k_stride_t,
+    k_stride_h,
+    v_stride_t,
+    v_stride_h,
+    q_out_stride_t,
+    q_out_stride_h,
+    k_out_stride_t,
+    k_out_stride_h,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    TO_CACHE: tl.constexpr,
+):
+    HALF: tl.constexpr = HEAD_DIM // 2
+    token = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + token).to(tl.int64)
+    dims = tl.arange(0, HALF)
+    cos = tl.load(cos_sin_ptr + pos * HEAD_DIM + dims)
+    sin = tl.load(cos_sin_ptr + pos * HEAD_DIM + HALF + dims)
+    # The key (and value) row this token writes: its own, or its cache slot.
+    k_row = token
+    if TO_CACHE:
+        k_row = tl.load(slots_ptr + token).to(tl.int64)
+    _rotate_heads(
+        q_ptr + token * q_stride_t,
+        q_out_ptr + token * q_out_stride_t,
+        num_heads,
+        q_stride_h,
+        q_out_stride_h,
+        cos,
+        sin,
+        BLOCK_HQ,
+        HALF,
+    )
+    _rotate_heads(
+        k_ptr + token * k_stride_t,
+        k_out_ptr + k_row * k_out_stride_t,
+        num_kv_heads,
+        k_stride_h,
+        k_out_stride_h,
+        cos,
+        sin,
+        BLOCK_HK,
+        HALF,
+    )
+    if TO_CACHE:
+        _copy_heads(
+            v_ptr + token * v_stride_t,
+            v_out_ptr + k_row * k_out_stride_t,
+            num_kv_heads,
+            v_stride_h,
+            k_out_stride_h,
+            BLOCK_HK,
+            HEAD_DIM,
+        )
+
+
+def _check_heads(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
+    checks.check_tensor(name, t, ndim=3, dtypes=dtypes, device=t.device, contiguous=False)
+    checks.check_unit_last_stride(name, t)
+
+
+def _check_inputs(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
+) -> None:
+    _check_heads("q", q, ROTARY_DTYPES)
+    head_dim = q.shape[2]
+    if not checks.is_power_of_two(head_dim) or head_dim < MIN_HEAD_DIM:
+        raise ValueError(
+            f"head_dim {head_dim} is not supported; use a power of two >= {MIN_HEAD_DIM}"
+        )
+    checks.check_tensor("k", k, ndim=3, dtypes=(q.dtype,), device=q.device, contiguous=False)
+    checks.check_unit_last_stride("k", k)
+    if k.shape[0] != q.shape[0] or k.shape[2] != head_dim:
+        raise ValueError(f"k {tuple(k.shape)} must match q {tuple(q.shape)} in tokens and head_dim")
+    checks.check_tensor("positions", positions, ndim=1, dtypes=POSITION_DTYPES, device=q.device)
+    checks.check_shape("positions", positions, (q.shape[0],))
+    checks.check_tensor("cos_sin", cos_sin, ndim=2, dtypes=(torch.float32,), device=q.device)
+    if cos_sin.shape[1] != head_dim:
+        raise ValueError(
+            f"cos_sin must be [max_positions, {head_dim}] = [cos | sin], got {tuple(cos_sin.shape)}"
+        )
+
+
+def _check_like(name: str, t: torch.Tensor, like: torch.Tensor) -> None:
+    """t (an output, or v beside k) has like's dtype, device and shape, and a unit last stride."""
+    _check_heads(name, t, (like.dtype,))
+    if t.device != like.device:
+        raise ValueError(f"{name} is on {t.device} but the queries are on {like.device}")
+    checks.check_shape(name, t, tuple(like.shape))
+
+
+def _block_heads(num_heads: int, head_dim: int) -> int:
+    cap = max(1, TILE_ELEMENTS // (head_dim // 2))
+    return min(triton.next_power_of_2(max(num_heads, 1)), cap)
+
+
+def apply_rotary_launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    *,
+    q_out: torch.Tensor | None = None,
+    k_out: torch.Tensor | None = None,
+) -> tuple[KernelLaunch | None, torch.Tensor, torch.Tensor]:
+    """Checks the arguments and plans the launch `apply_rotary` makes."""
+    _check_inputs(q, k, positions, cos_sin)
+    q_out = torch.empty_like(q, memory_format=torch.contiguous_format) if q_out is None else q_out
+    k_out = torch.empty_like(k, memory_format=torch.contiguous_format) if k_out is None else k_out
+    _check_like("q_out", q_out, q)
+    _check_like("k_out", k_out, k)
+    if q.shape[0] == 0:
+        return None, q_out, k_out
+    # Without a cache the value and slot arguments are never read (TO_CACHE is off): k stands in.
+    args = _launch_args(q, k, k, q_out, k_out, k_out, positions, positions, cos_sin)
+    return _launch(args, q, k, to_cache=False), q_out, k_out
+
+
+def _launch_args(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_out: torch.Tensor,
+    k_out: torch.Tensor,
+    v_out: torch.Tensor,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    cos_sin: torch.Tensor,
+) -> tuple[Any, ...]:
+    args: tuple[Any, ...] = (q, k, v, q_out, k_out, v_out, positions, slots, cos_sin)
+    args += (q.shape[1], k.shape[1], q.stride(0), q.stride(1), k.stride(0), k.stride(1))
+    args += (v.stride(0), v.stride(1), q_out.stride(0), q_out.stride(1))
+    return (*args, k_out.stride(0), k_out.stride(1))
+
+
+def _launch(
+    args: tuple[Any, ...], q: torch.Tensor, k: torch.Tensor, to_cache: bool
+) -> KernelLaunch:
+    head_dim = q.shape[2]
+    options = {
+        "BLOCK_HQ": _block_heads(q.shape[1], head_dim),
+        "BLOCK_HK": _block_heads(k.shape[1], head_dim),
+        "HEAD_DIM": head_dim,
+        "TO_CACHE": to_cache,
+        "num_warps": 4,
+        # NOTE: no fused multiply-adds, so x1*cos - x2*sin rounds like the torch reference.
+        "enable_fp_fusion": False,
+    }
+    return KernelLaunch(_rotary_kernel, (q.shape[0],), args, options)
+
+
+def apply_rotary(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    *,
+    q_out: torch.Tensor | None = None,
+    k_out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotates q and k by their tokens' positions; returns (q_out, k_out).
+
+    q: [tokens, num_heads, head_dim], k: [tokens, num_kv_heads, head_dim] (unit last stride,
+    other strides free: views of a fused qkv output), positions: [tokens] int32/int64, each in
+    [0, max_positions) (not checked: that would sync with the device), cos_sin: [max_positions,
+    head_dim] fp32. Pass q_out=q, k_out=k to rotate in place.
+    """
+    launch, q_out, k_out = apply_rotary_launch(q, k, positions, cos_sin, q_out=q_out, k_out=k_out)
+    if launch is not None:
+        launch.run()
+    return q_out, k_out
+
+
+def _check_cache_args(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
+    _check_like("v", v, k)
+    cache_shape = (k_cache.shape[0], k_cache.shape[1], *k.shape[1:]) if k_cache.ndim == 4 else None
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        checks.check_tensor(name, cache, ndim=4, dtypes=ROTARY_DTYPES, device=k.device)
+        if cache_shape is None or tuple(cache.shape) != cache_shape:
+            raise ValueError(
+                f"{name} must be [num_blocks, block_size, {k.shape[1]}, {k.shape[2]}] like "
+                f"k_cache, got {tuple(cache.shape)}"
+            )
+    if v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"v_cache is {v_cache.dtype} but k_cache is {k_cache.dtype}")
+    checks.check_tensor("slots", slots, ndim=1, dtypes=POSITION_DTYPES, device=k.device)
+    checks.check_shape("slots", slots, (k.shape[0],))
+
+
+def apply_rotary_to_cache_launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    *,
+    q_out: torch.Tensor | None = None,
+) -> tuple[KernelLaunch | None, torch.Tensor]:
+    """Checks the arguments and plans the launch `apply_rotary_to_cache` makes."""
+    _check_inputs(q, k, positions, cos_sin)
+    _check_cache_args(k, v, k_cache, v_cache, slots)
+    q_out = torch.empty_like(q, memory_format=torch.contiguous_format) if q_out is None else q_out
+    _check_like("q_out", q_out, q)
+    if q.shape[0] == 0:
+        return None, q_out
+    k_slots = k_cache.view(-1, *k_cache.shape[2:])
+    v_slots = v_cache.view(-1, *v_cache.shape[2:])
+    args = _launch_args(q, k, v, q_out, k_slots, v_slots, positions, slots, cos_sin)
+    return _launch(args, q, k, to_cache=True), q_out
+
+
+def apply_rotary_to_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    *,
+    q_out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Rotates q (into q_out, or q_out=q in place) and writes each token's rotated key and its
+    value into its slot of the paged cache; returns q_out. k is left as it was.
+
+    q, k, positions and cos_sin as for `apply_rotary`; v like k; k_cache, v_cache: [num_blocks,
+    block_size, num_kv_heads, head_dim] (contiguous, one dtype); slots: [tokens] int32/int64, token
+    i's slot = block * block_size + offset, each in range and distinct (not checked: that would sync
+    with the device; a token whose slot is shared with another may leave either one's key there).
+    """
+    launch, q_out = apply_rotary_to_cache_launch(
+        q, k, v, positions, cos_sin, k_cache, v_cache, slots, q_out=q_out
+    )
+    if launch is not None:
+        launch.run()
+    return q_out
+
+
+def _rotate_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.float().split(x.shape[-1] // 2, dim=-1)
+    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return out.to(x.dtype)
+
+
+def apply_rotary_ref(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch version of `apply_rotary` (the engine's unfused RotaryEmbedding)."""
+    _check_inputs(q, k, positions, cos_sin)
+    cos, sin = cos_sin[positions].unsqueeze(1).split(q.shape[2] // 2, dim=-1)
+    return _rotate_ref(q, cos, sin), _rotate_ref(k, cos, sin)
+
+
+def apply_rotary_to_cache_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """Torch version of `apply_rotary_to_cache`: rotary, then index_copy_ of k and v into the cache."""
+    _check_cache_args(k, v, k_cache, v_cache, slots)
+    q, k = apply_rotary_ref(q, k, positions, cos_sin)
+    index = slots.long()
+    k_cache.view(-1, *k.shape[1:]).index_copy_(0, index, k.to(k_cache.dtype))
+    v_cache.view(-1, *v.shape[1:]).index_copy_(0, index, v.to(v_cache.dtype))
+    return q

@@ -1,0 +1,90 @@
+"""BatchJob status fields built from what the planner reports, and Kubernetes-style conditions."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from prefixgrove_operator.planner_client import JobView
+
+
+def rfc3339(unix_s: float | None = None) -> str:
+    moment = (
+        dt.datetime.now(dt.UTC) if unix_s is None else dt.datetime.fromtimestamp(unix_s, dt.UTC)
+    )
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def progress(done: int, total: int) -> str:
+    if total <= 0:
+        return "0%"
+    return f"{100 * done // total}%"
+
+
+def with_condition(
+    conditions: Sequence[Mapping[str, Any]] | None,
+    kind: str,
+    state: bool,
+    reason: str,
+    message: str,
+    generation: int | None = None,
+) -> list[dict[str, Any]]:
+    """`conditions` with `kind` set; lastTransitionTime moves only when the status flips."""
+    value = "True" if state else "False"
+    out: list[dict[str, Any]] = []
+    old: Mapping[str, Any] | None = None
+    for condition in conditions or ():
+        if condition.get("type") == kind:
+            old = condition
+        else:
+            out.append(dict(condition))
+    since = old["lastTransitionTime"] if old and old.get("status") == value else rfc3339()
+    new: dict[str, Any] = {
+        "type": kind,
+        "status": value,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": since,
+    }
+    if generation is not None:
+        new["observedGeneration"] = generation
+    out.append(new)
+    return out
+
+
+def job_status(job: JobView, conditions: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
+    """The status patch for a job as the planner sees it (outputs not yet written for a finished one)."""
+    done = job.completed + job.failed
+    status: dict[str, Any] = {
+        "jobId": job.id,
+        "phase": job.phase,
+        "requestCounts": {"total": job.total, "completed": job.completed, "failed": job.failed},
+        "progress": progress(done, job.total),
+    }
+    if job.started_at:
+        status["startTime"] = rfc3339(job.started_at)
+    if job.terminal and job.finished_at:
+        status["completionTime"] = rfc3339(job.finished_at)
+    if job.phase == "Failed":
+        message = job.error or "the planner marked the job failed"
+        status["message"] = message
+        status["conditions"] = with_condition(conditions, "Failed", True, "JobFailed", message)
+    elif job.phase == "Cancelled":
+        status["message"] = "cancelled"
+        status["conditions"] = with_condition(
+            conditions, "Cancelled", True, "Cancelled", "cancelled"
+        )
+    return status
+
+
+def failed_status(
+    reason: str, message: str, conditions: Sequence[Mapping[str, Any]] | None
+) -> dict[str, Any]:
+    """Status for a BatchJob that can never run as written."""
+    return {
+        "phase": "Failed",
+        "message": message,
+        "completionTime": rfc3339(),
+        "conditions": with_condition(conditions, "Failed", True, reason, message),
+    }

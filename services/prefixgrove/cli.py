@@ -1,0 +1,259 @@
+"""The `prefixgrove` command: run a batch locally, serve the planner or a worker, and talk to a planner."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from prefixgrove import settings as cfg
+from prefixgrove.settings import (
+    IngestSettings,
+    PlannerSettings,
+    SecuritySettings,
+    WorkerSettings,
+)
+
+_CLIENT_ENV = "PREFIXGROVE_PLANNER"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if getattr(args, "verbose", True) else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except ValueError as exc:  # bad settings or input: say what, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        import grpc
+
+        if isinstance(exc, grpc.RpcError):
+            print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)  # type: ignore[attr-defined]
+            return 1
+        raise
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="prefixgrove", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a batch file in this process (no Redis, no planner)")
+    run.add_argument("input", type=Path)
+    run.add_argument("-o", "--output", type=Path, required=True)
+    run.add_argument("--errors", type=Path, default=None, help="default: OUTPUT with .errors.jsonl")
+    run.add_argument("--model", required=True)
+    run.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    run.add_argument("--dtype", default="auto")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--json", action="store_true", help="print a JSON summary, no progress bar")
+    cfg.add_arguments(run, IngestSettings)
+    run.set_defaults(func=_run)
+
+    serve = sub.add_parser("serve", help="serve the planner or a worker").add_subparsers(
+        dest="role", required=True
+    )
+    planner = serve.add_parser("planner")
+    cfg.add_arguments(planner, PlannerSettings, IngestSettings, SecuritySettings)
+    planner.set_defaults(func=_serve_planner)
+    worker = serve.add_parser("worker")
+    cfg.add_arguments(worker, WorkerSettings)
+    worker.set_defaults(func=_serve_worker)
+
+    submit = _client_command(sub, "submit", "send a batch file to the planner", _submit)
+    submit.add_argument("input", type=Path)
+    submit.add_argument("--model", default="")
+    submit.add_argument("--idempotency-key", default="")
+    submit.add_argument(
+        "--wait", action="store_true", help="follow the job, then download its results"
+    )
+    submit.add_argument("-o", "--output", type=Path)
+    submit.add_argument("--errors", type=Path)
+    for name, helptext, func in (
+        ("status", "show a job (follow it with --watch)", _status),
+        ("cancel", "cancel a job", _cancel),
+        ("results", "download a job's output and error files", _results),
+    ):
+        command = _client_command(sub, name, helptext, func)
+        command.add_argument("job")
+        if name == "status":
+            command.add_argument("--watch", action="store_true")
+        if name == "results":
+            command.add_argument("-o", "--output", type=Path, required=True)
+            command.add_argument("--errors", type=Path)
+    _client_command(sub, "list", "list recent jobs", _list)
+    return parser
+
+
+def _client_command(sub: Any, name: str, helptext: str, func: Any) -> argparse.ArgumentParser:
+    command = sub.add_parser(name, help=helptext)
+    command.add_argument("--planner", default=None, help=f"HOST:PORT (env {_CLIENT_ENV})")
+    command.add_argument("--tls", action="store_true", help="TLS with the system's roots")
+    command.add_argument("--json", action="store_true", help="machine-readable output")
+    cfg.add_arguments(command, SecuritySettings)
+    command.set_defaults(func=func)
+    return command
+
+
+# --- local run ---------------------------------------------------------------------------------
+def _run(args: argparse.Namespace) -> int:
+    from prefixgrove.local import JobInputError, run_local
+
+    ingest = cfg.load(IngestSettings, args)
+    errors = args.errors or args.output.with_name(args.output.stem + ".errors.jsonl")
+    engine = {"device": args.device, "dtype": args.dtype, "seed": args.seed}
+    try:
+        summary = run_local(
+            args.input, args.output, errors, args.model, ingest, engine, use_tqdm=not args.json
+        )
+    except JobInputError as exc:
+        print(f"error: {exc.code}: {exc}", file=sys.stderr)
+        return 2
+    info = {**summary.__dict__, "output": str(args.output), "errors": str(errors)}
+    if args.json:
+        print(json.dumps(info))
+    else:
+        rate = summary.total / max(summary.seconds, 1e-9)
+        print(f"{summary.completed} completed, {summary.failed} failed of {summary.total} in "
+              f"{summary.seconds:.1f}s ({rate:.1f} req/s); output {args.output}, errors {errors}")  # fmt: skip
+    return 0
+
+
+# --- services ----------------------------------------------------------------------------------
+def _serve_planner(args: argparse.Namespace) -> int:
+    from prefixgrove.planner.server import serve
+
+    serve(
+        cfg.load(PlannerSettings, args),
+        cfg.load(IngestSettings, args),
+        cfg.load(SecuritySettings, args),
+    )
+    return 0
+
+
+def _serve_worker(args: argparse.Namespace) -> int:
+    from prefixgrove.worker.runner import Worker
+
+    settings = cfg.load(WorkerSettings, args)
+    worker = Worker(settings)
+    if settings.metrics_port:
+        worker.metrics.serve(settings.metrics_port)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    worker.run(stop)
+    return 0
+
+
+# --- client ------------------------------------------------------------------------------------
+def _client(args: argparse.Namespace) -> Any:
+    import os
+
+    from prefixgrove.planner.client import PlannerClient
+
+    target = args.planner or os.environ.get(_CLIENT_ENV) or "127.0.0.1:50051"
+    return PlannerClient(target, cfg.load(SecuritySettings, args), tls=args.tls)
+
+
+def _submit(args: argparse.Namespace) -> int:
+    client = _client(args)
+    if args.wait and args.output is None:
+        raise ValueError("--wait needs -o OUTPUT")
+    job = client.submit_file(args.input, args.model, args.idempotency_key)
+    _show(job, args.json)
+    if not args.wait:
+        return 0
+    job = _follow(client, job.id, args.json)
+    return _download(client, job, args)
+
+
+def _status(args: argparse.Namespace) -> int:
+    client = _client(args)
+    job = _follow(client, args.job, args.json) if args.watch else client.get(args.job)
+    _show(job, args.json)
+    return 0
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    _show(_client(args).cancel(args.job), args.json)
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    for job in _client(args).list():
+        _show(job, args.json)
+    return 0
+
+
+def _results(args: argparse.Namespace) -> int:
+    client = _client(args)
+    return _download(client, client.get(args.job), args)
+
+
+def _download(client: Any, job: Any, args: argparse.Namespace) -> int:
+    from prefixgrove.planner.client import state_name
+
+    errors = args.errors or args.output.with_name(args.output.stem + ".errors.jsonl")
+    done, failed = client.download(job.id, args.output, errors)
+    if args.json:
+        print(json.dumps({"job": job.id, "output": str(args.output), "errors": str(errors),
+                          "completed": done, "failed": failed}))  # fmt: skip
+    else:
+        print(f"{done} results -> {args.output}, {failed} errors -> {errors}")
+    return 0 if state_name(job.state) == "completed" else 1
+
+
+def _follow(client: Any, job_id: str, as_json: bool) -> Any:
+    """Watches a job to its end with a progress bar (requests, req/s, tokens/s, ETA)."""
+    from tqdm import tqdm
+
+    from prefixgrove.planner.client import state_name
+
+    bar = None if as_json else tqdm(unit="req", desc=job_id, dynamic_ncols=True)
+    start, job = time.monotonic(), None
+    for job in client.watch(job_id):
+        counts = job.request_counts
+        if bar is None:
+            _show(job, True)
+            continue
+        bar.total = counts.total or None
+        bar.n = counts.completed + counts.failed
+        elapsed = max(time.monotonic() - start, 1e-9)
+        bar.set_postfix(state=state_name(job.state), failed=counts.failed,
+                        tok_s=f"{job.completion_tokens / elapsed:.0f}", refresh=False)  # fmt: skip
+        bar.refresh()
+    if bar is not None:
+        bar.close()
+    return job
+
+
+def _show(job: Any, as_json: bool) -> None:
+    from google.protobuf.json_format import MessageToDict
+
+    from prefixgrove.planner.client import state_name
+
+    if as_json:
+        print(json.dumps(MessageToDict(job, preserving_proto_field_name=True)), flush=True)
+        return
+    c = job.request_counts
+    line = (f"{job.id}  {state_name(job.state):<11} {c.completed + c.failed}/{c.total} done "
+            f"({c.failed} failed)  queue {job.queue.depth}  model {job.model}")  # fmt: skip
+    if job.error.code:
+        line += f"  error {job.error.code}: {job.error.message}"
+    print(line, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

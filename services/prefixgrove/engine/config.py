@@ -1,0 +1,235 @@
+"""Engine configuration: frozen dataclasses, validated on construction, derived values as properties."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from prefixgrove.catalog.presets import load_hf_config
+
+from .models.arch import ModelArch
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str  # a local Hugging Face directory or a built-in preset name
+    arch: ModelArch
+    dtype: torch.dtype
+    max_model_len: int
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_model_len < 2:
+            raise ValueError(f"max_model_len={self.max_model_len}: must be at least 2")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    num_blocks: int | None = None  # explicit size; otherwise measured from free device memory
+
+    def __post_init__(self) -> None:
+        if self.block_size < 8 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size={self.block_size}: must be a power of two >= 8")
+        if not 0.05 <= self.gpu_memory_utilization <= 0.99:
+            raise ValueError(
+                f"gpu_memory_utilization={self.gpu_memory_utilization}: "
+                "expected a fraction between 0.05 and 0.99"
+            )
+        if self.num_blocks is not None and self.num_blocks < 2:
+            raise ValueError(f"num_blocks={self.num_blocks}: must be at least 2")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    num_scheduler_steps: int = 1  # decode steps per CPU round trip when a batch is decode-only
+    first_wave: int = (
+        4  # suffixes of a new group that must fit beside its prefix before it is admitted
+    )
+    # Each step or decode window is scheduled and enqueued while the one before it still runs, before
+    # the host has seen that one's tokens (they reach the new step's inputs on the device), so the GPU
+    # does not wait for the host's scheduling, input filling and token handling between steps.
+    async_scheduling: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "num_scheduler_steps", "first_wave"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    device: str = "cpu"
+    attention_backend: str = "torch"
+    enable_prefix_grouping: bool = True
+    enable_cascade_attention: bool = True
+    # How decode steps run cascade attention: "one-pass" (kernels/cascade_decode.py: a group's prefix and
+    # its requests' own keys in one stream) or "two-pass" (prefix pass, then a suffix pass that merges,
+    # as prefill chunks do). `create` picks one pass for Triton on CUDA, where its decode windows are
+    # shorter (benchmarks/RESULTS.md), and two passes elsewhere: there every row then takes the same
+    # arithmetic whether its step is decode-only or mixed, so a CPU run's tokens and logprobs do not
+    # depend on how requests were batched (a local run equals a distributed one, bit for bit).
+    cascade_decode_kernel: str = "two-pass"
+    # How prefill steps run the cascade for suffix chunks (a grouped request's prompt rows):
+    # "fused" (the prefix pass goes on to each chunk's own keys and writes its output; only decode
+    # rows and ungrouped sequences take the suffix pass) or "two-pass" (every grouped row's prefix
+    # state written, read back and merged by the suffix pass). `create` picks "fused" for Triton on
+    # CUDA and "two-pass" elsewhere, for the same bit-for-bit reason as above (a prompt's last token
+    # alone in a step is a one-row chunk, which takes two passes).
+    cascade_prefill_kernel: str = "two-pass"
+    enforce_eager: bool = False
+    tokenizer: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.cascade_decode_kernel not in ("two-pass", "one-pass"):
+            raise ValueError(
+                f"cascade_decode_kernel={self.cascade_decode_kernel!r}: expected 'two-pass' or "
+                "'one-pass'"
+            )
+        if self.cascade_prefill_kernel not in ("two-pass", "fused"):
+            raise ValueError(
+                f"cascade_prefill_kernel={self.cascade_prefill_kernel!r}: expected 'two-pass' or "
+                "'fused'"
+            )
+        if self.attention_backend not in ("triton", "torch"):
+            raise ValueError(
+                f"attention_backend={self.attention_backend!r}: expected 'triton' or 'torch'"
+            )
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device={self.device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+        if (
+            self.attention_backend == "triton"
+            and not self.is_cuda
+            and os.environ.get("TRITON_INTERPRET") != "1"
+        ):
+            raise ValueError(
+                "attention_backend='triton' on the CPU runs only under Triton's interpreter: "
+                "set TRITON_INTERPRET=1, or use attention_backend='torch'"
+            )
+        head_dim = self.model.arch.head_dim
+        if head_dim & (head_dim - 1) or not 32 <= head_dim <= 256:
+            raise ValueError(
+                f"head_dim={head_dim} of {self.model.model} is not supported: the "
+                "attention kernels take a power of two from 32 to 256"
+            )
+        if self.scheduler.max_num_batched_tokens < self.scheduler.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens={self.scheduler.max_num_batched_tokens} is below "
+                f"max_num_seqs={self.scheduler.max_num_seqs}: every running request needs a token"
+            )
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @classmethod
+    def create(
+        cls,
+        model: str,
+        *,
+        dtype: str | torch.dtype = "auto",
+        device: str = "auto",
+        seed: int = 0,
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.9,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int | None = None,
+        block_size: int = 16,
+        num_gpu_blocks: int | None = None,
+        attention_backend: str = "auto",
+        enable_prefix_grouping: bool = True,
+        enable_cascade_attention: bool = True,
+        cascade_decode_kernel: str = "auto",
+        cascade_prefill_kernel: str = "auto",
+        num_scheduler_steps: int | None = None,
+        async_scheduling: bool = True,
+        enforce_eager: bool = False,
+        tokenizer: str | None = None,
+        **unknown: Any,
+    ) -> EngineConfig:
+        """Builds a config from vLLM-style keyword arguments, resolving the 'auto' choices."""
+        if unknown:
+            raise TypeError(f"unknown engine argument(s): {', '.join(sorted(unknown))}")
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        cuda = device.startswith("cuda")
+        hf_config = load_hf_config(model)
+        arch = ModelArch.from_hf_config(hf_config)
+        limit = arch.max_position_embeddings
+        if arch.sliding_window:
+            limit = min(limit, arch.sliding_window)  # attention is full; stay where that is exact
+        if max_model_len is None:
+            max_model_len = min(limit, 8192 if cuda else 2048)
+        elif max_model_len > limit:
+            raise ValueError(
+                f"max_model_len={max_model_len} exceeds what {model} supports ({limit})"
+            )
+        model_cfg = ModelConfig(
+            model=model,
+            arch=arch,
+            dtype=_resolve_dtype(dtype, hf_config, cuda),
+            max_model_len=max_model_len,
+            seed=seed,
+        )
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = max(8192 if cuda else 2048, max_num_seqs)
+        if attention_backend == "auto":
+            attention_backend = "triton" if cuda else "torch"
+        on_gpu_kernels = cuda and attention_backend == "triton"
+        if cascade_decode_kernel == "auto":
+            cascade_decode_kernel = "one-pass" if on_gpu_kernels else "two-pass"
+        if cascade_prefill_kernel == "auto":
+            cascade_prefill_kernel = "fused" if on_gpu_kernels else "two-pass"
+        return cls(
+            model=model_cfg,
+            cache=CacheConfig(block_size, gpu_memory_utilization, num_gpu_blocks),
+            scheduler=SchedulerConfig(
+                max_num_seqs,
+                max_num_batched_tokens,
+                (8 if cuda else 1) if num_scheduler_steps is None else num_scheduler_steps,
+                async_scheduling=async_scheduling,
+            ),
+            device=device,
+            attention_backend=attention_backend,
+            enable_prefix_grouping=enable_prefix_grouping,
+            enable_cascade_attention=enable_cascade_attention,
+            cascade_decode_kernel=cascade_decode_kernel,
+            cascade_prefill_kernel=cascade_prefill_kernel,
+            enforce_eager=enforce_eager
+            or not cuda
+            or attention_backend == "torch",  # references sync
+            tokenizer=tokenizer,
+        )
+
+
+def _resolve_dtype(dtype: str | torch.dtype, hf_config: Any, cuda: bool) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if not cuda:
+            return torch.float32
+        declared = getattr(hf_config, "torch_dtype", None) or getattr(hf_config, "dtype", None)
+        declared = str(declared).removeprefix("torch.") if declared else "bfloat16"
+        return _DTYPES.get(declared, torch.bfloat16) if declared != "float32" else torch.bfloat16
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r} is unknown; expected auto, {', '.join(sorted(_DTYPES))}")
+    return _DTYPES[dtype]

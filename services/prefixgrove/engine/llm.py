@@ -1,0 +1,154 @@
+"""vLLM-compatible offline API: `LLM(model=...).generate(prompts, sampling_params)`."""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Sequence as Seq
+from typing import Any
+
+from tqdm import tqdm
+
+from .config import EngineConfig
+from .llm_engine import LLMEngine
+from .outputs import RequestOutput
+from .sampling_params import SamplingParams
+
+Prompt = str | dict[str, Any]
+
+
+class LLM:
+    """One model on one device, generating for whole batches of prompts.
+
+    With `enable_prefix_grouping` (the default) the prompts of a `generate` call are grouped by shared
+    prefix first, and each prefix is computed once; `groups=` takes a grouping made elsewhere (the planner)
+    and uses it as it is.
+    """
+
+    def __init__(self, model: str, **kwargs: Any) -> None:
+        self.engine = LLMEngine(EngineConfig.create(model, **kwargs))
+        self._batches = 0
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.engine.config
+
+    def get_tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        *,
+        groups: Any = None,
+    ) -> list[RequestOutput]:
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        texts, token_ids = self._tokenize(prompts)
+        params = self._params_per_prompt(sampling_params, len(token_ids))
+        for i, (ids, sp) in enumerate(zip(token_ids, params, strict=True)):
+            try:  # the whole job is checked before any of it is queued, once
+                token_ids[i] = self.engine.validate(ids, sp)
+            except ValueError as e:
+                raise ValueError(f"prompt {i}: {e}") from None
+        self._batches += 1
+        request_ids = [f"{self._batches}-{i}" for i in range(len(token_ids))]
+        if groups is None and self.config.enable_prefix_grouping:
+            groups = self._group(token_ids)
+        self._submit(request_ids, texts, token_ids, params, groups)
+        # The job's prompts (millions of ids in lists) and sequences live until it ends: frozen, the
+        # garbage collector's passes skip them instead of walking every list again (0.46 s of
+        # collections in the canonical 6,400-request run, 0.1 s frozen). Objects made while it runs
+        # are collected as usual. gc.unfreeze() also thaws what was frozen before the call (some
+        # interpreters start with objects frozen): freezing only spares collections work, so that
+        # costs speed at most, where leaving the engine's objects frozen would keep its reference
+        # cycles, and the GPU memory they hold, alive after the engine is gone.
+        gc.freeze()
+        try:
+            return self._run(request_ids, use_tqdm)
+        finally:
+            gc.unfreeze()
+
+    def _tokenize(self, prompts: Seq[Prompt]) -> tuple[list[str | None], list[list[int]]]:
+        texts: list[str | None] = []
+        ids: list[list[int]] = []
+        tokenizer = self.engine.tokenizer
+        for i, p in enumerate(prompts):
+            if isinstance(p, str):
+                texts.append(p)
+                ids.append(tokenizer.encode(p))
+            elif isinstance(p, dict) and "prompt_token_ids" in p:
+                texts.append(p.get("prompt"))
+                ids.append(p["prompt_token_ids"])  # checked (and copied where needed) by validate
+            elif isinstance(p, dict) and "prompt" in p:
+                texts.append(p["prompt"])
+                ids.append(tokenizer.encode(p["prompt"]))
+            else:
+                raise ValueError(
+                    f"prompt {i}: expected a string, {{'prompt': str}} or "
+                    f"{{'prompt_token_ids': [...]}}, got {type(p).__name__}"
+                )
+        return texts, ids
+
+    @staticmethod
+    def _params_per_prompt(
+        sp: SamplingParams | Seq[SamplingParams] | None, n: int
+    ) -> list[SamplingParams]:
+        if sp is None:
+            return [SamplingParams()] * n
+        if isinstance(sp, SamplingParams):
+            return [sp] * n
+        if len(sp) != n:
+            raise ValueError(
+                f"got {len(sp)} sampling_params for {n} prompts; give one, or one per prompt"
+            )
+        return list(sp)
+
+    def _group(self, token_ids: list[list[int]]) -> Any:
+        from prefixgrove.grouping import GroupingConfig, group_prompts
+
+        block_size = self.config.cache.block_size
+        # No group may need more than the whole cache: a bigger one is split into groups of one prefix.
+        capacity = self.engine.blocks.num_usable * block_size
+        smallest = (
+            GroupingConfig(block_size=block_size).min_shared_len + 2
+        )  # what the config accepts
+        config = GroupingConfig(block_size=block_size, max_group_tokens=max(capacity, smallest))
+        return group_prompts(token_ids, config)
+
+    def _submit(
+        self,
+        request_ids: list[str],
+        texts: list[str | None],
+        token_ids: list[list[int]],
+        params: list[SamplingParams],
+        groups: Any,
+    ) -> None:
+        grouped: set[int] = set()
+        for g, group in enumerate(getattr(groups, "groups", None) or []):
+            members = [(request_ids[i], token_ids[i], params[i]) for i in group.request_indices]
+            self.engine.add_group(
+                f"{request_ids[0]}-g{g}", group.prefix_len, members, validated=True
+            )
+            grouped.update(group.request_indices)
+        for i, rid in enumerate(request_ids):
+            if i not in grouped:
+                self.engine.add_request(
+                    rid, token_ids[i], params[i], prompt=texts[i], validated=True
+                )
+
+    def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        results: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(request_ids), desc="Generating", unit="req", disable=not use_tqdm)
+        start, out_tokens = time.perf_counter(), 0
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                results[out.request_id] = out
+                out_tokens += len(out.outputs[0].token_ids)
+                bar.update(1)
+            elapsed = max(time.perf_counter() - start, 1e-9)
+            bar.set_postfix(out_tok_s=f"{out_tokens / elapsed:.0f}", refresh=False)
+        bar.close()
+        return [results[rid] for rid in request_ids]

@@ -1,0 +1,525 @@
+"""The engine loop: requests and groups in, one scheduled step at a time, finished requests out."""
+
+from __future__ import annotations
+
+import array
+import logging
+import numbers
+import random
+import time
+from collections.abc import Sequence as Seq
+
+import numpy as np
+
+from prefixgrove.catalog.presets import load_tokenizer
+
+from .block_manager import BlockManager
+from .config import EngineConfig
+from .detokenizer import Detokenizer, DetokState
+from .metrics import EngineMetrics
+from .model_runner import DecodeWindow, InFlight, ModelRunner
+from .outputs import CompletionOutput, Logprob, RequestOutput
+from .sampling_params import SamplingParams
+from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from .sequence import Group, Sequence
+
+logger = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        arch = config.model.arch
+        self.tokenizer = load_tokenizer(config.model.model, config.tokenizer)
+        self.runner = ModelRunner(config)
+        num_blocks = self.runner.num_blocks_to_allocate()
+        self.runner.allocate_kv_cache(num_blocks)
+        self.runner.capture_graphs()
+        self.blocks = BlockManager(num_blocks, config.cache.block_size)
+        self.scheduler = Scheduler(config.scheduler, self.blocks)
+        self.detokenizer = Detokenizer(self.tokenizer, arch.vocab_size)
+        eos = set(arch.eos_token_ids)
+        if getattr(self.tokenizer, "eos_token_id", None) is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = frozenset(eos)
+        self.metrics = EngineMetrics()
+        self._requests: dict[str, Sequence] = {}
+        self._detok: dict[int, DetokState] = {}
+        self._seeds = random.Random(config.model.seed)
+        self._next_id = 0
+        # A decode window already enqueued behind the last one, and requests that finished while it was
+        # in flight (their blocks go back once it is done).
+        self._chained: tuple[SchedulerOutput, DecodeWindow] | None = None
+        self._deferred: list[Sequence] = []
+        # A step or window on the device whose tokens the host has not taken in yet (async scheduling),
+        # and requests it finished outside a step (an abort waits for it), for the next step to return.
+        # A request that finishes while a step in flight still computes a row for it gives its blocks
+        # back at once: everything that could reuse them is enqueued behind that step.
+        self._ahead: InFlight | None = None
+        self._ready: list[RequestOutput] = []
+
+    # -- intake -----------------------------------------------------------------------------------------
+
+    def validate(self, prompt_token_ids: Seq[int], params: SamplingParams) -> list[int]:
+        """Raises ValueError naming the problem (nothing is queued); returns the ids as Python ints."""
+        ids = self._token_ids(prompt_token_ids)
+        limit = self.config.model.max_model_len
+        if len(ids) + params.max_tokens > limit:
+            raise ValueError(
+                f"prompt of {len(ids)} tokens + max_tokens={params.max_tokens} "
+                f"exceeds max_model_len={limit}"
+            )
+        need = self.blocks.blocks_for(len(ids) + params.max_tokens)
+        if need > self.blocks.num_usable:
+            raise ValueError(
+                f"request needs {need} KV blocks but the cache holds {self.blocks.num_usable}"
+            )
+        return ids
+
+    def _token_ids(self, prompt_token_ids: Seq[int]) -> list[int]:
+        # A job holds millions of tokens: one C-level pass per prompt, and the slow loop only runs to
+        # name a culprit.
+        if len(prompt_token_ids) == 0:
+            raise ValueError("prompt is empty: at least one token is needed")
+        if isinstance(prompt_token_ids, (list, tuple)):
+            try:  # every item an integer (floats and strings refused), none beyond int64
+                packed = np.frombuffer(array.array("q", prompt_token_ids), dtype=np.int64)
+            except (TypeError, OverflowError):
+                self._name_bad_item(prompt_token_ids)
+                raise ValueError("prompt token ids must be a flat list of integers") from None
+            self._check_vocabulary(packed)
+            # A list is kept as it is, not copied: the engine never writes to a prompt's ids, and
+            # turning 2,000 ids back into new Python ints costs as much as checking them twice.
+            return (
+                prompt_token_ids if isinstance(prompt_token_ids, list) else list(prompt_token_ids)
+            )
+        arr = np.asarray(prompt_token_ids) if not isinstance(prompt_token_ids, str) else None
+        if arr is None or arr.ndim != 1 or arr.dtype.kind not in "iu":
+            self._name_bad_item(prompt_token_ids)
+            raise ValueError("prompt token ids must be a flat list of integers")
+        self._check_vocabulary(arr)
+        return arr.tolist()
+
+    def _name_bad_item(self, prompt_token_ids: Seq[int]) -> None:
+        """Raises ValueError for the first id that is not an integer or lies outside the vocabulary."""
+        vocab = self.config.model.arch.vocab_size
+        for t in prompt_token_ids:
+            if not isinstance(t, numbers.Integral) or isinstance(t, bool):
+                raise ValueError(f"prompt token id {t!r} is not an integer")
+            if not 0 <= t < vocab:
+                raise ValueError(f"prompt token id {t} is outside the vocabulary [0, {vocab})")
+
+    def _check_vocabulary(self, ids: np.ndarray) -> None:
+        if ids.min() < 0 or ids.max() >= self.config.model.arch.vocab_size:
+            self._name_bad_item(ids.tolist())
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Seq[int],
+        params: SamplingParams,
+        prompt: str | None = None,
+        *,
+        validated: bool = False,
+    ) -> None:
+        """Queues one request. validated: its ids are the list `validate` returned for these params
+        (LLM.generate checks a whole job before queuing any of it), not checked or copied again."""
+        begin = time.perf_counter()
+        try:
+            ids = self._check_new(request_id, prompt_token_ids, params, validated)
+        except ValueError as e:
+            raise ValueError(f"request {request_id!r}: {e}") from None
+        self.scheduler.add(self._new_sequence(request_id, ids, params, prompt))
+        self.metrics.intake_seconds += time.perf_counter() - begin
+
+    def add_group(
+        self,
+        group_id: str,
+        prefix_len: int,
+        requests: Seq[tuple[str, Seq[int], SamplingParams]],
+        *,
+        validated: bool = False,
+    ) -> None:
+        """Adds requests whose prompts share their first prefix_len tokens, computed once for all.
+
+        The prefix is cut to whole KV blocks and to leave every request at least one token of its own;
+        if nothing worth sharing is left, the requests run on their own. Every request is checked
+        before any is queued (validated: as in `add_request`, their ids were checked already).
+        """
+        begin = time.perf_counter()
+        self._add_group(group_id, prefix_len, requests, validated)
+        self.metrics.intake_seconds += time.perf_counter() - begin
+
+    def _add_group(
+        self,
+        group_id: str,
+        prefix_len: int,
+        requests: Seq[tuple[str, Seq[int], SamplingParams]],
+        validated: bool,
+    ) -> None:
+        if not requests:
+            raise ValueError(f"group {group_id!r} has no requests")
+        checked = []
+        for rid, prompt, params in requests:
+            try:
+                checked.append((rid, self._check_new(rid, prompt, params, validated), params))
+            except ValueError as e:
+                raise ValueError(f"request {rid!r} of group {group_id!r}: {e}") from None
+        bs = self.config.cache.block_size
+        shortest = min(len(ids) for _, ids, _ in checked)
+        prefix_len = max(0, min(prefix_len, shortest - 1)) // bs * bs
+        first = checked[0][1][:prefix_len]
+        for rid, ids, _ in checked:
+            if ids[:prefix_len] != first:
+                raise ValueError(
+                    f"request {rid!r} of group {group_id!r} does not start with the "
+                    f"group's {prefix_len}-token prefix"
+                )
+        members = [self._new_sequence(rid, ids, sp) for rid, ids, sp in checked]
+        if prefix_len == 0 or len(members) < 2:
+            for m in members:
+                self.scheduler.add(m)
+            return
+        prefix = Sequence(
+            self._take_id(),
+            f"{group_id}/prefix",
+            first,
+            SamplingParams(max_tokens=1),
+            0,
+            is_prefix=True,
+        )
+        group = Group(group_id, prefix_len, prefix, members)
+        prefix.group = group
+        for m in members:
+            m.group = group
+        self.scheduler.add(group)
+
+    def _check_new(
+        self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams, validated: bool
+    ) -> list[int]:
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in the engine")
+        if validated:  # a list `validate` returned: the engine takes it over as it is
+            return prompt_token_ids  # type: ignore[return-value]
+        return self.validate(prompt_token_ids, params)
+
+    def _new_sequence(
+        self, request_id: str, ids: list[int], params: SamplingParams, prompt: str | None = None
+    ) -> Sequence:
+        seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+        seq = Sequence(self._take_id(), request_id, ids, params, seed, prompt=prompt)
+        self._requests[request_id] = seq
+        return seq
+
+    def _take_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    def abort(self, request_ids: Seq[str]) -> None:
+        if self._ahead is not None:  # take its tokens in first; the aborted requests' are dropped
+            ahead, self._ahead = self._ahead, None
+            self._ready += self._finish_in_flight(ahead)
+        for rid in request_ids:
+            seq = self._requests.pop(rid, None)
+            if seq is not None and not seq.finished:
+                seq.finish_reason = "abort"
+                self._release(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return (
+            self._chained is not None
+            or self._ahead is not None
+            or bool(self._ready)
+            or self.scheduler.has_unfinished()
+        )
+
+    # -- one step ---------------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Runs one scheduled step, or a window of decode steps; returns the requests that finished.
+        With async scheduling the step (or window) is enqueued behind the one before, whose tokens
+        this call then takes in: a request finishes in the call after the one that ran its last step."""
+        ready, self._ready = self._ready, []
+        return ready + self._step()
+
+    def _step(self) -> list[RequestOutput]:
+        begin = time.perf_counter()
+        if self._chained is not None:
+            # Enqueued behind the last window: its batch is decided and its steps are on the device.
+            (out, window), self._chained = self._chained, None
+            return self._run(out, window.steps, begin, window=window)
+        preemptions = self.scheduler.num_preemptions
+        out = self.scheduler.schedule()
+        self.metrics.preemptions = self.scheduler.num_preemptions
+        preempted = self.scheduler.num_preemptions != preemptions
+        ahead, self._ahead = self._ahead, None
+        if out.batch and self._may_go_ahead(out, preempted):
+            return self._launch_ahead(out, ahead, begin)
+        outputs: list[RequestOutput] = []
+        if ahead is not None:
+            waited = time.perf_counter()
+            outputs = self._finish_in_flight(ahead)
+            begin += time.perf_counter() - waited  # step time, not host time
+        if outputs:  # the tokens just seen ended some of the batch scheduled beside them
+            batch = [item for item in out.batch if item.seq.finish_reason is None]
+            out = SchedulerOutput(batch, sum(item.num_tokens for item in batch))
+        if not out.batch:
+            self.metrics.host_seconds += time.perf_counter() - begin
+            return outputs
+        return outputs + self._run(out, self._window(out), begin, preempted=preempted)
+
+    def _run(
+        self,
+        out: SchedulerOutput,
+        steps: int,
+        begin: float,
+        *,
+        window: DecodeWindow | None = None,
+        preempted: bool = False,
+    ) -> list[RequestOutput]:
+        """Runs a batch (one step, or a window of decode steps) and waits for its tokens."""
+        start = time.perf_counter()
+        if steps == 1:
+            results = iter([self.runner.execute(out.batch)])
+        else:
+            if window is None:
+                window = self.runner.start_window(out.batch, steps)
+            self._chain(out, window, preempted)
+            results = self.runner.window_results(window)
+        finished: list[Sequence] = []
+        for order, rows in results:
+            sampled = iter(rows)
+            for item in order:
+                row = next(sampled) if item.sample else None
+                if item.seq.finish_reason is not None:
+                    continue  # it stopped earlier in this window; its later tokens are dropped
+                self._count(item)
+                self.scheduler.complete_chunk(item)
+                if row is not None and self._append_token(item.seq, row):
+                    finished.append(item.seq)
+        end = time.perf_counter()
+        self._time_step(out, steps, end - start)
+        outputs = self._finished(finished)
+        if self._chained is None:
+            for seq in self._deferred:  # the last window that computed rows for them is done
+                self.scheduler.finish(seq)
+            self._deferred.clear()
+        self.metrics.host_seconds += time.perf_counter() - end + start - begin
+        return outputs
+
+    def _may_go_ahead(self, out: SchedulerOutput, preempted: bool) -> bool:
+        """Whether `out` may be enqueued before the host has seen the tokens of the step in flight:
+        nobody preempted, no penalties (they read every output token on the host), and every request
+        with a token still on its way needs only that one as an input (a decode row)."""
+        return (
+            self.config.scheduler.async_scheduling
+            and not preempted
+            and not any(item.seq.params.has_penalties for item in out.batch)
+            and all(item.num_tokens == 1 for item in out.batch if item.seq.num_pending_tokens)
+        )
+
+    def _launch_ahead(
+        self, out: SchedulerOutput, ahead: InFlight | None, begin: float
+    ) -> list[RequestOutput]:
+        """Enqueues `out` (a step, or a window of decode steps) behind the work in flight (if any),
+        takes what it will have computed as done, then waits for and takes in the work in flight. So
+        the GPU starts on `out` the moment it finishes what came before, while the host scheduled and
+        filled `out` and then takes in the earlier tokens during it."""
+        start = time.perf_counter()
+        steps = self._window(out)
+        if steps == 1:
+            self._ahead = self.runner.launch(out.batch, feed=ahead)
+        else:
+            self._ahead = self.runner.start_window(out.batch, steps, feed=ahead)
+        for _ in range(steps):
+            for item in out.batch:
+                self._count(item)
+                self.scheduler.complete_chunk(item)
+                if item.sample:
+                    item.seq.num_pending_tokens += 1
+        for item in out.batch:
+            if item.sample and item.seq.awaits_last_token:
+                # Nothing more runs for it: its slot and blocks go back now, as they would once the
+                # host had seen that token (whatever reuses them is enqueued behind this step); it
+                # finishes as usual when the token lands.
+                self.scheduler.finish(item.seq)
+        self.metrics.steps_launched_ahead += 1
+        self._time_step(out, steps, time.perf_counter() - start)
+        self.metrics.host_seconds += start - begin
+        return self._finish_in_flight(ahead) if ahead is not None else []
+
+    def _finish_in_flight(self, flight: InFlight) -> list[RequestOutput]:
+        """Waits for work launched ahead and takes in its tokens."""
+        start = time.perf_counter()
+        if isinstance(flight, DecodeWindow):
+            results = self.runner.window_results(flight)
+        else:
+            results = iter([self.runner.result(flight)])
+        finished: list[Sequence] = []
+        for order, rows in results:
+            sampled = iter(rows)
+            for item in order:
+                if not item.sample:
+                    continue
+                row, seq = next(sampled), item.seq
+                seq.num_pending_tokens -= 1
+                if seq.finish_reason is not None:
+                    continue  # aborted, or stopped earlier: this token is dropped
+                if self._append_token(seq, row):
+                    finished.append(seq)
+        outputs = self._finished(finished)
+        seconds = time.perf_counter() - start
+        if isinstance(flight, DecodeWindow):
+            self.metrics.decode_seconds += seconds
+        else:
+            self.metrics.mixed_seconds += seconds
+        return outputs
+
+    def _finished(self, finished: list[Sequence]) -> list[RequestOutput]:
+        outputs = []
+        for seq in finished:
+            self._release(seq)
+            self._requests.pop(seq.request_id, None)
+            self.metrics.requests_finished += 1
+            outputs.append(self._output(seq))
+        return outputs
+
+    def _release(self, seq: Sequence) -> None:
+        """Gives a finished request's blocks back, or, while a window enqueued ahead still computes its
+        row (and writes its KV), once that window is done (later windows of the chain re-upload the
+        batch's block tables from the host)."""
+        if self._chained is not None:
+            self._deferred.append(seq)
+        else:
+            self.scheduler.finish(seq)
+
+    def _window(self, out: SchedulerOutput) -> int:
+        """How many decode steps to run before the CPU looks again (1 unless the batch is decode-only)."""
+        steps = self.config.scheduler.num_scheduler_steps
+        if steps == 1 or not out.is_decode_only:
+            return 1
+        seqs = [item.seq for item in out.batch]
+        if any(s.params.has_penalties for s in seqs):
+            return 1  # penalties need every token on the CPU before the next step
+        steps = min(steps, max(_tokens_left(s) for s in seqs))
+        return steps if steps > 1 and self.scheduler.reserve_ahead(seqs, steps) else 1
+
+    def _chain(self, out: SchedulerOutput, window: DecodeWindow, preempted: bool) -> None:
+        """Enqueues the next window of the same batch behind `window` now, before the CPU has seen its
+        tokens, when the scheduler would pick that batch anyway: nobody can reach max_tokens inside
+        `window`, nothing finished in the last one, and this batch was decode-only because nothing more
+        could be admitted, which holds while nobody finishes. A request that still stops inside `window`
+        (EOS, a stop token or string) has its later rows computed and dropped, and keeps its blocks
+        until that work is done. The GPU then goes from window to window without waiting for the CPU's
+        bookkeeping between them."""
+        if preempted or self._deferred or window.steps < self.config.scheduler.num_scheduler_steps:
+            return
+        seqs = [item.seq for item in window.inputs.order]
+        room = [_tokens_left(s) - window.steps for s in seqs]
+        if min(room) <= 0:
+            return
+        steps = min(self.config.scheduler.num_scheduler_steps, max(room))
+        if not self.scheduler.reserve_ahead(seqs, window.steps + steps):
+            return
+        self._chained = (out, self.runner.extend_window(window, steps))
+        self.metrics.decode_windows_ahead += 1
+
+    def _time_step(self, out: SchedulerOutput, steps: int, seconds: float) -> None:
+        m = self.metrics
+        m.steps += steps
+        if out.is_decode_only:
+            m.decode_steps += steps
+            m.decode_seconds += seconds
+            m.decode_kv_tokens += steps * sum(item.seq.num_computed_tokens for item in out.batch)
+        else:
+            m.mixed_seconds += seconds
+
+    def _count(self, item: ScheduledSeq) -> None:
+        seq = item.seq
+        if item.num_tokens == 1 and seq.is_decoding:
+            self.metrics.decode_tokens += 1
+        else:
+            self.metrics.prefill_tokens += item.num_tokens
+        if seq.num_shared_blocks and seq.num_computed_tokens == seq.num_cached_tokens:
+            self.metrics.prefix_tokens_reused += seq.num_cached_tokens  # first chunk after joining
+            self.metrics.kv_blocks_shared += seq.num_shared_blocks
+
+    def _append_token(self, seq: Sequence, row: np.ndarray) -> bool:
+        """Adds the sampled token; returns whether the request is now finished."""
+        token = int(row[0])
+        seq.output_token_ids.append(token)
+        p = seq.params
+        if p.logprobs is not None:
+            self._record_logprobs(seq, token, row)
+        if token in p.stop_token_ids:
+            seq.finish_reason, seq.stop_reason = "stop", token
+        elif (not p.ignore_eos and token in self.eos_token_ids) or (
+            p.stop and p.detokenize and self._hit_stop_string(seq)
+        ):
+            seq.finish_reason = "stop"
+        elif (
+            len(seq.output_token_ids) >= p.max_tokens
+            # tokens the host has seen: one sampled by a step in flight is not counted here
+            or len(seq.prompt_token_ids) + len(seq.output_token_ids)
+            >= self.config.model.max_model_len
+        ):
+            seq.finish_reason = "length"
+        return seq.finish_reason is not None
+
+    def _record_logprobs(self, seq: Sequence, token: int, row: np.ndarray) -> None:
+        k = seq.params.logprobs or 0
+        entry = {token: Logprob(float(row[1]), int(row[2]))}
+        top_ids, top_vals = row[3 : 3 + (len(row) - 3) // 2], row[3 + (len(row) - 3) // 2 :]
+        for rank, (tid, val) in enumerate(zip(top_ids[:k], top_vals[:k], strict=True), start=1):
+            entry.setdefault(int(tid), Logprob(float(val), rank))
+        if seq.logprobs is None:
+            seq.logprobs = []
+        seq.logprobs.append(entry)
+        seq.cumulative_logprob += float(row[1])
+
+    def _hit_stop_string(self, seq: Sequence) -> bool:
+        state = self._detok.setdefault(seq.seq_id, DetokState())
+        new = self.detokenizer.step(state, seq.output_token_ids, seq.params.skip_special_tokens)
+        if not new:
+            return False
+        window = len(new) + max(len(s) for s in seq.params.stop)
+        tail_start = max(0, len(state.text) - window)
+        hits = [(state.text.find(s, tail_start), s) for s in seq.params.stop]
+        hits = [(i, s) for i, s in hits if i >= 0]
+        if not hits:
+            return False
+        at, stop = min(hits)
+        keep = at + len(stop) if seq.params.include_stop_str_in_output else at
+        seq.output_text = state.text[:keep]
+        seq.stop_reason = stop
+        return True
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        p = seq.params
+        text = seq.output_text
+        if not text and p.detokenize and not isinstance(seq.stop_reason, str):
+            text = self.detokenizer.decode(seq.output_token_ids, p.skip_special_tokens)
+        self._detok.pop(seq.seq_id, None)
+        completion = CompletionOutput(
+            index=0,
+            text=text,
+            token_ids=list(seq.output_token_ids),
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+            logprobs=seq.logprobs,
+            cumulative_logprob=seq.cumulative_logprob if p.logprobs is not None else None,
+        )
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt=seq.prompt,
+            prompt_token_ids=seq.prompt_token_ids,
+            outputs=[completion],
+            finished=True,
+            num_cached_tokens=seq.num_cached_tokens,
+        )
+
+
+def _tokens_left(seq: Sequence) -> int:
+    """Tokens a request may still produce (those on their way count as produced). max_tokens binds
+    before max_model_len: validation keeps prompt + max_tokens within it."""
+    return seq.params.max_tokens - seq.num_generated

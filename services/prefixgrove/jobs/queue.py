@@ -1,0 +1,157 @@
+"""Leasing whole groups from a model's Redis Stream.
+
+A lease is a stream entry delivered to this worker and not yet acknowledged. A thread keeps the
+leases alive (XCLAIM ... JUSTID resets their idle time); an entry left idle past the lease timeout
+belonged to a worker that died, and XAUTOCLAIM hands it to a live one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from prefixgrove.jobs import schema
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Lease:
+    entry_id: str
+    job_id: str
+    group_id: str
+    deliveries: int = 1
+
+
+class GroupQueue:
+    def __init__(
+        self, client: redis.Redis, model: str, consumer: str, lease_timeout_s: float
+    ) -> None:
+        self.r = client
+        self.key = schema.queue_key(model)
+        self.consumer = consumer
+        self.lease_timeout_ms = int(lease_timeout_s * 1000)
+        self._held: dict[str, Lease] = {}
+        self._lost: set[str] = set()
+        self._lock = threading.Lock()
+
+    def take(self, count: int, block_ms: int) -> list[Lease]:
+        """Groups whose worker died first, then new ones (waiting up to block_ms for any)."""
+        leases = self._take_over(count)
+        if len(leases) < count:
+            block = None if leases or block_ms <= 0 else block_ms
+            reply: Any = self.r.xreadgroup(
+                schema.CONSUMER_GROUP,
+                self.consumer,
+                {self.key: ">"},
+                count=count - len(leases),
+                block=block,
+            )
+            for _, entries in reply or []:
+                leases += [_lease(eid, fields) for eid, fields in entries]
+        with self._lock:
+            for lease in leases:
+                self._held[lease.entry_id] = lease
+        return leases
+
+    def _take_over(self, count: int) -> list[Lease]:
+        reply = self.r.xautoclaim(
+            self.key,
+            schema.CONSUMER_GROUP,
+            self.consumer,
+            self.lease_timeout_ms,
+            "0-0",
+            count=count,
+        )
+        claimed = [(eid, fields) for eid, fields in reply[1] if fields]
+        if not claimed:
+            return []
+        leases = []
+        for eid, fields in claimed:
+            info = self.r.xpending_range(self.key, schema.CONSUMER_GROUP, eid, eid, 1)
+            deliveries = int(info[0]["times_delivered"]) if info else 1
+            lease = _lease(eid, fields, deliveries)
+            log.warning(
+                "took over group %s of job %s (delivery %d)",
+                lease.group_id,
+                lease.job_id,
+                deliveries,
+            )
+            leases.append(lease)
+        return leases
+
+    def ack(self, lease: Lease) -> None:
+        self.r.xack(self.key, schema.CONSUMER_GROUP, lease.entry_id)
+        self._forget(lease)
+
+    def release(self, lease: Lease) -> None:
+        """Gives a group back at once (on shutdown): queued again, this delivery acknowledged."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.xadd(self.key, {"job": lease.job_id, "group": lease.group_id})
+        pipe.xack(self.key, schema.CONSUMER_GROUP, lease.entry_id)
+        pipe.srem(schema.JobKeys(lease.job_id).leased, lease.group_id)
+        pipe.execute()
+        self._forget(lease)
+
+    def abandon(self, lease: Lease) -> None:
+        """Stops keeping a lease alive without acknowledging it: it times out and is taken over."""
+        self._forget(lease)
+
+    def lost(self) -> list[Lease]:
+        """Leases another worker took over (this one stalled past the timeout); drop their work."""
+        with self._lock:
+            gone = [self._held.pop(eid) for eid in self._lost if eid in self._held]
+            self._lost.clear()
+        return gone
+
+    def keep_alive(self) -> None:
+        """Resets the idle time of the entries this worker still owns."""
+        with self._lock:
+            held = list(self._held)
+        if not held:
+            return
+        owned = {
+            _s(p["message_id"])  # type: ignore[arg-type]
+            for p in self.r.xpending_range(
+                self.key,
+                schema.CONSUMER_GROUP,
+                "-",
+                "+",
+                len(held) + 100,
+                consumername=self.consumer,
+            )
+        }
+        mine: list[Any] = [eid for eid in held if eid in owned]
+        if mine:
+            self.r.xclaim(self.key, schema.CONSUMER_GROUP, self.consumer, 0, mine, justid=True)
+        with self._lock:
+            self._lost.update(eid for eid in held if eid not in owned and eid in self._held)
+
+    def start_keepalive(self, interval_s: float, stop: threading.Event) -> threading.Thread:
+        def loop() -> None:
+            while not stop.wait(interval_s):
+                try:
+                    self.keep_alive()
+                except redis.RedisError as exc:  # Redis restarting: the next round retries
+                    log.warning("lease keepalive failed: %s", exc)
+
+        thread = threading.Thread(target=loop, name="lease-keepalive", daemon=True)
+        thread.start()
+        return thread
+
+    def _forget(self, lease: Lease) -> None:
+        with self._lock:
+            self._held.pop(lease.entry_id, None)
+            self._lost.discard(lease.entry_id)
+
+
+def _lease(entry_id: bytes | str, fields: dict[bytes, bytes], deliveries: int = 1) -> Lease:
+    return Lease(_s(entry_id), _s(fields[b"job"]), _s(fields[b"group"]), deliveries)
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

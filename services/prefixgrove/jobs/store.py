@@ -1,0 +1,288 @@
+"""Job state in Redis, as the planner and the workers read and write it (records in schema.py)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from prefixgrove.jobs import schema
+from prefixgrove.jobs.ingest import IngestedBatch, JobPlan
+from prefixgrove.jobs.requests import RequestError
+from prefixgrove.jobs.schema import GroupRecord, JobKeys, JobRecord, JobState, ResultRecord
+
+_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    waiting: int
+    leased: int
+
+    @property
+    def depth(self) -> int:
+        return self.waiting + self.leased
+
+
+class JobStore:
+    def __init__(self, client: redis.Redis, retention_s: int = 0) -> None:
+        """`retention_s`: how long the keys of a job created here stay once it finished (0: ever)."""
+        self.r = client
+        self.retention_s = retention_s
+        self._write_results = client.register_script(schema.WRITE_RESULTS)
+        self._finish_group = client.register_script(schema.FINISH_GROUP)
+        self._mark_leased = client.register_script(schema.MARK_LEASED)
+        self._cancel = client.register_script(schema.CANCEL)
+        self._fail = client.register_script(schema.FAIL)
+        self._start = client.register_script(schema.START)
+
+    # --- jobs -------------------------------------------------------------------------------
+    def create_job(
+        self, model: str, idempotency_key: str = "", metadata: dict[str, str] | None = None
+    ) -> tuple[JobRecord, bool]:
+        """Returns (job, created); a key used before gives back its job."""
+        job = JobRecord(id=f"job_{uuid.uuid4().hex[:20]}", model=model, idempotency_key=idempotency_key,
+                        created_at=time.time(), metadata=dict(metadata or {}),
+                        retention_s=self.retention_s)  # fmt: skip
+        if idempotency_key:
+            key = schema.idempotency_key(idempotency_key)
+            if not self.r.set(key, job.id, nx=True):
+                existing = self.get_job(self.r.get(key).decode())  # type: ignore[union-attr]
+                if existing is not None:
+                    return existing, False
+                self.r.set(key, job.id)
+        pipe = self.r.pipeline()
+        pipe.hset(JobKeys(job.id).job, mapping=job.encode())  # type: ignore[arg-type]
+        pipe.zadd(schema.JOBS, {job.id: job.created_at})
+        pipe.execute()
+        return job, True
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        raw = self.r.hgetall(JobKeys(job_id).job)
+        return JobRecord.decode(raw) if raw else None  # type: ignore[arg-type]
+
+    def job_state(self, job_id: str) -> JobState | None:
+        raw = self.r.hget(JobKeys(job_id).job, "state")
+        return JobState(raw.decode()) if raw else None  # type: ignore[union-attr]
+
+    def list_jobs(self, limit: int) -> list[JobRecord]:
+        ids = [_s(i) for i in self.r.zrevrange(schema.JOBS, 0, limit - 1)]  # type: ignore[union-attr,arg-type]
+        jobs = [self.get_job(i) for i in ids]
+        expired = [i for i, j in zip(ids, jobs, strict=True) if j is None]
+        if expired:
+            self.r.zrem(schema.JOBS, *expired)
+        return [j for j in jobs if j is not None]
+
+    # --- which planner streams a job in ---------------------------------------------------
+    def heartbeat(self, instance: str, ttl_s: int) -> None:
+        self.r.set(schema.planner_key(instance), 1, ex=ttl_s)
+
+    def claim_ingest(self, job_id: str, instance: str) -> None:
+        self.r.hset(schema.INGESTING, job_id, instance)
+
+    def release_ingest(self, job_id: str) -> None:
+        self.r.hdel(schema.INGESTING, job_id)
+
+    def orphaned_ingests(self) -> list[str]:
+        """Jobs still streaming in whose planner has stopped beating."""
+        owners = {_s(k): _s(v) for k, v in self.r.hgetall(schema.INGESTING).items()}  # type: ignore[union-attr]
+        pipe = self.r.pipeline(transaction=False)
+        for owner in owners.values():
+            pipe.exists(schema.planner_key(owner))
+        alive = pipe.execute()
+        return [job for (job, _), live in zip(owners.items(), alive, strict=True) if not live]
+
+    def fail_job(self, job_id: str, code: str, message: str) -> None:
+        self._fail(keys=JobKeys(job_id).all(), args=[code, message, time.time()])
+
+    def cancel(self, job_id: str) -> JobState:
+        return JobState(self._cancel(keys=JobKeys(job_id).all(), args=[time.time()]).decode())
+
+    # --- ingest -----------------------------------------------------------------------------
+    def write_requests(
+        self, job_id: str, batch: IngestedBatch, total: int, prompt_tokens: int
+    ) -> None:
+        keys = JobKeys(job_id)
+        for start in range(0, len(batch.requests), _BATCH):
+            records = {
+                str(request.index): schema.RequestRecord(
+                    request.custom_id, request.endpoint, request.params, tokens
+                ).encode()
+                for request, tokens in batch.requests[start : start + _BATCH]
+            }
+            self.r.hset(keys.requests, mapping=records)  # type: ignore[arg-type]
+        self.write_errors(job_id, batch.errors)
+        self.r.hset(keys.job, mapping={"total": total, "prompt_tokens": prompt_tokens})
+
+    def write_errors(self, job_id: str, errors: Sequence[RequestError]) -> int:
+        results = [(e.index, ResultRecord(True, e.to_line()), 0) for e in errors]
+        return self.write_results(job_id, results)
+
+    def queue_plan(self, job_id: str, model: str, plan: JobPlan) -> JobState:
+        """Writes the groups, queues them, and starts the job."""
+        keys = JobKeys(job_id)
+        stream = schema.queue_key(model)
+        self.ensure_queue(model)
+        self.r.sadd(schema.active_key(model), job_id)
+        self.r.hset(keys.job, mapping={"groups_total": len(plan.units),
+                                       "prefix_tokens_saved": plan.prefix_tokens_saved})  # fmt: skip
+        for start in range(0, len(plan.units), _BATCH):
+            chunk = plan.units[start : start + _BATCH]
+            gids = range(start, start + len(chunk))
+            pipe = self.r.pipeline(transaction=False)
+            pipe.hset(
+                keys.groups, mapping={str(g): u.encode() for g, u in zip(gids, chunk, strict=True)}
+            )
+            for gid in gids:
+                pipe.xadd(stream, {"job": job_id, "group": str(gid)})
+            pipe.execute()
+        return JobState(self._start(keys=keys.all(), args=[time.time()]).decode())
+
+    def ensure_queue(self, model: str) -> None:
+        self.r.sadd(schema.MODELS, model)
+        try:
+            self.r.xgroup_create(
+                schema.queue_key(model), schema.CONSUMER_GROUP, id="0", mkstream=True
+            )
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    # --- work -------------------------------------------------------------------------------
+    def load_group(
+        self, job_id: str, group_id: str
+    ) -> tuple[GroupRecord, list[schema.RequestRecord]] | None:
+        keys = JobKeys(job_id)
+        raw = self.r.hget(keys.groups, group_id)
+        if raw is None:
+            return None
+        group = GroupRecord.decode(raw)  # type: ignore[arg-type]
+        blobs = self.r.hmget(keys.requests, [str(i) for i in group.indices])
+        return group, [schema.RequestRecord.decode(b) for b in blobs]  # type: ignore[arg-type]
+
+    def write_results(self, job_id: str, results: Sequence[tuple[int, ResultRecord, int]]) -> int:
+        """(line index, result, completion tokens) each; first write wins. Returns how many were new."""
+        keys = JobKeys(job_id)
+        written = 0
+        for start in range(0, len(results), _BATCH):
+            args: list[Any] = [time.time()]
+            for index, result, tokens in results[start : start + _BATCH]:
+                args += [index, result.encode(), int(result.is_error), tokens]
+            written += int(self._write_results(keys=keys.all(), args=args))
+        return written
+
+    def mark_leased(self, job_id: str, group_id: str) -> None:
+        self._mark_leased(keys=JobKeys(job_id).all(), args=[group_id])
+
+    def finish_group(self, job_id: str, group_id: str) -> bool:
+        keys = JobKeys(job_id).all()
+        return bool(self._finish_group(keys=keys, args=[group_id, time.time()]))
+
+    def is_group_done(self, job_id: str, group_id: str) -> bool:
+        return bool(self.r.sismember(JobKeys(job_id).done, group_id))
+
+    def read_answered(self, job_id: str, indices: Sequence[int]) -> set[int]:
+        """Which of these requests already have a result (a group taken over half done)."""
+        pipe = self.r.pipeline(transaction=False)
+        for index in indices:
+            pipe.hexists(JobKeys(job_id).results, str(index))
+        return {i for i, present in zip(indices, pipe.execute(), strict=True) if present}
+
+    # --- reading back -----------------------------------------------------------------------
+    def read_results(self, job_id: str, start: int, count: int) -> list[ResultRecord | None]:
+        fields = [str(i) for i in range(start, start + count)]
+        blobs = self.r.hmget(JobKeys(job_id).results, fields)
+        return [None if b is None else ResultRecord.decode(b) for b in blobs]  # type: ignore[union-attr,arg-type]
+
+    def job_queue(self, job: JobRecord) -> QueueDepth:
+        if job.state.terminal or job.groups_total == 0:
+            return QueueDepth(0, 0)
+        leased = int(self.r.scard(JobKeys(job.id).leased))  # type: ignore[arg-type]
+        return _depth(job.groups_total, job.groups_done, leased)
+
+    def index_active_jobs(self) -> int:
+        """Puts every queued job that may still run into its model's active set (jobs queued
+        before the set existed); returns how many are there."""
+        ids = [_s(i) for i in self.r.zrange(schema.JOBS, 0, -1)]  # type: ignore[union-attr,arg-type]
+        found = 0
+        for start in range(0, len(ids), _BATCH):
+            chunk = ids[start : start + _BATCH]
+            pipe = self.r.pipeline(transaction=False)
+            for job_id in chunk:
+                pipe.hmget(JobKeys(job_id).job, ["state", "model", "groups_total"])
+            for job_id, (state, model, groups) in zip(chunk, pipe.execute(), strict=True):
+                if state is not None and JobState(_s(state)).runnable and int(groups or 0) > 0:
+                    self.r.sadd(schema.active_key(_s(model)), job_id)
+                    found += 1
+        return found
+
+    def trim_queues(self) -> int:
+        """Drops stream entries every worker is done with: older than the oldest one leased and
+        than the last one delivered. Returns how many went."""
+        removed = 0
+        for model in sorted(_s(m) for m in self.r.smembers(schema.MODELS)):  # type: ignore[union-attr]
+            key = schema.queue_key(model)
+            try:
+                groups = {_s(g["name"]): g for g in self.r.xinfo_groups(key)}
+                pending: Any = self.r.xpending(key, schema.CONSUMER_GROUP)
+            except redis.ResponseError:
+                continue
+            if schema.CONSUMER_GROUP not in groups:
+                continue
+            keep_from = _s(groups[schema.CONSUMER_GROUP]["last-delivered-id"])
+            if pending and pending.get("pending"):
+                keep_from = min(keep_from, _s(pending["min"]), key=_entry_id)
+            removed += int(self.r.xtrim(key, minid=keep_from, approximate=False))  # type: ignore[arg-type]
+        return removed
+
+    def model_queue(self, model: str | None = None) -> QueueDepth:
+        """Groups still to run over every job of a model that will run them: waiting + leased.
+
+        Counted from each queued job's own counters, read in one MULTI so the snapshot is
+        consistent: groups_total - groups_done (FINISH_GROUP moves it once per group) split by the
+        job's leased set (added before a worker runs a group, removed when it is finished or given
+        back; a group taken over stays in it). A cancelling, cancelled, failed or completed job
+        counts nothing, whatever its stream entries still say; terminal jobs leave the model's
+        active set here."""
+        models = [model] if model else sorted(_s(m) for m in self.r.smembers(schema.MODELS))  # type: ignore[union-attr]
+        total = QueueDepth(0, 0)
+        for name in models:
+            active = schema.active_key(name)
+            ids = sorted(_s(i) for i in self.r.smembers(active))  # type: ignore[union-attr]
+            if not ids:
+                continue
+            pipe = self.r.pipeline(transaction=True)
+            for job_id in ids:
+                keys = JobKeys(job_id)
+                pipe.hmget(keys.job, ["state", "groups_total", "groups_done"])
+                pipe.scard(keys.leased)
+            replies = pipe.execute()
+            finished = []
+            for job_id, (state, groups, done), leased in zip(
+                ids, replies[0::2], replies[1::2], strict=True
+            ):
+                if state is None or JobState(_s(state)).terminal:
+                    finished.append(job_id)
+                elif JobState(_s(state)).runnable:
+                    depth = _depth(int(groups or 0), int(done or 0), int(leased))
+                    total = QueueDepth(total.waiting + depth.waiting, total.leased + depth.leased)
+            if finished:
+                self.r.srem(active, *finished)
+        return total
+
+
+def _depth(groups_total: int, groups_done: int, leased: int) -> QueueDepth:
+    return QueueDepth(max(groups_total - groups_done - leased, 0), leased)
+
+
+def _entry_id(entry: str) -> tuple[int, int]:
+    ms, _, seq = entry.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

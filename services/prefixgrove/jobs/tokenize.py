@@ -1,0 +1,109 @@
+"""Prompt -> token ids with the model's own tokenizer (text, token ids or a chat), plus the checks that
+need token ids: the vocabulary and the context length. Loads no weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from prefixgrove.jobs.requests import BatchRequest, RequestError
+
+
+class PromptTokenizer:
+    """Tokenizes validated requests of one model, in batches."""
+
+    def __init__(self, model: str, max_model_len: int | None = None) -> None:
+        from prefixgrove.catalog.presets import load_hf_config, load_tokenizer
+
+        config = load_hf_config(model)
+        self.model = model
+        self.tokenizer: Any = load_tokenizer(model)
+        self.vocab_size: int = int(config.vocab_size)
+        limit = int(config.max_position_embeddings)
+        self.max_model_len: int = min(max_model_len, limit) if max_model_len else limit
+
+    def encode(self, requests: Sequence[BatchRequest]) -> list[np.ndarray | RequestError]:
+        """Token ids (int32) for each request, or the error that stops it, in the same order."""
+        texts = [r.prompt_text if r.prompt_text is not None else self._chat(r) for r in requests]
+        to_encode = [i for i, t in enumerate(texts) if isinstance(t, str)]
+        encoded = self._encode_texts([str(texts[i]) for i in to_encode], requests, to_encode)
+        out: list[np.ndarray | RequestError] = []
+        for request, text in zip(requests, texts, strict=True):
+            if isinstance(text, RequestError):
+                out.append(text)
+                continue
+            if request.prompt_token_ids is not None:
+                ids = request.prompt_token_ids
+            else:
+                ids = encoded[request.index]
+            out.append(self._check(request, ids))
+        return out
+
+    def _chat(self, request: BatchRequest) -> str | RequestError | None:
+        if request.messages is None:
+            return None  # token ids given
+        try:
+            text = self.tokenizer.apply_chat_template(
+                request.messages, tokenize=False, add_generation_prompt=True
+            )
+        except Exception as exc:  # a template may reject any message shape it dislikes
+            return RequestError(
+                request.index, request.custom_id, "invalid_messages", f"chat template failed: {exc}"
+            )
+        return str(text)
+
+    def _encode_texts(
+        self, texts: list[str], requests: Sequence[BatchRequest], positions: list[int]
+    ) -> dict[int, list[int]]:
+        if not texts:
+            return {}
+        # A chat template already holds its special tokens; plain text gets the tokenizer's own.
+        plain = [requests[p].messages is None for p in positions]
+        out: dict[int, list[int]] = {}
+        for special in (True, False):
+            picked = [i for i, is_plain in enumerate(plain) if is_plain == special]
+            if not picked:
+                continue
+            for i, ids in zip(
+                picked, self._encode_batch([texts[i] for i in picked], special), strict=True
+            ):
+                out[requests[positions[i]].index] = ids
+        return out
+
+    def _encode_batch(self, texts: list[str], special: bool) -> list[list[int]]:
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None and hasattr(backend, "encode_batch_fast"):
+            # The fast tokenizer's own batch call, without offsets: what the Hugging Face wrapper does,
+            # at twice the speed.
+            return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=special)]
+        return list(self.tokenizer(texts, add_special_tokens=special)["input_ids"])
+
+    def _check(self, request: BatchRequest, ids: Sequence[int]) -> np.ndarray | RequestError:
+        tokens = np.asarray(ids, dtype=np.int64)
+        bad = np.flatnonzero((tokens < 0) | (tokens >= self.vocab_size))
+        if bad.size:
+            value = int(tokens[bad[0]])
+            return RequestError(
+                request.index,
+                request.custom_id,
+                "invalid_token_id",
+                f"prompt token {value} at position {int(bad[0])} is outside the vocabulary "
+                f"[0, {self.vocab_size})",
+            )
+        if tokens.size == 0:
+            return RequestError(
+                request.index, request.custom_id, "invalid_prompt", "prompt is empty"
+            )
+        max_tokens = int(request.params["max_tokens"])
+        if tokens.size + max_tokens > self.max_model_len:
+            return RequestError(
+                request.index,
+                request.custom_id,
+                "context_length_exceeded",
+                f"prompt has {tokens.size} tokens and max_tokens is {max_tokens}; the model's "
+                f"maximum context length is {self.max_model_len}",
+            )
+        return tokens.astype(np.int32)

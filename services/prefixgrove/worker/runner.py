@@ -1,0 +1,316 @@
+"""The worker loop: lease whole groups, run many at once in one engine, write results as requests
+finish, acknowledge a group once all of its results are written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from prefixgrove.jobs.connection import connect
+from prefixgrove.jobs.output_lines import success_line
+from prefixgrove.jobs.queue import GroupQueue, Lease
+from prefixgrove.jobs.requests import RequestError, engine_error
+from prefixgrove.jobs.schema import RequestRecord, ResultRecord
+from prefixgrove.jobs.store import JobStore
+from prefixgrove.settings import WorkerSettings
+from prefixgrove.worker.metrics import WorkerMetrics
+
+log = logging.getLogger(__name__)
+_MAX_DELIVERIES = 5  # a group that took down this many workers fails instead of taking down more
+
+
+@dataclass
+class _InFlight:
+    lease: Lease
+    requests: dict[str, tuple[int, RequestRecord]]  # engine request id -> (line index, record)
+    outstanding: set[str] = field(default_factory=set)
+
+
+@dataclass
+class _Pending:
+    job_id: str
+    index: int
+    result: ResultRecord
+    completion_tokens: int
+
+
+class Worker:
+    def __init__(self, settings: WorkerSettings, engine: Any = None) -> None:
+        self.settings = settings
+        self.consumer = settings.consumer or f"{socket.gethostname()}-{os.getpid()}"
+        self._give_up = threading.Event()  # set: Redis is not waited for any more (stopping)
+        self.store = JobStore(connect(settings.redis_url, give_up=self._give_up))
+        self.queue = GroupQueue(
+            self.store.r, settings.model, self.consumer, settings.lease_timeout_s
+        )
+        self.engine = engine if engine is not None else _make_engine(settings)
+        self.metrics = WorkerMetrics()
+        self._inflight: dict[tuple[str, str], _InFlight] = {}
+        self._pending: list[_Pending] = []
+        self._last_cancel_poll = 0.0
+        self._tokens_window = (time.monotonic(), 0)
+        self._reused_seen = 0
+
+    # --- the loop ---------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Works until `stop` is set, then finishes what it holds (or gives it back after the
+        drain timeout) and returns; with Redis unreachable it returns within stop_timeout_s."""
+        finished = threading.Event()
+        watcher = threading.Thread(
+            target=self._watch_stop, args=(stop, finished), name="stop-watch", daemon=True
+        )
+        watcher.start()
+        self._retry(lambda: self.store.ensure_queue(self.settings.model))
+        keepalive_stop = threading.Event()
+        self.queue.start_keepalive(self.settings.keepalive_s, keepalive_stop)
+        log.info("worker %s serving %s", self.consumer, self.settings.model)
+        drain_deadline: float | None = None
+        try:
+            while not self._give_up.is_set():
+                if stop.is_set() and drain_deadline is None:
+                    drain_deadline = time.monotonic() + self.settings.drain_timeout_s
+                    log.info("stopping: finishing %d groups in flight", len(self._inflight))
+                if drain_deadline is not None and (
+                    not self._inflight or time.monotonic() > drain_deadline
+                ):
+                    break
+                taking = drain_deadline is None
+                self._retry(lambda taking=taking: self._iteration(taking))
+        finally:
+            keepalive_stop.set()
+            self._retry(self._release_all)
+            finished.set()
+            watcher.join(timeout=2.0)  # NOTE: a thread still running at exit can abort the process
+
+    def _watch_stop(self, stop: threading.Event, finished: threading.Event) -> None:
+        """Once stopping, a Redis that stays unreachable for half of stop_timeout_s is given up
+        on: every command then fails at once instead of retrying for a minute, so the worker
+        gives back what it can and exits within the timeout."""
+        while not stop.wait(0.25):
+            if finished.is_set():
+                return
+        probe = redis.Redis.from_url(self.settings.redis_url, socket_connect_timeout=1.0,
+                                     socket_timeout=1.0, retry=Retry(NoBackoff(), 0))  # fmt: skip
+        down_since: float | None = None
+        with probe:
+            while not finished.wait(0.25):
+                try:
+                    probe.ping()
+                    down_since = None
+                except redis.RedisError:
+                    down_since = down_since or time.monotonic()
+                    if time.monotonic() - down_since >= self.settings.stop_timeout_s / 2:
+                        log.warning("stopping with redis unreachable: giving up on it")
+                        self._give_up.set()
+                        return
+
+    def _iteration(self, taking: bool) -> None:
+        self._drop_lost()
+        self._poll_cancel()
+        if taking:
+            self._lease_more()
+        if self.engine.has_unfinished_requests():
+            self._collect(self.engine.step())
+        self._flush()
+
+    def _retry(self, fn: Any) -> None:
+        try:
+            fn()
+        except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
+            log.warning("redis unavailable (%s); retrying", exc)
+            self._give_up.wait(1.0)
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            self.store.ensure_queue(self.settings.model)  # Redis came back without its data
+
+    # --- leasing ----------------------------------------------------------------------------
+    def _lease_more(self) -> None:
+        room = self.settings.max_groups_in_flight - len(self._inflight)
+        busy = sum(len(f.outstanding) for f in self._inflight.values())
+        if room <= 0 or busy >= self.settings.max_num_seqs:
+            return
+        block_ms = 0 if self.engine.has_unfinished_requests() or self._pending else 500
+        for lease in self.queue.take(room, block_ms):
+            try:
+                self._start(lease)
+            except BaseException:
+                # Stop keeping it alive: after the lease timeout a worker takes it over.
+                self.queue.abandon(lease)
+                raise
+
+    def _start(self, lease: Lease) -> None:
+        job_id, group_id = lease.job_id, lease.group_id
+        if lease.deliveries > 1:
+            self.metrics.groups_taken_over.inc()
+        self.store.mark_leased(job_id, group_id)  # before the state check: see schema.CANCEL
+        state = self.store.job_state(job_id)
+        loaded = None
+        if state is not None and state.runnable and not self.store.is_group_done(job_id, group_id):
+            loaded = self.store.load_group(job_id, group_id)
+        if loaded is None:
+            self._finish(lease)
+            return
+        group, records = loaded
+        answered = self.store.read_answered(job_id, group.indices)
+        flight = _InFlight(lease, {})
+        valid = []
+        for index, record in zip(group.indices, records, strict=True):
+            if index in answered:
+                continue
+            request_id = f"{job_id}/{group_id}/{index}"
+            error = self._check(index, record, lease)
+            if error is not None:
+                self._pending.append(
+                    _Pending(job_id, index, ResultRecord(True, error.to_line()), 0)
+                )
+                self.metrics.requests_failed.inc()
+                continue
+            flight.requests[request_id] = (index, record)
+            valid.append((request_id, record.prompt_token_ids, _params(record)))
+        flight.outstanding = set(flight.requests)
+        self._inflight[(job_id, group_id)] = flight
+        self.metrics.groups_leased.set(len(self._inflight))
+        if group.prefix_len and len(valid) >= 2 and _shares_prefix(valid, group.prefix_len):
+            self.engine.add_group(f"{job_id}/{group_id}", group.prefix_len, valid)
+        else:
+            for request_id, tokens, params in valid:
+                self.engine.add_request(request_id, tokens, params)
+
+    def _check(self, index: int, record: RequestRecord, lease: Lease) -> RequestError | None:
+        if lease.deliveries > _MAX_DELIVERIES:
+            return RequestError(index, record.custom_id, "worker_failed",
+                                f"the request's group stopped {lease.deliveries - 1} workers")  # fmt: skip
+        try:
+            self.engine.validate(record.prompt_token_ids, _params(record))
+        except ValueError as exc:
+            return engine_error(index, record.custom_id, exc)
+        return None
+
+    # --- results ----------------------------------------------------------------------------
+    def _collect(self, outputs: list[Any]) -> None:
+        tokenizer = self.engine.tokenizer
+        for out in outputs:
+            job_id, group_id, _ = out.request_id.split("/")
+            flight = self._inflight.get((job_id, group_id))
+            if flight is None or out.request_id not in flight.outstanding:
+                continue  # aborted (cancelled, or taken over by another worker)
+            index, record = flight.requests[out.request_id]
+            line = success_line(index, record.custom_id, record.endpoint, record.params,
+                                self.settings.model, out, tokenizer)  # fmt: skip
+            tokens = len(out.outputs[0].token_ids)
+            self._pending.append(_Pending(job_id, index, ResultRecord(False, line), tokens))
+            flight.outstanding.discard(out.request_id)
+            self.metrics.requests_done.inc()
+            self.metrics.output_tokens.inc(tokens)
+            self._count_tokens(tokens)
+        reused = self.engine.metrics.prefix_tokens_reused
+        self.metrics.prefix_tokens_reused.inc(max(reused - self._reused_seen, 0))
+        self._reused_seen = reused
+
+    def _flush(self) -> None:
+        by_job: dict[str, list[tuple[int, ResultRecord, int]]] = {}
+        for p in self._pending:
+            by_job.setdefault(p.job_id, []).append((p.index, p.result, p.completion_tokens))
+        for job_id, results in by_job.items():
+            self.store.write_results(job_id, results)
+        self._pending.clear()  # only once every write went through: a failed write is retried
+        for flight in [f for f in self._inflight.values() if not f.outstanding]:
+            self._finish(flight.lease)
+
+    def _finish(self, lease: Lease) -> None:
+        self.store.finish_group(lease.job_id, lease.group_id)
+        self.queue.ack(lease)
+        if self._inflight.pop((lease.job_id, lease.group_id), None) is not None:
+            self.metrics.groups_done.inc()
+        self.metrics.groups_leased.set(len(self._inflight))
+
+    # --- cancel, takeover, shutdown ---------------------------------------------------------
+    def _poll_cancel(self) -> None:
+        now = time.monotonic()
+        if now - self._last_cancel_poll < self.settings.cancel_poll_s:
+            return
+        self._last_cancel_poll = now
+        for job_id in {job for job, _ in self._inflight}:
+            state = self.store.job_state(job_id)
+            if state is None or not state.runnable:
+                flights = [f for (job, _), f in self._inflight.items() if job == job_id]
+                log.info("job %s is %s: dropping %d groups", job_id, state, len(flights))
+                for flight in flights:
+                    self.engine.abort(list(flight.outstanding))
+                    flight.outstanding.clear()
+                self._flush()
+
+    def _drop_lost(self) -> None:
+        for lease in self.queue.lost():
+            flight = self._inflight.pop((lease.job_id, lease.group_id), None)
+            if flight is not None:
+                log.warning("lost the lease on group %s of job %s", lease.group_id, lease.job_id)
+                self.engine.abort(list(flight.outstanding))
+
+    def _release_all(self) -> None:
+        """Writes the results it holds and gives its groups back. Once Redis is given up on, what
+        is left is taken over by another worker after the lease timeout."""
+        try:
+            self._flush()
+            for flight in list(self._inflight.values()):
+                self.engine.abort(list(flight.outstanding))
+                self.queue.release(flight.lease)
+                self._inflight.pop((flight.lease.job_id, flight.lease.group_id), None)
+                log.info("gave back group %s of job %s", flight.lease.group_id, flight.lease.job_id)
+        except redis.RedisError as exc:
+            if not self._give_up.is_set():
+                raise
+            log.warning("redis unreachable (%s): %d groups and %d results left behind; the groups "
+                        "are taken over after the lease timeout", exc, len(self._inflight),
+                        len(self._pending))  # fmt: skip
+
+    def _count_tokens(self, tokens: int) -> None:
+        start, count = self._tokens_window
+        count += tokens
+        elapsed = time.monotonic() - start
+        if elapsed >= 5.0:
+            self.metrics.tokens_per_second.set(count / elapsed)
+            start, count = time.monotonic(), 0
+        self._tokens_window = (start, count)
+
+
+def _shares_prefix(members: list[tuple[str, Any, Any]], prefix_len: int) -> bool:
+    """Whether every prompt starts with the group's prefix; the planner grouped by hashes, so a
+    group that fails this runs without sharing instead of failing."""
+    first = members[0][1][:prefix_len]
+    ok = all(len(t) > prefix_len and np.array_equal(t[:prefix_len], first) for _, t, _ in members)
+    if not ok:
+        log.warning("group prefix check failed; running its %d requests unshared", len(members))
+    return ok
+
+
+def _params(record: RequestRecord) -> Any:
+    from prefixgrove.engine import SamplingParams
+
+    return SamplingParams(**record.params)
+
+
+def _make_engine(settings: WorkerSettings) -> Any:
+    from prefixgrove.engine import EngineConfig, LLMEngine
+
+    config = EngineConfig.create(
+        settings.model,
+        device=settings.device,
+        dtype=settings.dtype,
+        seed=settings.seed,
+        max_num_seqs=settings.max_num_seqs,
+        max_model_len=settings.max_model_len,
+    )
+    return LLMEngine(config)

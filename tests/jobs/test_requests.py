@@ -1,0 +1,174 @@
+"""Each kind of bad input gets a clear per-request (or per-job) error, and the valid requests go on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from services_testbed import MODEL, batch_line
+
+from prefixgrove.jobs.ingest import JobIngestor
+from prefixgrove.jobs.requests import BatchRequest, RequestError, parse_line
+from prefixgrove.jobs.tokenize import PromptTokenizer
+from prefixgrove.settings import IngestSettings
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PromptTokenizer:
+    return PromptTokenizer(MODEL, max_model_len=256)
+
+
+def ingest(tokenizer: PromptTokenizer, lines: list[str | bytes], **settings: int) -> tuple[JobIngestor, dict[int, RequestError], list[BatchRequest]]:  # fmt: skip
+    ingestor = JobIngestor(tokenizer, IngestSettings(**settings))
+    batch = ingestor.add([line.encode() if isinstance(line, str) else line for line in lines])
+    return ingestor, {e.index: e for e in batch.errors}, [r for r, _ in batch.requests]
+
+
+def parse(obj: object) -> BatchRequest | RequestError:
+    return parse_line(json.dumps(obj), 0, max_line_bytes=1 << 16, default_max_tokens=16)
+
+
+def good(i: int) -> str:
+    return batch_line(f"ok-{i}", {"prompt": f"hello {i}", "max_tokens": 4})
+
+
+def test_malformed_json_line_fails_alone(tokenizer: PromptTokenizer) -> None:
+    _, errors, valid = ingest(tokenizer, [good(0), '{"custom_id": "x", ', good(2)])
+    assert errors[1].code == "invalid_json" and "not valid JSON" in errors[1].message
+    assert [r.custom_id for r in valid] == ["ok-0", "ok-2"]
+
+
+def test_missing_custom_id_is_named() -> None:
+    error = parse({"url": "/v1/completions", "body": {"prompt": "x"}})
+    assert isinstance(error, RequestError) and error.code == "missing_custom_id"
+    assert json.loads(error.to_line()) == {
+        "custom_id": None,
+        "error": {"code": "missing_custom_id", "message": error.message},
+    }
+
+
+def test_duplicate_custom_id_fails_the_later_line(tokenizer: PromptTokenizer) -> None:
+    dup = batch_line("ok-0", {"prompt": "again"})
+    _, errors, valid = ingest(tokenizer, [good(0), dup, good(1)])
+    assert errors[1].code == "duplicate_custom_id" and "'ok-0'" in errors[1].message
+    assert [r.custom_id for r in valid] == ["ok-0", "ok-1"]
+
+
+def test_unknown_url_lists_the_accepted_ones() -> None:
+    error = parse({"custom_id": "a", "url": "/v1/embeddings", "body": {"input": "x"}})
+    assert isinstance(error, RequestError) and error.code == "invalid_url"
+    assert "/v1/embeddings" in error.message and "/v1/chat/completions" in error.message
+
+
+@pytest.mark.parametrize(
+    "obj, field",
+    [
+        (
+            {"custom_id": "a", "url": "/v1/completions", "body": {"prompt": "x"}, "extra": 1},
+            "extra",
+        ),
+        (
+            {"custom_id": "a", "url": "/v1/completions", "body": {"prompt": "x", "best_of": 2}},
+            "best_of",
+        ),
+        ({"custom_id": "a", "url": "/v1/chat/completions", "body": {"prompt": "x"}}, "prompt"),
+    ],
+)
+def test_unknown_field_is_named(obj: dict, field: str) -> None:
+    error = parse(obj)
+    assert (
+        isinstance(error, RequestError) and error.code == "unknown_field" and field in error.message
+    )
+
+
+def test_prompt_over_max_model_len_fails(tokenizer: PromptTokenizer) -> None:
+    long = batch_line("long", {"prompt": "x" * 300, "max_tokens": 4})
+    edge = batch_line("edge", {"prompt": [65] * 250, "max_tokens": 6})  # 250 + 6 == 256 fits
+    _, errors, valid = ingest(tokenizer, [long, edge])
+    assert errors[0].code == "context_length_exceeded" and "256" in errors[0].message
+    assert [r.custom_id for r in valid] == ["edge"]
+
+
+def test_token_ids_outside_the_vocabulary_fail(tokenizer: PromptTokenizer) -> None:
+    bad = batch_line("bad", {"prompt": [1, 2, tokenizer.vocab_size]})
+    negative = batch_line("neg", {"prompt": [5, -1]})
+    _, errors, valid = ingest(tokenizer, [bad, negative, good(0)])
+    assert errors[0].code == "invalid_token_id" and str(tokenizer.vocab_size) in errors[0].message
+    assert errors[1].code == "invalid_token_id"
+    assert len(valid) == 1
+
+
+def test_empty_file_is_a_job_error(tokenizer: PromptTokenizer) -> None:
+    ingestor, errors, _ = ingest(tokenizer, ["", "   "])
+    assert errors == {} and ingestor.job_error() == (
+        "empty_file",
+        "the input holds no request lines",
+    )
+
+
+def test_non_jsonl_file_is_a_job_error(tokenizer: PromptTokenizer) -> None:
+    ingestor, errors, _ = ingest(tokenizer, ["id,prompt", "1,hello", "2,world"])
+    code, message = ingestor.job_error()  # type: ignore[misc]
+    assert code == "invalid_file" and "not JSONL" in message
+    assert len(errors) == 3
+
+
+def test_line_over_the_size_limit_fails(tokenizer: PromptTokenizer) -> None:
+    big = batch_line("big", {"prompt": "y" * 5000})
+    _, errors, _ = ingest(tokenizer, [big, good(1)], max_line_bytes=1000)
+    assert errors[0].code == "line_too_large" and "1000" in errors[0].message
+
+
+@pytest.mark.parametrize(
+    "body, name",
+    [
+        ({"prompt": "x", "temperature": -1}, "temperature"),
+        ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "x", "top_p": 1.5}, "top_p"),
+        ({"prompt": "x", "n": 2}, "n"),
+        ({"prompt": "x", "logprobs": 50}, "logprobs"),
+        ({"prompt": ""}, "prompt"),
+    ],
+)
+def test_bad_values_name_the_field(body: dict, name: str) -> None:
+    error = parse({"custom_id": "a", "url": "/v1/completions", "body": body})
+    assert isinstance(error, RequestError) and name in error.message
+
+
+def test_chat_and_sampling_fields_are_carried() -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0.5,
+            "top_k": -1, "seed": 7, "stop": "\n", "logprobs": True, "top_logprobs": 2}  # fmt: skip
+    request = parse(
+        {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": body}
+    )
+    assert isinstance(request, BatchRequest) and request.endpoint == "chat"
+    assert request.params == {
+        "max_tokens": 3,
+        "temperature": 0.5,
+        "top_k": 0,
+        "seed": 7,
+        "stop": ["\n"],
+        "logprobs": 2,
+    }
+
+
+def test_chat_prompts_use_the_chat_template(tokenizer: PromptTokenizer) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    chat = batch_line("c", body, "/v1/chat/completions")
+    [(_, tokens)] = JobIngestor(tokenizer, IngestSettings()).add([chat.encode()]).requests
+    text = tokenizer.tokenizer.decode(tokens.tolist())
+    assert (
+        text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
+        and "hi<|eot_id|>" in text
+    )
+
+
+def test_grouping_plan_covers_every_valid_request_once(tokenizer: PromptTokenizer) -> None:
+    doc = "shared system prompt " * 10
+    lines = [batch_line(f"r{i}", {"prompt": doc + str(i), "max_tokens": 2}) for i in range(20)]
+    lines.insert(5, "not json")
+    ingestor, _, _ = ingest(tokenizer, lines, ungrouped_chunk=4)
+    plan = ingestor.plan()
+    covered = sorted(i for unit in plan.units for i in unit.indices)
+    assert covered == [i for i in range(21) if i != 5]
+    assert plan.num_groups >= 1 and plan.prefix_tokens_saved > 0

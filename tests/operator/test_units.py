@@ -1,0 +1,176 @@
+"""The operator's pure parts: settings, the scaling rule, spec parsing and path confinement, status."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from prefixgrove_operator.autoscaler import ScaleDecider, desired_replicas
+from prefixgrove_operator.planner_client import JobView
+from prefixgrove_operator.settings import OperatorSettings
+from prefixgrove_operator.spec import BatchJobSpec, InvalidSpec, confine
+from prefixgrove_operator.status import job_status, progress, with_condition
+
+
+def test_settings_read_prefixed_env_with_types() -> None:
+    s = OperatorSettings.from_env(
+        {"PREFIXGROVE_MAX_WORKERS": "3", "PREFIXGROVE_SCALE_DOWN_WINDOW_S": "1.5", "OTHER": "x"}
+    )
+    assert (s.max_workers, s.scale_down_window_s, s.min_workers) == (3, 1.5, 0)
+
+
+def test_settings_reject_nonsense_with_the_value() -> None:
+    with pytest.raises(ValueError, match="PREFIXGROVE_GROUPS_PER_WORKER='many'"):
+        OperatorSettings.from_env({"PREFIXGROVE_GROUPS_PER_WORKER": "many"})
+    with pytest.raises(ValueError, match="max_workers=1, min_workers=2"):
+        OperatorSettings(min_workers=2, max_workers=1)
+    with pytest.raises(ValueError, match="groups_per_worker must be >= 1, got 0"):
+        OperatorSettings(groups_per_worker=0)
+
+
+@pytest.mark.parametrize(
+    ("depth", "expected"), [(0, 0), (1, 1), (4, 1), (5, 2), (8, 2), (100, 5), (-3, 0)]
+)
+def test_desired_replicas_is_clamped_ceiling(depth: int, expected: int) -> None:
+    assert desired_replicas(depth, groups_per_worker=4, lo=0, hi=5) == expected
+
+
+def test_desired_replicas_respects_minimum() -> None:
+    assert desired_replicas(0, groups_per_worker=4, lo=2, hi=5) == 2
+
+
+def test_scale_up_is_immediate() -> None:
+    decider = ScaleDecider(groups_per_worker=2, min_replicas=0, max_replicas=10, window_s=60)
+    assert decider.decide(0.0, depth=0, current=0) == 0
+    assert decider.decide(1.0, depth=7, current=0) == 4
+
+
+def test_scale_down_waits_for_the_window() -> None:
+    decider = ScaleDecider(groups_per_worker=2, min_replicas=0, max_replicas=10, window_s=60)
+    assert decider.decide(0.0, depth=8, current=0) == 4
+    assert decider.decide(10.0, depth=0, current=4) == 4
+    assert decider.decide(59.0, depth=2, current=4) == 4
+    # the depth-8 recommendation at t=0 has left the window; t=59 still asks for 1
+    assert decider.decide(61.0, depth=0, current=4) == 1
+    assert decider.decide(120.0, depth=0, current=1) == 0
+
+
+def test_fresh_decider_does_not_scale_down_before_a_window() -> None:
+    decider = ScaleDecider(groups_per_worker=1, min_replicas=0, max_replicas=10, window_s=30)
+    assert decider.decide(100.0, depth=0, current=3) == 3
+    assert decider.decide(131.0, depth=0, current=3) == 0
+
+
+def test_zero_window_scales_down_at_once() -> None:
+    decider = ScaleDecider(groups_per_worker=1, min_replicas=1, max_replicas=10, window_s=0)
+    assert decider.decide(0.0, depth=5, current=5) == 5
+    assert decider.decide(1.0, depth=0, current=5) == 1
+
+
+def test_confine_keeps_paths_inside_the_volume(tmp_path: Path) -> None:
+    assert confine(str(tmp_path), "in/a.jsonl", "p") == tmp_path.resolve() / "in" / "a.jsonl"
+    for escape in ("/etc/passwd", "../x", "a/../../x"):
+        with pytest.raises(InvalidSpec, match="inside the shared volume") as info:
+            confine(str(tmp_path), escape, "spec.input.path")
+        assert info.value.reason == "PathOutsideVolume"
+
+
+def test_confine_refuses_a_symlink_out_of_the_volume(tmp_path: Path) -> None:
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    (volume / "link").symlink_to(tmp_path)
+    with pytest.raises(InvalidSpec, match="outside"):
+        confine(str(volume), "link/secret", "spec.input.path")
+
+
+def _spec(**overrides: object) -> dict[str, object]:
+    spec: dict[str, object] = {
+        "model": "tiny",
+        "input": {
+            "inline": [{"custom_id": "a", "url": "/v1/completions", "body": {"prompt": "x"}}]
+        },
+        "output": {"path": "out/a.jsonl"},
+    }
+    spec.update(overrides)
+    return spec
+
+
+def test_spec_defaults_errors_path_beside_output(tmp_path: Path) -> None:
+    parsed = BatchJobSpec.parse(_spec(), str(tmp_path))
+    assert parsed.errors_path == tmp_path.resolve() / "out" / "a.jsonl.errors.jsonl"
+
+
+def test_spec_needs_exactly_one_input(tmp_path: Path) -> None:
+    with pytest.raises(InvalidSpec, match=r"exactly one of inline, configMap, path; got \[\]"):
+        BatchJobSpec.parse(_spec(input={}), str(tmp_path))
+    with pytest.raises(InvalidSpec, match="got \\['inline', 'path'\\]"):
+        BatchJobSpec.parse(_spec(input={"inline": [], "path": "a"}), str(tmp_path))
+
+
+def test_sampling_defaults_fill_only_missing_body_fields(tmp_path: Path) -> None:
+    inline = [
+        {"custom_id": "a", "url": "/v1/completions", "body": {"prompt": "x", "max_tokens": 3}},
+        {"custom_id": "b", "url": "/v1/chat/completions", "body": {"messages": []}},
+    ]
+    sampling = {"maxTokens": 9, "temperature": 0, "logprobs": 2, "ignoreEos": True}
+    parsed = BatchJobSpec.parse(_spec(input={"inline": inline}, sampling=sampling), str(tmp_path))
+    first, second = (json.loads(line) for line in parsed.request_lines(None, "ns"))  # type: ignore[arg-type]
+    assert first["body"] == {
+        "prompt": "x",
+        "max_tokens": 3,
+        "temperature": 0,
+        "logprobs": 2,
+        "ignore_eos": True,
+    }
+    assert second["body"]["logprobs"] is True and second["body"]["top_logprobs"] == 2
+    assert second["body"]["max_tokens"] == 9
+
+
+def test_path_input_must_exist_before_anything_is_sent(tmp_path: Path) -> None:
+    parsed = BatchJobSpec.parse(_spec(input={"path": "missing.jsonl"}), str(tmp_path))
+    with pytest.raises(InvalidSpec, match="no file at") as info:
+        parsed.request_lines(None, "ns")  # type: ignore[arg-type]
+    assert info.value.reason == "InputNotFound"
+
+
+def test_path_input_drops_blank_lines(tmp_path: Path) -> None:
+    (tmp_path / "in.jsonl").write_text('{"a":1}\n\n{"b":2}\r\n')
+    parsed = BatchJobSpec.parse(_spec(input={"path": "in.jsonl"}), str(tmp_path))
+    assert list(parsed.request_lines(None, "ns")) == [b'{"a":1}', b'{"b":2}']  # type: ignore[arg-type]
+
+
+def test_progress_rounds_down() -> None:
+    assert (progress(0, 0), progress(1, 3), progress(3, 3)) == ("0%", "33%", "100%")
+
+
+def test_condition_keeps_transition_time_while_status_holds() -> None:
+    first = with_condition(None, "Submitted", True, "Submitted", "job 1")
+    first[0]["lastTransitionTime"] = "2020-01-01T00:00:00Z"
+    again = with_condition(first, "Submitted", True, "Submitted", "job 1 again")
+    assert again[0]["lastTransitionTime"] == "2020-01-01T00:00:00Z"
+    flipped = with_condition(again, "Submitted", False, "Lost", "gone")
+    assert flipped[0]["lastTransitionTime"] != "2020-01-01T00:00:00Z"
+    assert len(flipped) == 1
+
+
+def test_job_status_of_failed_job_carries_the_planner_error() -> None:
+    job = JobView("j1", "Failed", 0, 0, 0, 0.0, 1_700_000_000.0, "empty_file: no requests")
+    status = job_status(job, None)
+    assert status["phase"] == "Failed"
+    assert status["completionTime"] == "2023-11-14T22:13:20Z"
+    assert status["conditions"][0]["message"] == "empty_file: no requests"
+
+
+def test_the_operator_loads_without_the_engine_stack() -> None:
+    """Its image has no torch, transformers, numpy or redis; none may be imported on the way."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "for m in ('torch', 'transformers', 'numpy', 'triton', 'redis'): sys.modules[m] = None\n"
+        "import prefixgrove_operator.handlers\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -1,0 +1,216 @@
+"""The Planner service over real gRPC on loopback, with a real redis-server behind it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from prefixgrove_proto import planner_pb2 as pb
+from services_testbed import MODEL, RedisServer, batch_line
+
+from prefixgrove.planner.client import PlannerClient
+from prefixgrove.planner.server import build_server
+from prefixgrove.settings import IngestSettings, PlannerSettings, SecuritySettings
+
+
+def start(redis: RedisServer, security: SecuritySettings | None = None) -> tuple[grpc.Server, int]:
+    planner = PlannerSettings(redis_url=redis.url, host="127.0.0.1", port=0, model=MODEL)
+    server, port, _ = build_server(
+        planner, IngestSettings(max_model_len=512), security or SecuritySettings()
+    )
+    return server, port
+
+
+@pytest.fixture
+def client(redis_server: RedisServer) -> Iterator[PlannerClient]:
+    server, port = start(redis_server)
+    c = PlannerClient(f"127.0.0.1:{port}")
+    yield c
+    c.close()
+    server.stop(0)
+
+
+def lines(n: int, prefix: str = "Shared instructions for every request. " * 4) -> list[bytes]:
+    return [
+        batch_line(f"r{i}", {"prompt": f"{prefix}item {i}", "max_tokens": 2}).encode()
+        for i in range(n)
+    ]
+
+
+def code_of(call) -> grpc.StatusCode:  # type: ignore[no-untyped-def]
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    return info.value.code()
+
+
+def test_job_lifecycle_until_queued(client: PlannerClient) -> None:
+    job = client.create_job(metadata={"team": "eval"})
+    assert job.state == pb.JOB_STATE_VALIDATING and job.model == MODEL
+    reply = client.add_lines(job.id, [*lines(10), b"{broken"])
+    assert (reply.accepted, reply.rejected, reply.total) == (10, 1, 11)
+    sealed = client.seal(job.id)
+    assert sealed.state == pb.JOB_STATE_IN_PROGRESS
+    assert sealed.request_counts == pb.RequestCounts(total=11, completed=0, failed=1)
+    assert sealed.groups_total >= 1 and sealed.queue.depth == sealed.groups_total
+    assert sealed.prefix_tokens_saved > 0 and sealed.metadata["team"] == "eval"
+    assert client.queue_depth(MODEL).depth == sealed.groups_total
+    assert [j.id for j in client.list()] == [job.id]
+
+
+def test_invalid_lines_are_streamed_as_errors_in_input_order(client: PlannerClient) -> None:
+    job = client.create_job()
+    client.add_lines(job.id, [b"nope", *lines(2), batch_line("r0", {"prompt": "dup"}).encode()])
+    client.seal(job.id)
+    # Without workers the stream stops at the first request not answered yet...
+    assert [e.index for e in client.results(job.id, 0, pb.RESULT_KIND_ALL)] == [0]
+    # ...and once the job has ended, requests never answered are passed over.
+    client.cancel(job.id)
+    errors = list(client.results(job.id, 0, pb.RESULT_KIND_ERROR))
+    assert [(e.index, json.loads(e.line)["error"]["code"]) for e in errors] == [
+        (0, "invalid_json"),
+        (3, "duplicate_custom_id"),
+    ]
+    assert [e.index for e in client.results(job.id, 1, pb.RESULT_KIND_ERROR)] == [3]  # resumed
+
+
+def test_idempotency_key_gives_back_the_same_job(client: PlannerClient) -> None:
+    first = client.create_job(idempotency_key="batchjob-uid-1")
+    second = client.create_job(idempotency_key="batchjob-uid-1")
+    assert second.id == first.id and client.create_job().id != first.id
+
+
+def test_unknown_job_is_not_found(client: PlannerClient) -> None:
+    assert code_of(lambda: client.get("job_missing")) == grpc.StatusCode.NOT_FOUND
+    assert code_of(lambda: client.add_lines("job_missing", lines(1))) == grpc.StatusCode.NOT_FOUND
+    assert code_of(lambda: list(client.results("job_missing"))) == grpc.StatusCode.NOT_FOUND
+
+
+def test_adding_to_a_sealed_job_is_a_failed_precondition(client: PlannerClient) -> None:
+    job = client.create_job()
+    client.add_lines(job.id, lines(2))
+    client.seal(job.id)
+    assert (
+        code_of(lambda: client.add_lines(job.id, lines(1))) == grpc.StatusCode.FAILED_PRECONDITION
+    )
+
+
+def test_empty_file_fails_the_job(client: PlannerClient) -> None:
+    job = client.create_job()
+    client.add_lines(job.id, [])
+    assert code_of(lambda: client.seal(job.id)) == grpc.StatusCode.FAILED_PRECONDITION
+    failed = client.get(job.id)
+    assert failed.state == pb.JOB_STATE_FAILED and failed.error.code == "empty_file"
+
+
+def test_non_jsonl_file_fails_the_job(client: PlannerClient) -> None:
+    job = client.create_job()
+    client.add_lines(job.id, [b"a,b,c", b"1,2,3"])
+    assert code_of(lambda: client.seal(job.id)) == grpc.StatusCode.INVALID_ARGUMENT
+    assert client.get(job.id).error.code == "invalid_file"
+
+
+def test_unknown_model_is_an_invalid_argument(client: PlannerClient) -> None:
+    assert (
+        code_of(lambda: client.create_job(model="/no/such/model"))
+        == grpc.StatusCode.INVALID_ARGUMENT
+    )
+
+
+def test_cancel_before_any_worker_cancels_at_once(client: PlannerClient) -> None:
+    job = client.create_job()
+    client.add_lines(job.id, lines(3))
+    client.seal(job.id)
+    assert client.cancel(job.id).state == pb.JOB_STATE_CANCELLED
+    assert code_of(lambda: client.cancel(job.id)) == grpc.StatusCode.FAILED_PRECONDITION
+    assert list(client.watch(job.id))[-1].state == pb.JOB_STATE_CANCELLED
+
+
+def test_health_and_reflection_are_served(client: PlannerClient) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    health = health_pb2_grpc.HealthStub(client.channel)
+    reply = health.Check(health_pb2.HealthCheckRequest(service="prefixgrove.v1.Planner"))
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    stub = reflection_pb2_grpc.ServerReflectionStub(client.channel)
+    [answer] = stub.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+    )
+    names = {s.name for s in answer.list_services_response.service}
+    assert "prefixgrove.v1.Planner" in names
+
+
+def test_bearer_token_is_required(redis_server: RedisServer) -> None:
+    server, port = start(redis_server, SecuritySettings(auth_token="t0ken"))
+    try:
+        anonymous = PlannerClient(f"127.0.0.1:{port}")
+        assert code_of(lambda: anonymous.list()) == grpc.StatusCode.UNAUTHENTICATED
+        assert (
+            code_of(lambda: anonymous.add_lines("x", lines(1))) == grpc.StatusCode.UNAUTHENTICATED
+        )
+        wrong = PlannerClient(f"127.0.0.1:{port}", SecuritySettings(auth_token="guess"))
+        assert code_of(lambda: wrong.list()) == grpc.StatusCode.UNAUTHENTICATED
+        assert PlannerClient(f"127.0.0.1:{port}", SecuritySettings(auth_token="t0ken")).list() == []
+    finally:
+        server.stop(0)
+
+
+def make_certs(d: Path) -> None:
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+            "-days", "2", "-subj", "/CN=test-ca")  # fmt: skip
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for name in ("server", "client"):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                "-subj", f"/CN={name}")  # fmt: skip
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                "-out", f"{name}.pem", "-days", "2", "-extfile", "san.ext")  # fmt: skip
+
+
+def test_mutual_tls_refuses_clients_without_a_certificate(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    make_certs(tmp_path)
+    p = str(tmp_path)
+    security = SecuritySettings(
+        tls_cert=f"{p}/server.pem", tls_key=f"{p}/server.key", tls_ca=f"{p}/ca.pem"
+    )
+    server, port = start(redis_server, security)
+    target = f"127.0.0.1:{port}"
+    try:
+        plaintext = PlannerClient(target)
+        assert code_of(lambda: plaintext.list()) == grpc.StatusCode.UNAVAILABLE
+        no_cert = PlannerClient(target, SecuritySettings(tls_ca=f"{p}/ca.pem"))
+        assert code_of(lambda: no_cert.list()) == grpc.StatusCode.UNAVAILABLE
+        good = PlannerClient(target, SecuritySettings(tls_ca=f"{p}/ca.pem", tls_client_cert=f"{p}/client.pem",
+                                                      tls_client_key=f"{p}/client.key"))  # fmt: skip
+        assert good.list() == []
+    finally:
+        server.stop(0)
+
+
+def test_a_job_is_failed_only_when_its_own_planner_stopped_during_the_upload(
+    redis_server: RedisServer,
+) -> None:
+    planner = PlannerSettings(redis_url=redis_server.url, host="127.0.0.1", port=0, model=MODEL)
+    servers = [build_server(planner, IngestSettings(), SecuritySettings()) for _ in range(2)]
+    (server_a, port_a, a), (server_b, _, b) = servers
+    try:
+        client = PlannerClient(f"127.0.0.1:{port_a}")
+        job = client.create_job()
+        client.add_lines(job.id, lines(2))
+        b.recover()  # a rolling update: the other planner is alive and keeps its upload
+        assert client.get(job.id).state == pb.JOB_STATE_VALIDATING
+        redis_server.client().delete(f"pg:planner:{a.instance}")  # its heartbeat ran out
+        b.recover()
+        failed = client.get(job.id)
+        assert failed.state == pb.JOB_STATE_FAILED and failed.error.code == "ingest_interrupted"
+    finally:
+        server_a.stop(0)
+        server_b.stop(0)

@@ -1,0 +1,198 @@
+"""Real components for the services tests: a redis-server per test, planner and worker processes,
+and batch files. A test that needs redis-server fails without it under CI=true, skips otherwise."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from polling import wait_for
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "tiny-random-llama"
+MAX_MODEL_LEN = 1024
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def need_redis() -> str:
+    path = shutil.which("redis-server")
+    if path is None:
+        message = "redis-server is not installed (scripts/ci/install-redis.sh installs it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+class RedisServer:
+    """A redis-server of our own on a free loopback port; `aof=True` fsyncs every write."""
+
+    def __init__(
+        self, binary: str, workdir: Path, aof: bool = False, password: str | None = None
+    ) -> None:
+        self.binary = binary
+        self.workdir = workdir
+        self.aof = aof
+        self.password = password
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                "--dir", str(self.workdir), "--daemonize", "no", "--loglevel", "warning"]  # fmt: skip
+        args += (
+            ["--appendonly", "yes", "--appendfsync", "always"]
+            if self.aof
+            else ["--appendonly", "no"]
+        )
+        if self.password:
+            args += ["--requirepass", self.password]
+        log = (self.workdir / "redis.log").open("ab")
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                if self.proc.poll() is not None:
+                    log_text = (self.workdir / "redis.log").read_text()
+                    raise RuntimeError(f"redis-server exited: {log_text}") from None
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start in 10 s")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def client(self):  # type: ignore[no-untyped-def]
+        import redis
+
+        return redis.Redis.from_url(self.url)
+
+
+def service_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFIXGROVE_")}
+    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **extra)
+    return env
+
+
+class Process:
+    """A `prefixgrove serve ...` child process with its log in a file."""
+
+    def __init__(self, args: list[str], log: Path, env: dict[str, str]) -> None:
+        self.log = log
+        handle = log.open("ab")
+        cmd = [sys.executable, "-m", "prefixgrove.cli", *args]
+        self.proc = subprocess.Popen(
+            cmd, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=REPO
+        )
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def start_worker(redis_url: str, log: Path, *extra: str) -> Process:
+    args = ["serve", "worker", "--redis-url", redis_url, "--model", MODEL, "--device", "cpu",
+            "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), *extra]  # fmt: skip
+    return Process(args, log, service_env())
+
+
+def start_planner(redis_url: str, port: int, log: Path, *extra: str) -> Process:
+    args = ["serve", "planner", "--redis-url", redis_url, "--host", "127.0.0.1", "--port", str(port),
+            "--model", MODEL, "--max-model-len", str(MAX_MODEL_LEN), *extra]  # fmt: skip
+    return Process(args, log, service_env())
+
+
+def wait_for_port(port: int, proc: Process, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.proc.poll() is not None:
+            raise RuntimeError(f"process exited: {proc.text()[-3000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on {port} after {timeout}s: {proc.text()[-3000:]}")
+
+
+def batch_line(custom_id: str, body: dict, url: str = "/v1/completions") -> str:
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
+
+
+def shared_prefix_job(
+    path: Path,
+    n: int,
+    *,
+    docs: int = 6,
+    max_tokens: int = 4,
+    seed: int = 0,
+    with_errors: bool = False,
+) -> Path:
+    """n requests over a few long shared documents: completions, chats, a sampled and a logprobs one."""
+    import random
+
+    rng = random.Random(seed)
+    words = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta"]
+    documents = [f"Doc {d}: " + " ".join(rng.choice(words) for _ in range(50)) for d in range(docs)]
+    lines = []
+    for i in range(n):
+        doc = documents[i % docs]
+        if i % 7 == 3:
+            body = {"messages": [{"role": "system", "content": doc}, {"role": "user", "content": f"Q{i}?"}],
+                    "max_tokens": max_tokens, "temperature": 0}  # fmt: skip
+            lines.append(batch_line(f"req-{i}", body, "/v1/chat/completions"))
+            continue
+        body = {
+            "prompt": f"{doc}\nQuestion {i}: what follows?",
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        }
+        if i % 11 == 5:
+            body.update(temperature=0.7, seed=i)
+        if i % 13 == 6:
+            body["logprobs"] = 2
+        lines.append(batch_line(f"req-{i}", body))
+    if with_errors:
+        lines[n // 3] = '{"custom_id": "broken", '
+        lines.insert(n // 2, batch_line("req-1", {"prompt": "a duplicate id", "max_tokens": 2}))
+        lines.insert(
+            n // 2, batch_line("too-long", {"prompt": "z" * MAX_MODEL_LEN, "max_tokens": 2})
+        )
+        lines.insert(n // 4, batch_line("bad-token", {"prompt": [1, 2, 10**6], "max_tokens": 2}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> None:
+    """Polls `predicate` every 0.1 s until it holds (the shared poller, with the services' cadence)."""
+    wait_for(what, predicate, timeout, every=0.1)

@@ -1,0 +1,258 @@
+"""The whole system on CPU with the tiny model: a redis-server with AOF (fsync on every write), the
+planner and two workers as real processes, gRPC on loopback. Its output must equal `prefixgrove run`
+line for line, through a worker killed mid-group, a planner restart, a Redis restart and a cancel.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from prefixgrove_proto import planner_pb2 as pb
+from services_testbed import (
+    MAX_MODEL_LEN,
+    MODEL,
+    Process,
+    RedisServer,
+    free_port,
+    need_redis,
+    service_env,
+    shared_prefix_job,
+    start_planner,
+    start_worker,
+    wait_for_port,
+    wait_until,
+)
+
+from prefixgrove.planner.client import PlannerClient
+
+pytestmark = pytest.mark.slow
+LEASE_TIMEOUT_S = "3"
+
+
+@dataclass
+class Stack:
+    dir: Path
+    redis: RedisServer
+    port: int
+    planner: Process
+    workers: dict[str, Process]
+    planner_metrics: int
+    worker_metrics: int
+
+    def client(self) -> PlannerClient:
+        return PlannerClient(f"127.0.0.1:{self.port}")
+
+    def add_worker(self, name: str, *extra: str) -> Process:
+        worker = start_worker(self.redis.url, self.dir / f"{name}.log", "--consumer", name,
+                              "--lease-timeout-s", LEASE_TIMEOUT_S, "--max-groups-in-flight", "2",
+                              "--cancel-poll-s", "0.5", *extra)  # fmt: skip
+        self.workers[name] = worker
+        return worker
+
+    def restart_planner(self) -> None:
+        self.planner.kill()
+        self.planner.wait(10)
+        self.planner = start_planner(self.redis.url, self.port, self.dir / "planner.log",
+                                     "--metrics-port", str(self.planner_metrics))  # fmt: skip
+        wait_for_port(self.port, self.planner)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    d = tmp_path_factory.mktemp("stack")
+    redis = RedisServer(need_redis(), d, aof=True)
+    redis.start()
+    port = free_port()
+    metrics = free_port()
+    planner = start_planner(redis.url, port, d / "planner.log", "--metrics-port", str(metrics))
+    s = Stack(d, redis, port, planner, {}, metrics, free_port())
+    s.add_worker("w1")
+    s.add_worker("w2", "--metrics-port", str(s.worker_metrics))
+    wait_for_port(port, s.planner)
+    yield s
+    for proc in [s.planner, *s.workers.values()]:
+        proc.kill()
+    redis.kill()
+
+
+@pytest.fixture(scope="module")
+def long_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """A job that runs for several seconds, and its output from the local run."""
+    d = tmp_path_factory.mktemp("long")
+    job = shared_prefix_job(d / "in.jsonl", 240, max_tokens=24, docs=8, with_errors=True)
+    return job, *local_run(job, d)
+
+
+def local_run(job: Path, d: Path) -> tuple[Path, Path]:
+    out, err = d / "local.jsonl", d / "local.errors.jsonl"
+    args = ["run", str(job), "-o", str(out), "--errors", str(err), "--model", MODEL, "--device", "cpu",
+            "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--json"]  # fmt: skip
+    # A process of its own, with one math thread like the workers: 2 busy cores oversubscribed
+    # by torch's default threads run ten times slower.
+    run = subprocess.run([sys.executable, "-m", "prefixgrove.cli", *args], env=service_env(),
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    return out, err
+
+
+def finish(stack: Stack, job_id: str, d: Path, timeout: float = 120) -> tuple[pb.Job, Path, Path]:
+    client = stack.client()
+    wait_until(lambda: client.get(job_id).state in (pb.JOB_STATE_COMPLETED, pb.JOB_STATE_CANCELLED),
+               timeout, f"job {job_id} to end")  # fmt: skip
+    out, err = d / "out.jsonl", d / "out.errors.jsonl"
+    client.download(job_id, out, err)
+    return client.get(job_id), out, err
+
+
+def answered(stack: Stack, job_id: str) -> int:
+    counts = stack.client().get(job_id).request_counts
+    return counts.completed + counts.failed
+
+
+def test_planner_and_two_workers_equal_the_local_run(stack: Stack, tmp_path: Path) -> None:
+    job_file = shared_prefix_job(tmp_path / "in.jsonl", 300, with_errors=True)
+    local_out, local_err = local_run(job_file, tmp_path)
+    client = stack.client()
+    job = client.submit_file(job_file)
+    assert job.groups_total > 1 and job.prefix_tokens_saved > 0
+    done, out, err = finish(stack, job.id, tmp_path)
+    assert done.state == pb.JOB_STATE_COMPLETED
+    assert done.request_counts == pb.RequestCounts(total=303, completed=299, failed=4)
+    assert out.read_text() == local_out.read_text()
+    assert err.read_text() == local_err.read_text()
+    assert client.queue_depth(MODEL).depth == 0
+
+
+def test_a_worker_killed_mid_group_is_taken_over(
+    stack: Stack, long_job: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    job_file, local_out, local_err = long_job
+    r = stack.redis.client()
+    job = stack.client().submit_file(job_file)
+    queue = f"pg:queue:{MODEL}"
+
+    def w1_mid_group() -> bool:
+        held = r.xpending_range(queue, "workers", "-", "+", 10, consumername="w1")
+        return bool(held) and answered(stack, job.id) > 10
+
+    wait_until(w1_mid_group, 60, "w1 to hold a group after some results")
+    stack.workers["w1"].kill()  # SIGKILL: no chance to give anything back
+    done, out, err = finish(stack, job.id, tmp_path)
+    assert done.state == pb.JOB_STATE_COMPLETED
+    assert "took over group" in stack.workers["w2"].text()
+    ids = [json.loads(line)["custom_id"] for line in out.read_text().splitlines()]
+    assert len(ids) == len(set(ids)) == done.request_counts.completed
+    assert out.read_text() == local_out.read_text() and err.read_text() == local_err.read_text()
+    stack.add_worker("w3", "--drain-timeout-s", "1")
+
+
+def test_a_stopped_worker_gives_its_groups_back(
+    stack: Stack, long_job: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    job_file, local_out, _ = long_job
+    r = stack.redis.client()
+    queue = f"pg:queue:{MODEL}"
+    # w3 started at the end of the last test; on a loaded machine it may still be importing torch,
+    # and the other worker could finish the whole job before it reads the queue.
+    wait_until(
+        lambda: "worker w3 serving" in stack.workers["w3"].text(), 120, "w3 to start serving"
+    )
+    job = stack.client().submit_file(job_file)
+    wait_until(lambda: bool(r.xpending_range(queue, "workers", "-", "+", 10, consumername="w3")), 90,
+               "w3 to hold a group")  # fmt: skip
+    stack.workers["w3"].kill(signal.SIGTERM)
+    assert stack.workers["w3"].wait(30) == 0
+    # It finished or gave back (re-queued) every group it held: none is left waiting for a timeout.
+    assert r.xpending_range(queue, "workers", "-", "+", 10, consumername="w3") == []
+    done, out, _ = finish(stack, job.id, tmp_path)
+    assert done.state == pb.JOB_STATE_COMPLETED and out.read_text() == local_out.read_text()
+    stack.add_worker("w4")
+
+
+def test_cli_submits_waits_downloads_and_metrics_are_served(stack: Stack, tmp_path: Path) -> None:
+    job_file = shared_prefix_job(tmp_path / "in.jsonl", 40, seed=3)
+    out = tmp_path / "out.jsonl"
+    cli = [sys.executable, "-m", "prefixgrove.cli"]
+    target = ["--planner", f"127.0.0.1:{stack.port}", "--json"]
+    submit = subprocess.run([*cli, "submit", str(job_file), *target, "--wait", "-o", str(out)],
+                            capture_output=True, text=True, timeout=120, env=service_env())  # fmt: skip
+    assert submit.returncode == 0, submit.stderr[-2000:]
+    first = json.loads(submit.stdout.splitlines()[0])
+    assert json.loads(submit.stdout.splitlines()[-1])["completed"] == 40
+    assert len(out.read_text().splitlines()) == 40
+    status = subprocess.run([*cli, "status", first["id"], *target], capture_output=True, text=True,
+                            timeout=60, env=service_env())  # fmt: skip
+    assert json.loads(status.stdout)["state"] == "JOB_STATE_COMPLETED"
+    planner_metrics = (
+        urllib.request.urlopen(f"http://127.0.0.1:{stack.planner_metrics}/metrics").read().decode()
+    )
+    assert "prefixgrove_queue_depth" in planner_metrics
+    assert "prefixgrove_planner_requests_accepted_total" in planner_metrics
+    worker_metrics = (
+        urllib.request.urlopen(f"http://127.0.0.1:{stack.worker_metrics}/metrics").read().decode()
+    )
+    done = [
+        line
+        for line in worker_metrics.splitlines()
+        if line.startswith("prefixgrove_worker_requests_done_total")
+    ]
+    assert done and float(done[0].split()[-1]) > 0
+
+
+def test_the_job_completes_across_a_planner_restart(
+    stack: Stack, long_job: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    job_file, local_out, _ = long_job
+    job = stack.client().submit_file(job_file)
+    wait_until(lambda: answered(stack, job.id) > 10, 60, "first results")
+    assert stack.client().get(job.id).state == pb.JOB_STATE_IN_PROGRESS
+    stack.restart_planner()
+    done, out, _ = finish(stack, job.id, tmp_path)
+    assert done.state == pb.JOB_STATE_COMPLETED
+    assert out.read_text() == local_out.read_text()
+
+
+def test_the_job_completes_across_a_redis_restart(
+    stack: Stack, long_job: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    job_file, local_out, local_err = long_job
+    job = stack.client().submit_file(job_file)
+    wait_until(lambda: answered(stack, job.id) > 10, 60, "first results")
+    assert stack.client().get(job.id).state == pb.JOB_STATE_IN_PROGRESS
+    stack.redis.kill()
+    time.sleep(1.0)
+    stack.redis.start()  # same port and directory: the append-only file brings everything back
+    done, out, err = finish(stack, job.id, tmp_path, timeout=180)
+    assert done.state == pb.JOB_STATE_COMPLETED
+    assert done.request_counts.completed + done.request_counts.failed == done.request_counts.total
+    assert out.read_text() == local_out.read_text() and err.read_text() == local_err.read_text()
+
+
+def test_cancel_mid_job_keeps_partial_results(
+    stack: Stack, long_job: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    job_file, local_out, _ = long_job
+    client = stack.client()
+    job = client.submit_file(job_file)
+    wait_until(lambda: client.get(job.id).request_counts.completed > 5, 60, "first results")
+    assert client.cancel(job.id).state in (pb.JOB_STATE_CANCELLING, pb.JOB_STATE_CANCELLED)
+    cancelled_at = time.monotonic()
+    wait_until(lambda: client.get(job.id).state == pb.JOB_STATE_CANCELLED, 10, "the cancel to land")
+    assert time.monotonic() - cancelled_at < 10
+    done, out, _ = finish(stack, job.id, tmp_path)
+    counts = done.request_counts
+    assert 0 < counts.completed < counts.total - counts.failed
+    kept = out.read_text().splitlines()
+    assert len(kept) == counts.completed
+    reference = {json.loads(line)["custom_id"]: line for line in local_out.read_text().splitlines()}
+    assert all(reference[json.loads(line)["custom_id"]] == line for line in kept)
+    wait_until(lambda: client.queue_depth(MODEL).depth == 0, 30, "the cancelled groups to drain")

@@ -1,0 +1,34 @@
+"""Settings come from flags, then PREFIXGROVE_* variables, then defaults, and say what is wrong."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from prefixgrove import settings as cfg
+from prefixgrove.settings import PlannerSettings, SecuritySettings, WorkerSettings
+
+
+def test_flags_win_over_environment_over_defaults() -> None:
+    parser = argparse.ArgumentParser()
+    cfg.add_arguments(parser, WorkerSettings)
+    args = parser.parse_args(["--lease-timeout-s", "9"])
+    env = {"PREFIXGROVE_LEASE_TIMEOUT_S": "5", "PREFIXGROVE_MAX_GROUPS_IN_FLIGHT": "3"}
+    settings = cfg.load(WorkerSettings, args, env)
+    assert settings.lease_timeout_s == 9.0
+    assert settings.max_groups_in_flight == 3
+    assert settings.model == WorkerSettings().model
+
+
+def test_bad_setting_says_what_is_accepted() -> None:
+    with pytest.raises(ValueError, match="PREFIXGROVE_PORT='http' is invalid: expected int"):
+        cfg.load(PlannerSettings, {}, {"PREFIXGROVE_PORT": "http"})
+    with pytest.raises(ValueError, match="device='tpu' is invalid"):
+        cfg.load(WorkerSettings, {"device": "tpu"}, {})
+
+
+def test_token_never_shows_in_the_settings_repr() -> None:
+    settings = cfg.load(SecuritySettings, {}, {"PREFIXGROVE_AUTH_TOKEN": "s3cret"})
+    assert settings.auth_token == "s3cret"
+    assert "s3cret" not in repr(settings) and "s3cret" not in str(settings)
