@@ -26,7 +26,7 @@
 {{- define "prefixgrove.planner.fullname" -}}{{ include "prefixgrove.componentName" (list . "planner") }}{{- end }}
 {{- define "prefixgrove.worker.fullname" -}}{{ include "prefixgrove.componentName" (list . "worker") }}{{- end }}
 {{- define "prefixgrove.workerMetrics.fullname" -}}{{ include "prefixgrove.componentName" (list . "worker-metrics") }}{{- end }}
-{{- define "prefixgrove_operator.fullname" -}}{{ include "prefixgrove.componentName" (list . "operator") }}{{- end }}
+{{- define "prefixgrove.operator.fullname" -}}{{ include "prefixgrove.componentName" (list . "operator") }}{{- end }}
 {{- define "prefixgrove.redis.fullname" -}}{{ include "prefixgrove.componentName" (list . "redis") }}{{- end }}
 {{- define "prefixgrove.auth.fullname" -}}{{ include "prefixgrove.componentName" (list . "auth") }}{{- end }}
 {{- define "prefixgrove.data.fullname" -}}{{ include "prefixgrove.componentName" (list . "data") }}{{- end }}
@@ -64,8 +64,8 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- printf "%s/%s:%s" (trimSuffix "/" $root.Values.image.registry) (index . 1).name $tag }}
 {{- end }}
 
-{{- define "prefixgrove_operator.serviceAccountName" -}}
-{{- include "prefixgrove_operator.fullname" . }}
+{{- define "prefixgrove.operator.serviceAccountName" -}}
+{{- include "prefixgrove.operator.fullname" . }}
 {{- end }}
 
 {{- define "prefixgrove.planner.address" -}}
@@ -119,8 +119,8 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 
 {{/* Cluster-scoped names must not collide between releases of the same name in two namespaces. */}}
-{{- define "prefixgrove_operator.clusterRoleName" -}}
-{{- printf "%s-%s" .Release.Namespace (include "prefixgrove_operator.fullname" .) }}
+{{- define "prefixgrove.operator.clusterRoleName" -}}
+{{- printf "%s-%s" .Release.Namespace (include "prefixgrove.operator.fullname" .) }}
 {{- end }}
 
 {{/* The shared data volume (a claim, or an emptyDir to try things out). */}}

@@ -1,5 +1,5 @@
 {{/* The operator's rules for BatchJobs, shared by the Role (namespace scope) and ClusterRole (cluster scope). */}}
-{{- define "prefixgrove_operator.batchJobRules" -}}
+{{- define "prefixgrove.operator.batchJobRules" -}}
 - apiGroups: [prefixgrove.io]
   resources: [batchjobs]
   verbs: [get, list, watch, patch]
