@@ -5,7 +5,7 @@ the engine runs (a full 16,384-token mixed step, a 512-request decode step, and 
 `F.linear` in bf16 with CUDA events and prints TFLOP/s against the 8192^3 ceiling measured the same way,
 once per BLAS back end torch offers. Also samples the SM clock while a long burst of matmuls runs, since a
 sustained load is slower than a short one when the board reaches its power limit.
-Usage: python benchmarks/matmul_shapes.py [--rows 512,16384,16100] [--iters 50]
+Usage: cd benchmarks && python -m probes.matmul_shapes [--rows 512,16384,16100] [--iters 50]
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ variant is timed over a CUDA graph (the one-pass variants from a cold, clean L2 
 times them, the two passes' with do_bench) and checked against the default launch's output. Prints one
 JSON object with the fastest variants and the default's time. The defaults in kernels/ come from these
 sweeps.
-Usage: python benchmarks/tune_cascade.py [--degree 16] [--prefix-len 2000] [--one-pass] [--warps 4 8] [--requests 256]
+Usage: cd benchmarks && python -m probes.tune_cascade [--degree 16] [--prefix-len 2000] [--one-pass] [--warps 4 8] [--requests 256]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Where a decode step's time goes: torch profiler over a few decode-only steps of the 8B model.
 
 Prints the top CUDA kernels and the step's wall time, GPU busy time and CPU time, for the plain path and
-(with --groups) the cascade path. Usage: python benchmarks/profile_decode.py [--batch 256] [--context 1000]
+(with --groups) the cascade path. Usage: cd benchmarks && python -m probes.profile_decode [--batch 256] [--context 1000]
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ one weight set per layer) and cascade decode attention (groups of --degree over 
 
 and prints one JSON line per batch size with milliseconds per step (median of --rounds rounds, the
 variants alternating so that the board's power state is shared) and the SM clock after each.
-Usage: python benchmarks/decode_overlap.py [--batches 512,1024] [--attention two-pass|one-pass]
+Usage: cd benchmarks && python -m probes.decode_overlap [--batches 512,1024] [--attention two-pass|one-pass]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from attention_kernels import Workload
 from attention_kernels import parse_args as attention_args
-from matmul_shapes import SHAPES, sm_clock_mhz
+from probes.matmul_shapes import SHAPES, sm_clock_mhz
 
 from _common import as_graph, device_name, emit
 

@@ -9,7 +9,7 @@ and the whole step's attention (prefix pass + that launch) with the suffix chunk
 prefix pass (fused, the engine's default on CUDA) against two passes.
 Each variant is timed with do_bench (median, no graph: prefill runs eagerly) and checked against the
 default launch's output. Prints one JSON object with the best variants of each kind, TFLOP/s included.
-Usage: python benchmarks/tune_prefill.py [--groups 4] [--per-group 16] [--prefix-len 2000] [--suffix-len 200]
+Usage: cd benchmarks && python -m probes.tune_prefill [--groups 4] [--per-group 16] [--prefix-len 2000] [--suffix-len 200]
        [--quick] [--state-dtype model|float32]
 """
 
