@@ -175,20 +175,6 @@ class InputBuilder:
             inputs.sampled = self._sampled_views(inputs, sampled_group_q)
         return inputs
 
-    def refresh_block_tables(self, order: list[ScheduledSeq]) -> None:
-        """Uploads the block tables of a batch already on the device whose tables grew since its fill
-        (a window enqueued behind another). Through a fresh pinned buffer, not the host arena, which an
-        earlier upload may still be reading; the pinned pool reuses the buffer only after this copy."""
-        n = len(order)
-        width = max(len(item.seq.block_table) for item in order)
-        tables = np.zeros((n, width), dtype=np.int32)
-        for i, item in enumerate(order):
-            tables[i, : len(item.seq.block_table)] = item.seq.block_table
-        staged = torch.from_numpy(tables)
-        if self.arena.device.is_cuda:
-            staged = staged.pin_memory()
-        self._dev["block_tables"][:n, :width].copy_(staged, non_blocking=True)
-
     def plan(self, batch: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], list[range]]:
         """Cascade groups' rows first, each group contiguous and back to back (the prefix pass addresses a
         group's queries as one range), then every other row in scheduler order."""

@@ -47,10 +47,6 @@ class LLMEngine:
         self._detok: dict[int, DetokState] = {}
         self._seeds = random.Random(config.model.seed)
         self._next_id = 0
-        # A decode window already enqueued behind the last one, and requests that finished while it was
-        # in flight (their blocks go back once it is done).
-        self._chained: tuple[SchedulerOutput, DecodeWindow] | None = None
-        self._deferred: list[Sequence] = []
         # A step or window on the device whose tokens the host has not taken in yet (async scheduling),
         # and requests it finished outside a step (an abort waits for it), for the next step to return.
         # A request that finishes while a step in flight still computes a row for it gives its blocks
@@ -223,15 +219,10 @@ class LLMEngine:
             seq = self._requests.pop(rid, None)
             if seq is not None and not seq.finished:
                 seq.finish_reason = "abort"
-                self._release(seq)
+                self.scheduler.finish(seq)
 
     def has_unfinished_requests(self) -> bool:
-        return (
-            self._chained is not None
-            or self._ahead is not None
-            or bool(self._ready)
-            or self.scheduler.has_unfinished()
-        )
+        return self._ahead is not None or bool(self._ready) or self.scheduler.has_unfinished()
 
     # -- one step ---------------------------------------------------------------------------------------
 
@@ -244,10 +235,6 @@ class LLMEngine:
 
     def _step(self) -> list[RequestOutput]:
         begin = time.perf_counter()
-        if self._chained is not None:
-            # Enqueued behind the last window: its batch is decided and its steps are on the device.
-            (out, window), self._chained = self._chained, None
-            return self._run(out, window.steps, begin, window=window)
         preemptions = self.scheduler.num_preemptions
         out = self.scheduler.schedule()
         self.metrics.preemptions = self.scheduler.num_preemptions
@@ -262,30 +249,19 @@ class LLMEngine:
             begin += time.perf_counter() - waited  # step time, not host time
         if outputs:  # the tokens just seen ended some of the batch scheduled beside them
             batch = [item for item in out.batch if item.seq.finish_reason is None]
-            out = SchedulerOutput(batch, sum(item.num_tokens for item in batch))
+            out = SchedulerOutput(batch)
         if not out.batch:
             self.metrics.host_seconds += time.perf_counter() - begin
             return outputs
-        return outputs + self._run(out, self._window(out), begin, preempted=preempted)
+        return outputs + self._run(out, self._window(out), begin)
 
-    def _run(
-        self,
-        out: SchedulerOutput,
-        steps: int,
-        begin: float,
-        *,
-        window: DecodeWindow | None = None,
-        preempted: bool = False,
-    ) -> list[RequestOutput]:
+    def _run(self, out: SchedulerOutput, steps: int, begin: float) -> list[RequestOutput]:
         """Runs a batch (one step, or a window of decode steps) and waits for its tokens."""
         start = time.perf_counter()
         if steps == 1:
             results = iter([self.runner.execute(out.batch)])
         else:
-            if window is None:
-                window = self.runner.start_window(out.batch, steps)
-            self._chain(out, window, preempted)
-            results = self.runner.window_results(window)
+            results = self.runner.window_results(self.runner.start_window(out.batch, steps))
         finished: list[Sequence] = []
         for order, rows in results:
             sampled = iter(rows)
@@ -300,10 +276,6 @@ class LLMEngine:
         end = time.perf_counter()
         self._time_step(out, steps, end - start)
         outputs = self._finished(finished)
-        if self._chained is None:
-            for seq in self._deferred:  # the last window that computed rows for them is done
-                self.scheduler.finish(seq)
-            self._deferred.clear()
         self.metrics.host_seconds += time.perf_counter() - end + start - begin
         return outputs
 
@@ -378,20 +350,11 @@ class LLMEngine:
     def _finished(self, finished: list[Sequence]) -> list[RequestOutput]:
         outputs = []
         for seq in finished:
-            self._release(seq)
+            self.scheduler.finish(seq)
             self._requests.pop(seq.request_id, None)
             self.metrics.requests_finished += 1
             outputs.append(self._output(seq))
         return outputs
-
-    def _release(self, seq: Sequence) -> None:
-        """Gives a finished request's blocks back, or, while a window enqueued ahead still computes its
-        row (and writes its KV), once that window is done (later windows of the chain re-upload the
-        batch's block tables from the host)."""
-        if self._chained is not None:
-            self._deferred.append(seq)
-        else:
-            self.scheduler.finish(seq)
 
     def _window(self, out: SchedulerOutput) -> int:
         """How many decode steps to run before the CPU looks again (1 unless the batch is decode-only)."""
@@ -403,26 +366,6 @@ class LLMEngine:
             return 1  # penalties need every token on the CPU before the next step
         steps = min(steps, max(_tokens_left(s) for s in seqs))
         return steps if steps > 1 and self.scheduler.reserve_ahead(seqs, steps) else 1
-
-    def _chain(self, out: SchedulerOutput, window: DecodeWindow, preempted: bool) -> None:
-        """Enqueues the next window of the same batch behind `window` now, before the CPU has seen its
-        tokens, when the scheduler would pick that batch anyway: nobody can reach max_tokens inside
-        `window`, nothing finished in the last one, and this batch was decode-only because nothing more
-        could be admitted, which holds while nobody finishes. A request that still stops inside `window`
-        (EOS, a stop token or string) has its later rows computed and dropped, and keeps its blocks
-        until that work is done. The GPU then goes from window to window without waiting for the CPU's
-        bookkeeping between them."""
-        if preempted or self._deferred or window.steps < self.config.scheduler.num_scheduler_steps:
-            return
-        seqs = [item.seq for item in window.inputs.order]
-        room = [_tokens_left(s) - window.steps for s in seqs]
-        if min(room) <= 0:
-            return
-        steps = min(self.config.scheduler.num_scheduler_steps, max(room))
-        if not self.scheduler.reserve_ahead(seqs, window.steps + steps):
-            return
-        self._chained = (out, self.runner.extend_window(window, steps))
-        self.metrics.decode_windows_ahead += 1
 
     def _time_step(self, out: SchedulerOutput, steps: int, seconds: float) -> None:
         m = self.metrics

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 
 @dataclass
@@ -23,9 +23,6 @@ class EngineMetrics:
     decode_kv_tokens: int = (
         0  # KV entries attended over all decode-only steps (for bandwidth figures)
     )
-    decode_windows_ahead: int = (
-        0  # decode windows enqueued behind the previous one before the CPU had seen its tokens
-    )
     mixed_seconds: float = 0.0  # wall time of steps with prefill work
     steps_launched_ahead: int = (
         0  # steps and windows enqueued before the host had seen the previous one's tokens
@@ -34,6 +31,3 @@ class EngineMetrics:
         0.0  # CPU-only time between steps: scheduling, stop checks, finishing requests
     )
     intake_seconds: float = 0.0  # validating and queueing requests (add_request / add_group)
-
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)

@@ -39,15 +39,10 @@ class DecodeWindow:
     """Decode steps enqueued on the device for one batch, their tokens still on their way back."""
 
     inputs: StepInputs  # the arena views the steps run on (advanced on the device step by step)
-    num_rows: int
-    steps: int
     copies: list[tuple[torch.Tensor, torch.cuda.Event | None]]  # per step: host rows, copy done
-    last_tokens: torch.Tensor  # [num_rows] the last step's tokens, on the device
-
-    @property
-    def tokens(self) -> torch.Tensor:
-        """What a step enqueued behind it takes as its rows' last tokens (as PendingStep.tokens)."""
-        return self.last_tokens
+    # [num_rows] the last step's tokens, on the device: what a step enqueued behind the window takes
+    # as its rows' last tokens (as PendingStep.tokens)
+    tokens: torch.Tensor
 
     @cached_property
     def sampled_rows(self) -> dict[int, int]:
@@ -272,20 +267,6 @@ class ModelRunner:
         params = SamplingBatch.build(seqs, self.device, self.config.model.arch.vocab_size, steps)
         return self._run_steps(inputs, logits, params, steps)
 
-    @torch.inference_mode()
-    def extend_window(self, window: DecodeWindow, steps: int) -> DecodeWindow:
-        """Enqueues `steps` more decode steps of the same batch right behind `window`, before the CPU has
-        seen its tokens: the first one is fed from `window`'s last sampled tokens on the device. Blocks for
-        them must be reserved; block tables that grew for them are uploaded first."""
-        inputs, n = window.inputs, window.num_rows
-        self.builder.refresh_block_tables(inputs.order)
-        seqs = [item.seq for item in inputs.order]
-        params = SamplingBatch.build(
-            seqs, self.device, self.config.model.arch.vocab_size, steps, first_step=window.steps
-        )
-        self._advance(inputs, window.last_tokens, n)
-        return self._run_steps(inputs, self._replay_next(inputs, n), params, steps)
-
     def _run_steps(
         self, inputs: StepInputs, logits: torch.Tensor, params: SamplingBatch, steps: int
     ) -> DecodeWindow:
@@ -300,7 +281,7 @@ class ModelRunner:
             tokens = packed[:, 0]
             if j + 1 < steps:
                 self._advance(inputs, tokens, n)
-        return DecodeWindow(inputs, n, steps, copies, tokens)
+        return DecodeWindow(inputs, copies, tokens)
 
     def window_results(self, window: DecodeWindow) -> Iterator[StepResult]:
         """Each step's batch order and host rows, as the step's copy lands."""

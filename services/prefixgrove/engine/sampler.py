@@ -54,10 +54,9 @@ class SamplingBatch:
         device: torch.device,
         vocab_size: int,
         steps: int = 1,
-        first_step: int = 0,
     ) -> SamplingBatch:
         """Settings for `steps` steps whose first samples each request's output token number
-        num_generated + first_step (a window enqueued behind another one starts ahead)."""
+        num_generated."""
         ps = [s.params for s in seqs]
         floats = np.array(
             [[p.temperature, p.top_p, p.min_p] for p in ps], dtype=np.float32
@@ -65,7 +64,7 @@ class SamplingBatch:
         ints = np.empty((1 + steps, len(seqs)), dtype=np.int64)
         ints[0] = [p.top_k for p in ps]
         seeds = np.array([s.sampling_seed for s in seqs], dtype=np.int64)
-        produced = np.array([s.num_generated for s in seqs], dtype=np.int64) + first_step
+        produced = np.array([s.num_generated for s in seqs], dtype=np.int64)
         # Noise keys of this step and of the window's later steps, all at once.
         ints[1:] = row_key(seeds[None, :], produced[None, :] + np.arange(steps)[:, None])
         f, i = to_device(floats, device), to_device(ints, device)

@@ -29,7 +29,6 @@ class ScheduledSeq:
 @dataclass
 class SchedulerOutput:
     batch: list[ScheduledSeq]
-    num_batched_tokens: int
 
     @property
     def is_decode_only(self) -> bool:
@@ -82,7 +81,7 @@ class Scheduler:
             self._preempt_last()  # every running prefill is starved of blocks: make room for the rest
         elif not batch and self.waiting:
             self._evict_idle_group()
-        return SchedulerOutput(batch, self.config.max_num_batched_tokens - budget)
+        return SchedulerOutput(batch)
 
     def _chunk(self, seq: Sequence, n: int) -> ScheduledSeq:
         done = seq.num_computed_tokens + n == seq.num_tokens
