@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import json
 import random
 import statistics
 import sys
 import time
-import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Ceilings measured on the lent H100 (see ../shared FACTS and benchmarks/RESULTS.md): dense bf16 matmul and
+# Ceilings measured on an H100 80GB (benchmarks/RESULTS.md): dense bf16 matmul on a cool GPU, and
 # device-to-device copy bandwidth (bytes read + written).
 H100_BF16_FLOPS = 798e12
 H100_HBM_BYTES_PER_S = 3.0e12
@@ -48,16 +46,52 @@ def shared_prefix_prompts(
     return prompts
 
 
+def add_engine_args(ap: argparse.ArgumentParser, max_num_seqs: int, batched_tokens: int) -> None:
+    """The model and the engine's batch limits, which every end-to-end benchmark sets."""
+    ap.add_argument("--model", default="llama-3.1-8b-random")
+    ap.add_argument("--max-num-seqs", type=int, default=max_num_seqs)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=batched_tokens)
+
+
 def add_canonical_args(ap: argparse.ArgumentParser, groups: int) -> None:
     """The canonical workload's knobs (DESIGN.md), shared by the scripts that run it."""
-    ap.add_argument("--model", default="llama-3.1-8b-random")
+    add_engine_args(ap, max_num_seqs=512, batched_tokens=16384)
     ap.add_argument("--groups", type=int, default=groups)
     ap.add_argument("--per-group", type=int, default=16)
     ap.add_argument("--prefix-len", type=int, default=2000)
     ap.add_argument("--suffix-len", type=int, default=200)
     ap.add_argument("--output-len", type=int, default=100)
-    ap.add_argument("--max-num-seqs", type=int, default=512)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
+
+
+def add_random_workload_args(
+    ap: argparse.ArgumentParser, num_requests: int, prompt_len: int, output_len: int
+) -> None:
+    """A workload without sharing: random prompts of one length (throughput.py, decode.py)."""
+    add_engine_args(ap, max_num_seqs=256, batched_tokens=8192)
+    ap.add_argument("--num-requests", type=int, default=num_requests)
+    ap.add_argument("--prompt-len", type=int, default=prompt_len)
+    ap.add_argument("--output-len", type=int, default=output_len)
+
+
+def make_llm(args: argparse.Namespace, **options: Any) -> Any:
+    """An engine in bf16 on the model and batch limits of add_engine_args, plus `options`."""
+    from prefixgrove import LLM
+
+    return LLM(
+        args.model,
+        dtype="bfloat16",
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        **options,
+    )
+
+
+def greedy_params(max_tokens: int) -> Any:
+    """The measured runs' sampling: greedy, exactly `max_tokens` tokens (EOS ignored), token ids
+    only (no detokenizing)."""
+    from prefixgrove import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
 
 
 def timed(fn: Any) -> tuple[Any, float]:
@@ -96,7 +130,7 @@ class GcClock:
         gc.callbacks.remove(self._hook)
 
 
-# The modules under kernels/ that hold @triton.jit kernels
+# The modules of prefixgrove_kernels that hold @triton.jit kernels
 KERNEL_MODULES = (
     "activation",
     "cascade_attention",
@@ -148,28 +182,23 @@ def emit(record: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+# The checkout's source roots, each holding one package (scripts/gpu-pythonpath.sh prints the same).
+SOURCE_ROOTS = ("services", "kernels", "operator", "proto")
+
+
 def ensure_prefixgrove() -> None:
-    """Imports the package from this checkout when it is not installed."""
+    """Makes this checkout importable when prefixgrove is not installed: puts its source roots on
+    sys.path, as scripts/gpu-pythonpath.sh puts them on PYTHONPATH."""
     try:
         import prefixgrove_kernels.cascade_attention  # noqa: F401
 
         return
     except ImportError:
         pass
-    for name in [n for n in sys.modules if n == "prefixgrove" or n.startswith("prefixgrove.")]:
-        del sys.modules[name]
-    services = ROOT / "services"
-    spec = importlib.util.spec_from_file_location(
-        "prefixgrove", services / "__init__.py", submodule_search_locations=[str(services)]
-    )
-    assert spec is not None and spec.loader is not None
-    package = importlib.util.module_from_spec(spec)
-    sys.modules["prefixgrove"] = package
-    spec.loader.exec_module(package)
-    if not (services / "kernels").is_dir():  # the link may be lost in a copy
-        kernels = types.ModuleType("prefixgrove_kernels")
-        kernels.__path__ = [str(ROOT / "kernels")]
-        sys.modules["prefixgrove_kernels"] = kernels
+    for root in reversed(SOURCE_ROOTS):
+        path = str(ROOT / root)
+        if path not in sys.path:
+            sys.path.insert(0, path)
 
 
 def as_graph(fn: Callable[[], Any]) -> Callable[[], Any]:

@@ -10,10 +10,10 @@ Modes, each on a fresh engine in this one process (so their ratios are measured 
                     cascade decode kernel, the engine's default on CUDA)
   group-cascade-two-pass  the same, with decode steps on the two passes (prefix pass, then a suffix
                     pass that merges; cascade_decode_kernel="two-pass")
-  group-cascade-all-rows  group-cascade with the model's last layer computing every row of a step, as
-                    before it narrowed to the rows that sample a token (a side-by-side measure of that)
+  group-cascade-all-rows  group-cascade with the model's last layer computing every row of a step
+                    instead of only the rows that sample a token (narrow_last_layer=False)
   group-cascade-sync  group-cascade with every prefill step waiting for the previous step's tokens
-                    before it is scheduled (async_scheduling=False; a side-by-side measure of that)
+                    before it is scheduled (async_scheduling=False)
   group-cascade-unfused  group-cascade with prefill steps' suffix chunks taking the two passes
                     instead of being finished in the prefix pass (cascade_prefill_kernel="two-pass")
 A mode may be named more than once (alternating runs in one process share its warm kernel caches).
@@ -26,6 +26,8 @@ import argparse
 import gc
 import random
 import sys
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -39,6 +41,8 @@ from _common import (
     compiled_variant_keys,
     device_name,
     emit,
+    greedy_params,
+    make_llm,
     shared_prefix_prompts,
     timed,
 )
@@ -60,12 +64,9 @@ MODES = (
 WARM_EXTRA_GROUPS = 8
 
 
-def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> dict:
-    llm = LLM(
-        args.model,
-        dtype="bfloat16",
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
+def make_engine(mode: str, args: argparse.Namespace) -> LLM:
+    llm = make_llm(
+        args,
         enable_cascade_attention=mode.startswith("group-cascade"),
         cascade_decode_kernel="two-pass" if mode == "group-cascade-two-pass" else "one-pass",
         cascade_prefill_kernel="two-pass" if mode == "group-cascade-unfused" else "fused",
@@ -74,13 +75,14 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
     )
     if mode == "group-cascade-all-rows":
         llm.engine.runner.builder.narrow_last_layer = False
-    params = SamplingParams(
-        max_tokens=args.output_len, temperature=0.0, ignore_eos=True, detokenize=False
-    )
-    # Warm-up on groups of the workload's own shape, so that the kernels the run needs (grouped
-    # prefill, cascade decode) are compiled before the clock starts, as they are on a machine whose
-    # Triton cache is warm: more groups than fit at once, so that its steps hold what the run's do,
-    # new prefixes' long prefills beside other groups' suffixes and beside decoding groups.
+    return llm
+
+
+def warm_up(llm: LLM, prompts: list[list[int]], args: argparse.Namespace) -> None:
+    """Runs groups of the workload's own shape, so that the kernels the run needs (grouped prefill,
+    cascade decode) are compiled before the clock starts, as they are on a machine whose Triton
+    cache is warm: more groups than fit at once, so that its steps hold what the run's do, new
+    prefixes' long prefills beside other groups' suffixes and beside decoding groups."""
     warm_groups = args.max_num_seqs // args.per_group + WARM_EXTRA_GROUPS
     warm = [{"prompt_token_ids": p} for p in sorted(prompts)[: warm_groups * args.per_group]]
     llm.generate(
@@ -89,33 +91,49 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
     llm.engine.metrics.__init__()
     torch.cuda.reset_peak_memory_stats()
 
-    grouped = mode.startswith("group")
+
+@dataclass
+class TimedJob:
+    outputs: list[Any]
+    seconds: float  # grouping and generation
+    grouping_seconds: float
+    gc_clock: GcClock
+    variants_added: dict[str, set[str]]  # kernel: variants compiled (or loaded) during the run
+    allocator: dict[str, int]  # the caching allocator's counts during the run
+
+
+def run_job(llm: LLM, mode: str, prompts: list[list[int]], output_len: int) -> TimedJob:
+    """The timed job: grouping (when the mode groups) and generation, with what happened beside
+    them (garbage collections, kernel variants compiled, the allocator's activity)."""
     inputs = sorted(prompts) if mode == "sorted-nogroup" else prompts
     config = GroupingConfig(block_size=llm.config.cache.block_size)
     groups = GroupingResult([], list(range(len(inputs))), len(inputs), 0)
     grouping_s = 0.0
+    params = greedy_params(output_len)
     variants_before = compiled_variant_keys()
     allocator_before = allocator_counts()
     with GcClock() as gc_clock:
-        if grouped:  # grouping is part of the job: its time counts
+        if mode.startswith("group"):  # grouping is part of the job: its time counts
             groups, grouping_s = timed(lambda: group_prompts(inputs, config))
         outs, generate_s = timed(
             lambda: llm.generate(
                 [{"prompt_token_ids": p} for p in inputs], params, use_tqdm=False, groups=groups
             )
         )
-    seconds = grouping_s + generate_s
     added = {
         name: new
         for name, keys in compiled_variant_keys().items()
         if (new := keys - variants_before.get(name, set()))
     }
-    for name, keys in added.items():  # what the warm-up missed, for whoever reads stderr
-        for key in keys:
-            print(f"kernel variant compiled in the run: {name} {key}", file=sys.stderr)
+    allocator = {k: v - allocator_before[k] for k, v in allocator_counts().items()}
+    return TimedJob(outs, grouping_s + generate_s, grouping_s, gc_clock, added, allocator)
+
+
+def report(mode: str, llm: LLM, prompts: list[list[int]], job: TimedJob) -> dict:
     m = llm.engine.metrics
-    out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    record = {
+    seconds = job.seconds
+    out_tokens = sum(len(o.outputs[0].token_ids) for o in job.outputs)
+    return {
         "benchmark": "batchllm",
         "mode": mode,
         "device": device_name(),
@@ -124,7 +142,7 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
         "requests_per_s": round(len(prompts) / seconds, 2),
         "output_tokens_per_s": round(out_tokens / seconds, 1),
         "total_tokens_per_s": round((sum(map(len, prompts)) + out_tokens) / seconds, 1),
-        "grouping_seconds": round(grouping_s, 3),
+        "grouping_seconds": round(job.grouping_seconds, 3),
         "prefill_tokens": m.prefill_tokens,
         "prefix_tokens_reused": m.prefix_tokens_reused,
         "kv_blocks_shared": m.kv_blocks_shared,
@@ -135,19 +153,28 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
         "steps_launched_ahead": m.steps_launched_ahead,
         "host_seconds": round(m.host_seconds, 2),
         "intake_seconds": round(m.intake_seconds, 2),
-        "gc_seconds": round(gc_clock.seconds, 2),
-        "gc_collections": gc_clock.collections,
+        "gc_seconds": round(job.gc_clock.seconds, 2),
+        "gc_collections": job.gc_clock.collections,
         # kernel: variants the run compiled (or loaded from disk) that its warm-up had not needed
-        "kernel_variants_added": {name: len(keys) for name, keys in added.items()},
+        "kernel_variants_added": {name: len(keys) for name, keys in job.variants_added.items()},
         "num_scheduler_steps": llm.config.scheduler.num_scheduler_steps,
         "max_num_seqs": llm.config.scheduler.max_num_seqs,
         "max_num_batched_tokens": llm.config.scheduler.max_num_batched_tokens,
         "peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
         # the caching allocator during the run: segments it had to get from (or give back to) the
         # driver, and times it freed its whole cache to retry a failed cudaMalloc (each syncs)
-        **{k: v - allocator_before[k] for k, v in allocator_counts().items()},
+        **job.allocator,
     }
-    return record
+
+
+def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> dict:
+    llm = make_engine(mode, args)
+    warm_up(llm, prompts, args)
+    job = run_job(llm, mode, prompts, args.output_len)
+    for name, keys in job.variants_added.items():  # what the warm-up missed, for stderr's reader
+        for key in keys:
+            print(f"kernel variant compiled in the run: {name} {key}", file=sys.stderr)
+    return report(mode, llm, prompts, job)
 
 
 def main() -> None:

@@ -20,17 +20,22 @@ from torch.profiler import ProfilerActivity, profile
 
 from prefixgrove import LLM, SamplingParams
 
-from _common import device_name, emit, random_prompts, timed
+from _common import (
+    add_random_workload_args,
+    device_name,
+    emit,
+    greedy_params,
+    make_llm,
+    random_prompts,
+    timed,
+)
 
 
 def gpu_idle_share(llm: LLM, prompts: list[list[int]], steps: int) -> float:
     """Fills the engine with decoding requests, then profiles `steps` engine steps of pure decode."""
     engine = llm.engine
-    params = SamplingParams(max_tokens=10_000, temperature=0.0, ignore_eos=True, detokenize=False)
     limit = llm.config.model.max_model_len - max(map(len, prompts)) - 1
-    params = SamplingParams(
-        max_tokens=min(params.max_tokens, limit), temperature=0.0, ignore_eos=True, detokenize=False
-    )
+    params = greedy_params(min(10_000, limit))  # more steps than are profiled, within the context
     for i, p in enumerate(prompts):
         engine.add_request(f"idle-{i}", p, params)
     while engine.scheduler.waiting or not all(s.is_decoding for s in engine.scheduler.running):
@@ -60,17 +65,8 @@ def gpu_idle_share(llm: LLM, prompts: list[list[int]], steps: int) -> float:
 
 def run(config: str, prompts: list[list[int]], args: argparse.Namespace) -> dict:
     steps, mode = config.split(":")
-    llm = LLM(
-        args.model,
-        dtype="bfloat16",
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        num_scheduler_steps=int(steps),
-        enforce_eager=mode == "eager",
-    )
-    params = SamplingParams(
-        max_tokens=args.output_len, temperature=0.0, ignore_eos=True, detokenize=False
-    )
+    llm = make_llm(args, num_scheduler_steps=int(steps), enforce_eager=mode == "eager")
+    params = greedy_params(args.output_len)
     warm = [{"prompt_token_ids": p} for p in prompts[:64]]
     llm.generate(
         warm, SamplingParams(max_tokens=32, ignore_eos=True, detokenize=False), use_tqdm=False
@@ -101,12 +97,7 @@ def run(config: str, prompts: list[list[int]], args: argparse.Namespace) -> dict
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="llama-3.1-8b-random")
-    ap.add_argument("--num-requests", type=int, default=1024)
-    ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--output-len", type=int, default=1024)
-    ap.add_argument("--max-num-seqs", type=int, default=256)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    add_random_workload_args(ap, num_requests=1024, prompt_len=128, output_len=1024)
     ap.add_argument("--configs", default="1:eager,1:graphs,8:eager,8:graphs")
     ap.add_argument("--profile-steps", type=int, default=16)
     args = ap.parse_args()

@@ -25,6 +25,10 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prefixgrove.planner.client import PlannerClient
 
 MODEL = "tiny-random-llama"
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
@@ -48,18 +52,19 @@ def job_lines(n: int, docs: int = 500, seed: int = 0) -> Iterator[bytes]:
         yield json.dumps(line).encode()
 
 
-def peak_rss_mb(pid: int | str = "self") -> float:
+def _status_mb(pid: int | str, field: str) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc status")
+    raise RuntimeError(f"no {field} in /proc/{pid}/status")
+
+
+def peak_rss_mb(pid: int | str = "self") -> float:
+    return _status_mb(pid, "VmHWM")
 
 
 def rss_mb(pid: int | str = "self") -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS in /proc status")
+    return _status_mb(pid, "VmRSS")
 
 
 def run_inproc(n: int) -> dict[str, object]:
@@ -76,9 +81,7 @@ def run_inproc(n: int) -> dict[str, object]:
         chunk.append(line)
         input_bytes += len(line) + 1
         if len(chunk) == 4096:
-            ingestor.add(
-                chunk
-            )  # the planner writes each batch out (to Redis) and keeps only tokens
+            ingestor.add(chunk)  # the planner writes each batch out (to Redis), keeps its index
             chunk = []
     ingestor.add(chunk)
     ingest_s = time.perf_counter() - start
@@ -115,8 +118,8 @@ def run_grpc(n: int) -> dict[str, object]:
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         try:
-            _wait_port(planner_port)
             client = PlannerClient(f"127.0.0.1:{planner_port}")
+            _wait_ready(client, planner, planner_port)
             job = client.create_job()
             base = rss_mb(planner.pid)
             start = time.perf_counter()
@@ -142,15 +145,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_port(port: int, timeout: float = 60.0) -> None:
+def _wait_ready(
+    client: PlannerClient, planner: subprocess.Popen, port: int, timeout: float = 60.0
+) -> None:
+    """Waits until the planner's gRPC channel is ready, failing at once if the planner exits."""
+    import grpc
+
+    ready = grpc.channel_ready_future(client.channel)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if planner.poll() is not None:
+            raise RuntimeError(f"the planner exited with code {planner.returncode}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"the planner did not listen on {port}")
+            ready.result(timeout=0.5)
+            return
+        except grpc.FutureTimeoutError:
+            continue
+    raise RuntimeError(f"the planner did not answer on port {port} within {timeout:.0f} s")
 
 
 def main() -> None:

@@ -32,6 +32,8 @@ from _common import (
     compiled_variants,
     device_name,
     emit,
+    greedy_params,
+    make_llm,
     shared_prefix_prompts,
 )
 
@@ -67,7 +69,10 @@ def kernel_table(prof: Any, rows: int) -> str:
     )
 
 
-def main() -> None:
+KINDS = ("mixed", "decode")
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     add_canonical_args(ap, groups=64)
     ap.add_argument("--cascade", type=int, default=1)
@@ -84,21 +89,18 @@ def main() -> None:
         default=None,
         help="also trace CPU activity of one mixed step and write a Chrome trace to this path",
     )
-    args = ap.parse_args()
+    return ap.parse_args()
 
-    llm = LLM(
-        args.model,
-        dtype="bfloat16",
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        enable_cascade_attention=bool(args.cascade),
-        cascade_decode_kernel="two-pass" if args.two_pass_decode else "one-pass",
-    )
-    engine, runner = llm.engine, llm.engine.runner
-    model = runner.model
+
+def model_flops_per_token(model: torch.nn.Module) -> int:
+    """2 x the non-embedding parameters: the matmul work of one token through the model."""
     embed = sum(p.numel() for n, p in model.named_parameters() if "embed" in n or "lm_head" in n)
-    flops_per_token = 2 * (sum(p.numel() for p in model.parameters()) - embed)
+    return 2 * (sum(p.numel() for p in model.parameters()) - embed)
 
+
+def submit_job(llm: LLM, args: argparse.Namespace) -> int:
+    """Warms the engine up on a tiny grouped job, then queues the whole job without running it, so
+    that the caller can drive it one step at a time. Returns the number of requests."""
     vocab = llm.config.model.arch.vocab_size
     warm = shared_prefix_prompts(2, 4, 256, 32, vocab, seed=7)
     llm.generate(
@@ -110,16 +112,17 @@ def main() -> None:
         args.groups, args.per_group, args.prefix_len, args.suffix_len, vocab, seed=0
     )
     random.Random(1).shuffle(prompts)
-    params = SamplingParams(
-        max_tokens=args.output_len, temperature=0.0, ignore_eos=True, detokenize=False
-    )
+    params = greedy_params(args.output_len)
     ids = [f"p{i}" for i in range(len(prompts))]
     llm._submit(ids, [None] * len(prompts), prompts, [params] * len(prompts), llm._group(prompts))
+    return len(prompts)
 
-    batches: list[
-        tuple[int, int, int]
-    ] = []  # per planned decode batch: rows, groups, ungrouped rows
-    plan = runner.builder.plan
+
+def record_decode_batches(builder: Any) -> list[tuple[int, int, int]]:
+    """Wraps the input builder's plan so that every decode-only batch it plans is recorded as
+    (rows, groups, ungrouped rows); returns the list it fills."""
+    batches: list[tuple[int, int, int]] = []
+    plan = builder.plan
 
     def recording_plan(batch: list) -> Any:
         order, groups = plan(batch)
@@ -128,7 +131,12 @@ def main() -> None:
             batches.append((len(order), len(groups), len(order) - in_groups))
         return order, groups
 
-    runner.builder.plan = recording_plan  # type: ignore[method-assign]
+    builder.plan = recording_plan
+    return batches
+
+
+def time_host_stages(engine: Any) -> HostTimers:
+    runner = engine.runner
     timers = HostTimers()
     timers.wrap(engine.scheduler, "schedule", "schedule")
     timers.wrap(engine, "_window", "reserve_window")
@@ -136,118 +144,182 @@ def main() -> None:
     timers.wrap(runner.builder, "fill", "fill_and_upload")
     timers.wrap(sampler_module.SamplingBatch, "build", "sampling_settings")
     timers.wrap(runner, "_wait", "wait_for_tokens")
+    return timers
 
-    kinds: dict[str, dict[str, float]] = {k: defaultdict(float) for k in ("mixed", "decode")}
-    host_by_kind: dict[str, dict[str, float]] = {k: defaultdict(float) for k in kinds}
-    traced = {"mixed": 0, "decode": 0}
-    tables: dict[str, str] = {}
-    m = engine.metrics
 
-    def one_step(trace: Callable[[], Any] | None) -> None:
+class StepLog:
+    """Runs engine steps and adds each one to its kind's totals ("mixed": prefill+decode steps,
+    "decode": decode-only windows), with the host time spent in each wrapped stage during it."""
+
+    def __init__(self, engine: Any, timers: HostTimers) -> None:
+        self.engine = engine
+        self.timers = timers
+        self.kinds: dict[str, dict[str, float]] = {k: defaultdict(float) for k in KINDS}
+        self.host: dict[str, dict[str, float]] = {k: defaultdict(float) for k in KINDS}
+        self.steps: list[tuple[str, int, int, float]] = []  # kind, prefill, decode tokens, ms
+
+    def step(self) -> None:
+        m = self.engine.metrics
         before = (m.mixed_seconds, m.decode_seconds, m.prefill_tokens, m.decode_tokens, m.steps)
-        host_before = dict(timers.seconds)
+        host_before = dict(self.timers.seconds)
         start = time.perf_counter()
-        engine.step()
+        self.engine.step()
         wall = time.perf_counter() - start
         kind = "mixed" if m.mixed_seconds != before[0] else "decode"
-        records.append(
-            (kind, m.prefill_tokens - before[2], m.decode_tokens - before[3], wall * 1000)
-        )
-        k = kinds[kind]
+        prefill, decode = m.prefill_tokens - before[2], m.decode_tokens - before[3]
+        self.steps.append((kind, prefill, decode, wall * 1000))
+        k = self.kinds[kind]
         k["calls"] += 1
         k["wall_s"] += wall
-        k["prefill_tokens"] += m.prefill_tokens - before[2]
-        k["decode_tokens"] += m.decode_tokens - before[3]
+        k["prefill_tokens"] += prefill
+        k["decode_tokens"] += decode
         k["model_steps"] += m.steps - before[4]
-        for label, s in timers.seconds.items():
-            host_by_kind[kind][label] += s - host_before.get(label, 0.0)
+        for label, s in self.timers.seconds.items():
+            self.host[kind][label] += s - host_before.get(label, 0.0)
 
-    records: list[tuple[str, int, int, float]] = []
-    steps_seen = 0
-    while engine.has_unfinished_requests():
-        steps_seen += 1
+
+class Tracer:
+    """Profiles the GPU kernels of the first few mixed steps and full decode windows, and keeps the
+    kernel table of the last traced step of each kind."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.traced = dict.fromkeys(KINDS, 0)
+        self.tables: dict[str, str] = {}
+
+    def limit(self, kind: str) -> int:
+        return self.args.trace_decode if kind == "decode" else self.args.trace_mixed
+
+    def wants(self, engine: Any, steps_seen: int) -> str | None:
+        """The kind of the next step if it should be traced: a decode window of a nearly full
+        batch, or a mixed step after the first four."""
         running = engine.scheduler.running
-        full_decode = len(running) >= args.max_num_seqs * 0.9 and all(
+        full_decode = len(running) >= self.args.max_num_seqs * 0.9 and all(
             s.is_decoding for s in running
         )
         waiting_prefill = any(not s.is_decoding for s in running)
-        want = (
-            "decode"
-            if full_decode and traced["decode"] < args.trace_decode
-            else "mixed"
-            if waiting_prefill and steps_seen > 4 and traced["mixed"] < args.trace_mixed
-            else None
-        )
-        if want is None:
-            one_step(None)
-            continue
+        if full_decode and self.traced["decode"] < self.limit("decode"):
+            return "decode"
+        if waiting_prefill and steps_seen > 4 and self.traced["mixed"] < self.limit("mixed"):
+            return "mixed"
+        return None
+
+    def trace(self, kind: str, step: Callable[[], None]) -> None:
+        # The traced step still counts in the totals: tracing kernels only costs little.
         sync()
-        cpu = bool(args.cpu_trace) and want == "mixed" and traced["mixed"] == 0
+        cpu = bool(self.args.cpu_trace) and kind == "mixed" and self.traced["mixed"] == 0
         on_gpu = torch.cuda.is_available()
         activities = [ProfilerActivity.CUDA] if on_gpu else []
         activities += [ProfilerActivity.CPU] if cpu or not on_gpu else []
         with profile(activities=activities) as prof:
-            one_step(None)
+            step()
             sync()
         if cpu:
             print("--- CPU time of one mixed step, by self CPU time ---")
             print(
                 prof.key_averages().table(
-                    sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=70
+                    sort_by="self_cpu_time_total",
+                    row_limit=self.args.rows,
+                    max_name_column_width=70,
                 )
             )
-            prof.export_chrome_trace(args.cpu_trace)
-        traced[want] += 1
-        if traced[want] == (args.trace_decode if want == "decode" else args.trace_mixed):
-            tables[want] = kernel_table(prof, args.rows)
-        # A traced step still counts in the totals: tracing kernels only costs little.
+            prof.export_chrome_trace(self.args.cpu_trace)
+        self.traced[kind] += 1
+        if self.traced[kind] == self.limit(kind):
+            self.tables[kind] = kernel_table(prof, self.args.rows)
 
-    for kind, table in tables.items():
+
+def run_to_completion(engine: Any, log: StepLog, tracer: Tracer) -> None:
+    steps_seen = 0
+    while engine.has_unfinished_requests():
+        steps_seen += 1
+        kind = tracer.wants(engine, steps_seen)
+        if kind is None:
+            log.step()
+        else:
+            tracer.trace(kind, log.step)
+
+
+def kind_summary(
+    k: dict[str, float], host: dict[str, float], flops_per_token: int
+) -> dict[str, Any]:
+    tokens = k["prefill_tokens"] + k["decode_tokens"]
+    entry: dict[str, Any] = {name: round(v, 3) for name, v in k.items()}
+    entry["model_tflops"] = round(tokens * flops_per_token / max(k["wall_s"], 1e-9) / 1e12, 1)
+    entry["mfu"] = round(tokens * flops_per_token / max(k["wall_s"], 1e-9) / H100_BF16_FLOPS, 3)
+    if k["model_steps"]:
+        entry["ms_per_model_step"] = round(1000 * k["wall_s"] / k["model_steps"], 2)
+    entry["host_ms_per_call"] = {
+        label: round(1000 * s / max(k["calls"], 1), 3) for label, s in sorted(host.items())
+    }
+    return entry
+
+
+def mixed_step_extremes(steps: list[tuple[str, int, int, float]]) -> dict[str, Any]:
+    mixed = sorted((r for r in steps if r[0] == "mixed"), key=lambda r: -r[3])
+
+    def rows(chosen: list[tuple[str, int, int, float]]) -> list[dict[str, Any]]:
+        return [{"prefill": r[1], "decode": r[2], "ms": round(r[3], 1)} for r in chosen]
+
+    return {"slowest_mixed_steps": rows(mixed[:6]), "fastest_mixed_steps": rows(mixed[-3:])}
+
+
+def decode_batch_summary(batches: list[tuple[int, int, int]]) -> dict[str, int]:
+    rows, groups, ungrouped = (sorted(col) for col in zip(*batches, strict=True))
+    return {
+        "count": len(batches),
+        "median_rows": rows[len(rows) // 2],
+        "median_groups": groups[len(groups) // 2],
+        "max_groups": groups[-1],
+        "median_ungrouped_rows": ungrouped[len(ungrouped) // 2],
+        "max_ungrouped_rows": ungrouped[-1],
+    }
+
+
+def device_memory_summary() -> dict[str, Any]:
+    if not torch.cuda.is_available():
+        return {}
+    stats = torch.cuda.memory_stats()
+    return {
+        "allocator": {
+            k: stats.get(k) for k in ("num_alloc_retries", "num_device_alloc", "num_device_free")
+        },
+        "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    llm = make_llm(
+        args,
+        enable_cascade_attention=bool(args.cascade),
+        cascade_decode_kernel="two-pass" if args.two_pass_decode else "one-pass",
+    )
+    engine = llm.engine
+    flops_per_token = model_flops_per_token(engine.runner.model)
+    requests = submit_job(llm, args)
+    batches = record_decode_batches(engine.runner.builder)
+    log = StepLog(engine, time_host_stages(engine))
+    tracer = Tracer(args)
+    run_to_completion(engine, log, tracer)
+
+    for kind, table in tracer.tables.items():
         print(f"--- top kernels, one traced {kind} step ---")
         print(table)
     summary: dict[str, Any] = {
         "benchmark": "profile_steps",
         "device": device_name(),
-        "requests": len(prompts),
+        "requests": requests,
         "cascade": args.cascade,
         "flops_per_token": flops_per_token,
     }
-    for kind, k in kinds.items():
-        tokens = k["prefill_tokens"] + k["decode_tokens"]
-        entry = {name: round(v, 3) for name, v in k.items()}
-        entry["model_tflops"] = round(tokens * flops_per_token / max(k["wall_s"], 1e-9) / 1e12, 1)
-        entry["mfu"] = round(tokens * flops_per_token / max(k["wall_s"], 1e-9) / H100_BF16_FLOPS, 3)
-        if k["model_steps"]:
-            entry["ms_per_model_step"] = round(1000 * k["wall_s"] / k["model_steps"], 2)
-        entry["host_ms_per_call"] = {
-            label: round(1000 * s / max(k["calls"], 1), 3)
-            for label, s in sorted(host_by_kind[kind].items())
-        }
-        summary[kind] = entry
-    mixed = sorted((r for r in records if r[0] == "mixed"), key=lambda r: -r[3])
-    summary["slowest_mixed_steps"] = [
-        {"prefill": r[1], "decode": r[2], "ms": round(r[3], 1)} for r in mixed[:6]
-    ]
-    summary["fastest_mixed_steps"] = [
-        {"prefill": r[1], "decode": r[2], "ms": round(r[3], 1)} for r in mixed[-3:]
-    ]
+    for kind, k in log.kinds.items():
+        summary[kind] = kind_summary(k, log.host[kind], flops_per_token)
+    summary.update(mixed_step_extremes(log.steps))
     if batches:
-        rows, groups, ungrouped = (sorted(col) for col in zip(*batches, strict=True))
-        summary["decode_batches"] = {
-            "count": len(batches),
-            "median_rows": rows[len(rows) // 2],
-            "median_groups": groups[len(groups) // 2],
-            "max_groups": groups[-1],
-            "median_ungrouped_rows": ungrouped[len(ungrouped) // 2],
-            "max_ungrouped_rows": ungrouped[-1],
-        }
+        summary["decode_batches"] = decode_batch_summary(batches)
     summary["compiled_variants"] = compiled_variants()
-    if torch.cuda.is_available():
-        stats = torch.cuda.memory_stats()
-        summary["allocator"] = {
-            k: stats.get(k) for k in ("num_alloc_retries", "num_device_alloc", "num_device_free")
-        }
-        summary["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
+    summary.update(device_memory_summary())
     emit(summary)
 
 

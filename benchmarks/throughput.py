@@ -8,61 +8,80 @@ H100's measured ceilings. Usage: python benchmarks/throughput.py [--num-requests
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import torch
 
 from prefixgrove import LLM, SamplingParams
 
-from _common import H100_BF16_FLOPS, H100_HBM_BYTES_PER_S, device_name, emit, random_prompts, timed
+from _common import (
+    H100_BF16_FLOPS,
+    H100_HBM_BYTES_PER_S,
+    add_random_workload_args,
+    device_name,
+    emit,
+    greedy_params,
+    make_llm,
+    random_prompts,
+    timed,
+)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="llama-3.1-8b-random")
-    ap.add_argument("--num-requests", type=int, default=1000)
-    ap.add_argument("--prompt-len", type=int, default=1000)
-    ap.add_argument("--output-len", type=int, default=200)
-    ap.add_argument("--max-num-seqs", type=int, default=256)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    add_random_workload_args(ap, num_requests=1000, prompt_len=1000, output_len=200)
     ap.add_argument("--num-scheduler-steps", type=int, default=None)
     ap.add_argument("--enforce-eager", action="store_true")
-    args = ap.parse_args()
+    return ap.parse_args()
 
-    llm = LLM(
-        args.model,
-        dtype="bfloat16",
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        num_scheduler_steps=args.num_scheduler_steps,
-        enforce_eager=args.enforce_eager,
-    )
-    arch = llm.config.model.arch
-    prompts = [
-        {"prompt_token_ids": p}
-        for p in random_prompts(args.num_requests, args.prompt_len, arch.vocab_size, seed=1)
-    ]
-    params = SamplingParams(
-        max_tokens=args.output_len, temperature=0.0, ignore_eos=True, detokenize=False
-    )
+
+def measure(llm: LLM, prompts: list[dict], output_len: int) -> tuple[list[Any], float, float]:
+    """Times the prompts' prefill alone (one output token each), then the whole run; returns the
+    run's outputs, its seconds and the prefill's seconds."""
     llm.generate(
         prompts[:32],
         SamplingParams(max_tokens=8, ignore_eos=True, detokenize=False),
         use_tqdm=False,
     )  # warm-up: kernel compilation, allocator
-
-    prefill_only = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
-    _, prefill_s = timed(lambda: llm.generate(prompts, prefill_only, use_tqdm=False))
+    _, prefill_s = timed(lambda: llm.generate(prompts, greedy_params(1), use_tqdm=False))
     llm.engine.metrics.__init__()
+    params = greedy_params(output_len)
     outs, total_s = timed(lambda: llm.generate(prompts, params, use_tqdm=False))
-    m = llm.engine.metrics
+    return outs, total_s, prefill_s
 
+
+def hardware_use(llm: LLM, args: argparse.Namespace, prefill_s: float) -> dict[str, float]:
+    """Prefill MFU (matmuls and causal attention) and decode HBM use (weights read once a step,
+    plus every context's KV) against the H100's measured ceilings."""
+    arch, m = llm.config.model.arch, llm.engine.metrics
     prompt_tokens = args.num_requests * args.prompt_len
-    output_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     attn_flops = 2 * 2 * arch.num_layers * arch.q_size * args.num_requests * args.prompt_len**2 / 2
     prefill_flops = 2 * arch.num_params * prompt_tokens + attn_flops
     weight_bytes = 2 * arch.num_params
     kv_bytes_per_token = 2 * arch.num_layers * arch.kv_size * 2
     decode_bytes = m.decode_steps * weight_bytes + m.decode_kv_tokens * kv_bytes_per_token
+    return {
+        "prefill_mfu": round(prefill_flops / prefill_s / H100_BF16_FLOPS, 3),
+        "decode_hbm_utilization": round(
+            decode_bytes / max(m.decode_seconds, 1e-9) / H100_HBM_BYTES_PER_S, 3
+        ),
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    llm = make_llm(
+        args, num_scheduler_steps=args.num_scheduler_steps, enforce_eager=args.enforce_eager
+    )
+    vocab = llm.config.model.arch.vocab_size
+    prompts = [
+        {"prompt_token_ids": p}
+        for p in random_prompts(args.num_requests, args.prompt_len, vocab, seed=1)
+    ]
+    outs, total_s, prefill_s = measure(llm, prompts, args.output_len)
+    m = llm.engine.metrics
+    output_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    use = hardware_use(llm, args, prefill_s)
     emit(
         {
             "benchmark": "throughput",
@@ -79,12 +98,10 @@ def main() -> None:
             "requests_per_s": round(args.num_requests / total_s, 2),
             "output_tokens_per_s": round(output_tokens / total_s, 1),
             "prefill_seconds": round(prefill_s, 2),
-            "prefill_mfu": round(prefill_flops / prefill_s / H100_BF16_FLOPS, 3),
+            "prefill_mfu": use["prefill_mfu"],
             "decode_steps": m.decode_steps,
             "decode_ms_per_step": round(1000 * m.decode_seconds / max(m.decode_steps, 1), 2),
-            "decode_hbm_utilization": round(
-                decode_bytes / max(m.decode_seconds, 1e-9) / H100_HBM_BYTES_PER_S, 3
-            ),
+            "decode_hbm_utilization": use["decode_hbm_utilization"],
             "preemptions": m.preemptions,
             "peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1)
             if torch.cuda.is_available()
