@@ -8,6 +8,7 @@ import pytest
 from engine_checkpoints import engine, save_checkpoint
 
 from prefixgrove.engine import EngineConfig
+from prefixgrove.jobs.tokenize import PromptTokenizer
 
 
 @pytest.mark.parametrize(
@@ -78,6 +79,14 @@ def test_mistral_sliding_window_caps_max_model_len(tmp_path: Path):
     assert EngineConfig.create(path, device="cpu").model.max_model_len == 256
     with pytest.raises(ValueError, match=r"max_model_len=512 exceeds .*\(256\)"):
         EngineConfig.create(path, device="cpu", max_model_len=512)
+
+
+def test_the_planner_checks_requests_against_the_engine_context_limit(tmp_path: Path):
+    """One rule for both: the model's positions, capped at its sliding window."""
+    path = save_checkpoint("mistral", tmp_path, sliding_window=256)
+    engine_limit = EngineConfig.create(path, device="cpu").model.max_model_len
+    assert PromptTokenizer(path).max_model_len == engine_limit == 256
+    assert PromptTokenizer(path, max_model_len=128).max_model_len == 128
 
 
 def test_head_dim_the_kernels_cannot_run_is_refused_when_the_engine_is_built(tmp_path: Path):

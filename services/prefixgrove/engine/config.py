@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from prefixgrove.catalog.context import context_limit
 from prefixgrove.catalog.presets import load_hf_config
 
 from .models.arch import ModelArch
@@ -172,33 +173,14 @@ class EngineConfig:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         cuda = device.startswith("cuda")
-        hf_config = load_hf_config(model)
-        arch = ModelArch.from_hf_config(hf_config)
-        limit = arch.max_position_embeddings
-        if arch.sliding_window:
-            limit = min(limit, arch.sliding_window)  # attention is full; stay where that is exact
-        if max_model_len is None:
-            max_model_len = min(limit, 8192 if cuda else 2048)
-        elif max_model_len > limit:
-            raise ValueError(
-                f"max_model_len={max_model_len} exceeds what {model} supports ({limit})"
-            )
-        model_cfg = ModelConfig(
-            model=model,
-            arch=arch,
-            dtype=_resolve_dtype(dtype, hf_config, cuda),
-            max_model_len=max_model_len,
-            seed=seed,
-        )
+        model_cfg = _model_config(model, dtype, max_model_len, seed, cuda)
         if max_num_batched_tokens is None:
             max_num_batched_tokens = max(8192 if cuda else 2048, max_num_seqs)
         if attention_backend == "auto":
             attention_backend = "triton" if cuda else "torch"
-        on_gpu_kernels = cuda and attention_backend == "triton"
-        if cascade_decode_kernel == "auto":
-            cascade_decode_kernel = "one-pass" if on_gpu_kernels else "two-pass"
-        if cascade_prefill_kernel == "auto":
-            cascade_prefill_kernel = "fused" if on_gpu_kernels else "two-pass"
+        decode_kernel, prefill_kernel = _cascade_kernels(
+            cuda and attention_backend == "triton", cascade_decode_kernel, cascade_prefill_kernel
+        )
         return cls(
             model=model_cfg,
             cache=CacheConfig(block_size, gpu_memory_utilization, num_gpu_blocks),
@@ -212,13 +194,41 @@ class EngineConfig:
             attention_backend=attention_backend,
             enable_prefix_grouping=enable_prefix_grouping,
             enable_cascade_attention=enable_cascade_attention,
-            cascade_decode_kernel=cascade_decode_kernel,
-            cascade_prefill_kernel=cascade_prefill_kernel,
-            enforce_eager=enforce_eager
-            or not cuda
-            or attention_backend == "torch",  # references sync
+            cascade_decode_kernel=decode_kernel,
+            cascade_prefill_kernel=prefill_kernel,
+            # the torch references synchronise: no CUDA graphs
+            enforce_eager=enforce_eager or not cuda or attention_backend == "torch",
             tokenizer=tokenizer,
         )
+
+
+def _model_config(
+    model: str, dtype: str | torch.dtype, max_model_len: int | None, seed: int, cuda: bool
+) -> ModelConfig:
+    hf_config = load_hf_config(model)
+    arch = ModelArch.from_hf_config(hf_config)
+    limit = context_limit(hf_config)
+    if max_model_len is None:
+        max_model_len = min(limit, 8192 if cuda else 2048)
+    elif max_model_len > limit:
+        raise ValueError(f"max_model_len={max_model_len} exceeds what {model} supports ({limit})")
+    return ModelConfig(
+        model=model,
+        arch=arch,
+        dtype=_resolve_dtype(dtype, hf_config, cuda),
+        max_model_len=max_model_len,
+        seed=seed,
+    )
+
+
+def _cascade_kernels(gpu_kernels: bool, decode: str, prefill: str) -> tuple[str, str]:
+    """The cascade's decode and prefill forms: one pass and fused chunks for Triton on CUDA, two
+    passes elsewhere (see EngineConfig.cascade_decode_kernel)."""
+    if decode == "auto":
+        decode = "one-pass" if gpu_kernels else "two-pass"
+    if prefill == "auto":
+        prefill = "fused" if gpu_kernels else "two-pass"
+    return decode, prefill
 
 
 def _resolve_dtype(dtype: str | torch.dtype, hf_config: Any, cuda: bool) -> torch.dtype:

@@ -16,14 +16,14 @@ class PromptTokenizer:
     """Tokenizes validated requests of one model, in batches."""
 
     def __init__(self, model: str, max_model_len: int | None = None) -> None:
+        from prefixgrove.catalog.context import context_limit
         from prefixgrove.catalog.presets import load_hf_config, load_tokenizer
 
         config = load_hf_config(model)
         self.model = model
         self.tokenizer: Any = load_tokenizer(model)
         self.vocab_size: int = int(config.vocab_size)
-        limit = int(config.max_position_embeddings)
-        self.max_model_len: int = min(max_model_len, limit) if max_model_len else limit
+        self.max_model_len: int = context_limit(config, max_model_len)
 
     def encode(self, requests: Sequence[BatchRequest]) -> list[np.ndarray | RequestError]:
         """Token ids (int32) for each request, or the error that stops it, in the same order."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from prefixgrove.catalog.context import sliding_window
+
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
@@ -79,11 +81,6 @@ class ModelArch:
             if rope_params.get("rope_type", "default") != "default":
                 scaling = dict(rope_params)
         qwen2 = arch == "Qwen2ForCausalLM"
-        sliding = (
-            getattr(config, "sliding_window", None)
-            if getattr(config, "use_sliding_window", arch == "MistralForCausalLM")
-            else None
-        )
         return cls(
             architecture=arch,
             vocab_size=config.vocab_size,
@@ -100,6 +97,6 @@ class ModelArch:
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
             qkv_bias=qwen2 or bool(getattr(config, "attention_bias", False)),
             qk_norm=arch == "Qwen3ForCausalLM",
-            sliding_window=sliding,
+            sliding_window=sliding_window(config),
             eos_token_ids=eos_ids,
         )

@@ -1,0 +1,26 @@
+"""How long a model's context may be: one rule, read from its Hugging Face config, for the planner's
+request checks and for the engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def sliding_window(hf_config: Any) -> int | None:
+    """The attention window the model declares and uses (Mistral unless told otherwise; Qwen2 and
+    Qwen3 only with use_sliding_window), or None."""
+    arch = (getattr(hf_config, "architectures", None) or ["LlamaForCausalLM"])[0]
+    if not getattr(hf_config, "use_sliding_window", arch == "MistralForCausalLM"):
+        return None
+    return getattr(hf_config, "sliding_window", None)
+
+
+def context_limit(hf_config: Any, requested: int | None = None) -> int:
+    """The most tokens (prompt and output) one request may hold: the model's positions, capped at
+    its sliding window (attention here is full, which equals the model's only within the window),
+    and at `requested` (a max_model_len) where one is given."""
+    limit = int(hf_config.max_position_embeddings)
+    window = sliding_window(hf_config)
+    if window:
+        limit = min(limit, int(window))
+    return min(requested, limit) if requested else limit
