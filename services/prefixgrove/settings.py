@@ -1,17 +1,25 @@
-"""Configuration of the planner and the worker: command-line flags over PREFIXGROVE_* environment
-variables over defaults. The only module that reads the environment.
+"""Configuration of the planner, the worker, the CLI and the operator: command-line flags over
+PREFIXGROVE_* environment variables over defaults. The only module that reads the environment.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 ENV_PREFIX = "PREFIXGROVE_"
 T = TypeVar("T")
+_KEEPS_EMPTY = "keeps_empty"
+
+
+def keeps_empty(default: str) -> Any:
+    """A str field for which an empty value means something (it turns a feature off), so an
+    empty variable sets it; for every other field an empty variable is as good as unset."""
+    return field(default=default, metadata={_KEEPS_EMPTY: True})
 
 
 @dataclass(frozen=True)
@@ -29,10 +37,9 @@ class IngestSettings:
     ungrouped_chunk: int = 64  # requests without a shared prefix travel in units of this many
 
     def __post_init__(self) -> None:
-        for name in ("max_line_bytes", "max_requests_per_job", "default_max_tokens",
-                     "tokenize_batch", "max_group_requests", "ungrouped_chunk", "block_size",
-                     "min_prefix_len"):  # fmt: skip
-            _positive(self, name)
+        positive(self, "max_line_bytes", "max_requests_per_job", "default_max_tokens",
+                 "tokenize_batch", "max_group_requests", "ungrouped_chunk", "block_size",
+                 "min_prefix_len")  # fmt: skip
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len={self.max_model_len} is invalid: expected >= 2")
 
@@ -58,6 +65,13 @@ class SecuritySettings:
 
 
 @dataclass(frozen=True)
+class ClientSettings:
+    """Where the command-line client finds the planner (`--planner`, PREFIXGROVE_PLANNER)."""
+
+    planner: str = "127.0.0.1:50051"
+
+
+@dataclass(frozen=True)
 class PlannerSettings:
     redis_url: str = "redis://127.0.0.1:6379/0"
     host: str = "0.0.0.0"
@@ -70,7 +84,7 @@ class PlannerSettings:
     def __post_init__(self) -> None:
         _port(self, "port")
         _port(self, "metrics_port")
-        _positive(self, "max_message_bytes")
+        positive(self, "max_message_bytes")
         if self.job_retention_s < 0:
             raise ValueError(
                 f"job_retention_s={self.job_retention_s} is invalid: expected >= 0 (0 keeps jobs)"
@@ -102,9 +116,7 @@ class WorkerSettings:
             raise ValueError(f"device={self.device!r} is invalid: expected auto, cpu or cuda")
         if self.lease_timeout_s < 1.0:
             raise ValueError(f"lease_timeout_s={self.lease_timeout_s} is invalid: expected >= 1")
-        _positive(self, "max_groups_in_flight")
-        _positive(self, "max_num_seqs")
-        _positive(self, "stop_timeout_s")
+        positive(self, "max_groups_in_flight", "max_num_seqs", "stop_timeout_s")
         _port(self, "metrics_port")
 
     @property
@@ -135,10 +147,12 @@ def load(
     env = os.environ if env is None else env
     kwargs: dict[str, Any] = {}
     for f in fields(cls):  # type: ignore[arg-type]
+        variable = ENV_PREFIX + f.name.upper()
+        raw = env.get(variable)
         if values.get(f.name) is not None:
             kwargs[f.name] = _convert(f.type, values[f.name], f.name)
-        elif (raw := env.get(ENV_PREFIX + f.name.upper())) not in (None, ""):
-            kwargs[f.name] = _convert(f.type, raw, ENV_PREFIX + f.name.upper())
+        elif raw is not None and (raw != "" or f.metadata.get(_KEEPS_EMPTY)):
+            kwargs[f.name] = _convert(f.type, raw, variable)
     return cls(**kwargs)
 
 
@@ -158,10 +172,12 @@ def _convert(annotation: Any, raw: Any, name: str) -> Any:
     return raw
 
 
-def _positive(obj: object, name: str) -> None:
-    value = getattr(obj, name)
-    if value <= 0:
-        raise ValueError(f"{name}={value} is invalid: expected > 0")
+def positive(obj: object, *names: str) -> None:
+    """Raises for the first of `obj`'s fields `names` that is not a finite number > 0."""
+    for name in names:
+        value = getattr(obj, name)
+        if not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"{name}={value} is invalid: expected > 0")
 
 
 def _port(obj: object, name: str) -> None:
