@@ -13,18 +13,19 @@ from typing import Any
 import kopf
 from kubernetes import client, config
 
+from prefixgrove.planner.client import PlannerClient, PlannerRejected, PlannerUnavailable
 from prefixgrove_operator.autoscaler import Autoscaler, WorkerScaler
-from prefixgrove_operator.planner_client import (
-    TERMINAL_PHASES,
-    JobView,
-    PlannerClient,
-    PlannerRejected,
-    PlannerUnavailable,
-    TlsFiles,
-)
 from prefixgrove_operator.settings import GROUP, PLURAL, VERSION, OperatorSettings
 from prefixgrove_operator.spec import BatchJobSpec, InvalidSpec
-from prefixgrove_operator.status import failed_status, job_status, rfc3339, with_condition
+from prefixgrove_operator.status import (
+    TERMINAL_PHASES,
+    JobView,
+    failed_status,
+    job_status,
+    job_view,
+    rfc3339,
+    with_condition,
+)
 
 # NOTE: read at import because kopf takes timer intervals when the decorators run.
 SETTINGS = OperatorSettings.from_env()
@@ -59,11 +60,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.watching.server_timeout = 600
     settings.watching.client_timeout = 660
     _load_kube_config()
-    tls = TlsFiles(
-        SETTINGS.planner_tls_ca, SETTINGS.planner_tls_client_cert, SETTINGS.planner_tls_client_key
-    )
     memo.planner = PlannerClient(
-        SETTINGS.planner_address, SETTINGS.planner_token, SETTINGS.rpc_timeout_s, tls
+        SETTINGS.planner_address, SETTINGS.planner_security, timeout_s=SETTINGS.rpc_timeout_s
     )
     memo.core = client.CoreV1Api()
     memo.autoscaler_stop = asyncio.Event()
@@ -71,7 +69,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     if SETTINGS.autoscaling:
         autoscaler = Autoscaler(
             SETTINGS,
-            queue_depth=lambda: memo.planner.queue_depth(SETTINGS.worker_model),
+            queue_depth=lambda: memo.planner.queue_depth(SETTINGS.worker_model).depth,
             scaler=WorkerScaler(
                 client.AppsV1Api(), SETTINGS.worker_deployment, SETTINGS.worker_namespace
             ),
@@ -108,11 +106,12 @@ def submit(
     try:
         job_spec = BatchJobSpec.parse(spec, SETTINGS.shared_volume_root)
         lines = job_spec.request_lines(memo.core, namespace)
-        job = memo.planner.create_job(job_spec.model, uid, {"namespace": namespace, "name": name})
+        labels = {"namespace": namespace, "name": name}
+        job = job_view(memo.planner.create_job(job_spec.model, uid, labels))
         if not job.sealed:
             # lines a broken earlier attempt already delivered are skipped, not sent twice
-            memo.planner.submit_lines(job.id, lines, skip=job.total)
-            job = memo.planner.seal_job(job.id)
+            memo.planner.add_lines(job.id, lines, skip=job.total)
+            job = job_view(memo.planner.seal(job.id))
     except InvalidSpec as exc:
         patch.status.update(failed_status(exc.reason, str(exc), conditions))
         kopf.warn(body, reason=exc.reason, message=str(exc))
@@ -150,7 +149,7 @@ def sync(
     """Keeps status in step with the planner; writes the results out when the job has finished."""
     conditions = status.get("conditions")
     try:
-        job = memo.planner.get_job(status["jobId"])
+        job = job_view(memo.planner.get(status["jobId"]))
     except PlannerUnavailable as exc:
         raise kopf.TemporaryError(str(exc), delay=SETTINGS.retry_delay_s) from None
     except PlannerRejected as exc:
@@ -219,7 +218,7 @@ def cancel(uid: str, status: kopf.Status, memo: kopf.Memo, logger: Any, **_: Any
         job_id = status.get("jobId") or _find_job_id(memo.planner, uid)
         if job_id is None:
             return
-        job = memo.planner.cancel_job(job_id)
+        job = job_view(memo.planner.cancel(job_id))
     except PlannerUnavailable as exc:
         raise kopf.TemporaryError(str(exc), delay=SETTINGS.retry_delay_s) from None
     except PlannerRejected as exc:

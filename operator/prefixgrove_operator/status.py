@@ -4,9 +4,59 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from prefixgrove_operator.planner_client import JobView
+from prefixgrove_proto import planner_pb2 as pb
+
+# planner job state -> BatchJob status.phase. NOTE: the proto's JOB_STATE_FINALIZING is never sent
+# by the planner; the operator's own "Finalizing" means its outputs are not written yet.
+PHASES = {
+    pb.JOB_STATE_VALIDATING: "Validating",
+    pb.JOB_STATE_IN_PROGRESS: "Running",
+    pb.JOB_STATE_COMPLETED: "Succeeded",
+    pb.JOB_STATE_FAILED: "Failed",
+    pb.JOB_STATE_CANCELLING: "Cancelling",
+    pb.JOB_STATE_CANCELLED: "Cancelled",
+}
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed", "Cancelled"})
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A planner job in the operator's terms."""
+
+    id: str
+    phase: str
+    total: int
+    completed: int
+    failed: int
+    started_at: float  # unix seconds, 0 when not reached
+    finished_at: float
+    error: str
+
+    @property
+    def sealed(self) -> bool:
+        return self.phase != "Validating"
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+
+def job_view(job: pb.Job) -> JobView:
+    counts = job.request_counts
+    error = f"{job.error.code}: {job.error.message}" if job.error.code else job.error.message
+    return JobView(
+        id=job.id,
+        phase=PHASES.get(job.state, "Pending"),
+        total=counts.total,
+        completed=counts.completed,
+        failed=counts.failed,
+        started_at=job.in_progress_at,
+        finished_at=job.finished_at,
+        error=error,
+    )
 
 
 def rfc3339(unix_s: float | None = None) -> str:

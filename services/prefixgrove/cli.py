@@ -14,13 +14,12 @@ from typing import Any
 
 from prefixgrove import settings as cfg
 from prefixgrove.settings import (
+    ClientSettings,
     IngestSettings,
     PlannerSettings,
     SecuritySettings,
     WorkerSettings,
 )
-
-_CLIENT_ENV = "PREFIXGROVE_PLANNER"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,10 +37,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
-        import grpc
+        # NOTE: imported here so that `run` starts without gRPC
+        from prefixgrove.planner.client import PlannerError
 
-        if isinstance(exc, grpc.RpcError):
-            print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)  # type: ignore[attr-defined]
+        if isinstance(exc, PlannerError):
+            print(f"error: {exc}", file=sys.stderr)
             return 1
         raise
 
@@ -99,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _client_command(sub: Any, name: str, helptext: str, func: Any) -> argparse.ArgumentParser:
     command = sub.add_parser(name, help=helptext)
-    command.add_argument("--planner", default=None, help=f"HOST:PORT (env {_CLIENT_ENV})")
+    command.add_argument("--planner", default=None, help="HOST:PORT (env PREFIXGROVE_PLANNER)")
     command.add_argument("--tls", action="store_true", help="TLS with the system's roots")
     command.add_argument("--json", action="store_true", help="machine-readable output")
     cfg.add_arguments(command, SecuritySettings)
@@ -159,11 +159,9 @@ def _serve_worker(args: argparse.Namespace) -> int:
 
 # --- client ------------------------------------------------------------------------------------
 def _client(args: argparse.Namespace) -> Any:
-    import os
-
     from prefixgrove.planner.client import PlannerClient
 
-    target = args.planner or os.environ.get(_CLIENT_ENV) or "127.0.0.1:50051"
+    target = cfg.load(ClientSettings, args).planner
     return PlannerClient(target, cfg.load(SecuritySettings, args), tls=args.tls)
 
 
@@ -203,7 +201,7 @@ def _results(args: argparse.Namespace) -> int:
 
 
 def _download(client: Any, job: Any, args: argparse.Namespace) -> int:
-    from prefixgrove.planner.client import state_name
+    from prefixgrove_proto import planner_pb2 as pb
 
     errors = args.errors or args.output.with_name(args.output.stem + ".errors.jsonl")
     done, failed = client.download(job.id, args.output, errors)
@@ -212,7 +210,7 @@ def _download(client: Any, job: Any, args: argparse.Namespace) -> int:
                           "completed": done, "failed": failed}))  # fmt: skip
     else:
         print(f"{done} results -> {args.output}, {failed} errors -> {errors}")
-    return 0 if state_name(job.state) == "completed" else 1
+    return 0 if job.state == pb.JOB_STATE_COMPLETED else 1
 
 
 def _follow(client: Any, job_id: str, as_json: bool) -> Any:

@@ -171,7 +171,8 @@ def start_planner(
 ) -> tuple[Service, str]:
     """A real planner process on a free port, answering calls; returns it and its address.
     `tls` holds the planner's PEM files: cert, key and (for clients) ca."""
-    from prefixgrove_operator.planner_client import PlannerClient, PlannerUnavailable, TlsFiles
+    from prefixgrove.planner.client import PlannerClient, PlannerUnavailable
+    from prefixgrove.settings import SecuritySettings
 
     port = port or free_port()
     args = cli("serve", "planner", "--host", "127.0.0.1", "--port", str(port))
@@ -182,9 +183,8 @@ def start_planner(
         env.update(PREFIXGROVE_TLS_CERT=tls["cert"], PREFIXGROVE_TLS_KEY=tls["key"])
     server = Service("planner", args, env, logs_dir)
     address = f"127.0.0.1:{port}"
-    client = PlannerClient(
-        address, token=token, timeout_s=2.0, tls=TlsFiles(ca=tls["ca"]) if tls else None
-    )
+    security = SecuritySettings(auth_token=token or None, tls_ca=tls["ca"] if tls else None)
+    client = PlannerClient(address, security, timeout_s=2.0)
 
     def ready() -> bool:
         if not server.alive():
@@ -215,8 +215,8 @@ def planner_address(redis_url: str, logs_dir: Path) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def planner(planner_address: str) -> Iterator[Any]:
-    """The operator's own client to the test planner, to check what the operator did."""
-    from prefixgrove_operator.planner_client import PlannerClient
+    """A client of the test planner, to check what the operator did."""
+    from prefixgrove.planner.client import PlannerClient
 
     client = PlannerClient(planner_address)
     yield client

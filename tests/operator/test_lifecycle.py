@@ -16,7 +16,8 @@ from operator_testbed import (
     Service,
 )
 from polling import wait_for
-from prefixgrove_operator.planner_client import PlannerClient
+
+from prefixgrove.planner.client import PlannerClient
 
 RUN_TIMEOUT_S = 120.0
 

@@ -1,4 +1,5 @@
-"""The operator's planner client against a real planner: resuming a broken submission, credentials."""
+"""The planner client as the operator uses it, against a real planner: resuming a broken
+submission, credentials, TLS."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ from pathlib import Path
 
 import pytest
 from operator_testbed import MODEL, start_planner
-from prefixgrove_operator.planner_client import PlannerClient, PlannerUnavailable, TlsFiles
+from prefixgrove_operator.status import job_view
+
+from prefixgrove.planner.client import PlannerClient, PlannerUnavailable
+from prefixgrove.settings import SecuritySettings
 
 
 def request_line(i: int) -> bytes:
@@ -20,14 +24,18 @@ def request_line(i: int) -> bytes:
 def test_a_resubmission_skips_the_lines_the_planner_already_holds(planner: PlannerClient) -> None:
     key = str(uuid.uuid4())
     lines = [request_line(i) for i in range(5)]
-    first = planner.create_job(MODEL, key, {})
-    assert planner.submit_lines(first.id, lines[:2]) == 2  # then the operator "crashes"
-    again = planner.create_job(MODEL, key, {})
+    first = planner.create_job(MODEL, key)
+    assert planner.add_lines(first.id, lines[:2]).total == 2  # then the operator "crashes"
+    again = job_view(planner.create_job(MODEL, key))
     assert (again.id, again.sealed, again.total) == (first.id, False, 2)
-    assert planner.submit_lines(again.id, lines, skip=again.total) == 5
-    sealed = planner.seal_job(again.id)
+    assert planner.add_lines(again.id, lines, skip=again.total).total == 5
+    sealed = job_view(planner.seal(again.id))
     assert (sealed.total, sealed.sealed) == (5, True)
-    planner.cancel_job(sealed.id)
+    planner.cancel(sealed.id)
+
+
+def token_client(address: str, token: str, timeout_s: float | None = None) -> PlannerClient:
+    return PlannerClient(address, SecuritySettings(auth_token=token), timeout_s=timeout_s)
 
 
 def test_the_planner_token_is_sent_and_a_wrong_one_is_retried_not_fatal(
@@ -35,9 +43,9 @@ def test_the_planner_token_is_sent_and_a_wrong_one_is_retried_not_fatal(
 ) -> None:
     server, address = start_planner(redis_url, logs_dir, token="s3cret")
     try:
-        assert PlannerClient(address, token="s3cret").queue_depth() >= 0
+        assert token_client(address, "s3cret").queue_depth().depth >= 0
         with pytest.raises(PlannerUnavailable, match="UNAUTHENTICATED"):
-            PlannerClient(address, token="wrong").queue_depth()
+            token_client(address, "wrong").queue_depth()
         with pytest.raises(PlannerUnavailable, match="UNAUTHENTICATED"):
             PlannerClient(address).queue_depth()
     finally:
@@ -66,8 +74,9 @@ def test_the_planner_is_reached_over_tls_with_its_ca(
     files = make_certificates(tmp_path)
     server, address = start_planner(redis_url, logs_dir, token="t", tls=files)
     try:
-        assert PlannerClient(address, token="t", tls=TlsFiles(ca=files["ca"])).queue_depth() >= 0
+        security = SecuritySettings(auth_token="t", tls_ca=files["ca"])
+        assert PlannerClient(address, security).queue_depth().depth >= 0
         with pytest.raises(PlannerUnavailable):
-            PlannerClient(address, token="t", timeout_s=2.0).queue_depth()  # plaintext
+            token_client(address, "t", timeout_s=2.0).queue_depth()  # plaintext
     finally:
         server.stop()

@@ -22,7 +22,9 @@ from operator_testbed import (
     start_worker,
 )
 from polling import wait_for
-from prefixgrove_operator.planner_client import PlannerClient
+from prefixgrove_proto import planner_pb2 as pb
+
+from prefixgrove.planner.client import PlannerClient
 
 FINALIZER = "prefixgrove.io/cancel-job"
 
@@ -64,18 +66,18 @@ def test_deleting_a_running_batchjob_cancels_its_planner_job(
     name, job_id = queue_job(batchjobs, groups=1)
     assert FINALIZER in batchjobs.get(name)["metadata"]["finalizers"]  # type: ignore[index]
     batchjobs.delete(name)
-    assert planner.get_job(job_id).phase == "Cancelled"
+    assert planner.get(job_id).state == pb.JOB_STATE_CANCELLED
 
 
 def test_rising_queue_depth_scales_the_workers_up_at_once(
     batchjobs: BatchJobs, operator: Any, planner: PlannerClient, crd: KubeApi
 ) -> None:
     # cancelled groups of earlier tests stay queued until a worker drops them
-    before = expected_replicas(planner.queue_depth(MODEL))
+    before = expected_replicas(planner.queue_depth(MODEL).depth)
     wait_for(f"{before} worker replicas to start with", lambda: replicas(crd) == before, 30)
     name, _ = queue_job(batchjobs, groups=3)
     queued = time.monotonic()
-    want = expected_replicas(planner.queue_depth(MODEL))
+    want = expected_replicas(planner.queue_depth(MODEL).depth)
     assert want > before, "the queue was already deep enough for the most workers"
     wait_for(f"{want} worker replicas", lambda: replicas(crd) == want, 30)
     assert time.monotonic() - queued < SCALE_DOWN_WINDOW_S, "scaling up waited like scaling down"
@@ -95,7 +97,7 @@ def test_an_empty_queue_scales_the_workers_down_to_the_minimum_after_the_window(
     worker = start_worker(redis_url, logs_dir)  # drains the queue, this job's groups and any left
     try:
         batchjobs.wait_phase(name, "Succeeded", timeout=120)
-        wait_for("an empty queue", lambda: planner.queue_depth(MODEL) == 0, 60)
+        wait_for("an empty queue", lambda: planner.queue_depth(MODEL).depth == 0, 60)
         emptied = time.monotonic()
         assert replicas(crd) > MIN_WORKERS, "scaled down before the stabilization window passed"
         wait_for(f"{MIN_WORKERS} worker replica", lambda: replicas(crd) == MIN_WORKERS, 30)

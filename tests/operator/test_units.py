@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 from prefixgrove_operator.autoscaler import ScaleDecider, desired_replicas
-from prefixgrove_operator.planner_client import JobView
 from prefixgrove_operator.settings import OperatorSettings
 from prefixgrove_operator.spec import BatchJobSpec, InvalidSpec, confine
-from prefixgrove_operator.status import job_status, progress, with_condition
+from prefixgrove_operator.status import JobView, job_status, progress, with_condition
 
 
 def test_settings_read_prefixed_env_with_types() -> None:

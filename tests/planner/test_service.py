@@ -12,7 +12,7 @@ import pytest
 from prefixgrove_proto import planner_pb2 as pb
 from services_testbed import MODEL, RedisServer, batch_line
 
-from prefixgrove.planner.client import PlannerClient
+from prefixgrove.planner.client import PlannerClient, PlannerError
 from prefixgrove.planner.server import build_server
 from prefixgrove.settings import IngestSettings, PlannerSettings, SecuritySettings
 
@@ -42,9 +42,9 @@ def lines(n: int, prefix: str = "Shared instructions for every request. " * 4) -
 
 
 def code_of(call) -> grpc.StatusCode:  # type: ignore[no-untyped-def]
-    with pytest.raises(grpc.RpcError) as info:
+    with pytest.raises(PlannerError) as info:
         call()
-    return info.value.code()
+    return info.value.code
 
 
 def test_job_lifecycle_until_queued(client: PlannerClient) -> None:

@@ -1,9 +1,16 @@
-"""A thin client of the Planner service (the CLI, tests and scripts use it)."""
+"""The one client of the Planner service, for the CLI, the operator, tests and scripts.
+
+Every call goes through `_call` (or `_stream` for a server stream): a transport error leaves it as
+one of two domain errors, so a caller needs three `except` clauses at most: `PlannerUnavailable`
+(retry later), `PlannerRejected` (retrying will not help) and its own.
+"""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 from prefixgrove_proto import planner_pb2 as pb
@@ -13,74 +20,101 @@ from prefixgrove.planner.security import channel
 from prefixgrove.settings import SecuritySettings
 
 _CHUNK_BYTES = 1 << 20
-TERMINAL = (pb.JOB_STATE_COMPLETED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED)
+# what the server streams of a finished job may take, against the unary calls' deadline
+_RESULTS_TIMEOUT_S = 600.0
+_UPLOAD_TIMEOUT_S = 300.0
 
 
 def state_name(state: int) -> str:
+    """A planner job state as people read it: JOB_STATE_IN_PROGRESS -> "in_progress"."""
     return pb.JobState.Name(state).removeprefix("JOB_STATE_").lower()
 
 
+class PlannerError(RuntimeError):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class PlannerUnavailable(PlannerError):
+    """The planner could not be reached, timed out or refused our credentials; retry later."""
+
+
+class PlannerRejected(PlannerError):
+    """The planner refused the call for good (bad input, unknown job); retrying will not help."""
+
+
 class PlannerClient:
+    """`timeout_s` bounds every call but the streams that follow a job (`watch`, `results` with
+    follow=True), which last as long as the job; None waits as long as the planner takes."""
+
     def __init__(
-        self, target: str, security: SecuritySettings | None = None, tls: bool = False
+        self,
+        target: str,
+        security: SecuritySettings | None = None,
+        *,
+        tls: bool = False,
+        timeout_s: float | None = None,
     ) -> None:
         self.channel = channel(target, security or SecuritySettings(), tls=tls)
-        self.stub = pb_grpc.PlannerStub(self.channel)
+        self._stub = pb_grpc.PlannerStub(self.channel)
+        self._timeout = timeout_s
 
     def close(self) -> None:
         self.channel.close()
 
+    def _call(self, method: str, request: Any, timeout: float | None = None) -> Any:
+        try:
+            return getattr(self._stub, method)(request, timeout=timeout or self._timeout)
+        except grpc.RpcError as exc:
+            raise _translate(exc, method) from None
+
+    def _stream(self, method: str, request: Any, timeout: float | None) -> Iterator[Any]:
+        try:
+            yield from getattr(self._stub, method)(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise _translate(exc, method) from None
+
+    # --- jobs ---------------------------------------------------------------------------------
     def create_job(
         self, model: str = "", idempotency_key: str = "", metadata: dict[str, str] | None = None
     ) -> pb.Job:
+        """Creates the job, or returns the one this key already created."""
         request = pb.CreateJobRequest(
             model=model, idempotency_key=idempotency_key, metadata=metadata or {}
         )
-        return self.stub.CreateJob(request)
+        return self._call("CreateJob", request)
 
-    def add_lines(self, job_id: str, lines: Iterable[bytes]) -> pb.AddRequestsResponse:
-        """Streams lines in chunks of about 1 MiB; gRPC flow control paces the sender."""
-
-        def chunks() -> Iterator[pb.AddRequestsChunk]:
-            batch: list[bytes] = []
-            size = 0
-            for line in lines:
-                batch.append(line)
-                size += len(line)
-                if size >= _CHUNK_BYTES:
-                    yield pb.AddRequestsChunk(job_id=job_id, lines=batch)
-                    batch, size = [], 0
-            yield pb.AddRequestsChunk(job_id=job_id, lines=batch)
-
-        return self.stub.AddRequests(chunks())
+    def add_lines(
+        self, job_id: str, lines: Iterable[bytes], skip: int = 0
+    ) -> pb.AddRequestsResponse:
+        """Streams request lines into a VALIDATING job, leaving out the first `skip` (sent before
+        an interruption), in chunks of about 1 MiB; gRPC flow control paces the sender."""
+        chunks = _chunks(job_id, itertools.islice(lines, skip, None))
+        return self._call("AddRequests", chunks, timeout=self._long(_UPLOAD_TIMEOUT_S))
 
     def seal(self, job_id: str) -> pb.Job:
-        return self.stub.SealJob(pb.SealJobRequest(job_id=job_id))
+        return self._call("SealJob", pb.SealJobRequest(job_id=job_id))
 
     def get(self, job_id: str) -> pb.Job:
-        return self.stub.GetJob(pb.GetJobRequest(job_id=job_id))
+        return self._call("GetJob", pb.GetJobRequest(job_id=job_id))
 
     def list(self, limit: int = 100) -> list[pb.Job]:
-        return list(self.stub.ListJobs(pb.ListJobsRequest(limit=limit)).jobs)
+        return list(self._call("ListJobs", pb.ListJobsRequest(limit=limit)).jobs)
+
+    def find_job(self, idempotency_key: str) -> pb.Job | None:
+        """The job created with this key among the planner's newest 1000, or None."""
+        return next((j for j in self.list(1000) if j.idempotency_key == idempotency_key), None)
 
     def watch(self, job_id: str) -> Iterator[pb.Job]:
-        return self.stub.WatchJob(pb.WatchJobRequest(job_id=job_id))
+        return self._stream("WatchJob", pb.WatchJobRequest(job_id=job_id), None)
 
     def cancel(self, job_id: str) -> pb.Job:
-        return self.stub.CancelJob(pb.CancelJobRequest(job_id=job_id))
+        return self._call("CancelJob", pb.CancelJobRequest(job_id=job_id))
 
     def queue_depth(self, model: str = "") -> pb.QueueDepth:
-        return self.stub.GetQueueDepth(pb.GetQueueDepthRequest(model=model))
-
-    def results(
-        self,
-        job_id: str,
-        offset: int = 0,
-        kind: pb.ResultKind = pb.RESULT_KIND_ALL,
-        follow: bool = False,
-    ) -> Iterator[pb.ResultLine]:
-        request = pb.StreamResultsRequest(job_id=job_id, offset=offset, kind=kind, follow=follow)
-        return self.stub.StreamResults(request)
+        """Groups waiting and leased over all jobs (of `model` when given)."""
+        return self._call("GetQueueDepth", pb.GetQueueDepthRequest(model=model))
 
     def submit_file(self, path: Path, model: str = "", idempotency_key: str = "") -> pb.Job:
         job = self.create_job(model, idempotency_key)
@@ -90,9 +124,20 @@ class PlannerClient:
             self.add_lines(job.id, (line.rstrip(b"\r\n") for line in f))
         return self.seal(job.id)
 
+    # --- results ------------------------------------------------------------------------------
+    def results(
+        self,
+        job_id: str,
+        offset: int = 0,
+        kind: pb.ResultKind = pb.RESULT_KIND_ALL,
+        follow: bool = False,
+    ) -> Iterator[pb.ResultLine]:
+        request = pb.StreamResultsRequest(job_id=job_id, offset=offset, kind=kind, follow=follow)
+        return self._stream("StreamResults", request, None if follow else self._long())
+
     def download(self, job_id: str, output: Path, errors: Path) -> tuple[int, int]:
-        """Writes the job's output and error files. An interrupted download resumes where it
-        stopped: `<output>.offset` holds the next input index and both files' sizes meanwhile."""
+        """Follows the job, writing its output and error files. An interrupted download resumes
+        where it stopped: `<output>.offset` holds the next input index and both files' sizes."""
         marker = output.with_name(output.name + ".offset")
         offset, sizes = 0, (0, 0)
         if marker.exists() and output.exists() and errors.exists():
@@ -115,6 +160,59 @@ class PlannerClient:
         marker.unlink(missing_ok=True)
         return counts[0], counts[1]
 
+    def write_results(self, job_id: str, output: Path, errors: Path) -> tuple[int, int]:
+        """Writes the outputs and the errors of a finished job, in input order, each file replaced
+        whole so a retry never leaves a half-written one; returns (outputs, errors) written."""
+        written = []
+        for kind, path in ((pb.RESULT_KIND_OUTPUT, output), (pb.RESULT_KIND_ERROR, errors)):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(path.name + ".partial")
+            count = 0
+            with partial.open("w", encoding="utf-8") as out:
+                for line in self.results(job_id, 0, kind):
+                    out.write(line.line + "\n")
+                    count += 1
+            partial.replace(path)
+            written.append(count)
+        return written[0], written[1]
 
-def is_unavailable(exc: grpc.RpcError) -> bool:
-    return exc.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
+    def _long(self, floor: float = _RESULTS_TIMEOUT_S) -> float | None:
+        """The deadline of a call that moves a whole job: at least `floor`, none without one."""
+        return None if self._timeout is None else max(self._timeout, floor)
+
+
+def _chunks(job_id: str, lines: Iterable[bytes]) -> Iterator[pb.AddRequestsChunk]:
+    """An empty input still sends one chunk, so the planner learns of the job at seal time."""
+    batch: list[bytes] = []
+    size = 0
+    for line in lines:
+        batch.append(line)
+        size += len(line)
+        if size >= _CHUNK_BYTES:
+            yield pb.AddRequestsChunk(job_id=job_id, lines=batch)
+            batch, size = [], 0
+    yield pb.AddRequestsChunk(job_id=job_id, lines=batch)
+
+
+_RETRYABLE = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.ABORTED,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNKNOWN,
+    # what a request stream broken on our side (an input file unreadable midway) ends with
+    grpc.StatusCode.CANCELLED,
+    # a wrong token is the caller's configuration, not the job's fault: wait for it to be fixed
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+}
+
+
+def _translate(exc: grpc.RpcError, method: str) -> PlannerError:
+    code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
+    detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+    message = f"planner {method}: {code.name}: {detail}"
+    if code in _RETRYABLE:
+        return PlannerUnavailable(code, message)
+    return PlannerRejected(code, message)
