@@ -67,8 +67,8 @@ class RedisServer:
         )
         if self.password:
             args += ["--requirepass", self.password]
-        log = (self.workdir / "redis.log").open("ab")
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        with (self.workdir / "redis.log").open("ab") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
@@ -103,15 +103,20 @@ class Process:
 
     def __init__(self, args: list[str], log: Path, env: dict[str, str]) -> None:
         self.log = log
-        handle = log.open("ab")
         cmd = [sys.executable, "-m", "prefixgrove.cli", *args]
-        self.proc = subprocess.Popen(
-            cmd, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=REPO
-        )
+        with log.open("ab") as handle:
+            self.proc = subprocess.Popen(
+                cmd, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=REPO
+            )
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
+
+    def stop(self) -> None:
+        """Kills the process and reaps it (teardown)."""
+        self.kill()
+        self.proc.wait(30)
 
     def wait(self, timeout: float) -> int:
         return self.proc.wait(timeout)

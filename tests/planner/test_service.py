@@ -13,16 +13,18 @@ from prefixgrove_proto import planner_pb2 as pb
 from services_testbed import MODEL, RedisServer, batch_line
 
 from prefixgrove.planner.client import PlannerClient, PlannerError
-from prefixgrove.planner.server import build_server
+from prefixgrove.planner.server import PlannerServer, build_server
 from prefixgrove.settings import IngestSettings, PlannerSettings, SecuritySettings
 
 
-def start(redis: RedisServer, security: SecuritySettings | None = None) -> tuple[grpc.Server, int]:
+def start(
+    redis: RedisServer, security: SecuritySettings | None = None
+) -> tuple[PlannerServer, int]:
     planner = PlannerSettings(redis_url=redis.url, host="127.0.0.1", port=0, model=MODEL)
-    server, port, _ = build_server(
+    server = build_server(
         planner, IngestSettings(max_model_len=512), security or SecuritySettings()
     )
-    return server, port
+    return server, server.port
 
 
 @pytest.fixture
@@ -199,10 +201,12 @@ def test_a_job_is_failed_only_when_its_own_planner_stopped_during_the_upload(
     redis_server: RedisServer,
 ) -> None:
     planner = PlannerSettings(redis_url=redis_server.url, host="127.0.0.1", port=0, model=MODEL)
-    servers = [build_server(planner, IngestSettings(), SecuritySettings()) for _ in range(2)]
-    (server_a, port_a, a), (server_b, _, b) = servers
+    server_a, server_b = [
+        build_server(planner, IngestSettings(), SecuritySettings()) for _ in range(2)
+    ]
+    a, b = server_a.service, server_b.service
     try:
-        client = PlannerClient(f"127.0.0.1:{port_a}")
+        client = PlannerClient(f"127.0.0.1:{server_a.port}")
         job = client.create_job()
         client.add_lines(job.id, lines(2))
         b.recover()  # a rolling update: the other planner is alive and keeps its upload

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
 from concurrent import futures
 
 import grpc
@@ -25,24 +24,59 @@ _HEARTBEAT_TTL_S = 30
 SERVICE_NAME = planner_pb2.DESCRIPTOR.services_by_name["Planner"].full_name
 
 
+class PlannerServer:
+    """A started planner: the gRPC server, the port it listens on, the service behind it, and the
+    threads that keep its heartbeat and metrics fresh; `stop` ends them all."""
+
+    def __init__(self, grpc_server: grpc.Server, port: int, service: PlannerService) -> None:
+        self.grpc_server = grpc_server
+        self.port = port
+        self.service = service
+        self.stopping = threading.Event()  # the threads' loops end when it is set
+        self.threads: list[threading.Thread] = []
+
+    def stop(self, grace: float | None = None) -> None:
+        """Stops taking calls, lets those in flight run for `grace` seconds, joins the threads."""
+        self.stopping.set()
+        self.grpc_server.stop(grace).wait()
+        for thread in self.threads:
+            thread.join()
+
+
 def build_server(
     planner: PlannerSettings, ingest: IngestSettings, security: SecuritySettings
-) -> tuple[grpc.Server, int, PlannerService]:
-    """A started server and the port it listens on (port 0 picks a free one)."""
+) -> PlannerServer:
+    """A started server (port 0 picks a free one)."""
     metrics = PlannerMetrics()
     store = JobStore(connect(planner.redis_url), retention_s=planner.job_retention_s)
     service = PlannerService(store, planner.model, ingest, metrics)
     service.heartbeat(_HEARTBEAT_TTL_S)
     service.recover()
-    _start_housekeeping(service)
-    interceptors = [BearerTokenInterceptor(security.auth_token)] if security.auth_token else []
-    options = [
-        ("grpc.max_receive_message_length", planner.max_message_bytes),
-        ("grpc.max_send_message_length", planner.max_message_bytes),
-    ]
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=16), interceptors=interceptors, options=options
+        futures.ThreadPoolExecutor(max_workers=16),
+        interceptors=[BearerTokenInterceptor(security.auth_token)] if security.auth_token else [],
+        options=[
+            ("grpc.max_receive_message_length", planner.max_message_bytes),
+            ("grpc.max_send_message_length", planner.max_message_bytes),
+        ],
     )
+    _add_services(server, service)
+    address = f"{planner.host}:{planner.port}"
+    creds = server_credentials(security)
+    port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+    if port == 0:
+        raise RuntimeError(f"cannot listen on {address}")
+    server.start()
+    running = PlannerServer(server, port, service)
+    running.threads.append(_start_housekeeping(service, running.stopping))
+    if planner.metrics_port:
+        running.threads += metrics.serve(planner.metrics_port, store.model_queue, running.stopping)
+    log.info("planner listening on %s:%d (%s)", planner.host, port, "TLS" if creds else "plaintext")
+    return running
+
+
+def _add_services(server: grpc.Server, service: PlannerService) -> None:
+    """The planner, health checking and reflection."""
     planner_pb2_grpc.add_PlannerServicer_to_server(service, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -51,36 +85,27 @@ def build_server(
     reflection.enable_server_reflection(
         (SERVICE_NAME, reflection.SERVICE_NAME, health.SERVICE_NAME), server
     )
-    address = f"{planner.host}:{planner.port}"
-    creds = server_credentials(security)
-    port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
-    if port == 0:
-        raise RuntimeError(f"cannot listen on {address}")
-    server.start()
-    if planner.metrics_port:
-        metrics.serve(planner.metrics_port, store.model_queue)
-    log.info("planner listening on %s:%d (%s)", planner.host, port, "TLS" if creds else "plaintext")
-    return server, port, service
 
 
-def _start_housekeeping(service: PlannerService) -> None:
+def _start_housekeeping(service: PlannerService, stop: threading.Event) -> threading.Thread:
     def loop() -> None:
-        while True:
-            time.sleep(_HEARTBEAT_TTL_S / 3)
+        while not stop.wait(_HEARTBEAT_TTL_S / 3):
             try:
                 service.heartbeat(_HEARTBEAT_TTL_S)
                 service.recover()
             except Exception as exc:  # Redis away: the next round tries again
                 log.warning("planner housekeeping failed: %s", exc)
 
-    threading.Thread(target=loop, name="planner-housekeeping", daemon=True).start()
+    thread = threading.Thread(target=loop, name="planner-housekeeping", daemon=True)
+    thread.start()
+    return thread
 
 
 def serve(planner: PlannerSettings, ingest: IngestSettings, security: SecuritySettings) -> None:
     """Runs until SIGTERM or SIGINT, then lets calls in flight finish for a few seconds."""
-    server, _, _ = build_server(planner, ingest, security)
+    server = build_server(planner, ingest, security)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    server.stop(grace=10).wait()
+    server.stop(grace=10)
