@@ -37,7 +37,6 @@ INGESTING = PREFIX + "ingesting"
 class JobState(enum.StrEnum):
     VALIDATING = "validating"
     IN_PROGRESS = "in_progress"
-    FINALIZING = "finalizing"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLING = "cancelling"

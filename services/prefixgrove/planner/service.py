@@ -22,6 +22,15 @@ from prefixgrove.settings import IngestSettings
 log = logging.getLogger(__name__)
 _POLL_S = 0.25
 _RESULT_WINDOW = 512
+# NOTE: the proto's JOB_STATE_FINALIZING has no JobState: results are final as workers write them.
+_PB_STATES = {
+    JobState.VALIDATING: pb.JOB_STATE_VALIDATING,
+    JobState.IN_PROGRESS: pb.JOB_STATE_IN_PROGRESS,
+    JobState.COMPLETED: pb.JOB_STATE_COMPLETED,
+    JobState.FAILED: pb.JOB_STATE_FAILED,
+    JobState.CANCELLING: pb.JOB_STATE_CANCELLING,
+    JobState.CANCELLED: pb.JOB_STATE_CANCELLED,
+}
 
 
 def job_to_pb(job: JobRecord, store: JobStore) -> pb.Job:
@@ -30,7 +39,7 @@ def job_to_pb(job: JobRecord, store: JobStore) -> pb.Job:
         id=job.id,
         idempotency_key=job.idempotency_key,
         model=job.model,
-        state=pb.JobState.Value("JOB_STATE_" + job.state.name),
+        state=_PB_STATES[job.state],
         request_counts=pb.RequestCounts(
             total=job.total, completed=job.completed, failed=job.failed
         ),
