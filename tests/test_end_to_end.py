@@ -80,7 +80,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     wait_for_port(port, s.planner)
     yield s
     for proc in [s.planner, *s.workers.values()]:
-        proc.kill()
+        proc.stop()
     redis.kill()
 
 
@@ -208,13 +208,19 @@ def test_cli_submits_waits_downloads_and_metrics_are_served(stack: Stack, tmp_pa
     assert done and float(done[0].split()[-1]) > 0
 
 
+def submit_and_wait_for_results(stack: Stack, job_file: Path) -> pb.Job:
+    """A job under way: some results written, more to come."""
+    job = stack.client().submit_file(job_file)
+    wait_until(lambda: answered(stack, job.id) > 10, 60, "first results")
+    assert stack.client().get(job.id).state == pb.JOB_STATE_IN_PROGRESS
+    return job
+
+
 def test_the_job_completes_across_a_planner_restart(
     stack: Stack, long_job: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
     job_file, local_out, _ = long_job
-    job = stack.client().submit_file(job_file)
-    wait_until(lambda: answered(stack, job.id) > 10, 60, "first results")
-    assert stack.client().get(job.id).state == pb.JOB_STATE_IN_PROGRESS
+    job = submit_and_wait_for_results(stack, job_file)
     stack.restart_planner()
     done, out, _ = finish(stack, job.id, tmp_path)
     assert done.state == pb.JOB_STATE_COMPLETED
@@ -225,9 +231,7 @@ def test_the_job_completes_across_a_redis_restart(
     stack: Stack, long_job: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
     job_file, local_out, local_err = long_job
-    job = stack.client().submit_file(job_file)
-    wait_until(lambda: answered(stack, job.id) > 10, 60, "first results")
-    assert stack.client().get(job.id).state == pb.JOB_STATE_IN_PROGRESS
+    job = submit_and_wait_for_results(stack, job_file)
     stack.redis.kill()
     time.sleep(1.0)
     stack.redis.start()  # same port and directory: the append-only file brings everything back
@@ -245,9 +249,8 @@ def test_cancel_mid_job_keeps_partial_results(
     job = client.submit_file(job_file)
     wait_until(lambda: client.get(job.id).request_counts.completed > 5, 60, "first results")
     assert client.cancel(job.id).state in (pb.JOB_STATE_CANCELLING, pb.JOB_STATE_CANCELLED)
-    cancelled_at = time.monotonic()
-    wait_until(lambda: client.get(job.id).state == pb.JOB_STATE_CANCELLED, 10, "the cancel to land")
-    assert time.monotonic() - cancelled_at < 10
+    # a cancel that did not reach the workers would end the job completed, never cancelled
+    wait_until(lambda: client.get(job.id).state == pb.JOB_STATE_CANCELLED, 60, "the cancel to land")
     done, out, _ = finish(stack, job.id, tmp_path)
     counts = done.request_counts
     assert 0 < counts.completed < counts.total - counts.failed
