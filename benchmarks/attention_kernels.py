@@ -25,6 +25,7 @@ reading those bytes at the ceiling would have (`read_ceiling_us`, `one_pass_of_c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import platform
@@ -44,6 +45,7 @@ ensure_prefixgrove()
 
 from prefixgrove_kernels.cascade_attention import prefix_attention  # noqa: E402
 from prefixgrove_kernels.cascade_decode import cascade_decode_attention  # noqa: E402
+from prefixgrove_kernels.launch import CascadeMetadata, PagedMetadata  # noqa: E402
 from prefixgrove_kernels.paged_attention import paged_attention  # noqa: E402
 
 TARGET = {"degree": 16, "prefix_len": 2000, "min_speedup": 3.0}
@@ -101,6 +103,19 @@ class Workload:
         self.group_prefix_lens = torch.full((self.num_groups,), self.prefix_len, **int32)
         self.group_block_tables = prefix_ids.to(device)
         self.degree, self.scale, self.num_splits = degree, args.head_dim**-0.5, args.num_splits
+        self.plain_meta = PagedMetadata(
+            cu_seqlens_q=self.cu_seqlens_q,
+            seq_lens=self.seq_lens,
+            block_tables=self.block_tables,
+            max_query_len=1,
+        )
+        self.meta = dataclasses.replace(self.plain_meta, kv_start=self.kv_start)
+        self.groups = CascadeMetadata(
+            group_cu_q=self.group_cu_q,
+            group_prefix_lens=self.group_prefix_lens,
+            group_block_tables=self.group_block_tables,
+            max_group_q=degree,
+        )
         self.plain_out = torch.empty_like(self.q)
         self.cascade_out = torch.empty_like(self.q)
         self.one_pass_out = torch.empty_like(self.q)
@@ -114,24 +129,19 @@ class Workload:
 
     def plain(self) -> None:
         paged_attention(
-            self.q, self.k_cache, self.v_cache, self.plain_out, cu_seqlens_q=self.cu_seqlens_q,
-            seq_lens=self.seq_lens, block_tables=self.block_tables, scale=self.scale,
-            max_query_len=1,
-        )  # fmt: skip
+            self.q, self.k_cache, self.v_cache, self.plain_out, self.plain_meta, scale=self.scale
+        )
 
     def prefix_pass(self) -> None:
         prefix_attention(
-            self.q, self.k_cache, self.v_cache, group_cu_q=self.group_cu_q,
-            group_prefix_lens=self.group_prefix_lens, group_block_tables=self.group_block_tables,
-            scale=self.scale, max_group_q=self.degree, out=self.o_p, out_lse=self.lse_p,
-            num_splits=self.num_splits,
+            self.q, self.k_cache, self.v_cache, self.groups, scale=self.scale, out=self.o_p,
+            out_lse=self.lse_p, num_splits=self.num_splits,
         )  # fmt: skip
 
     def suffix_pass(self) -> None:
         paged_attention(
-            self.q, self.k_cache, self.v_cache, self.cascade_out, cu_seqlens_q=self.cu_seqlens_q,
-            seq_lens=self.seq_lens, block_tables=self.block_tables, scale=self.scale,
-            max_query_len=1, kv_start=self.kv_start, prefix_out=self.o_p, prefix_lse=self.lse_p,
+            self.q, self.k_cache, self.v_cache, self.cascade_out, self.meta, scale=self.scale,
+            prefix_out=self.o_p, prefix_lse=self.lse_p,
         )  # fmt: skip
 
     def cascade(self) -> None:
@@ -140,10 +150,8 @@ class Workload:
 
     def one_pass(self) -> None:
         cascade_decode_attention(
-            self.q, self.k_cache, self.v_cache, self.one_pass_out, seq_lens=self.seq_lens,
-            kv_start=self.kv_start, block_tables=self.block_tables, group_cu_q=self.group_cu_q,
-            group_prefix_lens=self.group_prefix_lens, group_block_tables=self.group_block_tables,
-            scale=self.scale, max_group_q=self.degree,
+            self.q, self.k_cache, self.v_cache, self.one_pass_out, self.meta, self.groups,
+            scale=self.scale,
         )  # fmt: skip
 
 

@@ -32,9 +32,8 @@ from prefixgrove_kernels.paged_attention import paged_attention_launch  # noqa: 
 
 def prefix_launches(w: Workload, splits: int, overrides: dict[str, Any]) -> list:
     launches, _, _ = prefix_attention_launches(
-        w.q, w.k_cache, w.v_cache, group_cu_q=w.group_cu_q,
-        group_prefix_lens=w.group_prefix_lens, group_block_tables=w.group_block_tables,
-        scale=w.scale, max_group_q=w.degree, out=w.o_p, out_lse=w.lse_p, num_splits=splits,
+        w.q, w.k_cache, w.v_cache, w.groups, scale=w.scale, out=w.o_p, out_lse=w.lse_p,
+        num_splits=splits,
     )  # fmt: skip
     first = launches[0]
     launches[0] = first._replace(options={**first.options, **overrides})
@@ -43,9 +42,8 @@ def prefix_launches(w: Workload, splits: int, overrides: dict[str, Any]) -> list
 
 def suffix_launch(w: Workload, overrides: dict[str, Any]):
     launch = paged_attention_launch(
-        w.q, w.k_cache, w.v_cache, w.cascade_out, cu_seqlens_q=w.cu_seqlens_q,
-        seq_lens=w.seq_lens, block_tables=w.block_tables, scale=w.scale, max_query_len=1,
-        kv_start=w.kv_start, prefix_out=w.o_p, prefix_lse=w.lse_p,
+        w.q, w.k_cache, w.v_cache, w.cascade_out, w.meta, scale=w.scale, prefix_out=w.o_p,
+        prefix_lse=w.lse_p,
     )  # fmt: skip
     assert launch is not None
     return launch._replace(options={**launch.options, **overrides})
@@ -53,10 +51,8 @@ def suffix_launch(w: Workload, overrides: dict[str, Any]):
 
 def one_pass_launches(w: Workload, splits: int | None, overrides: dict[str, Any]) -> list:
     launches = cascade_decode_attention_launches(
-        w.q, w.k_cache, w.v_cache, w.one_pass_out, seq_lens=w.seq_lens, kv_start=w.kv_start,
-        block_tables=w.block_tables, group_cu_q=w.group_cu_q,
-        group_prefix_lens=w.group_prefix_lens, group_block_tables=w.group_block_tables,
-        scale=w.scale, max_group_q=w.degree, num_splits=splits,
+        w.q, w.k_cache, w.v_cache, w.one_pass_out, w.meta, w.groups, scale=w.scale,
+        num_splits=splits,
     )  # fmt: skip
     first = launches[0]
     launches[0] = first._replace(options={**first.options, **overrides})

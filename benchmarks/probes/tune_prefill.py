@@ -16,6 +16,7 @@ Usage: cd benchmarks && python -m probes.tune_prefill [--groups 4] [--per-group 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import itertools
 import json
@@ -30,6 +31,7 @@ from _common import ensure_prefixgrove, median_us
 ensure_prefixgrove()
 
 from prefixgrove_kernels import cascade_attention, paged_attention  # noqa: E402
+from prefixgrove_kernels.launch import CascadeMetadata, PagedMetadata, SuffixChunks  # noqa: E402
 
 
 class PrefillWorkload:
@@ -50,12 +52,12 @@ class PrefillWorkload:
         # Prefix prefill: g sequences of p tokens, causal from position 0.
         self.pq = torch.randn(g * p, heads, dim, device=dev, dtype=dt)
         self.pout = torch.empty_like(self.pq)
-        self.p_meta = {
-            "cu_seqlens_q": torch.arange(0, g * p + 1, p, **i32),
-            "seq_lens": torch.full((g,), p, **i32),
-            "block_tables": prefix_ids.to(dev),
-            "max_query_len": p,
-        }
+        self.p_meta = PagedMetadata(
+            cu_seqlens_q=torch.arange(0, g * p + 1, p, **i32),
+            seq_lens=torch.full((g,), p, **i32),
+            block_tables=prefix_ids.to(dev),
+            max_query_len=p,
+        )
         # Suffix tokens: g * d requests of s tokens after the prefix.
         n = g * d
         self.sq = torch.randn(n * s, heads, dim, device=dev, dtype=dt)
@@ -64,20 +66,20 @@ class PrefillWorkload:
         state_dtype = dt if args.state_dtype == "model" else torch.float32
         self.o_p = torch.empty(self.sq.shape, dtype=state_dtype, device=dev)
         self.lse_p = torch.empty(self.sq.shape[:2], dtype=torch.float32, device=dev)
-        self.group_meta = {
-            "group_cu_q": torch.arange(0, n * s + 1, d * s, **i32),
-            "group_prefix_lens": torch.full((g,), p, **i32),
-            "group_block_tables": prefix_ids.to(dev),
-            "max_group_q": d * s,
-        }
+        self.groups = CascadeMetadata(
+            group_cu_q=torch.arange(0, n * s + 1, d * s, **i32),
+            group_prefix_lens=torch.full((g,), p, **i32),
+            group_block_tables=prefix_ids.to(dev),
+            max_group_q=d * s,
+        )
         tables = torch.cat([prefix_ids.repeat_interleave(d, dim=0), own_ids], dim=1)
-        self.s_meta = {
-            "cu_seqlens_q": torch.arange(0, n * s + 1, s, **i32),
-            "seq_lens": torch.full((n,), p + s, **i32),
-            "kv_start": torch.full((n,), p, **i32),
-            "block_tables": tables.to(dev),
-            "max_query_len": 1 << (s - 1).bit_length(),
-        }
+        self.s_meta = PagedMetadata(
+            cu_seqlens_q=torch.arange(0, n * s + 1, s, **i32),
+            seq_lens=torch.full((n,), p + s, **i32),
+            kv_start=torch.full((n,), p, **i32),
+            block_tables=tables.to(dev),
+            max_query_len=1 << (s - 1).bit_length(),
+        )
         # The step as the engine lays it out: grouped rows first (the suffix chunks), then the new
         # prefixes' prompts (kv_start 0: no prefix state).
         width = max(prefix_blocks, tables.shape[1])
@@ -88,24 +90,24 @@ class PrefillWorkload:
         self.step_state = torch.empty_like(self.step_q)
         self.step_lse = torch.empty(self.step_q.shape[:2], dtype=torch.float32, device=dev)
         step_lens = [s] * n + [p] * g
-        self.step_meta = {
-            "cu_seqlens_q": torch.tensor([0, *itertools.accumulate(step_lens)], **i32),
-            "seq_lens": torch.cat([self.s_meta["seq_lens"], self.p_meta["seq_lens"]]),
-            "kv_start": torch.cat([self.s_meta["kv_start"], torch.zeros(g, **i32)]),
-            "block_tables": torch.cat([tables, padded]).to(dev),
-            "max_query_len": p,
-        }
+        assert self.s_meta.kv_start is not None
+        self.step_meta = PagedMetadata(
+            cu_seqlens_q=torch.tensor([0, *itertools.accumulate(step_lens)], **i32),
+            seq_lens=torch.cat([self.s_meta.seq_lens, self.p_meta.seq_lens]),
+            kv_start=torch.cat([self.s_meta.kv_start, torch.zeros(g, **i32)]),
+            block_tables=torch.cat([tables, padded]).to(dev),
+            max_query_len=p,
+        )
         # The engine's paged launch in a mixed step (two passes): the new prefixes' causal prefills
         # and the suffix pass merging the chunks' prefix state.
         self.mout = torch.empty_like(self.step_q)
-        self.m_meta = {
-            **self.step_meta,
+        self.m_state = {
             "prefix_out": torch.zeros(self.step_q.shape, dtype=state_dtype, device=dev),
             "prefix_lse": torch.zeros(self.step_q.shape[:2], device=dev),
         }
         # Without cascade: the same suffix tokens over prefix and own keys in one causal pass.
         self.plain_out = torch.empty_like(self.sq)
-        self.plain_meta = {k: v for k, v in self.s_meta.items() if k != "kv_start"}
+        self.plain_meta = dataclasses.replace(self.s_meta, kv_start=None)
         # Attention FLOPs (QK^T and PV, causal halves counted once).
         per_head = 4 * dim * heads
         self.flops = {
@@ -119,44 +121,42 @@ class PrefillWorkload:
 
     def prefix_prefill(self) -> None:
         paged_attention.paged_attention(
-            self.pq, self.k, self.v, self.pout, scale=self.scale, **self.p_meta
+            self.pq, self.k, self.v, self.pout, self.p_meta, scale=self.scale
         )
 
     def mixed_step(self, **overrides: Any) -> None:
         launch = paged_attention.paged_attention_launch(
-            self.step_q, self.k, self.v, self.mout, scale=self.scale, **self.m_meta
+            self.step_q, self.k, self.v, self.mout, self.step_meta, scale=self.scale, **self.m_state
         )
         assert launch is not None
         launch._replace(options={**launch.options, **overrides}).run()
 
     def step(self, fused: bool) -> None:
         """The step's cascade attention, two passes or with the suffix chunks fused."""
-        seqs = {k: v for k, v in self.step_meta.items() if k != "max_query_len"}
-        chunks = cascade_attention.SuffixChunks(self.step_out, **seqs) if fused else None
+        chunks = SuffixChunks(self.step_out, self.step_meta) if fused else None
         state, lse = cascade_attention.prefix_attention(
-            self.step_q, self.k, self.v, scale=self.scale, out=self.step_state,
-            out_lse=self.step_lse, suffix_chunks=chunks, **self.group_meta,
+            self.step_q, self.k, self.v, self.groups, scale=self.scale, out=self.step_state,
+            out_lse=self.step_lse, suffix_chunks=chunks,
         )  # fmt: skip
         paged_attention.paged_attention(
-            self.step_q, self.k, self.v, self.step_out, scale=self.scale, prefix_out=state,
-            prefix_lse=lse, skip_suffix_chunks=fused, **self.step_meta,
+            self.step_q, self.k, self.v, self.step_out, self.step_meta, scale=self.scale,
+            prefix_out=state, prefix_lse=lse, skip_suffix_chunks=fused,
         )  # fmt: skip
 
     def plain_suffix(self) -> None:
         paged_attention.paged_attention(
-            self.sq, self.k, self.v, self.plain_out, scale=self.scale, **self.plain_meta
+            self.sq, self.k, self.v, self.plain_out, self.plain_meta, scale=self.scale
         )
 
     def prefix_pass(self) -> None:
         cascade_attention.prefix_attention(
-            self.sq, self.k, self.v, scale=self.scale, out=self.o_p, out_lse=self.lse_p,
-            **self.group_meta,
-        )  # fmt: skip
+            self.sq, self.k, self.v, self.groups, scale=self.scale, out=self.o_p, out_lse=self.lse_p
+        )
 
     def suffix_pass(self) -> None:
         paged_attention.paged_attention(
-            self.sq, self.k, self.v, self.sout, scale=self.scale, prefix_out=self.o_p,
-            prefix_lse=self.lse_p, **self.s_meta,
+            self.sq, self.k, self.v, self.sout, self.s_meta, scale=self.scale, prefix_out=self.o_p,
+            prefix_lse=self.lse_p,
         )  # fmt: skip
 
 

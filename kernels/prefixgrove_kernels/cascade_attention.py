@@ -11,30 +11,29 @@ empty) get no state (with one split they are left as they were; a split launch's
 whatever its partial buffers held there): their sequences have kv_start 0, and the suffix pass merges
 a prefix state only into sequences whose own keys start after a prefix (kv_start > 0). On a prefill
 step those rows are mostly the new prefixes' prompts, often half the step: writing them a state that
-says "no prefix" made the pass over a canonical step's 20,800 rows take 1.35 ms where its 12,800
-grouped rows alone take 1.08 (H100), and the suffix pass read it all back.
+says "no prefix" would cost a pass over them here and a read back in the suffix pass.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
 from prefixgrove_kernels import checks
-from prefixgrove_kernels.launch import KernelLaunch
+from prefixgrove_kernels.launch import CascadeMetadata, KernelLaunch, PagedMetadata, SuffixChunks
 from prefixgrove_kernels.merge_states import (
     merge_attention_states,
     merge_attention_states_ref,
-    reduce_splits_kernel,
+    reduce_splits_launch,
 )
 from prefixgrove_kernels.paged_attention import (
     LOG2E,
     attend_whole_tiles,
-    dot_precision,
+    cache_strides,
     is_suffix_chunk,
     is_suffix_chunk_host,
     load_keys,
@@ -42,9 +41,10 @@ from prefixgrove_kernels.paged_attention import (
     paged_attention_ref,
     score_masked_tile,
     table_chunk,
+    tile_options,
     tile_tier,
 )
-from prefixgrove_kernels.reference_math import attend
+from prefixgrove_kernels.reference_math import attend, gather_keys
 
 __all__ = [
     "SuffixChunks",
@@ -55,18 +55,6 @@ __all__ = [
 ]
 
 MAX_SPLITS = 16
-
-
-class SuffixChunks(NamedTuple):
-    """The step's sequences as the paged kernel takes them, and the attention output: given to the
-    prefix pass, it finishes the suffix chunks among them (grouped sequences with more than one
-    query; `is_suffix_chunk`) and writes their rows of `out`, which the paged kernel then skips."""
-
-    out: torch.Tensor  # [num_tokens, num_heads, head_dim], q's dtype (token, head strides free)
-    cu_seqlens_q: torch.Tensor  # [num_seqs + 1] int32
-    seq_lens: torch.Tensor  # [num_seqs] int32
-    kv_start: torch.Tensor  # [num_seqs] int32: a grouped sequence's first own key
-    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
 
 
 @triton.jit
@@ -92,6 +80,30 @@ def find_group_segment(cu_ptr, tile_idx, num_groups, num_tokens, BLOCK_Q: tl.con
         else:
             hi = mid
     return lo - 1
+
+
+@triton.jit
+def group_row_tile(
+    group_cu_ptr, num_groups, num_rows, num_heads, num_splits,
+    NUM_QUERIES_PER_KV: tl.constexpr, BLOCK_Q: tl.constexpr,
+):  # fmt: skip
+    """This program's place on a flat grid of (row tile, split, kv head): its kv head and split,
+    its segment's first row and row count, its row tile within the segment, its group (segment - 1)
+    and whether the segment is a group at all (segments as in segment_begin)."""
+    # Row tiles slowest: every real tile's programs (all kv heads and splits) are dispatched before
+    # the empty tiles of padded groups, which would otherwise hold SM slots (their segment search)
+    # ahead of real work of later kv heads.
+    num_kv_heads = num_heads // NUM_QUERIES_PER_KV
+    pid = tl.program_id(0)
+    kv_head = pid % num_kv_heads
+    split = (pid // num_kv_heads) % num_splits
+    tile_idx = pid // (num_kv_heads * num_splits)
+    segment = find_group_segment(group_cu_ptr, tile_idx, num_groups, num_rows, BLOCK_Q)
+    seg_begin = segment_begin(group_cu_ptr, segment, num_groups, num_rows)
+    seg_len = segment_begin(group_cu_ptr, segment + 1, num_groups, num_rows) - seg_begin
+    q_tile = tile_idx - (seg_begin // BLOCK_Q + segment)
+    is_group = (segment >= 1) & (segment <= num_groups)
+    return kv_head, split, seg_begin, seg_len, q_tile, segment - 1, is_group
 
 
 @triton.jit
@@ -200,22 +212,11 @@ def _prefix_attention_kernel(
     SUFFIX_CHUNKS: tl.constexpr,  # finish suffix chunks here (see prefix_attention)
     DOT_PRECISION: tl.constexpr,
 ):
-    # One flat grid, row tiles slowest: every real tile's programs (all kv heads and splits) are
-    # dispatched before the empty tiles of padded groups, which would otherwise hold SM slots
-    # (their segment search) ahead of real work of later kv heads.
-    num_kv_heads = num_heads // NUM_QUERIES_PER_KV
-    pid = tl.program_id(0)
-    kv_head = pid % num_kv_heads
-    split = (pid // num_kv_heads) % num_splits
-    tile_idx = pid // (num_kv_heads * num_splits)
-    segment = find_group_segment(group_cu_ptr, tile_idx, num_groups, num_tokens, BLOCK_Q)
-    seg_begin = segment_begin(group_cu_ptr, segment, num_groups, num_tokens)
-    seg_len = segment_begin(group_cu_ptr, segment + 1, num_groups, num_tokens) - seg_begin
-    q_tile = tile_idx - (seg_begin // BLOCK_Q + segment)
+    kv_head, split, seg_begin, seg_len, q_tile, group, is_group = group_row_tile(
+        group_cu_ptr, num_groups, num_tokens, num_heads, num_splits, NUM_QUERIES_PER_KV, BLOCK_Q
+    )
     if q_tile * BLOCK_Q >= seg_len:
         return
-    group = segment - 1
-    is_group = (segment >= 1) & (segment <= num_groups)
     prefix_len = tl.load(prefix_lens_ptr + group, mask=is_group, other=0)
     if prefix_len == 0:
         # Rows outside every group (and of groups without a prefix) have no prefix state: their
@@ -307,7 +308,7 @@ def _tile_shape(head_dim: int, elem_bytes: int, group: int, max_group_q: int) ->
     Narrow-row tiles of decode steps stream 32 keys at a time, four tiles in flight (see
     `_num_stages`): as fast as 64 x 3 at degree 16 and 4-7% faster at degrees 4 and 64 (H100). The
     widest M (a group's prefill chunk) takes 64 keys, two stages and at most 128 registers: 5% faster
-    than 128 x 32 with three on the canonical prefill (benchmarks/tune_prefill.py, H100)."""
+    than 128 x 32 with three on the canonical prefill (benchmarks/probes/tune_prefill.py, H100)."""
     tier = tile_tier(head_dim, elem_bytes)
     min_m = max(16, triton.next_power_of_2(group))
     block_m = triton.next_power_of_2(max(1, max_group_q * group))
@@ -343,31 +344,30 @@ def _check_prefix_args(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    group_cu_q: torch.Tensor,
-    group_prefix_lens: torch.Tensor,
-    group_block_tables: torch.Tensor,
+    groups: CascadeMetadata,
     scale: float,
-    max_group_q: int,
-) -> tuple[int, int]:
-    """Validates on the host; returns (num_groups, GQA ratio)."""
+    suffix_chunks: SuffixChunks | None,
+) -> tuple[int, int, int]:
+    """Validates on the host; returns (num_groups, GQA ratio, suffix chunks' sequences or 0)."""
     checks.check_queries(q)
     group = checks.check_kv_cache(q, k_cache, v_cache)
     checks.check_scale(scale)
     num_groups = checks.check_segments(
-        q, "group_cu_q", group_cu_q, {"group_prefix_lens": group_prefix_lens},
-        "group_block_tables", group_block_tables, "max_group_q", max_group_q,
+        q, "group_cu_q", groups.group_cu_q, {"group_prefix_lens": groups.group_prefix_lens},
+        "group_block_tables", groups.group_block_tables, "max_group_q", groups.max_group_q,
     )  # fmt: skip
-    return num_groups, group
-
-
-def _check_suffix_chunks(q: torch.Tensor, chunks: SuffixChunks) -> int:
-    """Validates the sequences on the host; returns their number."""
-    checks.check_output("suffix_chunks.out", chunks.out, q, (q.dtype,), contiguous=False)
-    return checks.check_segments(
+    if suffix_chunks is None:
+        return num_groups, group, 0
+    chunks = suffix_chunks.seqs
+    if chunks.kv_start is None:
+        raise ValueError("suffix_chunks.seqs needs kv_start (suffix chunks are grouped sequences)")
+    checks.check_output("suffix_chunks.out", suffix_chunks.out, q, (q.dtype,), contiguous=False)
+    num_seqs = checks.check_segments(
         q, "suffix_chunks.cu_seqlens_q", chunks.cu_seqlens_q,
         {"suffix_chunks.seq_lens": chunks.seq_lens, "suffix_chunks.kv_start": chunks.kv_start},
         "suffix_chunks.block_tables", chunks.block_tables, "num_tokens", q.shape[0],
     )  # fmt: skip
+    return num_groups, group, num_seqs
 
 
 def _outputs(
@@ -382,27 +382,41 @@ def _outputs(
     return out, out_lse
 
 
+def check_num_splits(num_splits: object) -> int:
+    if not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be an int in [1, {MAX_SPLITS}], got {num_splits!r}")
+    return num_splits
+
+
+def _prefix_options(
+    q: torch.Tensor, k_cache: torch.Tensor, group: int, block_m: int, block_n: int, fused: bool
+) -> dict[str, Any]:
+    tier = tile_tier(q.shape[2], q.element_size())
+    options = tile_options(q, k_cache, group, block_m // group, block_m, block_n) | {
+        "TABLE_CHUNK": table_chunk(k_cache.shape[1], block_n),
+        "SUFFIX_CHUNKS": fused,
+        "num_stages": _num_stages(block_m, tier),
+        "num_warps": 8 if block_m * q.shape[2] >= 128 * 128 else 4,
+    }
+    if _is_wide(block_m, tier):
+        # At most 128 registers a thread lets two of these 8-warp programs share an SM (65,536
+        # registers), which the prefill chunks' 128-row tiles need to be fast: left alone the
+        # compiler takes ~160 for no gain; at 128 nothing spills on sm_90.
+        options["maxnreg"] = 128
+    return options
+
+
 def prefix_attention_launches(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    *,
-    group_cu_q: torch.Tensor,
-    group_prefix_lens: torch.Tensor,
-    group_block_tables: torch.Tensor,
-    scale: float,
-    max_group_q: int,
-    out: torch.Tensor | None = None,
-    out_lse: torch.Tensor | None = None,
-    num_splits: int | None = None,
-    suffix_chunks: SuffixChunks | None = None,
-) -> tuple[list[KernelLaunch], torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, groups: CascadeMetadata, *,
+    scale: float, out: torch.Tensor | None = None, out_lse: torch.Tensor | None = None,
+    num_splits: int | None = None, suffix_chunks: SuffixChunks | None = None,
+    tile_rows: int | None = None,
+) -> tuple[list[KernelLaunch], torch.Tensor, torch.Tensor]:  # fmt: skip
     """Checks the arguments and plans the launches `prefix_attention` makes, with its outputs."""
-    num_groups, group = _check_prefix_args(
-        q, k_cache, v_cache, group_cu_q, group_prefix_lens, group_block_tables, scale, max_group_q
+    num_groups, group, num_seqs = _check_prefix_args(
+        q, k_cache, v_cache, groups, scale, suffix_chunks
     )
     out, out_lse = _outputs(q, out, out_lse)
-    num_seqs = 0 if suffix_chunks is None else _check_suffix_chunks(q, suffix_chunks)
     if suffix_chunks is not None:
         # A suffix chunk's own keys follow its prefix in one program's online softmax.
         if num_splits not in (None, 1):
@@ -410,14 +424,13 @@ def prefix_attention_launches(
         num_splits = 1
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    block_m, block_n = _tile_shape(head_dim, q.element_size(), group, max_group_q)
+    tile_rows = groups.max_group_q if tile_rows is None else tile_rows
+    block_m, block_n = _tile_shape(head_dim, q.element_size(), group, tile_rows)
     block_q = block_m // group
-    tier = tile_tier(head_dim, q.element_size())
     if num_splits is None:
-        m_tiles = triton.cdiv(max_group_q, block_q)
+        m_tiles = triton.cdiv(tile_rows, block_q)
         num_splits = default_num_splits(q, num_groups, m_tiles, num_kv_heads)
-    if not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
-        raise ValueError(f"num_splits must be an int in [1, {MAX_SPLITS}], got {num_splits!r}")
+    num_splits = check_num_splits(num_splits)
     if num_tokens == 0:
         return [], out, out_lse
     if num_splits == 1:
@@ -426,77 +439,51 @@ def prefix_attention_launches(
         part_o = torch.empty((num_splits, *q.shape), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((num_splits, *q.shape[:2]), dtype=torch.float32, device=q.device)
     # Without suffix chunks their pointers are never read: tensors of the call stand in.
-    chunks = suffix_chunks or SuffixChunks(
-        part_o, group_cu_q, group_prefix_lens, group_prefix_lens, group_block_tables
-    )
+    chunks_out, chunks = suffix_chunks or (part_o, _stand_in_seqs(groups))
     args = (
         q, k_cache, v_cache, part_o, part_lse,
-        group_cu_q, group_prefix_lens, group_block_tables,
-        chunks.out, chunks.cu_seqlens_q, chunks.seq_lens, chunks.kv_start, chunks.block_tables,
+        groups.group_cu_q, groups.group_prefix_lens, groups.group_block_tables,
+        chunks_out, chunks.cu_seqlens_q, chunks.seq_lens, chunks.kv_start, chunks.block_tables,
         num_groups, num_tokens, num_heads, num_splits, num_seqs, scale * LOG2E,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        group_block_tables.stride(0),
-        chunks.out.stride(0), chunks.out.stride(1), chunks.block_tables.stride(0),
+        q.stride(0), q.stride(1), *cache_strides(k_cache), groups.group_block_tables.stride(0),
+        chunks_out.stride(0), chunks_out.stride(1), chunks.block_tables.stride(0),
     )  # fmt: skip
-    options = {
-        "NUM_QUERIES_PER_KV": group,
-        "HEAD_DIM": head_dim,
-        "BLOCK_SIZE": k_cache.shape[1],
-        "BLOCK_Q": block_q,
-        "BLOCK_M": block_m,
-        "BLOCK_N": block_n,
-        "TABLE_CHUNK": table_chunk(k_cache.shape[1], block_n),
-        "SUFFIX_CHUNKS": num_seqs > 0,
-        "DOT_PRECISION": dot_precision(q.dtype),
-        "num_stages": _num_stages(block_m, tier),
-    }
-    options["num_warps"] = 8 if block_m * head_dim >= 128 * 128 else 4
-    if _is_wide(block_m, tier):
-        # At most 128 registers a thread lets two of these 8-warp programs share an SM (65,536
-        # registers), which the prefill chunks' 128-row tiles need to be fast: left alone the
-        # compiler takes ~160 for no gain; at 128 nothing spills on sm_90.
-        options["maxnreg"] = 128
+    options = _prefix_options(q, k_cache, group, block_m, block_n, num_seqs > 0)
     grid = ((num_tokens // block_q + num_groups + 2) * num_splits * num_kv_heads,)
     launches = [KernelLaunch(_prefix_attention_kernel, grid, args, options)]
     if num_splits > 1:
-        num_rows = num_tokens * num_heads
-        reduce_args = (part_o, part_lse, out, out_lse, num_rows)
-        reduce_options = {"NUM_SPLITS": num_splits, "BLOCK_R": 16, "HEAD_DIM": head_dim}
-        reduce_grid = (triton.cdiv(num_rows, 16),)
-        launches.append(
-            KernelLaunch(reduce_splits_kernel, reduce_grid, reduce_args, reduce_options)
-        )
+        launches.append(reduce_splits_launch(part_o, part_lse, out, out_lse))
     return launches, out, out_lse
 
 
+def _stand_in_seqs(groups: CascadeMetadata) -> PagedMetadata:
+    return PagedMetadata(
+        cu_seqlens_q=groups.group_cu_q,
+        seq_lens=groups.group_prefix_lens,
+        block_tables=groups.group_block_tables,
+        max_query_len=0,
+        kv_start=groups.group_prefix_lens,
+    )
+
+
 def prefix_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    *,
-    group_cu_q: torch.Tensor,
-    group_prefix_lens: torch.Tensor,
-    group_block_tables: torch.Tensor,
-    scale: float,
-    max_group_q: int,
-    out: torch.Tensor | None = None,
-    out_lse: torch.Tensor | None = None,
-    num_splits: int | None = None,
-    suffix_chunks: SuffixChunks | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, groups: CascadeMetadata, *,
+    scale: float, out: torch.Tensor | None = None, out_lse: torch.Tensor | None = None,
+    num_splits: int | None = None, suffix_chunks: SuffixChunks | None = None,
+    tile_rows: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Non-causal attention of every group's query rows over the group's whole prefix.
 
     q: [num_tokens, num_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size,
-    num_kv_heads, head_dim]; group_cu_q: [num_groups + 1] (group g owns rows
-    group_cu_q[g]:group_cu_q[g + 1]); group_prefix_lens: [num_groups] (whole blocks in the engine,
-    but any length works); group_block_tables: [num_groups, max_prefix_blocks]; index tensors
-    int32. max_group_q, the largest group's row count, only picks the tile shape and the default
-    split count: a group with more rows is still computed whole. Returns (o_p, lse_p):
-    [num_tokens, num_heads, head_dim] and [num_tokens, num_heads], written into `out` / `out_lse`
-    when given; lse_p is fp32, o_p fp32 unless `out` is in q's dtype (half the bytes to write and
-    read back, at one more rounding of o_p). num_splits (1..16)
-    splits each prefix across programs; by default it is picked from the GPU's SM count.
+    num_kv_heads, head_dim]; groups: the step's prefix groups (index tensors int32). Its
+    max_group_q, the largest group's row count, only picks the tile shape and the default split
+    count: a group with more rows is still computed whole. Returns (o_p, lse_p): [num_tokens,
+    num_heads, head_dim] and [num_tokens, num_heads], written into `out` / `out_lse` when given;
+    tile_rows, when given, stands in for max_group_q (a caller that wants one tile shape whatever
+    the groups' sizes);
+    lse_p is fp32, o_p fp32 unless `out` is in q's dtype (half the bytes to write and read back, at
+    one more rounding of o_p). num_splits (1..16) splits each prefix across programs; by default it
+    is picked from the GPU's SM count.
 
     With suffix_chunks, the rows of suffix chunks (grouped sequences with more than one query in the
     step: chunks of their own prompts) go on, in the same pass, to their own keys [kv_start, their
@@ -507,9 +494,8 @@ def prefix_attention(
     The grid depends on host ints only, so the call can be captured in a CUDA graph.
     """
     launches, out, out_lse = prefix_attention_launches(
-        q, k_cache, v_cache, group_cu_q=group_cu_q, group_prefix_lens=group_prefix_lens,
-        group_block_tables=group_block_tables, scale=scale, max_group_q=max_group_q, out=out,
-        out_lse=out_lse, num_splits=num_splits, suffix_chunks=suffix_chunks,
+        q, k_cache, v_cache, groups, scale=scale, out=out, out_lse=out_lse,
+        num_splits=num_splits, suffix_chunks=suffix_chunks, tile_rows=tile_rows,
     )  # fmt: skip
     for launch in launches:
         launch.run()
@@ -517,38 +503,22 @@ def prefix_attention(
 
 
 def prefix_attention_ref(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    *,
-    group_cu_q: torch.Tensor,
-    group_prefix_lens: torch.Tensor,
-    group_block_tables: torch.Tensor,
-    scale: float,
-    max_group_q: int,
-    out: torch.Tensor | None = None,
-    out_lse: torch.Tensor | None = None,
-    num_splits: int | None = None,
-    suffix_chunks: SuffixChunks | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, groups: CascadeMetadata, *,
+    scale: float, out: torch.Tensor | None = None, out_lse: torch.Tensor | None = None,
+    num_splits: int | None = None, suffix_chunks: SuffixChunks | None = None,
+    tile_rows: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Torch version of `prefix_attention` (same contract), one group at a time in fp32; suffix
     chunks are finished by the paged kernel's reference over the prefix state (the merge the
     kernel's one online softmax is equal to)."""
-    num_groups, _ = _check_prefix_args(
-        q, k_cache, v_cache, group_cu_q, group_prefix_lens, group_block_tables, scale, max_group_q
-    )
+    num_groups, _, _ = _check_prefix_args(q, k_cache, v_cache, groups, scale, suffix_chunks)
     out, out_lse = _outputs(q, out, out_lse)
-    if suffix_chunks is not None:
-        _check_suffix_chunks(q, suffix_chunks)
-    block_size = k_cache.shape[1]
-    cu = group_cu_q.tolist()
-    prefix_lens = group_prefix_lens.tolist()
+    cu = groups.group_cu_q.tolist()
+    prefix_lens = groups.group_prefix_lens.tolist()
     for g in range(num_groups):
         if cu[g + 1] == cu[g] or prefix_lens[g] == 0:
             continue
-        blocks = group_block_tables[g, : triton.cdiv(prefix_lens[g], block_size)].long()
-        k = k_cache[blocks].flatten(0, 1)[: prefix_lens[g]]
-        v = v_cache[blocks].flatten(0, 1)[: prefix_lens[g]]
+        k, v = gather_keys(k_cache, v_cache, groups.group_block_tables[g], 0, prefix_lens[g])
         allowed = torch.ones(cu[g + 1] - cu[g], k.shape[0], dtype=torch.bool, device=q.device)
         out[cu[g] : cu[g + 1]], out_lse[cu[g] : cu[g + 1]] = attend(
             q[cu[g] : cu[g + 1]], k, v, scale, allowed
@@ -569,16 +539,23 @@ def _finish_suffix_chunks_ref(
 ) -> None:
     """The suffix chunks' rows of chunks.out: the suffix pass over their own keys, merged with
     their prefix state, one suffix chunk at a time."""
-    cu = chunks.cu_seqlens_q.tolist()
-    starts = chunks.kv_start.tolist()
+    seqs = chunks.seqs
+    assert seqs.kv_start is not None  # checked with the arguments
+    cu = seqs.cu_seqlens_q.tolist()
+    starts = seqs.kv_start.tolist()
     for s in range(len(cu) - 1):
-        if not is_suffix_chunk_host(starts[s], cu[s + 1] - cu[s]):
+        q_len = cu[s + 1] - cu[s]
+        if not is_suffix_chunk_host(starts[s], q_len):
             continue
         rows = slice(cu[s], cu[s + 1])
+        one = PagedMetadata(
+            cu_seqlens_q=seqs.cu_seqlens_q.new_tensor([0, q_len]),
+            seq_lens=seqs.seq_lens[s : s + 1],
+            block_tables=seqs.block_tables[s : s + 1],
+            max_query_len=q_len,
+            kv_start=seqs.kv_start[s : s + 1],
+        )
         paged_attention_ref(
-            q[rows], k_cache, v_cache, chunks.out[rows],
-            cu_seqlens_q=chunks.cu_seqlens_q.new_tensor([0, cu[s + 1] - cu[s]]),
-            seq_lens=chunks.seq_lens[s : s + 1], block_tables=chunks.block_tables[s : s + 1],
-            scale=scale, max_query_len=cu[s + 1] - cu[s], kv_start=chunks.kv_start[s : s + 1],
+            q[rows], k_cache, v_cache, chunks.out[rows], one, scale=scale,
             prefix_out=prefix_out[rows], prefix_lse=prefix_lse[rows],
         )  # fmt: skip

@@ -13,9 +13,9 @@ to merge; long streams are split across num_splits programs whose partial result
 reduces. Rows outside every group (requests without a prefix) form prefix-less segments and work the
 same way.
 
-Same metadata as the two-pass path (rows = sequences: row i is sequence i's only query): seq_lens,
-kv_start (the first own key of each request: its group's prefix length, 0 without one), block_tables,
-and the groups' group_cu_q / group_prefix_lens / group_block_tables.
+Same metadata as the two-pass path (rows = sequences: row i is sequence i's only query): the
+sequences' PagedMetadata (seq_lens, kv_start: the first own key of each request, its group's prefix
+length or 0 without one, block_tables) and the groups' CascadeMetadata.
 """
 
 from __future__ import annotations
@@ -27,27 +27,27 @@ import triton.language as tl
 from prefixgrove_kernels import checks
 from prefixgrove_kernels.cascade_attention import (
     MAX_SPLITS,
-    find_group_segment,
+    check_num_splits,
+    group_row_tile,
     num_sms,
-    segment_begin,
 )
-from prefixgrove_kernels.launch import KernelLaunch
-from prefixgrove_kernels.merge_states import merge_pair
+from prefixgrove_kernels.launch import CascadeMetadata, KernelLaunch, PagedMetadata
+from prefixgrove_kernels.merge_states import reduce_splits_launch
 from prefixgrove_kernels.paged_attention import (
     LOG2E,
-    dot_precision,
+    cache_strides,
     load_keys,
     online_softmax_step,
+    tile_options,
     tile_tier,
 )
-from prefixgrove_kernels.reference_math import attend
+from prefixgrove_kernels.reference_math import attend, gather_keys
 
 __all__ = ["cascade_decode_attention", "cascade_decode_attention_ref"]
 
 
-# Key tiles whose block ids and key codes a program loads into registers at a time (32: 142.8 us at
-# degree 16 / 2,000 tokens on the H100, against 144.2 for 16 and 158.9 for 64, measured when tiles held
-# one request's keys each).
+# Key tiles whose block ids and key codes a program loads into registers at a time (32 was the
+# fastest of 16, 32 and 64 at degree 16 / 2,000 tokens on the H100).
 CHUNK_TILES = 32
 
 # A key code packs what the key loop needs of each unit besides its block id (see the kernel).
@@ -107,22 +107,11 @@ def _cascade_decode_kernel(
     SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    # One flat grid, row tiles slowest: every real tile's programs (all kv heads and splits) are
-    # dispatched before the empty tiles of padded groups, which would otherwise hold SM slots
-    # (their segment search) ahead of real work of later kv heads.
-    num_kv_heads = num_heads // NUM_QUERIES_PER_KV
-    pid = tl.program_id(0)
-    kv_head = pid % num_kv_heads
-    split = (pid // num_kv_heads) % num_splits
-    tile_idx = pid // (num_kv_heads * num_splits)
-    segment = find_group_segment(group_cu_ptr, tile_idx, num_groups, num_seqs, BLOCK_Q)
-    seg_begin = segment_begin(group_cu_ptr, segment, num_groups, num_seqs)
-    seg_len = segment_begin(group_cu_ptr, segment + 1, num_groups, num_seqs) - seg_begin
-    q_tile = tile_idx - (seg_begin // BLOCK_Q + segment)
+    kv_head, split, seg_begin, seg_len, q_tile, group, is_group = group_row_tile(
+        group_cu_ptr, num_groups, num_seqs, num_heads, num_splits, NUM_QUERIES_PER_KV, BLOCK_Q
+    )
     if q_tile * BLOCK_Q >= seg_len:
         return
-    group = segment - 1
-    is_group = (segment >= 1) & (segment <= num_groups)
     prefix_len = tl.load(prefix_lens_ptr + group, mask=is_group, other=0)
 
     # The key stream, dense: the prefix's keys, then each request's own keys [kv_start, seq_len),
@@ -237,70 +226,36 @@ def _cascade_decode_kernel(
         )
 
 
-@triton.jit(do_not_specialize=["num_rows"])  # a per-step count: no recompiles
-def _reduce_into_out_kernel(
-    part_o_ptr,  # [NUM_SPLITS, num_rows, HEAD_DIM] fp32, a row is one (sequence, head)
-    part_lse_ptr,  # [NUM_SPLITS, num_rows] fp32
-    out_ptr,  # [num_seqs, num_heads, HEAD_DIM] (token, head strides free)
-    num_rows,
-    num_heads,
-    stride_ot,
-    stride_oh,
-    NUM_SPLITS: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-):
-    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    valid = rows < num_rows
-    dims = tl.arange(0, HEAD_DIM)
-    o = tl.load(part_o_ptr + rows[:, None] * HEAD_DIM + dims[None, :], mask=valid[:, None])
-    lse = tl.load(part_lse_ptr + rows, mask=valid, other=float("-inf"))
-    for split in tl.static_range(1, NUM_SPLITS):
-        split_rows = split * num_rows + rows
-        o_s = tl.load(
-            part_o_ptr + split_rows[:, None] * HEAD_DIM + dims[None, :], mask=valid[:, None]
-        )
-        lse_s = tl.load(part_lse_ptr + split_rows, mask=valid, other=float("-inf"))
-        o, lse = merge_pair(o, lse, o_s, lse_s)
-    out_offs = (rows // num_heads) * stride_ot + (rows % num_heads) * stride_oh
-    tl.store(
-        out_ptr + out_offs[:, None] + dims[None, :],
-        o.to(out_ptr.dtype.element_ty),
-        mask=valid[:, None],
-    )
-
-
 def _check_args(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     out: torch.Tensor,
-    seq_lens: torch.Tensor,
-    kv_start: torch.Tensor,
-    block_tables: torch.Tensor,
-    group_cu_q: torch.Tensor,
-    group_prefix_lens: torch.Tensor,
-    group_block_tables: torch.Tensor,
+    meta: PagedMetadata,
+    groups: CascadeMetadata,
     scale: float,
-    max_group_q: int,
-) -> tuple[int, int]:
-    """Validates on the host; returns (num_groups, GQA ratio)."""
+) -> tuple[int, int, torch.Tensor]:
+    """Validates on the host; returns (num_groups, GQA ratio, kv_start)."""
     checks.check_queries(q)
     group = checks.check_kv_cache(q, k_cache, v_cache)
     checks.check_output("out", out, q, q.dtype, contiguous=False)
     checks.check_scale(scale)
+    if meta.kv_start is None:
+        raise ValueError("cascade decode needs meta.kv_start (each sequence's first own key)")
     num_seqs = q.shape[0]  # one query row per sequence
-    for name, vector in (("seq_lens", seq_lens), ("kv_start", kv_start)):
+    for name, vector in (("seq_lens", meta.seq_lens), ("kv_start", meta.kv_start)):
         checks.check_index(name, vector, ndim=1, device=q.device)
         checks.check_shape(name, vector, (num_seqs,))
-    checks.check_index("block_tables", block_tables, ndim=2, device=q.device)
-    if block_tables.shape[0] != num_seqs:
-        raise ValueError(f"block_tables has {block_tables.shape[0]} rows for {num_seqs} sequences")
+    checks.check_index("block_tables", meta.block_tables, ndim=2, device=q.device)
+    if meta.block_tables.shape[0] != num_seqs:
+        raise ValueError(
+            f"block_tables has {meta.block_tables.shape[0]} rows for {num_seqs} sequences"
+        )
     num_groups = checks.check_segments(
-        q, "group_cu_q", group_cu_q, {"group_prefix_lens": group_prefix_lens},
-        "group_block_tables", group_block_tables, "max_group_q", max_group_q,
+        q, "group_cu_q", groups.group_cu_q, {"group_prefix_lens": groups.group_prefix_lens},
+        "group_block_tables", groups.group_block_tables, "max_group_q", groups.max_group_q,
     )  # fmt: skip
-    return num_groups, group
+    return num_groups, group, meta.kv_start
 
 
 def _tile_shape(
@@ -332,33 +287,17 @@ def _default_num_splits(q: torch.Tensor, programs: int, block_m: int) -> int:
 
 
 def cascade_decode_attention_launches(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    out: torch.Tensor,
-    *,
-    seq_lens: torch.Tensor,
-    kv_start: torch.Tensor,
-    block_tables: torch.Tensor,
-    group_cu_q: torch.Tensor,
-    group_prefix_lens: torch.Tensor,
-    group_block_tables: torch.Tensor,
-    scale: float,
-    max_group_q: int,
-    num_splits: int | None = None,
-) -> list[KernelLaunch]:
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
+    meta: PagedMetadata, groups: CascadeMetadata, *, scale: float, num_splits: int | None = None,
+) -> list[KernelLaunch]:  # fmt: skip
     """Checks the arguments and plans the launches `cascade_decode_attention` makes."""
-    num_groups, group = _check_args(
-        q, k_cache, v_cache, out, seq_lens, kv_start, block_tables, group_cu_q,
-        group_prefix_lens, group_block_tables, scale, max_group_q,
-    )  # fmt: skip
+    num_groups, group, kv_start = _check_args(q, k_cache, v_cache, out, meta, groups, scale)
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    block_q, block_m, block_n = _tile_shape(head_dim, q.element_size(), group, max_group_q)
+    block_q, block_m, block_n = _tile_shape(head_dim, q.element_size(), group, groups.max_group_q)
     if num_splits is None:
         num_splits = _default_num_splits(q, (num_seqs // block_q + 1) * num_kv_heads, block_m)
-    if not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
-        raise ValueError(f"num_splits must be an int in [1, {MAX_SPLITS}], got {num_splits!r}")
+    num_splits = check_num_splits(num_splits)
     if num_seqs == 0:
         return []
     split = num_splits > 1
@@ -366,116 +305,67 @@ def cascade_decode_attention_launches(
         part_o = torch.empty((num_splits, *q.shape), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((num_splits, *q.shape[:2]), dtype=torch.float32, device=q.device)
     else:
-        part_o, part_lse = out, seq_lens  # unused
+        part_o, part_lse = out, meta.seq_lens  # unused
     args = (
-        q, k_cache, v_cache, out, part_o, part_lse,
-        seq_lens, kv_start, block_tables, group_cu_q, group_prefix_lens, group_block_tables,
+        q, k_cache, v_cache, out, part_o, part_lse, meta.seq_lens, kv_start, meta.block_tables,
+        groups.group_cu_q, groups.group_prefix_lens, groups.group_block_tables,
         num_groups, num_seqs, num_heads, num_splits, scale * LOG2E,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), group_block_tables.stride(0),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), *cache_strides(k_cache),
+        meta.block_tables.stride(0), groups.group_block_tables.stride(0),
     )  # fmt: skip
-    tier = tile_tier(head_dim, q.element_size())
-    options = {
-        "NUM_QUERIES_PER_KV": group,
-        "HEAD_DIM": head_dim,
-        "BLOCK_SIZE": k_cache.shape[1],
-        "BLOCK_Q": block_q,
-        "BLOCK_M": block_m,
-        "BLOCK_N": block_n,
+    options = tile_options(q, k_cache, group, block_q, block_m, block_n) | {
         "UNIT": key_unit(k_cache.shape[1], block_n),
         "CHUNK_TILES": CHUNK_TILES,
         "SPLIT": split,
-        "DOT_PRECISION": dot_precision(q.dtype),
         "num_warps": 4,
-        "num_stages": 3 if tier == 0 else 2,
+        "num_stages": 3 if tile_tier(head_dim, q.element_size()) == 0 else 2,
     }
     grid = ((num_seqs // block_q + num_groups + 2) * num_splits * num_kv_heads,)
     launches = [KernelLaunch(_cascade_decode_kernel, grid, args, options)]
     if split:
-        num_rows = num_seqs * num_heads
-        reduce_args = (part_o, part_lse, out, num_rows, num_heads, out.stride(0), out.stride(1))
-        reduce_options = {"NUM_SPLITS": num_splits, "BLOCK_R": 16, "HEAD_DIM": head_dim}
-        reduce_grid = (triton.cdiv(num_rows, 16),)
-        launches.append(
-            KernelLaunch(_reduce_into_out_kernel, reduce_grid, reduce_args, reduce_options)
-        )
+        launches.append(reduce_splits_launch(part_o, part_lse, out, None))
     return launches
 
 
 def cascade_decode_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    out: torch.Tensor,
-    *,
-    seq_lens: torch.Tensor,
-    kv_start: torch.Tensor,
-    block_tables: torch.Tensor,
-    group_cu_q: torch.Tensor,
-    group_prefix_lens: torch.Tensor,
-    group_block_tables: torch.Tensor,
-    scale: float,
-    max_group_q: int,
-    num_splits: int | None = None,
-) -> None:
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
+    meta: PagedMetadata, groups: CascadeMetadata, *, scale: float, num_splits: int | None = None,
+) -> None:  # fmt: skip
     """Decode attention with shared prefixes, in one pass; writes `out`.
 
     q, out: [num_seqs, num_heads, head_dim], one query row per sequence, at position
     seq_lens[s] - 1; k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]. Sequence s
-    attends its own keys [kv_start[s], seq_lens[s]) through block_tables[s] and, when row s lies in
-    group g (group_cu_q[g] <= s < group_cu_q[g + 1]), that group's prefix keys
-    [0, group_prefix_lens[g]) through group_block_tables[g]; the caller keeps kv_start[s] at or
-    after the prefix, as in the two-pass path. max_group_q (the most rows of a group) picks the tile
-    shape only. num_splits (1..16) splits each program's key stream; by default it is picked from the
-    SM count. The grid depends on host ints only, so the call can be captured in a CUDA graph.
+    of meta attends its own keys [kv_start[s], seq_lens[s]) through block_tables[s] (cu_seqlens_q
+    is not read) and, when row s lies in group g of groups (group_cu_q[g] <= s <
+    group_cu_q[g + 1]), that group's prefix keys [0, group_prefix_lens[g]) through
+    group_block_tables[g]; the caller keeps kv_start[s] at or after the prefix, as in the two-pass
+    path. max_group_q (the most rows of a group) picks the tile shape only. num_splits (1..16)
+    splits each program's key stream; by default it is picked from the SM count. The grid depends
+    on host ints only, so the call can be captured in a CUDA graph.
     """
     launches = cascade_decode_attention_launches(
-        q, k_cache, v_cache, out, seq_lens=seq_lens, kv_start=kv_start, block_tables=block_tables,
-        group_cu_q=group_cu_q, group_prefix_lens=group_prefix_lens,
-        group_block_tables=group_block_tables, scale=scale, max_group_q=max_group_q,
-        num_splits=num_splits,
-    )  # fmt: skip
+        q, k_cache, v_cache, out, meta, groups, scale=scale, num_splits=num_splits
+    )
     for launch in launches:
         launch.run()
 
 
 def cascade_decode_attention_ref(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    out: torch.Tensor,
-    *,
-    seq_lens: torch.Tensor,
-    kv_start: torch.Tensor,
-    block_tables: torch.Tensor,
-    group_cu_q: torch.Tensor,
-    group_prefix_lens: torch.Tensor,
-    group_block_tables: torch.Tensor,
-    scale: float,
-    max_group_q: int,
-    num_splits: int | None = None,
-) -> None:
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
+    meta: PagedMetadata, groups: CascadeMetadata, *, scale: float, num_splits: int | None = None,
+) -> None:  # fmt: skip
     """Torch version of `cascade_decode_attention` (same contract), one sequence at a time in fp32:
     softmax attention over [prefix keys ; own keys]."""
-    num_groups, _ = _check_args(
-        q, k_cache, v_cache, out, seq_lens, kv_start, block_tables, group_cu_q,
-        group_prefix_lens, group_block_tables, scale, max_group_q,
-    )  # fmt: skip
-    block_size = k_cache.shape[1]
-    cu = group_cu_q.tolist()
-    prefix_lens = group_prefix_lens.tolist()
-    lens, starts = seq_lens.tolist(), kv_start.tolist()
-
-    def gather(table: torch.Tensor, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
-        blocks = table[: triton.cdiv(hi, block_size)].long()
-        return k_cache[blocks].flatten(0, 1)[lo:hi], v_cache[blocks].flatten(0, 1)[lo:hi]
-
+    num_groups, _, kv_start = _check_args(q, k_cache, v_cache, out, meta, groups, scale)
+    cu = groups.group_cu_q.tolist()
+    prefix_lens = groups.group_prefix_lens.tolist()
+    lens, starts = meta.seq_lens.tolist(), kv_start.tolist()
     for s in range(q.shape[0]):
-        k, v = gather(block_tables[s], starts[s], lens[s])
+        k, v = gather_keys(k_cache, v_cache, meta.block_tables[s], starts[s], lens[s])
         g = next((g for g in range(num_groups) if cu[g] <= s < cu[g + 1]), None)
         if g is not None and prefix_lens[g] > 0:
-            k_p, v_p = gather(group_block_tables[g], 0, prefix_lens[g])
+            table = groups.group_block_tables[g]
+            k_p, v_p = gather_keys(k_cache, v_cache, table, 0, prefix_lens[g])
             k, v = torch.cat([k_p, k]), torch.cat([v_p, v])
         allowed = torch.ones(1, k.shape[0], dtype=torch.bool, device=q.device)
         o, _ = attend(q[s : s + 1], k, v, scale, allowed)

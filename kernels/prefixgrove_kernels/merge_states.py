@@ -31,12 +31,18 @@ def merge_pair(o_a, lse_a, o_b, lse_b):
 def reduce_splits_kernel(
     part_o_ptr,  # [NUM_SPLITS, num_rows, HEAD_DIM] fp32, a row is one (token, head)
     part_lse_ptr,  # [NUM_SPLITS, num_rows] fp32
-    o_ptr,  # [num_rows, HEAD_DIM] fp32 or the queries' dtype
-    lse_ptr,  # [num_rows] fp32
+    o_ptr,  # [num_tokens, num_heads, HEAD_DIM] fp32 or the queries' dtype
+    lse_ptr,  # [num_rows] fp32 (STORE_LSE only)
     num_rows,
+    num_heads,  # (not STORE_LSE only)
+    stride_ot,  # (not STORE_LSE only)
+    stride_oh,  # (not STORE_LSE only)
     NUM_SPLITS: tl.constexpr,
     BLOCK_R: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    # True: the merged result is a state for a later merge (o contiguous, lse kept); False: it is
+    # the final output (token and head strides of o free, no lse)
+    STORE_LSE: tl.constexpr,
 ):
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     valid = rows < num_rows
@@ -50,12 +56,33 @@ def reduce_splits_kernel(
         )
         lse_s = tl.load(part_lse_ptr + split_rows, mask=valid, other=float("-inf"))
         o, lse = merge_pair(o, lse, o_s, lse_s)
+    if STORE_LSE:
+        o_offs = rows * HEAD_DIM
+        tl.store(lse_ptr + rows, lse, mask=valid)
+    else:
+        o_offs = (rows // num_heads) * stride_ot + (rows % num_heads) * stride_oh
     tl.store(
-        o_ptr + rows[:, None] * HEAD_DIM + dims[None, :],
-        o.to(o_ptr.dtype.element_ty),
-        mask=valid[:, None],
+        o_ptr + o_offs[:, None] + dims[None, :], o.to(o_ptr.dtype.element_ty), mask=valid[:, None]
     )
-    tl.store(lse_ptr + rows, lse, mask=valid)
+
+
+def reduce_splits_launch(
+    part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, out_lse: torch.Tensor | None
+) -> KernelLaunch:
+    """Plans the merge of the splits' partial states into `out` (and `out_lse` when given, with a
+    contiguous `out`). part_o: [num_splits, num_tokens, num_heads, head_dim] fp32; part_lse:
+    [num_splits, num_tokens, num_heads] fp32; out: [num_tokens, num_heads, head_dim]."""
+    num_splits, num_tokens, num_heads, head_dim = part_o.shape
+    num_rows = num_tokens * num_heads
+    lse = out_lse if out_lse is not None else part_lse  # unused without out_lse
+    args = (part_o, part_lse, out, lse, num_rows, num_heads, out.stride(0), out.stride(1))
+    options = {
+        "NUM_SPLITS": num_splits,
+        "BLOCK_R": 16,
+        "HEAD_DIM": head_dim,
+        "STORE_LSE": out_lse is not None,
+    }
+    return KernelLaunch(reduce_splits_kernel, (triton.cdiv(num_rows, 16),), args, options)
 
 
 @triton.jit(do_not_specialize=["num_rows"])  # a per-step count: no recompiles

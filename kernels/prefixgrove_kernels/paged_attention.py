@@ -8,14 +8,16 @@ prefix result (o, lse) given, this is the suffix pass of cascade attention and t
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
 
 from prefixgrove_kernels import checks
-from prefixgrove_kernels.launch import KernelLaunch
+from prefixgrove_kernels.launch import KernelLaunch, PagedMetadata
 from prefixgrove_kernels.merge_states import merge_pair
-from prefixgrove_kernels.reference_math import attend, merge_states
+from prefixgrove_kernels.reference_math import attend, gather_keys, merge_states
 
 LOG2E = 1.4426950408889634
 
@@ -308,12 +310,8 @@ def check_paged_attention_args(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     out: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_tables: torch.Tensor,
+    meta: PagedMetadata,
     scale: float,
-    max_query_len: int,
-    kv_start: torch.Tensor | None,
     prefix_out: torch.Tensor | None,
     prefix_lse: torch.Tensor | None,
 ) -> tuple[int, int]:
@@ -323,34 +321,44 @@ def check_paged_attention_args(
     checks.check_output("out", out, q, q.dtype, contiguous=False)
     checks.check_scale(scale)
     num_seqs = checks.check_segments(
-        q, "cu_seqlens_q", cu_seqlens_q, {"seq_lens": seq_lens, "kv_start": kv_start},
-        "block_tables", block_tables, "max_query_len", max_query_len,
+        q, "cu_seqlens_q", meta.cu_seqlens_q, {"seq_lens": meta.seq_lens, "kv_start": meta.kv_start},
+        "block_tables", meta.block_tables, "max_query_len", meta.max_query_len,
     )  # fmt: skip
     checks.check_state(q, "prefix_out", prefix_out, "prefix_lse", prefix_lse)
     return num_seqs, group
 
 
+def tile_options(
+    q: torch.Tensor, k_cache: torch.Tensor, group: int, block_q: int, block_m: int, block_n: int
+) -> dict[str, Any]:
+    """The constexprs every attention kernel here shares: the GQA ratio, the row width, the cache
+    block and the tile shape (BLOCK_Q queries x G heads = BLOCK_M rows, BLOCK_N keys)."""
+    return {
+        "NUM_QUERIES_PER_KV": group,
+        "HEAD_DIM": q.shape[2],
+        "BLOCK_SIZE": k_cache.shape[1],
+        "BLOCK_Q": block_q,
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "DOT_PRECISION": dot_precision(q.dtype),
+    }
+
+
+def cache_strides(k_cache: torch.Tensor) -> tuple[int, int, int]:
+    """(block, slot, kv head) strides of a paged cache (v_cache has k_cache's shape and layout)."""
+    return k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)
+
+
 def paged_attention_launch(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    out: torch.Tensor,
-    *,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_tables: torch.Tensor,
-    scale: float,
-    max_query_len: int,
-    kv_start: torch.Tensor | None = None,
-    prefix_out: torch.Tensor | None = None,
-    prefix_lse: torch.Tensor | None = None,
-    skip_suffix_chunks: bool = False,
-) -> KernelLaunch | None:
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
+    meta: PagedMetadata, *, scale: float, prefix_out: torch.Tensor | None = None,
+    prefix_lse: torch.Tensor | None = None, skip_suffix_chunks: bool = False,
+) -> KernelLaunch | None:  # fmt: skip
     """Checks the arguments and plans the launch `paged_attention` makes (None: nothing to do)."""
     num_seqs, group = check_paged_attention_args(
-        q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, scale, max_query_len,
-        kv_start, prefix_out, prefix_lse,
-    )  # fmt: skip
+        q, k_cache, v_cache, out, meta, scale, prefix_out, prefix_lse
+    )
+    kv_start = meta.kv_start
     if prefix_out is not None and kv_start is None:
         raise ValueError(
             "prefix_out needs kv_start (the state merges into sequences with kv_start > 0)"
@@ -358,44 +366,35 @@ def paged_attention_launch(
     if skip_suffix_chunks and kv_start is None:
         raise ValueError("skip_suffix_chunks needs kv_start (suffix chunks are grouped sequences)")
     num_tokens, _, head_dim = q.shape
-    if num_tokens == 0 or num_seqs == 0 or max_query_len == 0:
+    if num_tokens == 0 or num_seqs == 0 or meta.max_query_len == 0:
         return None
-    block_m, block_n = _tile_shape(head_dim, q.element_size(), group, max_query_len)
+    block_m, block_n = _tile_shape(head_dim, q.element_size(), group, meta.max_query_len)
     block_q = block_m // group
-    tiles_per_seq = triton.cdiv(max_query_len, block_q)
+    tiles_per_seq = triton.cdiv(meta.max_query_len, block_q)
     searched_tiles = num_tokens // block_q + num_seqs
     direct = num_seqs * tiles_per_seq <= searched_tiles
     grid = (num_seqs * tiles_per_seq if direct else searched_tiles, k_cache.shape[2])
     args = (
         q, k_cache, v_cache, out,
         prefix_out if prefix_out is not None else out,
-        prefix_lse if prefix_lse is not None else seq_lens,
-        cu_seqlens_q, seq_lens,
-        kv_start if kv_start is not None else seq_lens,
-        block_tables, num_seqs, tiles_per_seq if direct else 0, int(skip_suffix_chunks),
+        prefix_lse if prefix_lse is not None else meta.seq_lens,
+        meta.cu_seqlens_q, meta.seq_lens,
+        kv_start if kv_start is not None else meta.seq_lens,
+        meta.block_tables, num_seqs, tiles_per_seq if direct else 0, int(skip_suffix_chunks),
         q.shape[1], scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0),
+        *cache_strides(k_cache), meta.block_tables.stride(0),
     )  # fmt: skip
-    options = {
-        "NUM_QUERIES_PER_KV": group,
-        "HEAD_DIM": head_dim,
-        "BLOCK_SIZE": k_cache.shape[1],
-        "BLOCK_Q": block_q,
-        "BLOCK_M": block_m,
-        "BLOCK_N": block_n,
+    options = tile_options(q, k_cache, group, block_q, block_m, block_n) | {
         "TABLE_CHUNK": table_chunk(k_cache.shape[1], block_n),
         # The suffix pass (kv_start given) streams one request's own keys, a few hundred: there one
-        # masked loop beats three loops' pipeline start-ups (H100: decode suffix pass 100.7 against
-        # 106.9 us, prefill chunk 287.7 against 298.6; benchmarks/RESULTS.md, eighth round). But a
-        # prefill step's one launch also holds the causal prefills of new prefixes, thousands of
-        # keys each, which the unmasked loop takes ~15% faster: with such a sequence in the launch
-        # (a long query), every program takes the three loops.
-        "UNMASKED_BODY": kv_start is None or max_query_len > LONG_QUERY,
+        # masked loop beats three loops' pipeline start-ups. But a prefill step's one launch also
+        # holds the causal prefills of new prefixes, thousands of keys each, which the unmasked
+        # loop takes ~15% faster: with such a sequence in the launch (a long query), every program
+        # takes the three loops.
+        "UNMASKED_BODY": kv_start is None or meta.max_query_len > LONG_QUERY,
         "HAS_KV_START": kv_start is not None,
         "HAS_PREFIX": prefix_out is not None,
-        "DOT_PRECISION": dot_precision(q.dtype),
         "num_warps": 4,
         "num_stages": 3 if tile_tier(head_dim, q.element_size()) == 0 else 2,
     }
@@ -403,81 +402,52 @@ def paged_attention_launch(
 
 
 def paged_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    out: torch.Tensor,
-    *,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_tables: torch.Tensor,
-    scale: float,
-    max_query_len: int,
-    kv_start: torch.Tensor | None = None,
-    prefix_out: torch.Tensor | None = None,
-    prefix_lse: torch.Tensor | None = None,
-    skip_suffix_chunks: bool = False,
-) -> None:
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
+    meta: PagedMetadata, *, scale: float, prefix_out: torch.Tensor | None = None,
+    prefix_lse: torch.Tensor | None = None, skip_suffix_chunks: bool = False,
+) -> None:  # fmt: skip
     """Causal attention of each sequence's new queries over its paged keys; writes `out`.
 
     q, out: [num_tokens, num_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size,
-    num_kv_heads, head_dim]; cu_seqlens_q: [num_seqs + 1]; seq_lens, kv_start: [num_seqs];
-    block_tables: [num_seqs, max_blocks]; all index tensors int32. Query i of sequence s sits at
-    position seq_lens[s] - q_len_s + i and attends keys [kv_start[s], position]. max_query_len must
-    be >= every q_len_s (padding is fine). prefix_out (fp32 or q's dtype) and prefix_lse (fp32)
-    are merged in by log-sum-exp into the rows of sequences with kv_start > 0 (grouped ones, whose
-    own keys start after their group's prefix; other rows' state is never read). With
-    skip_suffix_chunks, the rows of suffix chunks (sequences with kv_start > 0 and more than one
-    query: see `prefix_attention`'s suffix_chunks) are left as they are. The grid depends on host
-    ints only, so the call can be captured in a CUDA graph.
+    num_kv_heads, head_dim]; meta: the step's sequences (index tensors int32). Query i of sequence s
+    sits at position seq_lens[s] - q_len_s + i and attends keys [kv_start[s], position].
+    prefix_out (fp32 or q's dtype) and prefix_lse (fp32) are merged in by log-sum-exp into the rows
+    of sequences with kv_start > 0 (grouped ones, whose own keys start after their group's prefix;
+    other rows' state is never read). With skip_suffix_chunks, the rows of suffix chunks (sequences
+    with kv_start > 0 and more than one query: see `prefix_attention`'s suffix_chunks) are left as
+    they are. The grid depends on host ints only, so the call can be captured in a CUDA graph.
     """
     launch = paged_attention_launch(
-        q, k_cache, v_cache, out, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens,
-        block_tables=block_tables, scale=scale, max_query_len=max_query_len, kv_start=kv_start,
-        prefix_out=prefix_out, prefix_lse=prefix_lse, skip_suffix_chunks=skip_suffix_chunks,
+        q, k_cache, v_cache, out, meta, scale=scale, prefix_out=prefix_out,
+        prefix_lse=prefix_lse, skip_suffix_chunks=skip_suffix_chunks,
     )  # fmt: skip
     if launch is not None:
         launch.run()
 
 
 def paged_attention_ref(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    out: torch.Tensor,
-    *,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_tables: torch.Tensor,
-    scale: float,
-    max_query_len: int,
-    kv_start: torch.Tensor | None = None,
-    prefix_out: torch.Tensor | None = None,
-    prefix_lse: torch.Tensor | None = None,
-    skip_suffix_chunks: bool = False,
-) -> None:
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
+    meta: PagedMetadata, *, scale: float, prefix_out: torch.Tensor | None = None,
+    prefix_lse: torch.Tensor | None = None, skip_suffix_chunks: bool = False,
+) -> None:  # fmt: skip
     """Torch version of `paged_attention` (same contract), one sequence at a time in fp32."""
     num_seqs, _ = check_paged_attention_args(
-        q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, scale, max_query_len,
-        kv_start, prefix_out, prefix_lse,
-    )  # fmt: skip
-    block_size = k_cache.shape[1]
-    cu = cu_seqlens_q.tolist()
-    lens = seq_lens.tolist()
-    starts = kv_start.tolist() if kv_start is not None else [0] * num_seqs
+        q, k_cache, v_cache, out, meta, scale, prefix_out, prefix_lse
+    )
+    cu = meta.cu_seqlens_q.tolist()
+    lens = meta.seq_lens.tolist()
+    starts = meta.kv_start.tolist() if meta.kv_start is not None else [0] * num_seqs
     for s in range(num_seqs):
         q_len = cu[s + 1] - cu[s]
         if q_len == 0 or (skip_suffix_chunks and is_suffix_chunk_host(starts[s], q_len)):
             continue
         seq_len, lo = lens[s], starts[s]
-        blocks = block_tables[s, : triton.cdiv(seq_len, block_size)].long()
-        k = k_cache[blocks].flatten(0, 1)[lo:seq_len]
-        v = v_cache[blocks].flatten(0, 1)[lo:seq_len]
+        k, v = gather_keys(k_cache, v_cache, meta.block_tables[s], lo, seq_len)
         positions = torch.arange(seq_len - q_len, seq_len, device=q.device)
         key_pos = torch.arange(lo, seq_len, device=q.device)
         allowed = key_pos[None, :] <= positions[:, None]
-        o, lse = attend(q[cu[s] : cu[s + 1]], k, v, scale, allowed)
+        rows = slice(cu[s], cu[s + 1])
+        o, lse = attend(q[rows], k, v, scale, allowed)
         if prefix_out is not None and prefix_lse is not None and lo > 0:
-            rows = slice(cu[s], cu[s + 1])
             o, _ = merge_states(prefix_out[rows].float(), prefix_lse[rows], o, lse)
-        out[cu[s] : cu[s + 1]] = o.to(out.dtype)
+        out[rows] = o.to(out.dtype)

@@ -44,3 +44,14 @@ def merge_states(
     safe_den = torch.where(den > 0, den, 1.0)
     o = (w_a.unsqueeze(-1) * o_a.float() + w_b.unsqueeze(-1) * o_b.float()) / safe_den.unsqueeze(-1)
     return o, m + torch.log(den)
+
+
+def gather_keys(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor, lo: int, hi: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values [lo, hi) of one block-table row: each [hi - lo, num_kv_heads, head_dim].
+
+    k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]; table: [max_blocks].
+    """
+    blocks = table[: -(-hi // k_cache.shape[1])].long()
+    return k_cache[blocks].flatten(0, 1)[lo:hi], v_cache[blocks].flatten(0, 1)[lo:hi]

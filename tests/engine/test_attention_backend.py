@@ -62,6 +62,6 @@ def test_fused_form_runs_every_prefill_step_in_one_prefix_pass_variant(
     out = dataclasses.replace(fused, prefix=recording).forward(q, k_cache, v_cache, meta, 0.2)
     [launch] = launches
     assert launch["suffix_chunks"] is not None
-    assert launch["num_splits"] == 1 and launch["max_group_q"] >= WIDEST_TILE_HINT
+    assert launch["num_splits"] == 1 and launch["tile_rows"] >= WIDEST_TILE_HINT
     two_pass = create_backend(backend).forward(q, k_cache, v_cache, meta, 0.2)
     torch.testing.assert_close(out, two_pass, atol=1e-5, rtol=1e-5)

@@ -61,6 +61,7 @@ def resource_usage(cubin: bytes) -> dict[str, int]:
 
 
 def paged_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
+    from prefixgrove_kernels.launch import PagedMetadata
     from prefixgrove_kernels.paged_attention import paged_attention_launch
 
     out = []
@@ -79,25 +80,43 @@ def paged_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
         q = torch.empty(tokens, heads, dim, dtype=dtype)
         cache = torch.empty(64, block, kv_heads, dim, dtype=dtype)
         index = torch.zeros(seqs + 1, dtype=torch.int32)
+        meta = PagedMetadata(
+            cu_seqlens_q=index,
+            seq_lens=index[:seqs],
+            block_tables=torch.zeros(seqs, 160, dtype=torch.int32),
+            max_query_len=max_q,
+            kv_start=index[:seqs] if suffix else None,
+        )
         state = {}
         if suffix:
             state = {
-                "kv_start": index[:seqs],
                 "prefix_out": torch.empty(q.shape),
                 "prefix_lse": torch.empty(q.shape[:2]),
                 "skip_suffix_chunks": suffix == "skip",
             }
         launch = paged_attention_launch(
-            q, cache, cache, torch.empty_like(q), cu_seqlens_q=index, seq_lens=index[:seqs],
-            block_tables=torch.zeros(seqs, 160, dtype=torch.int32), scale=0.1,
-            max_query_len=max_q, **state,
-        )  # fmt: skip
+            q, cache, cache, torch.empty_like(q), meta, scale=0.1, **state
+        )
         out.append((f"paged/{name}", launch))
     return out
 
 
+def zero_groups(num_groups: int, max_group_q: int) -> Any:
+    """Groups of the given count and tile hint (the contents are never read: nothing launches)."""
+    from prefixgrove_kernels.launch import CascadeMetadata
+
+    index = torch.zeros(num_groups + 1, dtype=torch.int32)
+    return CascadeMetadata(
+        group_cu_q=index,
+        group_prefix_lens=index[:num_groups],
+        group_block_tables=torch.zeros(num_groups, 500, dtype=torch.int32),
+        max_group_q=max_group_q,
+    )
+
+
 def prefix_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
-    from prefixgrove_kernels.cascade_attention import SuffixChunks, prefix_attention_launches
+    from prefixgrove_kernels.cascade_attention import prefix_attention_launches
+    from prefixgrove_kernels.launch import PagedMetadata, SuffixChunks
 
     out = []
     # (name, tokens, groups, max_group_q, heads, kv heads, head_dim, splits)
@@ -112,24 +131,24 @@ def prefix_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
     for name, tokens, groups, max_q, heads, kv_heads, dim, splits in shapes:
         q = torch.empty(tokens, heads, dim, dtype=dtype)
         cache = torch.empty(64, 16, kv_heads, dim, dtype=dtype)
-        index = torch.zeros(groups + 1, dtype=torch.int32)
         launches, _, _ = prefix_attention_launches(
-            q, cache, cache, group_cu_q=index, group_prefix_lens=index[:groups],
-            group_block_tables=torch.zeros(groups, 500, dtype=torch.int32), scale=0.1,
-            max_group_q=max_q, num_splits=splits,
-        )  # fmt: skip
+            q, cache, cache, zero_groups(groups, max_q), scale=0.1, num_splits=splits
+        )
         out += [(f"prefix/{name}/{i}", launch) for i, launch in enumerate(launches)]
     # A prefill step's prefix pass finishing its suffix chunks (16 chunks of 200 tokens a group).
     q = torch.empty(4 * 3200, 32, 128, dtype=dtype)
     cache = torch.empty(64, 16, 8, 128, dtype=dtype)
     index = torch.zeros(65, dtype=torch.int32)
-    chunks = SuffixChunks(
-        torch.empty_like(q), index, index[:64], index[:64], torch.zeros(64, 160, dtype=torch.int32)
+    seqs = PagedMetadata(
+        cu_seqlens_q=index,
+        seq_lens=index[:64],
+        block_tables=torch.zeros(64, 160, dtype=torch.int32),
+        max_query_len=200,
+        kv_start=index[:64],
     )
     launches, _, _ = prefix_attention_launches(
-        q, cache, cache, group_cu_q=index[:5], group_prefix_lens=index[:4],
-        group_block_tables=torch.zeros(4, 500, dtype=torch.int32), scale=0.1, max_group_q=3200,
-        out=torch.empty_like(q), suffix_chunks=chunks,
+        q, cache, cache, zero_groups(4, 3200), scale=0.1, out=torch.empty_like(q),
+        suffix_chunks=SuffixChunks(torch.empty_like(q), seqs),
     )  # fmt: skip
     out += [(f"prefix/suffix_chunks/{i}", launch) for i, launch in enumerate(launches)]
     return out
@@ -137,6 +156,7 @@ def prefix_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
 
 def decode_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
     from prefixgrove_kernels.cascade_decode import cascade_decode_attention_launches
+    from prefixgrove_kernels.launch import PagedMetadata
 
     out = []
     # (name, seqs, groups, max_group_q, heads, kv heads, head_dim, splits)
@@ -152,13 +172,17 @@ def decode_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
     for name, seqs, groups, max_q, heads, kv_heads, dim, splits in shapes:
         q = torch.empty(seqs, heads, dim, dtype=dtype)
         cache = torch.empty(64, 16, kv_heads, dim, dtype=dtype)
-        index = torch.zeros(max(seqs, groups) + 1, dtype=torch.int32)
+        index = torch.zeros(seqs + 1, dtype=torch.int32)
+        meta = PagedMetadata(
+            cu_seqlens_q=index,
+            seq_lens=index[:seqs],
+            block_tables=torch.zeros(seqs, 160, dtype=torch.int32),
+            max_query_len=1,
+            kv_start=index[:seqs],
+        )
         launches = cascade_decode_attention_launches(
-            q, cache, cache, torch.empty_like(q), seq_lens=index[:seqs], kv_start=index[:seqs],
-            block_tables=torch.zeros(seqs, 160, dtype=torch.int32), group_cu_q=index[: groups + 1],
-            group_prefix_lens=index[:groups],
-            group_block_tables=torch.zeros(groups, 500, dtype=torch.int32), scale=0.1,
-            max_group_q=max_q, num_splits=splits,
+            q, cache, cache, torch.empty_like(q), meta, zero_groups(groups, max_q), scale=0.1,
+            num_splits=splits,
         )  # fmt: skip
         out += [(f"cascade_decode/{name}/{i}", launch) for i, launch in enumerate(launches)]
     return out

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+from prefixgrove_kernels.launch import CascadeMetadata, PagedMetadata
 
 
 @dataclass
@@ -121,6 +123,17 @@ class Batch:
     def max_query_len(self) -> int:
         return max([s.q_len for s in self.seqs] + [0])
 
+    def metadata(self, *, with_kv_start: bool = True, **fields: Any) -> PagedMetadata:
+        """The batch as the kernels take it; `fields` replace any of its tensors or ints."""
+        meta = {
+            "cu_seqlens_q": self.cu_seqlens_q,
+            "seq_lens": self.seq_lens,
+            "block_tables": self.block_tables,
+            "max_query_len": self.max_query_len,
+            "kv_start": self.kv_start if with_kv_start else None,
+        }
+        return PagedMetadata(**(meta | fields))
+
 
 def make_batch(cache: Cache, seqs: list[Seq], num_heads: int, dtype: torch.dtype) -> Batch:
     """Gives each sequence without blocks its own blocks and builds the metadata tensors."""
@@ -165,13 +178,16 @@ class Groups:
     prefix_lens: list[int]
     blocks: list[list[int]]
 
-    def tensors(self, cache: Cache) -> dict[str, torch.Tensor]:
+    def metadata(self, cache: Cache, max_group_q: int | None = None) -> CascadeMetadata:
+        """The groups as the kernels take them (max_group_q: by default the largest group's rows)."""
         device = cache.k.device
-        return {
-            "group_cu_q": int32(self.cu, device),
-            "group_prefix_lens": int32(self.prefix_lens, device),
-            "group_block_tables": block_table(self.blocks, cache.k.shape[0], device),
-        }
+        rows = [b - a for a, b in zip(self.cu, self.cu[1:], strict=False)]
+        return CascadeMetadata(
+            group_cu_q=int32(self.cu, device),
+            group_prefix_lens=int32(self.prefix_lens, device),
+            group_block_tables=block_table(self.blocks, cache.k.shape[0], device),
+            max_group_q=max([*rows, 0]) if max_group_q is None else max_group_q,
+        )
 
 
 @dataclass

@@ -18,6 +18,7 @@ from prefixgrove_kernels.cascade_attention import (
     prefix_attention_ref,
 )
 from prefixgrove_kernels.cascade_decode import cascade_decode_attention
+from prefixgrove_kernels.launch import CascadeMetadata
 from prefixgrove_kernels.paged_attention import paged_attention, paged_attention_ref
 
 pytestmark = [
@@ -34,16 +35,6 @@ def fp32_copy(cache: Cache) -> Cache:
     return Cache(cache.k.float(), cache.v.float(), [])
 
 
-def paged_meta(batch: Batch, scale: float) -> dict[str, object]:
-    return {
-        "cu_seqlens_q": batch.cu_seqlens_q,
-        "seq_lens": batch.seq_lens,
-        "block_tables": batch.block_tables,
-        "scale": scale,
-        "max_query_len": batch.max_query_len,
-    }
-
-
 def assert_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
@@ -57,19 +48,19 @@ def test_decode_and_chunked_prefill_match_the_fp32_reference(dtype: torch.dtype)
     seqs = [Seq(1, n) for n in lengths]
     seqs += [Seq(300, 800), Seq(512, 512), Seq(77, 1500), Seq(0, 0), Seq(0, 0)]
     batch = make_batch(cache, seqs, NUM_KV_HEADS * GROUP, dtype)
-    meta = paged_meta(batch, HEAD_DIM**-0.5)
+    meta, scale = batch.metadata(with_kv_start=False), HEAD_DIM**-0.5
     out = torch.empty_like(batch.q)
-    paged_attention(batch.q, cache.k, cache.v, out, **meta)
+    paged_attention(batch.q, cache.k, cache.v, out, meta, scale=scale)
     want = torch.empty_like(batch.q, dtype=torch.float32)
     wide = fp32_copy(cache)
-    paged_attention_ref(batch.q.float(), wide.k, wide.v, want, **meta)
+    paged_attention_ref(batch.q.float(), wide.k, wide.v, want, meta, scale=scale)
     assert_close(out, want, dtype)
 
 
 def build_groups(
     cache: Cache, degree: int, prefix_len: int, own_len: int, num_groups: int, dtype: torch.dtype
-) -> tuple[Batch, dict[str, torch.Tensor], int]:
-    """num_groups groups of `degree` decode requests; returns the batch, group metadata, max rows."""
+) -> tuple[Batch, CascadeMetadata]:
+    """num_groups groups of `degree` decode requests; returns the batch and its groups."""
     seqs, prefix_tables = [], []
     for _ in range(num_groups):
         shared = cache.take(prefix_len)
@@ -84,12 +75,13 @@ def build_groups(
     tables = torch.zeros(num_groups, width, dtype=torch.int32)
     for g, t in enumerate(prefix_tables):
         tables[g, : len(t)] = torch.tensor(t, dtype=torch.int32)
-    groups = {
-        "group_cu_q": cumulative([degree] * num_groups, device),
-        "group_prefix_lens": int32([prefix_len] * num_groups, device),
-        "group_block_tables": tables.to(device),
-    }
-    return batch, groups, degree
+    groups = CascadeMetadata(
+        group_cu_q=cumulative([degree] * num_groups, device),
+        group_prefix_lens=int32([prefix_len] * num_groups, device),
+        group_block_tables=tables.to(device),
+        max_group_q=degree,
+    )
+    return batch, groups
 
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
@@ -98,36 +90,30 @@ def test_cascade_matches_plain_paged_attention_and_the_reference(
     dtype: torch.dtype, degree: int, prefix_len: int, num_splits: int | None
 ) -> None:
     cache = make_cache(4096, BLOCK, NUM_KV_HEADS, HEAD_DIM, dtype, torch.device("cuda"))
-    batch, groups, max_group_q = build_groups(cache, degree, prefix_len, 200, 128 // degree, dtype)
+    batch, groups = build_groups(cache, degree, prefix_len, 200, 128 // degree, dtype)
     scale = HEAD_DIM**-0.5
-    meta = paged_meta(batch, scale)
+    plain_meta, meta = batch.metadata(with_kv_start=False), batch.metadata()
     plain = torch.empty_like(batch.q)
-    paged_attention(batch.q, cache.k, cache.v, plain, **meta)
+    paged_attention(batch.q, cache.k, cache.v, plain, plain_meta, scale=scale)
     o_p, lse_p = prefix_attention(
-        batch.q, cache.k, cache.v, **groups, scale=scale, max_group_q=max_group_q,
-        num_splits=num_splits,
-    )  # fmt: skip
-    wide = fp32_copy(cache)
-    ref_o, ref_lse = prefix_attention_ref(
-        batch.q.float(), wide.k, wide.v, **groups, scale=scale, max_group_q=max_group_q
+        batch.q, cache.k, cache.v, groups, scale=scale, num_splits=num_splits
     )
+    wide = fp32_copy(cache)
+    ref_o, ref_lse = prefix_attention_ref(batch.q.float(), wide.k, wide.v, groups, scale=scale)
     torch.testing.assert_close(lse_p, ref_lse, atol=1e-2, rtol=1e-3)
     assert_close(o_p, ref_o, dtype)
     cascade = torch.empty_like(batch.q)
     paged_attention(
-        batch.q, cache.k, cache.v, cascade, **meta, kv_start=batch.kv_start, prefix_out=o_p,
-        prefix_lse=lse_p,
-    )  # fmt: skip
+        batch.q, cache.k, cache.v, cascade, meta, scale=scale, prefix_out=o_p, prefix_lse=lse_p
+    )
     want = torch.empty_like(batch.q, dtype=torch.float32)
-    paged_attention_ref(batch.q.float(), wide.k, wide.v, want, **meta)
+    paged_attention_ref(batch.q.float(), wide.k, wide.v, want, plain_meta, scale=scale)
     assert_close(cascade, want, dtype)
     assert_close(plain, want, dtype)
     one_pass = torch.empty_like(batch.q)
     cascade_decode_attention(
-        batch.q, cache.k, cache.v, one_pass, seq_lens=batch.seq_lens, kv_start=batch.kv_start,
-        block_tables=batch.block_tables, **groups, scale=scale, max_group_q=max_group_q,
-        num_splits=num_splits,
-    )  # fmt: skip
+        batch.q, cache.k, cache.v, one_pass, meta, groups, scale=scale, num_splits=num_splits
+    )
     assert_close(one_pass, want, dtype)
 
 
@@ -148,28 +134,27 @@ def test_fused_suffix_chunks_match_the_fp32_reference(dtype: torch.dtype) -> Non
     seqs += [Seq(2000, 2000), Seq(1300, 2000)]  # prefixes of the next groups: plain causal
     batch = make_batch(cache, seqs, NUM_KV_HEADS * GROUP, dtype)
     device = cache.k.device
-    groups = {
-        "group_cu_q": cumulative(rows, device),
-        "group_prefix_lens": int32([2000] * 4, device),
-        "group_block_tables": torch.tensor(prefix_tables, dtype=torch.int32, device=device),
-    }
-    scale = HEAD_DIM**-0.5
-    meta = paged_meta(batch, scale)
-    out = torch.empty_like(batch.q)
-    chunks = SuffixChunks(
-        out, batch.cu_seqlens_q, batch.seq_lens, batch.kv_start, batch.block_tables
+    groups = CascadeMetadata(
+        group_cu_q=cumulative(rows, device),
+        group_prefix_lens=int32([2000] * 4, device),
+        group_block_tables=torch.tensor(prefix_tables, dtype=torch.int32, device=device),
+        max_group_q=max(rows),
     )
+    scale = HEAD_DIM**-0.5
+    meta = batch.metadata()
+    out = torch.empty_like(batch.q)
     o_p, lse_p = prefix_attention(
-        batch.q, cache.k, cache.v, **groups, scale=scale, max_group_q=max(rows),
-        out=torch.empty_like(batch.q), suffix_chunks=chunks,
+        batch.q, cache.k, cache.v, groups, scale=scale, out=torch.empty_like(batch.q),
+        suffix_chunks=SuffixChunks(out, meta),
     )  # fmt: skip
     paged_attention(
-        batch.q, cache.k, cache.v, out, **meta, kv_start=batch.kv_start, prefix_out=o_p,
-        prefix_lse=lse_p, skip_suffix_chunks=True,
+        batch.q, cache.k, cache.v, out, meta, scale=scale, prefix_out=o_p, prefix_lse=lse_p,
+        skip_suffix_chunks=True,
     )  # fmt: skip
     want = torch.empty_like(batch.q, dtype=torch.float32)
     wide = fp32_copy(cache)
-    paged_attention_ref(batch.q.float(), wide.k, wide.v, want, **meta)
+    plain_meta = batch.metadata(with_kv_start=False)
+    paged_attention_ref(batch.q.float(), wide.k, wide.v, want, plain_meta, scale=scale)
     assert_close(out, want, dtype)
 
 
@@ -185,23 +170,37 @@ def test_merge_kernel_matches_reference_in_bf16() -> None:
     torch.testing.assert_close(got[1], want[1])
 
 
+def load_in_place(
+    batch: Batch, groups: CascadeMetadata, other: Batch, other_groups: CascadeMetadata
+) -> None:
+    """Writes a smaller step (one group fewer, the rest padded) into a captured step's buffers:
+    queries, kv_start, block tables and groups (the caller sets lengths and offsets)."""
+    num_rows, num_groups = other.q.shape[0], other_groups.group_prefix_lens.shape[0]
+    batch.q.zero_()[:num_rows] = other.q
+    batch.kv_start.zero_()[: len(other.seqs)] = other.kv_start
+    rows, cols = other.block_tables.shape
+    batch.block_tables[:rows, :cols] = other.block_tables
+    last = other_groups.group_cu_q[-1:]
+    groups.group_cu_q.copy_(torch.cat([other_groups.group_cu_q, last]))
+    groups.group_prefix_lens.zero_()[:num_groups] = other_groups.group_prefix_lens
+    prefix_cols = other_groups.group_block_tables.shape[1]
+    groups.group_block_tables[:num_groups, :prefix_cols] = other_groups.group_block_tables
+
+
 def test_cascade_replays_in_a_cuda_graph_with_new_metadata() -> None:
     """Capture once, then change the metadata in place (same shapes): the replay must follow it."""
     dtype = torch.bfloat16
     cache = make_cache(2048, BLOCK, NUM_KV_HEADS, HEAD_DIM, dtype, torch.device("cuda"))
-    batch, groups, max_group_q = build_groups(cache, 8, 512, 100, 8, dtype)
+    batch, groups = build_groups(cache, 8, 512, 100, 8, dtype)
     scale = HEAD_DIM**-0.5
-    meta = paged_meta(batch, scale)
+    meta = batch.metadata()
     out = torch.empty_like(batch.q)
 
     def step() -> None:
-        o_p, lse_p = prefix_attention(
-            batch.q, cache.k, cache.v, **groups, scale=scale, max_group_q=max_group_q
-        )
+        o_p, lse_p = prefix_attention(batch.q, cache.k, cache.v, groups, scale=scale)
         paged_attention(
-            batch.q, cache.k, cache.v, out, **meta, kv_start=batch.kv_start, prefix_out=o_p,
-            prefix_lse=lse_p,
-        )  # fmt: skip
+            batch.q, cache.k, cache.v, out, meta, scale=scale, prefix_out=o_p, prefix_lse=lse_p
+        )
 
     step()  # compiles the kernels outside the capture
     torch.cuda.synchronize()
@@ -209,24 +208,17 @@ def test_cascade_replays_in_a_cuda_graph_with_new_metadata() -> None:
     with torch.cuda.graph(graph):
         step()
     # Same shapes, new contents: other queries, one group fewer (padded), shorter suffixes.
-    other, other_groups, _ = build_groups(cache, 8, 256, 40, 7, dtype)
+    other, other_groups = build_groups(cache, 8, 256, 40, 7, dtype)
     num_rows = other.q.shape[0]
-    batch.q.zero_()[:num_rows] = other.q
     batch.cu_seqlens_q.copy_(torch.cat([other.cu_seqlens_q, other.cu_seqlens_q[-1:].repeat(8)]))
     batch.seq_lens.zero_()[: len(other.seqs)] = other.seq_lens
-    batch.kv_start.zero_()[: len(other.seqs)] = other.kv_start
-    rows, cols = other.block_tables.shape
-    batch.block_tables[:rows, :cols] = other.block_tables
-    last = other_groups["group_cu_q"][-1:]
-    groups["group_cu_q"].copy_(torch.cat([other_groups["group_cu_q"], last]))
-    groups["group_prefix_lens"].zero_()[:7] = other_groups["group_prefix_lens"]
-    prefix_cols = other_groups["group_block_tables"].shape[1]
-    groups["group_block_tables"][:7, :prefix_cols] = other_groups["group_block_tables"]
+    load_in_place(batch, groups, other, other_groups)
     graph.replay()
     torch.cuda.synchronize()
     want = torch.empty_like(batch.q, dtype=torch.float32)
     wide = fp32_copy(cache)
-    paged_attention_ref(batch.q.float(), wide.k, wide.v, want, **meta)
+    plain_meta = batch.metadata(with_kv_start=False)
+    paged_attention_ref(batch.q.float(), wide.k, wide.v, want, plain_meta, scale=scale)
     assert_close(out[:num_rows], want[:num_rows], dtype)
 
 
@@ -234,36 +226,27 @@ def test_one_pass_cascade_decode_replays_in_a_cuda_graph_with_new_metadata() -> 
     """The one-pass kernel captured once follows new lengths, tables and groups on replay."""
     dtype = torch.bfloat16
     cache = make_cache(2048, BLOCK, NUM_KV_HEADS, HEAD_DIM, dtype, torch.device("cuda"))
-    batch, groups, max_group_q = build_groups(cache, 8, 512, 100, 8, dtype)
+    batch, groups = build_groups(cache, 8, 512, 100, 8, dtype)
     scale = HEAD_DIM**-0.5
     out = torch.empty_like(batch.q)
+    meta = batch.metadata()
 
     def step() -> None:
-        cascade_decode_attention(
-            batch.q, cache.k, cache.v, out, seq_lens=batch.seq_lens, kv_start=batch.kv_start,
-            block_tables=batch.block_tables, **groups, scale=scale, max_group_q=max_group_q,
-        )  # fmt: skip
+        cascade_decode_attention(batch.q, cache.k, cache.v, out, meta, groups, scale=scale)
 
     step()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    other, other_groups, _ = build_groups(cache, 8, 256, 40, 7, dtype)
+    other, other_groups = build_groups(cache, 8, 256, 40, 7, dtype)
     num_rows = other.q.shape[0]
-    batch.q.zero_()[:num_rows] = other.q
     batch.seq_lens.fill_(1)[:num_rows] = other.seq_lens  # padded rows: one key, as in the engine
-    batch.kv_start.zero_()[:num_rows] = other.kv_start
-    rows, cols = other.block_tables.shape
-    batch.block_tables[:rows, :cols] = other.block_tables
-    last = other_groups["group_cu_q"][-1:]
-    groups["group_cu_q"].copy_(torch.cat([other_groups["group_cu_q"], last]))
-    groups["group_prefix_lens"].zero_()[:7] = other_groups["group_prefix_lens"]
-    prefix_cols = other_groups["group_block_tables"].shape[1]
-    groups["group_block_tables"][:7, :prefix_cols] = other_groups["group_block_tables"]
+    load_in_place(batch, groups, other, other_groups)
     graph.replay()
     torch.cuda.synchronize()
     want = torch.empty_like(other.q, dtype=torch.float32)
     wide = fp32_copy(cache)
-    paged_attention_ref(other.q.float(), wide.k, wide.v, want, **paged_meta(other, scale))
+    other_meta = other.metadata(with_kv_start=False)
+    paged_attention_ref(other.q.float(), wide.k, wide.v, want, other_meta, scale=scale)
     assert_close(out[:num_rows], want, dtype)

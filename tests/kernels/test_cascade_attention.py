@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from paged_cases import (
@@ -88,7 +90,7 @@ def test_prefix_pass_over_many_groups_mixed_with_ungrouped_rows(
         blocks=[cache.take(n * block_size) for n in prefix_blocks],
     )
     q = random_queries(3 + sum(rows) + 2, NUM_KV_HEADS * group, head_dim, dtype, device)
-    args = {**groups.tensors(cache), "scale": head_dim**-0.5, "max_group_q": 12}
+    args = {"groups": groups.metadata(cache, 12), "scale": head_dim**-0.5}
     nan_state = (
         torch.full(q.shape, float("nan"), device=device),
         torch.full(q.shape[:2], float("nan"), device=device),
@@ -122,8 +124,7 @@ def test_max_group_q_is_only_a_tile_hint(device: torch.device, max_group_q: int)
         blocks=[cache.take(n * 8) for n in prefix_blocks],
     )
     q = random_queries(sum(rows), NUM_KV_HEADS * 4, 64, torch.float16, device)
-    args = {**groups.tensors(cache), "scale": 0.125}
-    got = prefix_attention(q, cache.k, cache.v, max_group_q=max_group_q, **args)
+    got = prefix_attention(q, cache.k, cache.v, groups.metadata(cache, max_group_q), scale=0.125)
     want = dense_prefix(q, groups, cache, 0.125)
     assert_states_close(got, want, TOLERANCE[torch.float16])
 
@@ -134,7 +135,7 @@ def test_prefix_pass_writes_into_given_buffers(device: torch.device) -> None:
     q = random_queries(3, NUM_KV_HEADS, 32, torch.float32, device)
     out = torch.full(q.shape, float("nan"), device=device)
     out_lse = torch.full(q.shape[:2], float("nan"), device=device)
-    args = {**groups.tensors(cache), "scale": 0.1, "max_group_q": 3}
+    args = {"groups": groups.metadata(cache, 3), "scale": 0.1}
     o, lse = prefix_attention(q, cache.k, cache.v, out=out, out_lse=out_lse, **args)
     assert o is out and lse is out_lse
     assert_states_close((o, lse), prefix_attention_ref(q, cache.k, cache.v, **args), 1e-5)
@@ -167,36 +168,19 @@ def test_cascade_equals_plain_paged_attention_over_prefix_and_suffix(
     ]
     batch, groups = build_cascade(cache, layout, NUM_KV_HEADS * group, dtype)
     scale = head_dim**-0.5
-    meta = {
-        "cu_seqlens_q": batch.cu_seqlens_q,
-        "seq_lens": batch.seq_lens,
-        "block_tables": batch.block_tables,
-        "scale": scale,
-        "max_query_len": batch.max_query_len,
-    }
     plain = torch.empty_like(batch.q)
-    paged_attention(batch.q, cache.k, cache.v, plain, **meta)
-    state = torch.empty_like(batch.q) if state_in_query_dtype else None
-    o_p, lse_p = prefix_attention(
-        batch.q, cache.k, cache.v, **groups.tensors(cache), scale=scale, max_group_q=8,
-        num_splits=num_splits, out=state,
-    )  # fmt: skip
-    assert o_p.dtype == (dtype if state_in_query_dtype else torch.float32)
-    cascade = torch.empty_like(batch.q)
-    paged_attention(
-        batch.q, cache.k, cache.v, cascade, **meta, kv_start=batch.kv_start, prefix_out=o_p,
-        prefix_lse=lse_p,
-    )  # fmt: skip
-    ref_state = torch.empty_like(batch.q) if state_in_query_dtype else None
-    o_ref, lse_ref = prefix_attention_ref(
-        batch.q, cache.k, cache.v, **groups.tensors(cache), scale=scale, max_group_q=8,
-        out=ref_state,
-    )  # fmt: skip
-    cascade_ref = torch.empty_like(batch.q)
-    paged_attention_ref(
-        batch.q, cache.k, cache.v, cascade_ref, **meta, kv_start=batch.kv_start,
-        prefix_out=o_ref, prefix_lse=lse_ref,
-    )  # fmt: skip
+    q, k, v = batch.q, cache.k, cache.v
+    paged_attention(q, k, v, plain, batch.metadata(with_kv_start=False), scale=scale)
+    meta, prefix_groups = batch.metadata(), groups.metadata(cache, 8)
+    cascade, cascade_ref = torch.empty_like(q), torch.empty_like(q)
+    for prefix_pass, paged, out, splits in (
+        (prefix_attention, paged_attention, cascade, num_splits),
+        (prefix_attention_ref, paged_attention_ref, cascade_ref, None),
+    ):
+        state = torch.empty_like(q) if state_in_query_dtype else None
+        o_p, lse_p = prefix_pass(q, k, v, prefix_groups, scale=scale, num_splits=splits, out=state)
+        assert o_p.dtype == (dtype if state_in_query_dtype else torch.float32)
+        paged(q, k, v, out, meta, scale=scale, prefix_out=o_p, prefix_lse=lse_p)
     for s in batch.seqs:
         s.kv_start = 0
     dense, _ = dense_paged(batch, cache, scale)
@@ -240,25 +224,21 @@ def test_prefix_pass_finishes_suffix_chunks(
     padding = random_queries(5, NUM_KV_HEADS * group, head_dim, dtype, device)
     q = torch.cat([batch.q, padding])
     scale = head_dim**-0.5
-    seqs = {
-        "cu_seqlens_q": batch.cu_seqlens_q,
-        "seq_lens": batch.seq_lens,
-        "block_tables": batch.block_tables,
-    }
-    prefix = {**groups.tensors(cache), "scale": scale, "max_group_q": max_group_q}
+    meta = batch.metadata()
+    prefix = {"groups": groups.metadata(cache, max_group_q), "scale": scale}
     outputs = []
     for prefix_pass, paged in (
         (prefix_attention, paged_attention),
         (prefix_attention_ref, paged_attention_ref),
     ):
         out = torch.full_like(q, float("nan"))
-        chunks = SuffixChunks(out, kv_start=batch.kv_start, **seqs)
+        chunks = SuffixChunks(out, meta)
         o_p, lse_p = prefix_pass(
             q, cache.k, cache.v, **prefix, out=torch.empty_like(q), suffix_chunks=chunks
         )
         paged(
-            q, cache.k, cache.v, out, **seqs, scale=scale, max_query_len=batch.max_query_len,
-            kv_start=batch.kv_start, prefix_out=o_p, prefix_lse=lse_p, skip_suffix_chunks=True,
+            q, cache.k, cache.v, out, meta, scale=scale, prefix_out=o_p, prefix_lse=lse_p,
+            skip_suffix_chunks=True,
         )  # fmt: skip
         outputs.append(out)
     for s in batch.seqs:
@@ -276,21 +256,18 @@ def test_suffix_chunks_need_one_split_and_the_paged_skip_needs_kv_start(
     cache = make_cache(16, 8, NUM_KV_HEADS, 32, torch.float32, device)
     batch, groups = build_cascade(cache, [(16, [Request(3, 5)])], NUM_KV_HEADS, torch.float32)
     out = torch.empty_like(batch.q)
-    chunks = SuffixChunks(
-        out, batch.cu_seqlens_q, batch.seq_lens, batch.kv_start, batch.block_tables
-    )
-    args = {**groups.tensors(cache), "scale": 0.1, "max_group_q": 3}
+    chunks = SuffixChunks(out, batch.metadata())
+    args = {"groups": groups.metadata(cache, 3), "scale": 0.1}
     with pytest.raises(ValueError, match="suffix_chunks needs num_splits=1"):
         prefix_attention(batch.q, cache.k, cache.v, num_splits=2, suffix_chunks=chunks, **args)
     with pytest.raises(ValueError, match=r"suffix_chunks\.block_tables has 2 rows"):
-        bad = chunks._replace(block_tables=batch.block_tables.repeat(2, 1))
+        bad = SuffixChunks(out, batch.metadata(block_tables=batch.block_tables.repeat(2, 1)))
         prefix_attention(batch.q, cache.k, cache.v, suffix_chunks=bad, **args)
     with pytest.raises(ValueError, match="skip_suffix_chunks needs kv_start"):
+        no_kv_start = batch.metadata(with_kv_start=False)
         paged_attention(
-            batch.q, cache.k, cache.v, out, cu_seqlens_q=batch.cu_seqlens_q,
-            seq_lens=batch.seq_lens, block_tables=batch.block_tables, scale=0.1,
-            max_query_len=3, skip_suffix_chunks=True,
-        )  # fmt: skip
+            batch.q, cache.k, cache.v, out, no_kv_start, scale=0.1, skip_suffix_chunks=True
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -325,12 +302,13 @@ def test_prefix_pass_rejects_bad_arguments(device: torch.device) -> None:
     cache = make_cache(8, 8, NUM_KV_HEADS, 32, torch.float32, device)
     groups = Groups(cu=[0, 3], prefix_lens=[16], blocks=[cache.take(16)])
     q = random_queries(3, NUM_KV_HEADS, 32, torch.float32, device)
-    args = {**groups.tensors(cache), "scale": 0.1, "max_group_q": 3}
+    args = {"groups": groups.metadata(cache, 3), "scale": 0.1}
     with pytest.raises(ValueError, match="num_splits must be an int in"):
         prefix_attention(q, cache.k, cache.v, num_splits=0, **args)
     with pytest.raises(ValueError, match="group_block_tables has 2 rows"):
-        bad = {**args, "group_block_tables": args["group_block_tables"].repeat(2, 1)}
-        prefix_attention(q, cache.k, cache.v, **bad)
+        tables = args["groups"].group_block_tables.repeat(2, 1)  # type: ignore[attr-defined]
+        bad = {**args, "groups": dataclasses.replace(args["groups"], group_block_tables=tables)}
+        prefix_attention(q, cache.k, cache.v, **bad)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"out has dtype torch\.float16"):
         prefix_attention(q, cache.k, cache.v, out=torch.empty_like(q).half(), **args)
 
@@ -342,7 +320,7 @@ def test_prefix_pass_accepts_strided_queries(device: torch.device) -> None:
     qkv = torch.zeros(7, 3, NUM_KV_HEADS * 2, 32, device=device)
     qkv[:, 0] = q
     strided = qkv[:, 0]
-    args = {**groups.tensors(cache), "scale": 0.1, "max_group_q": 3}
+    args = {"groups": groups.metadata(cache, 3), "scale": 0.1}
     got = prefix_attention(q, cache.k, cache.v, **args)
     assert_states_close(prefix_attention(strided, cache.k, cache.v, **args), got, 0.0, groups)
     assert_states_close(prefix_attention_ref(strided, cache.k, cache.v, **args), got, 1e-5, groups)
@@ -352,7 +330,7 @@ def test_prefix_lengths_need_not_be_whole_blocks(device: torch.device) -> None:
     cache = make_cache(16, 16, NUM_KV_HEADS, 32, torch.float32, device)
     groups = Groups(cu=[0, 2, 5], prefix_lens=[21, 70], blocks=[cache.take(21), cache.take(70)])
     q = random_queries(5, NUM_KV_HEADS * 2, 32, torch.float32, device)
-    args = {**groups.tensors(cache), "scale": 0.1, "max_group_q": 3}
+    args = {"groups": groups.metadata(cache, 3), "scale": 0.1}
     dense = dense_prefix(q, groups, cache, 0.1)
     got = prefix_attention(q, cache.k, cache.v, num_splits=2, **args)
     assert_states_close(prefix_attention_ref(q, cache.k, cache.v, **args), dense, 1e-5, groups)
@@ -374,7 +352,7 @@ def test_prefixes_longer_than_one_chunk_of_the_block_table(
         cu=[0, 3, 5], prefix_lens=prefix_lens, blocks=[cache.take(n) for n in prefix_lens]
     )
     q = random_queries(5, NUM_KV_HEADS * 2, 32, torch.float32, device)
-    args = {**groups.tensors(cache), "scale": 0.1, "max_group_q": 3}
+    args = {"groups": groups.metadata(cache, 3), "scale": 0.1}
     dense = dense_prefix(q, groups, cache, 0.1)
     got = prefix_attention(q, cache.k, cache.v, num_splits=num_splits, **args)
     assert_states_close(got, dense, 1e-5, groups)
@@ -387,7 +365,7 @@ def test_prefix_pass_with_gqa_ratios_that_are_not_powers_of_two(
     cache = make_cache(16, 8, NUM_KV_HEADS, 32, torch.float32, device)
     groups = Groups(cu=[0, 5, 6], prefix_lens=[40, 16], blocks=[cache.take(40), cache.take(16)])
     q = random_queries(7, NUM_KV_HEADS * group, 32, torch.float32, device)
-    args = {**groups.tensors(cache), "scale": 0.1, "max_group_q": 5}
+    args = {"groups": groups.metadata(cache, 5), "scale": 0.1}
     dense = dense_prefix(q, groups, cache, 0.1)
     got = prefix_attention(q, cache.k, cache.v, num_splits=2, **args)
     assert_states_close(prefix_attention_ref(q, cache.k, cache.v, **args), dense, 1e-5, groups)

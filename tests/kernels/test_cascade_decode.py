@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 from paged_cases import Cache, Request, build_cascade, dense_paged, make_cache
@@ -12,6 +16,7 @@ from prefixgrove_kernels.cascade_decode import (
     cascade_decode_attention_launches,
     cascade_decode_attention_ref,
 )
+from prefixgrove_kernels.launch import CascadeMetadata, PagedMetadata
 from prefixgrove_kernels.paged_attention import paged_attention
 
 NUM_KV_HEADS = 2
@@ -51,7 +56,7 @@ def setup(
         "seq_lens": batch.seq_lens,
         "kv_start": batch.kv_start,
         "block_tables": batch.block_tables,
-        **groups.tensors(cache),
+        "groups": groups.metadata(cache),
         "scale": head_dim**-0.5,
     }
     for s in batch.seqs:  # the dense check attends everything a sequence's table holds
@@ -60,15 +65,34 @@ def setup(
     return cache, {"q": batch.q, **args}, dense
 
 
+def call(
+    attention: Callable[..., None],
+    q: torch.Tensor,
+    cache: Cache,
+    out: torch.Tensor,
+    args: dict,
+    max_group_q: int,
+    **extra: Any,
+) -> Any:
+    """attention (the kernel, its reference or its launch plan) over setup's arguments."""
+    meta = PagedMetadata(
+        cu_seqlens_q=torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device),
+        seq_lens=args["seq_lens"],
+        block_tables=args["block_tables"],
+        max_query_len=1,
+        kv_start=args["kv_start"],
+    )
+    groups = dataclasses.replace(args["groups"], max_group_q=max_group_q)
+    return attention(q, cache.k, cache.v, out, meta, groups, scale=args["scale"], **extra)
+
+
 def check_one_pass(
     cache: Cache, args: dict, dense: torch.Tensor, max_group_q: int, num_splits: int
 ) -> None:
     """The kernel's output (fp32) equals the dense reference."""
     q = args.pop("q")
     out = torch.full_like(q, float("nan"))
-    cascade_decode_attention(
-        q, cache.k, cache.v, out, **args, max_group_q=max_group_q, num_splits=num_splits
-    )
+    call(cascade_decode_attention, q, cache, out, args, max_group_q, num_splits=num_splits)
     torch.testing.assert_close(out.double().cpu(), dense.cpu(), atol=2e-4, rtol=2e-4)
 
 
@@ -89,11 +113,9 @@ def test_one_pass_equals_attention_over_prefix_and_own_keys(
     cache, args, dense = setup(dtype, head_dim, group, block_size, device)
     q = args.pop("q")
     out = torch.full_like(q, float("nan"))
-    cascade_decode_attention(
-        q, cache.k, cache.v, out, **args, max_group_q=max_group_q, num_splits=num_splits
-    )
+    call(cascade_decode_attention, q, cache, out, args, max_group_q, num_splits=num_splits)
     ref = torch.empty_like(q)
-    cascade_decode_attention_ref(q, cache.k, cache.v, ref, **args, max_group_q=max_group_q)
+    call(cascade_decode_attention_ref, q, cache, ref, args, max_group_q)
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(ref.double().cpu(), dense.cpu(), atol=tol, rtol=tol)
     torch.testing.assert_close(out.double().cpu(), dense.cpu(), atol=tol, rtol=tol)
@@ -104,19 +126,20 @@ def test_one_pass_equals_the_two_pass_cascade(device: torch.device, dtype: torch
     cache, args, _ = setup(dtype, 64, 4, 16, device)
     q = args.pop("q")
     one_pass = torch.empty_like(q)
-    cascade_decode_attention(q, cache.k, cache.v, one_pass, **args, max_group_q=16)
-    o_p, lse_p = prefix_attention(
-        q, cache.k, cache.v, group_cu_q=args["group_cu_q"],
-        group_prefix_lens=args["group_prefix_lens"], group_block_tables=args["group_block_tables"],
-        scale=args["scale"], max_group_q=16,
-    )  # fmt: skip
+    call(cascade_decode_attention, q, cache, one_pass, args, 16)
+    groups = dataclasses.replace(args["groups"], max_group_q=16)
+    o_p, lse_p = prefix_attention(q, cache.k, cache.v, groups, scale=args["scale"])
     two_pass = torch.empty_like(q)
-    rows = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=device)
+    meta = PagedMetadata(
+        cu_seqlens_q=torch.arange(q.shape[0] + 1, dtype=torch.int32, device=device),
+        seq_lens=args["seq_lens"],
+        block_tables=args["block_tables"],
+        max_query_len=1,
+        kv_start=args["kv_start"],
+    )
     paged_attention(
-        q, cache.k, cache.v, two_pass, cu_seqlens_q=rows, seq_lens=args["seq_lens"],
-        block_tables=args["block_tables"], scale=args["scale"], max_query_len=1,
-        kv_start=args["kv_start"], prefix_out=o_p, prefix_lse=lse_p,
-    )  # fmt: skip
+        q, cache.k, cache.v, two_pass, meta, scale=args["scale"], prefix_out=o_p, prefix_lse=lse_p
+    )
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(one_pass.float(), two_pass.float(), atol=tol, rtol=tol)
 
@@ -156,7 +179,7 @@ def test_one_pass_writes_strided_outputs_only_where_it_should(device: torch.devi
     q = args.pop("q")
     wide = torch.full((q.shape[0], q.shape[1] + 2, q.shape[2]), 7.0, device=device)
     out = wide[:, 1:-1]  # a strided view, as of a bigger buffer
-    cascade_decode_attention(q, cache.k, cache.v, out, **args, max_group_q=16, num_splits=2)
+    call(cascade_decode_attention, q, cache, out, args, 16, num_splits=2)
     torch.testing.assert_close(out.double().cpu(), dense.cpu(), atol=2e-4, rtol=2e-4)
     assert (wide[:, 0] == 7).all() and (wide[:, -1] == 7).all()
 
@@ -166,28 +189,28 @@ def test_one_pass_rejects_bad_arguments(device: torch.device) -> None:
     q = args.pop("q")
     out = torch.empty_like(q)
     with pytest.raises(ValueError, match="num_splits"):
-        cascade_decode_attention(q, cache.k, cache.v, out, **args, max_group_q=4, num_splits=17)
+        call(cascade_decode_attention, q, cache, out, args, 4, num_splits=17)
     short = {**args, "seq_lens": args["seq_lens"][:-1]}
     with pytest.raises(ValueError, match="seq_lens"):
-        cascade_decode_attention(q, cache.k, cache.v, out, **short, max_group_q=4)
+        call(cascade_decode_attention, q, cache, out, short, 4)
     fewer_tables = {**args, "block_tables": args["block_tables"][:-1]}
     with pytest.raises(ValueError, match="block_tables"):
-        cascade_decode_attention(q, cache.k, cache.v, out, **fewer_tables, max_group_q=4)
+        call(cascade_decode_attention, q, cache, out, fewer_tables, 4)
     with pytest.raises(ValueError, match="out"):
-        cascade_decode_attention(q, cache.k, cache.v, out[:-1], **args, max_group_q=4)
+        call(cascade_decode_attention, q, cache, out[:-1], args, 4)
     with pytest.raises(ValueError, match="max_group_q"):
-        cascade_decode_attention(q, cache.k, cache.v, out, **args, max_group_q=-1)
+        call(cascade_decode_attention, q, cache, out, args, -1)
 
 
 def test_one_pass_plans_nothing_for_an_empty_batch(device: torch.device) -> None:
     cache = make_cache(8, 16, NUM_KV_HEADS, 64, torch.float32, device)
     q = torch.empty((0, 8, 64), device=device)
     none = torch.zeros(0, dtype=torch.int32, device=device)
-    launches = cascade_decode_attention_launches(
-        q, cache.k, cache.v, torch.empty_like(q), seq_lens=none, kv_start=none,
-        block_tables=torch.zeros((0, 1), dtype=torch.int32, device=device),
-        group_cu_q=torch.zeros(1, dtype=torch.int32, device=device), group_prefix_lens=none,
-        group_block_tables=torch.zeros((0, 1), dtype=torch.int32, device=device), scale=0.125,
-        max_group_q=1,
-    )  # fmt: skip
+    no_rows = torch.zeros((0, 1), dtype=torch.int32, device=device)
+    one = torch.zeros(1, dtype=torch.int32, device=device)
+    args = {"seq_lens": none, "kv_start": none, "block_tables": no_rows, "scale": 0.125}
+    args["groups"] = CascadeMetadata(
+        group_cu_q=one, group_prefix_lens=none, group_block_tables=no_rows, max_group_q=1
+    )
+    launches = call(cascade_decode_attention_launches, q, cache, torch.empty_like(q), args, 1)
     assert launches == []

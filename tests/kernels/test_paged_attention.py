@@ -14,6 +14,7 @@ from paged_cases import (
     make_batch,
     make_cache,
 )
+from prefixgrove_kernels.launch import PagedMetadata
 from prefixgrove_kernels.paged_attention import LONG_QUERY, paged_attention, paged_attention_ref
 
 NUM_KV_HEADS = 2
@@ -25,19 +26,11 @@ TOLERANCE = {torch.float32: 2e-4, torch.float16: 5e-3}
 def run(
     attention: object, batch: Batch, cache: Cache, scale: float, **extra: object
 ) -> torch.Tensor:
+    """`extra`: kv_start (None by default) or max_query_len for the metadata, the rest as given."""
+    fields = {n: extra.pop(n) for n in ("kv_start", "max_query_len") if n in extra}
+    meta = batch.metadata(**{"kv_start": None} | fields)
     out = torch.full_like(batch.q, float("nan"))
-    attention(  # type: ignore[operator]
-        batch.q,
-        cache.k,
-        cache.v,
-        out,
-        cu_seqlens_q=batch.cu_seqlens_q,
-        seq_lens=batch.seq_lens,
-        block_tables=batch.block_tables,
-        scale=scale,
-        max_query_len=extra.pop("max_query_len", batch.max_query_len),
-        **extra,
-    )
+    attention(batch.q, cache.k, cache.v, out, meta, scale=scale, **extra)  # type: ignore[operator]
     return out
 
 
@@ -240,8 +233,10 @@ def test_bad_arguments_are_rejected_with_a_clear_message(
     args = _valid_args(device)
     args.update(change(args))  # type: ignore[operator]
     q, k, v, out = (args.pop(n) for n in ("q", "k_cache", "v_cache", "out"))
+    fields = ("cu_seqlens_q", "seq_lens", "block_tables", "max_query_len")
+    meta = PagedMetadata(**{n: args.pop(n) for n in fields})  # type: ignore[arg-type]
     with pytest.raises((ValueError, TypeError), match=message):
-        paged_attention(q, k, v, out, **args)  # type: ignore[arg-type]
+        paged_attention(q, k, v, out, meta, **args)  # type: ignore[arg-type]
 
 
 def test_block_size_must_be_a_power_of_two(device: torch.device) -> None:
@@ -249,10 +244,13 @@ def test_block_size_must_be_a_power_of_two(device: torch.device) -> None:
     cache = torch.randn(4, 12, 2, 32, device=device)
     one = torch.ones(1, dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match="block_size 12"):
-        paged_attention(
-            q, cache, cache, torch.empty_like(q), cu_seqlens_q=torch.tensor([0, 1]).int().to(device),
-            seq_lens=one, block_tables=one.view(1, 1), scale=0.1, max_query_len=1,
-        )  # fmt: skip
+        meta = PagedMetadata(
+            cu_seqlens_q=torch.tensor([0, 1]).int().to(device),
+            seq_lens=one,
+            block_tables=one.view(1, 1),
+            max_query_len=1,
+        )
+        paged_attention(q, cache, cache, torch.empty_like(q), meta, scale=0.1)
 
 
 @pytest.mark.parametrize("attention", [paged_attention, paged_attention_ref])
@@ -267,17 +265,10 @@ def test_queries_and_output_may_be_strided_views(device: torch.device, attention
     strided_q = qkv[:, : num_heads * head_dim].view(num_tokens, num_heads, head_dim)
     wide = torch.zeros(num_tokens, num_heads * head_dim + 32, device=device)
     strided_out = wide[:, 32:].view(num_tokens, num_heads, head_dim)
-    meta = {
-        "cu_seqlens_q": batch.cu_seqlens_q,
-        "seq_lens": batch.seq_lens,
-        "block_tables": batch.block_tables,
-        "scale": 0.125,
-        "max_query_len": batch.max_query_len,
-        "kv_start": batch.kv_start,
-    }
-    attention(strided_q, cache.k, cache.v, strided_out, **meta)  # type: ignore[operator]
+    meta = batch.metadata()
+    attention(strided_q, cache.k, cache.v, strided_out, meta, scale=0.125)  # type: ignore[operator]
     expected = torch.empty_like(batch.q)
-    attention(batch.q, cache.k, cache.v, expected, **meta)  # type: ignore[operator]
+    attention(batch.q, cache.k, cache.v, expected, meta, scale=0.125)  # type: ignore[operator]
     torch.testing.assert_close(strided_out, expected, atol=0, rtol=0)
     assert (wide[:, :32] == 0).all()
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from prefixgrove_kernels.launch import CascadeMetadata, SuffixChunks
 
 from .metadata import AttentionMetadata, SampledRows
 
@@ -33,9 +34,8 @@ class AttentionBackend:
     # cascade_decode_attention or its reference (prefixgrove_kernels.cascade_decode) for decode steps;
     # None: decode steps take the two passes too
     decode: Any | None = None
-    # SuffixChunks (prefixgrove_kernels.cascade_attention) when the prefix pass finishes the suffix
-    # chunks of prefill steps; None: they take the suffix pass
-    suffix_chunks: Any | None = None
+    # The prefix pass finishes the suffix chunks of prefill steps; False: they take the suffix pass
+    fuse_suffix_chunks: bool = False
 
     def forward(
         self,
@@ -49,79 +49,49 @@ class AttentionBackend:
         out = torch.empty_like(q)
         if q.shape[0] == 0:  # a last layer whose step samples nothing (prefix-only chunks)
             return out
-        decode = self.decode
-        if (
-            decode is not None
-            and meta.cascade is not None
-            and meta.kv_start is not None
-            and _is_decode(q, meta)
-        ):
-            c = meta.cascade
-            decode(
-                q,
-                k_cache,
-                v_cache,
-                out,
-                seq_lens=meta.seq_lens,
-                kv_start=meta.kv_start,
-                block_tables=meta.block_tables,
-                group_cu_q=c.group_cu_q,
-                group_prefix_lens=c.group_prefix_lens,
-                group_block_tables=c.group_block_tables,
-                scale=scale,
-                max_group_q=c.max_group_q,
-            )
-            return out
-        prefix_out = prefix_lse = chunks = None
-        if meta.cascade is not None:
-            c = meta.cascade
-            make_chunks = self.suffix_chunks
-            # With the fused form (Triton on CUDA), every step with prefill rows runs the pass in
-            # one variant: fused, unsplit and in its widest tile, whatever its groups' sizes and
-            # whether they hold suffix chunks at all. Its launches are long anyway, and each split
-            # count, tile shape and form is a kernel variant of its own (a split one's reduce
-            # another), which a job's odd steps (a few groups' decode rows beside a new prefix)
-            # compiled mid-run: on a fresh machine the canonical job's first run lost ~1 s to the
-            # unfused one. Elsewhere the tile stays what the groups ask for, so that a decode row's
-            # arithmetic is the same in a mixed step as in a decode step.
-            one_shape = make_chunks is not None and meta.max_query_len > 1
-            fuse = one_shape and meta.kv_start is not None
-            if make_chunks is not None and fuse:
-                chunks = make_chunks(
-                    out, meta.cu_seqlens_q, meta.seq_lens, meta.kv_start, meta.block_tables
-                )
-            # The prefix state in the model's dtype (lse in fp32), as FlashInfer keeps its cascade
-            # states: on prefill chunks it is [tokens, heads, head_dim] written once and read
-            # back once, half the bytes of fp32.
-            prefix_out, prefix_lse = self.prefix(
-                q,
-                k_cache,
-                v_cache,
-                out=torch.empty_like(q),
-                group_cu_q=c.group_cu_q,
-                group_prefix_lens=c.group_prefix_lens,
-                group_block_tables=c.group_block_tables,
-                scale=scale,
-                max_group_q=max(c.max_group_q, WIDEST_TILE_HINT) if one_shape else c.max_group_q,
-                num_splits=1 if one_shape else None,
-                suffix_chunks=chunks,
-            )
-        self.paged(
-            q,
-            k_cache,
-            v_cache,
-            out,
-            cu_seqlens_q=meta.cu_seqlens_q,
-            seq_lens=meta.seq_lens,
-            block_tables=meta.block_tables,
-            scale=scale,
-            max_query_len=meta.max_query_len,
-            kv_start=meta.kv_start,
-            prefix_out=prefix_out,
-            prefix_lse=prefix_lse,
-            skip_suffix_chunks=chunks is not None,
-        )
+        groups = meta.cascade
+        if groups is None:
+            self.paged(q, k_cache, v_cache, out, meta, scale=scale)
+        elif self.decode is not None and meta.kv_start is not None and _is_decode(q, meta):
+            self.decode(q, k_cache, v_cache, out, meta, groups, scale=scale)
+        else:
+            self._two_passes(q, k_cache, v_cache, out, meta, groups, scale)
         return out
+
+    def _two_passes(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        out: torch.Tensor,
+        meta: AttentionMetadata,
+        groups: CascadeMetadata,
+        scale: float,
+    ) -> None:
+        """The prefix pass, then the suffix pass that merges its state (writes `out`)."""
+        # With the fused form (Triton on CUDA), every step with prefill rows runs the prefix pass in
+        # one variant: fused, unsplit and in its widest tile, whatever its groups' sizes and
+        # whether they hold suffix chunks at all. Its launches are long anyway, and each split
+        # count, tile shape and form is a kernel variant of its own (a split one's reduce another),
+        # which a job's odd steps (a few groups' decode rows beside a new prefix) would compile
+        # mid-run. Elsewhere the tile stays what the groups ask for, so that a decode row's
+        # arithmetic is the same in a mixed step as in a decode step.
+        one_shape = self.fuse_suffix_chunks and meta.max_query_len > 1
+        chunks = None
+        if one_shape and meta.kv_start is not None:
+            chunks = SuffixChunks(out, meta)
+        # The prefix state in the model's dtype (lse in fp32), as FlashInfer keeps its cascade
+        # states: on prefill chunks it is [tokens, heads, head_dim] written once and read back
+        # once, half the bytes of fp32.
+        prefix_out, prefix_lse = self.prefix(
+            q, k_cache, v_cache, groups, scale=scale, out=torch.empty_like(q),
+            num_splits=1 if one_shape else None, suffix_chunks=chunks,
+            tile_rows=max(groups.max_group_q, WIDEST_TILE_HINT) if one_shape else None,
+        )  # fmt: skip
+        self.paged(
+            q, k_cache, v_cache, out, meta, scale=scale, prefix_out=prefix_out,
+            prefix_lse=prefix_lse, skip_suffix_chunks=chunks is not None,
+        )  # fmt: skip
 
 
 def _is_decode(q: torch.Tensor, meta: AttentionMetadata) -> bool:
@@ -163,15 +133,13 @@ def create_backend(
     from prefixgrove_kernels import cascade_decode as decode
     from prefixgrove_kernels import paged_attention as paged
 
-    chunks = cascade.SuffixChunks if fuse_suffix_chunks else None
-
     if name == "triton":
         return AttentionBackend(
             "triton",
             paged.paged_attention,
             cascade.prefix_attention,
             decode.cascade_decode_attention if one_pass_decode else None,
-            chunks,
+            fuse_suffix_chunks,
         )
     if name == "torch":
         return AttentionBackend(
@@ -179,6 +147,6 @@ def create_backend(
             paged.paged_attention_ref,
             cascade.prefix_attention_ref,
             decode.cascade_decode_attention_ref if one_pass_decode else None,
-            chunks,
+            fuse_suffix_chunks,
         )
     raise ValueError(f"attention_backend={name!r} is unknown; expected 'triton' or 'torch'")

@@ -1,35 +1,24 @@
-"""Per-step attention metadata: built once per step by the input builder, read by every layer."""
+"""Per-step attention metadata: built once per step by the input builder, read by every layer.
+
+The step's sequences are the kernels' own `PagedMetadata` (so every launcher takes this object as
+it is, with nothing to rebuild per layer) plus the cache slots of the step's new keys and values,
+and the prefix groups of a cascade step (`CascadeMetadata`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+from prefixgrove_kernels.launch import CascadeMetadata, PagedMetadata
+
+__all__ = ["AttentionMetadata", "CascadeMetadata", "SampledRows"]
 
 
-@dataclass
-class CascadeMetadata:
-    """The groups of this step whose shared prefix is attended once for all their query tokens.
-
-    Queries of group g are the contiguous rows [group_cu_q[g], group_cu_q[g+1]) of the step's flat query
-    tensor; padded (empty) groups have no rows.
-    """
-
-    group_cu_q: torch.Tensor  # [num_groups + 1] int32
-    group_prefix_lens: torch.Tensor  # [num_groups] int32, multiples of the block size
-    group_block_tables: torch.Tensor  # [num_groups, max_prefix_blocks] int32
-    max_group_q: int  # rows of the largest group (a tile-shape hint for the prefix pass)
-
-
-@dataclass
-class AttentionMetadata:
+@dataclass(frozen=True, kw_only=True)
+class AttentionMetadata(PagedMetadata):
     slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot each new token's K/V is written to
-    cu_seqlens_q: torch.Tensor  # [num_seqs + 1] int32
-    seq_lens: torch.Tensor  # [num_seqs] int32: KV length of each sequence after this step's tokens
-    block_tables: torch.Tensor  # [num_seqs, max_blocks_per_seq] int32
-    max_query_len: int
-    kv_start: torch.Tensor | None = None  # [num_seqs] int32: first key of the suffix pass (cascade)
-    cascade: CascadeMetadata | None = None
+    cascade: CascadeMetadata | None = None  # None: no prefix groups (kv_start is None then too)
 
 
 @dataclass
