@@ -117,7 +117,10 @@ def run_job(llm: LLM, mode: str, prompts: list[list[int]], output_len: int) -> T
             groups, grouping_s = timed(lambda: group_prompts(inputs, config))
         outs, generate_s = timed(
             lambda: llm.generate(
-                [{"prompt_token_ids": p} for p in inputs], params, use_tqdm=False, groups=groups
+                [{"prompt_token_ids": p} for p in inputs],
+                params,
+                use_tqdm=False,
+                groups=groups.groups,
             )
         )
     added = {

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pytest
 
-from prefixgrove.grouping import GroupingConfig, GroupingResult, group_prompts
+from prefixgrove.grouping import GroupingConfig, GroupingResult, PrefixGroup, group_prompts
 
 
 def toks(n: int, seed: int) -> list[int]:
@@ -266,6 +266,24 @@ def test_grouping_does_not_depend_on_the_hash_seed() -> None:
 def test_invalid_config_names_the_bad_value(kwargs: dict[str, object], field: str) -> None:
     with pytest.raises(ValueError, match=rf"GroupingConfig\.{field} must be .*{kwargs[field]!r}"):
         GroupingConfig(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("prefix_len", "members", "message"),
+    [
+        (0, (0, 1), r"prefix_len must be >= 1, got 0"),
+        (16.0, (0, 1), r"prefix_len must be an integer, got 16\.0"),
+        (16, (3,), r"two or more positions, got \(3,\)"),
+        (16, [0, 1], r"a tuple of two or more positions, got \[0, 1\]"),
+        (16, (2, 2), r"distinct positions >= 0, got \(2, 2\)"),
+        (16, (-1, 4), r"distinct positions >= 0, got \(-1, 4\)"),
+    ],
+)
+def test_a_prefix_group_is_checked_when_it_is_made(
+    prefix_len: object, members: object, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        PrefixGroup(prefix_len, members)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("bad", [[-1] * 40, [0.5] * 40, np.full(40, -3), np.full(40, 2**40)])

@@ -11,6 +11,10 @@ import pytest
 from services_testbed import MAX_MODEL_LEN, MODEL, batch_line, service_env
 
 from prefixgrove.cli import main as cli
+from prefixgrove.grouping import PrefixGroup
+from prefixgrove.jobs.ingest import JobPlan
+from prefixgrove.jobs.schema import GroupRecord
+from prefixgrove.local import _engine_groups
 
 
 def run(tmp_path: Path, lines: list[str], *extra: str) -> subprocess.CompletedProcess[str]:
@@ -59,24 +63,27 @@ def test_local_run_answers_every_request_in_input_order(tmp_path: Path) -> None:
     ]
 
 
-def test_local_run_refuses_an_empty_file(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("content", "code"),
+    [("\n", "empty_file"), ("custom_id,prompt\n1,hello\n", "invalid_file")],
+    ids=["empty", "not-jsonl"],
+)
+def test_local_run_refuses_an_input_that_is_not_a_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, code: str
 ) -> None:
-    job = tmp_path / "empty.jsonl"
-    job.write_text("\n")
-    code = cli(
+    job = tmp_path / "in.txt"
+    job.write_text(content)
+    exit_code = cli(
         ["run", str(job), "-o", str(tmp_path / "o.jsonl"), "--model", MODEL, "--device", "cpu"]
     )
-    assert code == 2 and "empty_file" in capsys.readouterr().err
-
-
-def test_local_run_refuses_a_file_that_is_not_jsonl(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    job = tmp_path / "data.csv"
-    job.write_text("custom_id,prompt\n1,hello\n")
-    code = cli(
-        ["run", str(job), "-o", str(tmp_path / "o.jsonl"), "--model", MODEL, "--device", "cpu"]
-    )
-    assert code == 2 and "invalid_file" in capsys.readouterr().err
+    assert exit_code == 2 and code in capsys.readouterr().err
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_the_plan_reaches_the_engine_as_groups_over_the_accepted_requests() -> None:
+    """Line 3 failed the engine's checks: its group keeps one request and runs it alone; the
+    ungrouped chunk (prefix 0) is no group."""
+    plan = JobPlan(
+        [GroupRecord(32, [0, 2, 5]), GroupRecord(48, [1, 3]), GroupRecord(0, [4])], 80, 2
+    )
+    assert _engine_groups(plan, [0, 1, 2, 4, 5]) == [PrefixGroup(32, (0, 2, 4))]

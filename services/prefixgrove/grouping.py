@@ -62,11 +62,30 @@ def _check_int(name: str, value: object, minimum: int) -> None:
 
 @dataclass(frozen=True)
 class PrefixGroup:
-    """Requests sharing ``prompts[i][:prefix_len]``; split groups of one prefix share prefix_id."""
+    """Requests sharing ``prompts[i][:prefix_len]``, named by their positions ``i`` in the list the
+    group is handed over with: what grouping, the planner, the worker and the local run hand the
+    engine. Split groups of one prefix share ``prefix_id`` (0 for a group formed outside grouping).
+    Whether every member really starts with the prefix is the engine's check (`LLMEngine.add_group`).
+    """
 
     prefix_len: int
     request_indices: tuple[int, ...]
-    prefix_id: int
+    prefix_id: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.prefix_len, bool) or not isinstance(self.prefix_len, int):
+            raise ValueError(f"PrefixGroup.prefix_len must be an integer, got {self.prefix_len!r}")
+        if self.prefix_len < 1:
+            raise ValueError(f"PrefixGroup.prefix_len must be >= 1, got {self.prefix_len}")
+        members = self.request_indices
+        if not isinstance(members, tuple) or len(members) < 2:
+            raise ValueError(
+                f"PrefixGroup.request_indices must be a tuple of two or more positions, got {members!r}"
+            )
+        if len(set(members)) != len(members) or min(members) < 0:
+            raise ValueError(
+                f"PrefixGroup.request_indices must be distinct positions >= 0, got {members!r}"
+            )
 
     @property
     def size(self) -> int:

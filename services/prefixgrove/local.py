@@ -5,18 +5,22 @@ lines as the planner and the workers.
 from __future__ import annotations
 
 import logging
+import time
+from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from prefixgrove.grouping import PrefixGroup
 from prefixgrove.jobs.ingest import JobIngestor, JobPlan
 from prefixgrove.jobs.output_lines import success_line
 from prefixgrove.jobs.requests import BatchRequest, RequestError, engine_error
 from prefixgrove.jobs.tokenize import PromptTokenizer
 from prefixgrove.settings import IngestSettings
+
+if TYPE_CHECKING:
+    from prefixgrove.engine import LLM, RequestOutput, SamplingParams
 
 log = logging.getLogger(__name__)
 _READ_LINES = 4096
@@ -30,28 +34,19 @@ class JobInputError(ValueError):
         self.code = code
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunSummary:
-    total: int = 0
-    completed: int = 0
-    failed: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    prefix_tokens_saved: int = 0
-    num_groups: int = 0
-    seconds: float = 0.0
-    errors_by_code: dict[str, int] = field(default_factory=dict)
+    """What a local run did (the CLI prints it)."""
 
-
-@dataclass(frozen=True)
-class _Group:
-    prefix_len: int
-    request_indices: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class _Groups:
-    groups: list[_Group]
+    total: int  # request lines
+    completed: int
+    failed: int
+    prompt_tokens: int
+    completion_tokens: int
+    prefix_tokens_saved: int
+    num_groups: int
+    seconds: float
+    errors_by_code: dict[str, int]
 
 
 def read_lines(path: Path, chunk: int = _READ_LINES) -> Iterator[list[bytes]]:
@@ -75,26 +70,62 @@ def run_local(
     engine_args: dict[str, Any],
     use_tqdm: bool = True,
 ) -> RunSummary:
-    import time
-
-    from prefixgrove.engine import LLM, EngineConfig, SamplingParams
+    from prefixgrove.engine import LLM, EngineConfig
 
     start = time.perf_counter()
     engine_args = {**engine_args, "max_model_len": ingest.max_model_len}
     limit = EngineConfig.create(model, **engine_args).model.max_model_len  # no weights yet
     ingestor = JobIngestor(PromptTokenizer(model, limit), ingest)
+    requests, errors = _read_job(ingestor, input_path)
+    plan = ingestor.plan()
+    llm = LLM(model, **engine_args)
+    runnable = _runnable(llm, requests, errors)
+    outputs = llm.generate(
+        [{"prompt_token_ids": tokens.tolist()} for _, tokens, _ in runnable],
+        [params for _, _, params in runnable],
+        use_tqdm=use_tqdm,
+        groups=_engine_groups(plan, [request.index for request, _, _ in runnable]),
+    )
+    lines = _output_lines(runnable, outputs, model, llm.get_tokenizer())
+    _write(output_path, lines)
+    _write(errors_path, {e.index: e.to_line() for e in errors})
+    return RunSummary(
+        total=ingestor.total,
+        completed=len(lines),
+        failed=len(errors),
+        prompt_tokens=ingestor.prompt_tokens,
+        completion_tokens=sum(len(out.outputs[0].token_ids) for out in outputs),
+        prefix_tokens_saved=plan.prefix_tokens_saved,
+        num_groups=plan.num_groups,
+        seconds=time.perf_counter() - start,
+        errors_by_code=dict(Counter(e.code for e in errors)),
+    )
+
+
+def _read_job(
+    ingestor: JobIngestor, path: Path
+) -> tuple[list[tuple[BatchRequest, Any]], list[RequestError]]:
+    """The job's valid requests with their tokens, and the lines that failed; raises JobInputError
+    when the whole input is not a batch."""
     requests: list[tuple[BatchRequest, Any]] = []
     errors: list[RequestError] = []
-    for lines in read_lines(input_path):
+    for lines in read_lines(path):
         batch = ingestor.add(lines)
         requests.extend(batch.requests)
         errors.extend(batch.errors)
     problem = ingestor.job_error()
     if problem is not None:
         raise JobInputError(*problem)
-    plan = ingestor.plan()
-    llm = LLM(model, **engine_args)
-    runnable: list[tuple[BatchRequest, Any, Any]] = []
+    return requests, errors
+
+
+def _runnable(
+    llm: LLM, requests: list[tuple[BatchRequest, Any]], errors: list[RequestError]
+) -> list[tuple[BatchRequest, Any, SamplingParams]]:
+    """The requests the engine accepts, with their sampling settings; the others join `errors`."""
+    from prefixgrove.engine import SamplingParams
+
+    runnable = []
     for request, tokens in requests:
         params = SamplingParams(**request.params)
         try:
@@ -103,17 +134,18 @@ def run_local(
             errors.append(engine_error(request.index, request.custom_id, exc))
             continue
         runnable.append((request, tokens, params))
-    outputs = llm.generate(
-        [{"prompt_token_ids": tokens.tolist()} for _, tokens, _ in runnable],
-        [params for _, _, params in runnable],
-        use_tqdm=use_tqdm,
-        groups=_engine_groups(plan, [(r.index, tokens) for r, tokens, _ in runnable]),
-    )
-    tokenizer = llm.get_tokenizer()
-    lines_by_index: dict[int, str] = {}
-    summary = RunSummary(total=ingestor.total, prompt_tokens=ingestor.prompt_tokens)
-    for (request, _, _), out in zip(runnable, outputs, strict=True):
-        lines_by_index[request.index] = success_line(
+    return runnable
+
+
+def _output_lines(
+    runnable: list[tuple[BatchRequest, Any, SamplingParams]],
+    outputs: list[RequestOutput],
+    model: str,
+    tokenizer: Any,
+) -> dict[int, str]:
+    """Each answered request's output line, by line index."""
+    return {
+        request.index: success_line(
             request.index,
             request.custom_id,
             request.endpoint,
@@ -122,34 +154,20 @@ def run_local(
             out,
             tokenizer,
         )
-        summary.completion_tokens += len(out.outputs[0].token_ids)
-    _write(output_path, lines_by_index)
-    _write(errors_path, {e.index: e.to_line() for e in errors})
-    summary.completed = len(lines_by_index)
-    summary.failed = len(errors)
-    summary.prefix_tokens_saved = plan.prefix_tokens_saved
-    summary.num_groups = plan.num_groups
-    for e in errors:
-        summary.errors_by_code[e.code] = summary.errors_by_code.get(e.code, 0) + 1
-    summary.seconds = time.perf_counter() - start
-    return summary
+        for (request, _, _), out in zip(runnable, outputs, strict=True)
+    }
 
 
-def _engine_groups(plan: JobPlan, runnable: list[tuple[int, Any]]) -> _Groups:
-    """The plan's groups over the requests the engine accepted (as the workers form them)."""
-    position = {line: pos for pos, (line, _) in enumerate(runnable)}
+def _engine_groups(plan: JobPlan, lines: list[int]) -> list[PrefixGroup]:
+    """The plan's groups over the positions of the requests the engine accepted (line indices in
+    `lines`), as the workers form them: a group left with one request runs it alone."""
+    position = {line: pos for pos, line in enumerate(lines)}
     groups = []
     for unit in plan.units:
         members = tuple(position[i] for i in unit.indices if i in position)
         if unit.prefix_len and len(members) >= 2:
-            first = runnable[members[0]][1][: unit.prefix_len]
-            prompts = [runnable[m][1] for m in members]
-            if all(
-                len(p) > unit.prefix_len and np.array_equal(p[: unit.prefix_len], first)
-                for p in prompts
-            ):
-                groups.append(_Group(unit.prefix_len, members))
-    return _Groups(groups)
+            groups.append(PrefixGroup(unit.prefix_len, members))
+    return groups
 
 
 def _write(path: Path, lines: dict[int, str]) -> None:

@@ -17,7 +17,7 @@ from engine_checkpoints import (
 )
 
 from prefixgrove import LLM, SamplingParams
-from prefixgrove.grouping import GroupingConfig, group_prompts
+from prefixgrove.grouping import GroupingConfig, PrefixGroup, group_prompts
 
 PREFIX_LEN = 80  # 5 blocks of 16, above the cascade pass's 64-token threshold
 PARAMS = greedy(5, ignore_eos=True)
@@ -35,6 +35,11 @@ def ungrouped(llama_dir: str, job: list[list[int]]) -> list[list[int]]:
     assert [o.num_cached_tokens for o in outs] == [0] * len(job)
     assert_no_leak(llm)
     return token_ids(outs)
+
+
+def everyone(prefix_len: int, requests: list) -> PrefixGroup:
+    """A group of all of `requests`."""
+    return PrefixGroup(prefix_len, tuple(range(len(requests))))
 
 
 def count_cascade_calls(llm: LLM) -> dict[str, int]:
@@ -164,7 +169,7 @@ def test_planner_grouping_is_used_as_given(llama_dir, job):
     assert len(grouping.groups) == 4
     llm = engine(llama_dir, enable_prefix_grouping=False)
     outs = llm.generate(
-        [{"prompt_token_ids": p} for p in job], PARAMS, use_tqdm=False, groups=grouping
+        [{"prompt_token_ids": p} for p in job], PARAMS, use_tqdm=False, groups=grouping.groups
     )
     assert [o.num_cached_tokens for o in outs] == [PREFIX_LEN] * len(job)
     assert_no_leak(llm)
@@ -174,7 +179,8 @@ def test_add_group_streams_members_through_the_engine(llama_dir, job, ungrouped)
     llm = engine(llama_dir)
     first = job[0][:PREFIX_LEN]
     members = [i for i, p in enumerate(job) if p[:PREFIX_LEN] == first]
-    llm.engine.add_group("g", PREFIX_LEN, [(f"r{i}", job[i], PARAMS) for i in members])
+    requests = [(f"r{i}", p, PARAMS) for i, p in enumerate(job)]
+    llm.engine.add_group("g", PrefixGroup(PREFIX_LEN, tuple(members)), requests)
     finished = {}
     while llm.engine.has_unfinished_requests():
         for out in llm.engine.step():
@@ -190,7 +196,7 @@ def test_add_group_cuts_the_prefix_to_whole_blocks(llama_dir, job):
     llm = engine(llama_dir)
     first = job[0][:PREFIX_LEN]
     members = [(f"r{i}", p, PARAMS) for i, p in enumerate(job) if p[:PREFIX_LEN] == first]
-    llm.engine.add_group("g", PREFIX_LEN - 5, members)
+    llm.engine.add_group("g", everyone(PREFIX_LEN - 5, members), members)
     outs = []
     while llm.engine.has_unfinished_requests():
         outs += llm.engine.step()
@@ -198,18 +204,23 @@ def test_add_group_cuts_the_prefix_to_whole_blocks(llama_dir, job):
     assert_no_leak(llm)
 
 
-def test_add_group_refuses_a_request_without_the_prefix(llama_dir):
-    llm = engine(llama_dir)
+def test_a_group_whose_request_lacks_the_prefix_runs_unshared(llama_dir, caplog):
+    """The planner groups by block hashes: the engine checks the prefix, and a group that fails the
+    check runs without sharing, its tokens those of requests run alone."""
     prefix = random_prompts([48], seed=7)[0]
     good = [*prefix, 1, 2, 3]
     bad = [*prefix[:5], (prefix[5] + 1) % 256, *prefix[6:], 4, 5]
-    with pytest.raises(
-        ValueError, match=r"request 'b' of group 'g' does not start with .*48-token"
-    ):
-        llm.engine.add_group("g", 48, [("a", good, PARAMS), ("b", bad, PARAMS)])
-    assert not llm.engine.has_unfinished_requests()
-    llm.engine.add_request("a", good, PARAMS)  # nothing of the refused group stayed behind
-    llm.engine.abort(["a"])
+    members = [("a", good, PARAMS), ("b", bad, PARAMS)]
+    llm = engine(llama_dir)
+    llm.engine.add_group("g", everyone(48, members), members)
+    assert "request 'b' of group 'g' does not start with the group's 48-token prefix" in caplog.text
+    outs = {}
+    while llm.engine.has_unfinished_requests():
+        outs.update((o.request_id, o) for o in llm.engine.step())
+    assert [outs[r].num_cached_tokens for r in "ab"] == [0, 0]
+    assert llm.engine.metrics.kv_blocks_shared == 0
+    alone = run(engine(llama_dir, enable_prefix_grouping=False), [good, bad], PARAMS)
+    assert [outs[r].outputs[0].token_ids for r in "ab"] == token_ids(alone)
     assert_no_leak(llm)
 
 
@@ -268,7 +279,7 @@ def _group_of_first_prefix(job: list[list[int]]) -> list[tuple[str, list[int], S
 def test_aborting_every_member_of_a_running_group_frees_its_prefix(llama_dir, job):
     llm = engine(llama_dir)
     members = _group_of_first_prefix(job)
-    llm.engine.add_group("g", PREFIX_LEN, members)
+    llm.engine.add_group("g", everyone(PREFIX_LEN, members), members)
     llm.engine.step()  # the prefix
     llm.engine.step()  # members join
     assert llm.engine.blocks.num_shared() > 0
@@ -279,7 +290,7 @@ def test_aborting_every_member_of_a_running_group_frees_its_prefix(llama_dir, jo
 def test_aborting_a_group_that_has_not_started(llama_dir, job):
     llm = engine(llama_dir)
     members = _group_of_first_prefix(job)
-    llm.engine.add_group("g", PREFIX_LEN, members)
+    llm.engine.add_group("g", everyone(PREFIX_LEN, members), members)
     llm.engine.abort([rid for rid, _, _ in members])
     assert_no_leak(llm)
     assert llm.engine.step() == []
@@ -305,32 +316,22 @@ def _invalid_group(seed: int = 17) -> list[tuple[str, list[int], SamplingParams]
 
 def test_add_group_with_an_invalid_request_names_it(llama_dir):
     with pytest.raises(ValueError, match=r"'b'.*token id 999"):
-        engine(llama_dir).engine.add_group("g", 32, _invalid_group())
+        engine(llama_dir).engine.add_group("g", PrefixGroup(32, (0, 1)), _invalid_group())
 
 
 def test_add_group_with_an_invalid_request_queues_none_of_its_requests(llama_dir):
     llm = engine(llama_dir)
     members = _invalid_group()
     with pytest.raises(ValueError, match="token id 999"):
-        llm.engine.add_group("g", 32, members)
+        llm.engine.add_group("g", PrefixGroup(32, (0, 1)), members)
     assert not llm.engine.has_unfinished_requests()
     llm.engine.add_request("a", members[0][1], PARAMS)  # the valid member's id is free again
     llm.engine.abort(["a"])
     assert_no_leak(llm)
 
 
-def test_add_group_without_requests_names_the_group(llama_dir):
+def test_add_group_naming_a_request_that_did_not_come_with_it_is_refused(llama_dir):
     llm = engine(llama_dir)
-    with pytest.raises(ValueError, match="group 'g'"):
-        llm.engine.add_group("g", 32, [])
-
-
-def test_add_group_of_one_request_runs_it_alone(llama_dir, job, ungrouped):
-    llm = engine(llama_dir)
-    llm.engine.add_group("g", PREFIX_LEN, [("r0", job[0], PARAMS)])
-    outs = []
-    while llm.engine.has_unfinished_requests():
-        outs += llm.engine.step()
-    assert outs[0].num_cached_tokens == 0 and outs[0].outputs[0].token_ids == ungrouped[0]
-    assert llm.engine.metrics.kv_blocks_shared == 0
-    assert_no_leak(llm)
+    with pytest.raises(ValueError, match=r"group 'g' names request 2, but only 2 requests came"):
+        llm.engine.add_group("g", PrefixGroup(32, (0, 2)), _invalid_group())
+    assert not llm.engine.has_unfinished_requests()

@@ -8,6 +8,7 @@ import pytest
 from engine_checkpoints import engine, greedy, run
 
 from prefixgrove import LLM, SamplingParams
+from prefixgrove.grouping import PrefixGroup
 
 
 @pytest.fixture(scope="module")
@@ -162,9 +163,9 @@ def test_prevalidated_group_still_refuses_a_request_id_in_use(llm: LLM):
     params = greedy(2)
     ids = llm.engine.validate([1, 2, 3], params)
     llm.engine.add_request("taken", ids, params, validated=True)
-    members = [("taken", llm.engine.validate([1, 2, 3, 4], params), params)]
+    members = [(rid, llm.engine.validate([1, 2, 3, 4], params), params) for rid in ("new", "taken")]
     with pytest.raises(ValueError, match="'taken' is already in the engine"):
-        llm.engine.add_group("g", 2, members, validated=True)
+        llm.engine.add_group("g", PrefixGroup(2, (0, 1)), members, validated=True)
     llm.engine.abort(["taken"])
     _assert_nothing_queued_and_still_usable(llm)
 

@@ -9,6 +9,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from prefixgrove.grouping import GroupingConfig, PrefixGroup, group_prompts
+
 from .config import EngineConfig
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
@@ -21,8 +23,8 @@ class LLM:
     """One model on one device, generating for whole batches of prompts.
 
     With `enable_prefix_grouping` (the default) the prompts of a `generate` call are grouped by shared
-    prefix first, and each prefix is computed once; `groups=` takes a grouping made elsewhere (the planner)
-    and uses it as it is.
+    prefix first, and each prefix is computed once; `groups=` takes groups formed elsewhere (the
+    planner's, over positions in `prompts`) and uses them as they are.
     """
 
     def __init__(self, model: str, **kwargs: Any) -> None:
@@ -42,7 +44,7 @@ class LLM:
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = True,
         *,
-        groups: Any = None,
+        groups: Seq[PrefixGroup] | None = None,
     ) -> list[RequestOutput]:
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
@@ -55,8 +57,8 @@ class LLM:
                 raise ValueError(f"prompt {i}: {e}") from None
         self._batches += 1
         request_ids = [f"{self._batches}-{i}" for i in range(len(token_ids))]
-        if groups is None and self.config.enable_prefix_grouping:
-            groups = self._group(token_ids)
+        if groups is None:
+            groups = self._group(token_ids) if self.config.enable_prefix_grouping else []
         self._submit(request_ids, texts, token_ids, params, groups)
         # The job's prompts (millions of ids in lists) and sequences live until it ends: frozen, the
         # garbage collector's passes skip them instead of walking every list again (0.46 s of
@@ -106,17 +108,13 @@ class LLM:
             )
         return list(sp)
 
-    def _group(self, token_ids: list[list[int]]) -> Any:
-        from prefixgrove.grouping import GroupingConfig, group_prompts
-
+    def _group(self, token_ids: list[list[int]]) -> list[PrefixGroup]:
         block_size = self.config.cache.block_size
         # No group may need more than the whole cache: a bigger one is split into groups of one prefix.
         capacity = self.engine.blocks.num_usable * block_size
-        smallest = (
-            GroupingConfig(block_size=block_size).min_shared_len + 2
-        )  # what the config accepts
+        smallest = GroupingConfig(block_size=block_size).min_shared_len + 2  # the least it accepts
         config = GroupingConfig(block_size=block_size, max_group_tokens=max(capacity, smallest))
-        return group_prompts(token_ids, config)
+        return group_prompts(token_ids, config).groups
 
     def _submit(
         self,
@@ -124,14 +122,12 @@ class LLM:
         texts: list[str | None],
         token_ids: list[list[int]],
         params: list[SamplingParams],
-        groups: Any,
+        groups: Seq[PrefixGroup],
     ) -> None:
+        requests = list(zip(request_ids, token_ids, params, strict=True))
         grouped: set[int] = set()
-        for g, group in enumerate(getattr(groups, "groups", None) or []):
-            members = [(request_ids[i], token_ids[i], params[i]) for i in group.request_indices]
-            self.engine.add_group(
-                f"{request_ids[0]}-g{g}", group.prefix_len, members, validated=True
-            )
+        for g, group in enumerate(groups):
+            self.engine.add_group(f"{request_ids[0]}-g{g}", group, requests, validated=True)
             grouped.update(group.request_indices)
         for i, rid in enumerate(request_ids):
             if i not in grouped:

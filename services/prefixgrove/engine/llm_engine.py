@@ -12,6 +12,7 @@ from collections.abc import Sequence as Seq
 import numpy as np
 
 from prefixgrove.catalog.presets import load_tokenizer
+from prefixgrove.grouping import PrefixGroup
 
 from .block_manager import BlockManager
 from .config import EngineConfig
@@ -24,6 +25,8 @@ from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import Group, Sequence
 
 logger = logging.getLogger(__name__)
+# A request as add_group takes it: (request_id, prompt_token_ids, params).
+NewRequest = tuple[str, Seq[int], SamplingParams]
 
 
 class LLMEngine:
@@ -131,55 +134,75 @@ class LLMEngine:
     def add_group(
         self,
         group_id: str,
-        prefix_len: int,
-        requests: Seq[tuple[str, Seq[int], SamplingParams]],
+        group: PrefixGroup,
+        requests: Seq[NewRequest],
         *,
         validated: bool = False,
     ) -> None:
-        """Adds requests whose prompts share their first prefix_len tokens, computed once for all.
+        """Adds `requests[i]` for each position i of the group; the prefix their prompts share is
+        computed once for all.
 
-        The prefix is cut to whole KV blocks and to leave every request at least one token of its own;
-        if nothing worth sharing is left, the requests run on their own. Every request is checked
-        before any is queued (validated: as in `add_request`, their ids were checked already).
+        The prefix is cut to whole KV blocks and to leave every request at least one token of its own.
+        If nothing worth sharing is left, or a request does not start with the prefix (the planner
+        groups by block hashes), the requests run on their own. Every request is checked before any
+        is queued (validated: as in `add_request`, their ids were checked already).
         """
         begin = time.perf_counter()
-        self._add_group(group_id, prefix_len, requests, validated)
+        members = self._check_group(group_id, group, requests, validated)
+        prefix_len = self._shared_prefix_len(group_id, group.prefix_len, members)
+        seqs = [self._new_sequence(rid, ids, params) for rid, ids, params in members]
+        if prefix_len:
+            self.scheduler.add(self._group(group_id, prefix_len, seqs))
+        else:
+            for seq in seqs:
+                self.scheduler.add(seq)
         self.metrics.intake_seconds += time.perf_counter() - begin
 
-    def _add_group(
-        self,
-        group_id: str,
-        prefix_len: int,
-        requests: Seq[tuple[str, Seq[int], SamplingParams]],
-        validated: bool,
-    ) -> None:
-        if not requests:
-            raise ValueError(f"group {group_id!r} has no requests")
+    def _check_group(
+        self, group_id: str, group: PrefixGroup, requests: Seq[NewRequest], validated: bool
+    ) -> list[tuple[str, list[int], SamplingParams]]:
+        if max(group.request_indices) >= len(requests):
+            raise ValueError(
+                f"group {group_id!r} names request {max(group.request_indices)}, but only "
+                f"{len(requests)} requests came with it"
+            )
         checked = []
-        for rid, prompt, params in requests:
+        for rid, prompt, params in (requests[i] for i in group.request_indices):
             try:
                 checked.append((rid, self._check_new(rid, prompt, params, validated), params))
             except ValueError as e:
                 raise ValueError(f"request {rid!r} of group {group_id!r}: {e}") from None
+        return checked
+
+    def _shared_prefix_len(
+        self, group_id: str, prefix_len: int, members: list[tuple[str, list[int], SamplingParams]]
+    ) -> int:
+        """The prefix the members share in whole blocks, each keeping a token of its own; 0 where
+        one of them does not start with the group's prefix."""
         bs = self.config.cache.block_size
-        shortest = min(len(ids) for _, ids, _ in checked)
+        shortest = min(len(ids) for _, ids, _ in members)
         prefix_len = max(0, min(prefix_len, shortest - 1)) // bs * bs
-        first = checked[0][1][:prefix_len]
-        for rid, ids, _ in checked:
+        first = members[0][1][:prefix_len]
+        for rid, ids, _ in members:
             if ids[:prefix_len] != first:
-                raise ValueError(
-                    f"request {rid!r} of group {group_id!r} does not start with the "
-                    f"group's {prefix_len}-token prefix"
+                logger.warning(
+                    "request %r of group %r does not start with the group's %d-token prefix: its "
+                    "%d requests run unshared",
+                    rid,
+                    group_id,
+                    prefix_len,
+                    len(members),
                 )
-        members = [self._new_sequence(rid, ids, sp) for rid, ids, sp in checked]
-        if prefix_len == 0 or len(members) < 2:
-            for m in members:
-                self.scheduler.add(m)
-            return
+                return 0
+        return prefix_len
+
+    def _group(self, group_id: str, prefix_len: int, members: list[Sequence]) -> Group:
+        """The group's members and a prefill-only sequence of their shared prefix."""
+        prefix_ids = members[0].prompt_token_ids[:prefix_len]
         prefix = Sequence(
             self._take_id(),
             f"{group_id}/prefix",
-            first,
+            prefix_ids,
             SamplingParams(max_tokens=1),
             0,
             is_prefix=True,
@@ -188,7 +211,7 @@ class LLMEngine:
         prefix.group = group
         for m in members:
             m.group = group
-        self.scheduler.add(group)
+        return group
 
     def _check_new(
         self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams, validated: bool

@@ -12,11 +12,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from prefixgrove.grouping import PrefixGroup
 from prefixgrove.jobs.connection import connect
 from prefixgrove.jobs.output_lines import success_line
 from prefixgrove.jobs.queue import GroupQueue, Lease
@@ -182,8 +182,9 @@ class Worker:
         flight.outstanding = set(flight.requests)
         self._inflight[(job_id, group_id)] = flight
         self.metrics.groups_leased.set(len(self._inflight))
-        if group.prefix_len and len(valid) >= 2 and _shares_prefix(valid, group.prefix_len):
-            self.engine.add_group(f"{job_id}/{group_id}", group.prefix_len, valid)
+        if group.prefix_len and len(valid) >= 2:
+            shared = PrefixGroup(group.prefix_len, tuple(range(len(valid))))
+            self.engine.add_group(f"{job_id}/{group_id}", shared, valid)
         else:
             for request_id, tokens, params in valid:
                 self.engine.add_request(request_id, tokens, params)
@@ -284,16 +285,6 @@ class Worker:
             self.metrics.tokens_per_second.set(count / elapsed)
             start, count = time.monotonic(), 0
         self._tokens_window = (start, count)
-
-
-def _shares_prefix(members: list[tuple[str, Any, Any]], prefix_len: int) -> bool:
-    """Whether every prompt starts with the group's prefix; the planner grouped by hashes, so a
-    group that fails this runs without sharing instead of failing."""
-    first = members[0][1][:prefix_len]
-    ok = all(len(t) > prefix_len and np.array_equal(t[:prefix_len], first) for _, t, _ in members)
-    if not ok:
-        log.warning("group prefix check failed; running its %d requests unshared", len(members))
-    return ok
 
 
 def _params(record: RequestRecord) -> Any:
