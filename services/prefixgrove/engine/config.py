@@ -60,9 +60,7 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     num_scheduler_steps: int = 1  # decode steps per CPU round trip when a batch is decode-only
-    first_wave: int = (
-        4  # suffixes of a new group that must fit beside its prefix before it is admitted
-    )
+    first_wave: int = 4  # suffixes of a new group that must fit beside its prefix to admit it
     # Each step or decode window is scheduled and enqueued while the one before it still runs, before
     # the host has seen that one's tokens (they reach the new step's inputs on the device), so the GPU
     # does not wait for the host's scheduling, input filling and token handling between steps.

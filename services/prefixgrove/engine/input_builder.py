@@ -230,9 +230,8 @@ class InputBuilder:
         ends = [int(cu[r.stop]) for r in groups]
         h["group_cu_q"][0] = 0
         h["group_cu_q"][1 : len(ends) + 1] = ends
-        h["group_cu_q"][len(ends) + 1 : num_groups + 1] = (
-            ends[-1] if ends else 0
-        )  # empty padded groups
+        # empty padded groups
+        h["group_cu_q"][len(ends) + 1 : num_groups + 1] = ends[-1] if ends else 0
         h["group_prefix_lens"][:num_groups] = 0
         h["group_block_tables"][:num_groups] = 0
         for g, r in enumerate(groups):

@@ -61,12 +61,11 @@ class LLM:
             groups = self._group(token_ids) if self.config.enable_prefix_grouping else []
         self._submit(request_ids, texts, token_ids, params, groups)
         # The job's prompts (millions of ids in lists) and sequences live until it ends: frozen, the
-        # garbage collector's passes skip them instead of walking every list again (0.46 s of
-        # collections in the canonical 6,400-request run, 0.1 s frozen). Objects made while it runs
-        # are collected as usual. gc.unfreeze() also thaws what was frozen before the call (some
-        # interpreters start with objects frozen): freezing only spares collections work, so that
-        # costs speed at most, where leaving the engine's objects frozen would keep its reference
-        # cycles, and the GPU memory they hold, alive after the engine is gone.
+        # garbage collector's passes skip them instead of walking every list again. Objects made
+        # while it runs are collected as usual. gc.unfreeze() also thaws what was frozen before the
+        # call (some interpreters start with objects frozen): freezing only spares collections work,
+        # so that costs speed at most, where leaving the engine's objects frozen would keep its
+        # reference cycles, and the GPU memory they hold, alive after the engine is gone.
         gc.freeze()
         try:
             return self._run(request_ids, use_tqdm)

@@ -8,26 +8,21 @@ from dataclasses import dataclass
 @dataclass
 class EngineMetrics:
     steps: int = 0
-    prefill_tokens: int = (
-        0  # prompt tokens whose KV was computed (prefixes once, suffixes, recomputes)
-    )
+    # prompt tokens whose KV was computed (prefixes once, suffixes, recomputes)
+    prefill_tokens: int = 0
     decode_tokens: int = 0
     prefix_tokens_reused: int = 0  # prompt tokens a request took from its group's prefix instead
-    kv_blocks_shared: int = (
-        0  # block references taken on a group's prefix (one per request and block)
-    )
+    # block references taken on a group's prefix (one per request and block)
+    kv_blocks_shared: int = 0
     preemptions: int = 0
     requests_finished: int = 0
     decode_steps: int = 0  # steps whose batch was decode-only
     decode_seconds: float = 0.0  # wall time of those steps, CPU work included
-    decode_kv_tokens: int = (
-        0  # KV entries attended over all decode-only steps (for bandwidth figures)
-    )
+    # KV entries attended over all decode-only steps (for bandwidth figures)
+    decode_kv_tokens: int = 0
     mixed_seconds: float = 0.0  # wall time of steps with prefill work
-    steps_launched_ahead: int = (
-        0  # steps and windows enqueued before the host had seen the previous one's tokens
-    )
-    host_seconds: float = (
-        0.0  # CPU-only time between steps: scheduling, stop checks, finishing requests
-    )
+    # steps and windows enqueued before the host had seen the previous one's tokens
+    steps_launched_ahead: int = 0
+    # CPU-only time between steps: scheduling, stop checks, finishing requests
+    host_seconds: float = 0.0
     intake_seconds: float = 0.0  # validating and queueing requests (add_request / add_group)

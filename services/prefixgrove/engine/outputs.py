@@ -36,7 +36,5 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
-    num_cached_tokens: int = (
-        0  # prompt tokens whose KV came from a shared prefix instead of a prefill
-    )
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from a shared prefix, not a prefill
     metrics: dict[str, float] = field(default_factory=dict)

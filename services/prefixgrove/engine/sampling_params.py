@@ -30,9 +30,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    detokenize: bool = (
-        True  # False: token ids only (benchmarks; models whose tokenizer is not loaded)
-    )
+    # False: token ids only (benchmarks; models whose tokenizer is not loaded)
+    detokenize: bool = True
 
     def __post_init__(self) -> None:
         # Accept a single string / list for the sequence fields, as the OpenAI and vLLM APIs do.
@@ -45,9 +44,11 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
-        self._validate()
+        self._check_sampling()
+        self._check_stops_and_logprobs()
+        self._check_penalties()
 
-    def _validate(self) -> None:
+    def _check_sampling(self) -> None:
         _check(
             isinstance(self.max_tokens, int) and self.max_tokens >= 1,
             "max_tokens",
@@ -74,6 +75,8 @@ class SamplingParams:
             self.seed,
             "None or an integer in [0, 2**63)",
         )
+
+    def _check_stops_and_logprobs(self) -> None:
         _check(
             all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "non-empty strings"
         )
@@ -90,6 +93,8 @@ class SamplingParams:
             self.logprobs,
             f"None or an integer in [0, {_MAX_LOGPROBS}]",
         )
+
+    def _check_penalties(self) -> None:
         _check(
             -2.0 <= self.presence_penalty <= 2.0,
             "presence_penalty",

@@ -39,9 +39,8 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
         self.config = config
         self.blocks = blocks
-        self.waiting: deque[Sequence | Group] = (
-            deque()
-        )  # ungrouped requests and not-yet-started groups
+        # ungrouped requests and not-yet-started groups
+        self.waiting: deque[Sequence | Group] = deque()
         self.ready_groups: list[Group] = []  # prefix in the cache, requests still to start
         self.running: list[Sequence] = []  # admission order
         self.num_preemptions = 0
