@@ -21,9 +21,21 @@ _LLAMA3_ROPE = {
 }
 
 
-def _tiny_random_llama() -> LlamaConfig:
+def _llama3(original_max_positions: int, **shape: Any) -> LlamaConfig:
+    """A Llama-3-style config: llama3 rope scaling from `original_max_positions`, RMSNorm eps 1e-5."""
     # rope_theta / rope_scaling travel through LlamaConfig's **kwargs in transformers 5
     return LlamaConfig(  # type: ignore[call-arg]
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling={**_LLAMA3_ROPE, "original_max_position_embeddings": original_max_positions},
+        architectures=["LlamaForCausalLM"],
+        **shape,
+    )
+
+
+def _tiny_random_llama() -> LlamaConfig:
+    return _llama3(
+        1024,
         vocab_size=VOCAB_SIZE,
         hidden_size=128,
         intermediate_size=256,
@@ -32,19 +44,15 @@ def _tiny_random_llama() -> LlamaConfig:
         num_key_value_heads=2,
         head_dim=32,
         max_position_embeddings=4096,
-        rms_norm_eps=1e-5,
-        rope_theta=500000.0,
-        rope_scaling={**_LLAMA3_ROPE, "original_max_position_embeddings": 1024},
         bos_token_id=BOS_ID,
         eos_token_id=[EOS_ID, EOT_ID],
         tie_word_embeddings=True,
-        architectures=["LlamaForCausalLM"],
     )
 
 
 def _llama_31_8b_random() -> LlamaConfig:
-    # rope_theta / rope_scaling travel through LlamaConfig's **kwargs in transformers 5
-    return LlamaConfig(  # type: ignore[call-arg]
+    return _llama3(
+        8192,
         vocab_size=128256,
         hidden_size=4096,
         intermediate_size=14336,
@@ -53,13 +61,9 @@ def _llama_31_8b_random() -> LlamaConfig:
         num_key_value_heads=8,
         head_dim=128,
         max_position_embeddings=131072,
-        rms_norm_eps=1e-5,
-        rope_theta=500000.0,
-        rope_scaling={**_LLAMA3_ROPE, "original_max_position_embeddings": 8192},
         bos_token_id=128000,
         eos_token_id=[128001, 128008, 128009],
         tie_word_embeddings=False,
-        architectures=["LlamaForCausalLM"],
     )
 
 

@@ -34,18 +34,10 @@ def create_ops(name: str) -> ModelOps:
     raise ValueError(f"model ops {name!r} are unknown; expected 'triton' or 'torch'")
 
 
-def _rotary_to_cache(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slots: torch.Tensor,
-) -> torch.Tensor:
+def _rotary_to_cache(q: torch.Tensor, *k_v_and_cache: torch.Tensor) -> torch.Tensor:
+    """`apply_rotary_to_cache` (arguments as in ModelOps.rotary_to_cache) rotating q where it is."""
     from prefixgrove_kernels.rotary import apply_rotary_to_cache
 
     # q is a view of the fused qkv output: rotating it where it is saves a copy; the keys go to the
     # cache rotated in the same launch (no rotated k tensor, no index_copy_ of k and v).
-    return apply_rotary_to_cache(q, k, v, positions, cos_sin, k_cache, v_cache, slots, q_out=q)
+    return apply_rotary_to_cache(q, *k_v_and_cache, q_out=q)
