@@ -14,22 +14,13 @@ import torch
 
 from prefixgrove import LLM, SamplingParams
 
-from _common import (
-    H100_BF16_FLOPS,
-    H100_HBM_BYTES_PER_S,
-    add_random_workload_args,
-    device_name,
-    emit,
-    greedy_params,
-    make_llm,
-    random_prompts,
-    timed,
-)
+import _common as common
+from _common import H100_BF16_FLOPS, H100_HBM_BYTES_PER_S
 
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
-    add_random_workload_args(ap, num_requests=1000, prompt_len=1000, output_len=200)
+    common.add_random_workload_args(ap, num_requests=1000, prompt_len=1000, output_len=200)
     ap.add_argument("--num-scheduler-steps", type=int, default=None)
     ap.add_argument("--enforce-eager", action="store_true")
     return ap.parse_args()
@@ -43,10 +34,12 @@ def measure(llm: LLM, prompts: list[dict], output_len: int) -> tuple[list[Any], 
         SamplingParams(max_tokens=8, ignore_eos=True, detokenize=False),
         use_tqdm=False,
     )  # warm-up: kernel compilation, allocator
-    _, prefill_s = timed(lambda: llm.generate(prompts, greedy_params(1), use_tqdm=False))
+    _, prefill_s = common.timed(
+        lambda: llm.generate(prompts, common.greedy_params(1), use_tqdm=False)
+    )
     llm.engine.metrics.__init__()
-    params = greedy_params(output_len)
-    outs, total_s = timed(lambda: llm.generate(prompts, params, use_tqdm=False))
+    params = common.greedy_params(output_len)
+    outs, total_s = common.timed(lambda: llm.generate(prompts, params, use_tqdm=False))
     return outs, total_s, prefill_s
 
 
@@ -70,22 +63,22 @@ def hardware_use(llm: LLM, args: argparse.Namespace, prefill_s: float) -> dict[s
 
 def main() -> None:
     args = parse_args()
-    llm = make_llm(
+    llm = common.make_llm(
         args, num_scheduler_steps=args.num_scheduler_steps, enforce_eager=args.enforce_eager
     )
     vocab = llm.config.model.arch.vocab_size
     prompts = [
         {"prompt_token_ids": p}
-        for p in random_prompts(args.num_requests, args.prompt_len, vocab, seed=1)
+        for p in common.random_prompts(args.num_requests, args.prompt_len, vocab, seed=1)
     ]
     outs, total_s, prefill_s = measure(llm, prompts, args.output_len)
     m = llm.engine.metrics
     output_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     use = hardware_use(llm, args, prefill_s)
-    emit(
+    common.emit(
         {
             "benchmark": "throughput",
-            "device": device_name(),
+            "device": common.device_name(),
             "torch": torch.__version__,
             "model": args.model,
             "requests": args.num_requests,
