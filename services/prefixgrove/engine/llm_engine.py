@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-import array
 import logging
-import numbers
 import random
 import time
 from collections.abc import Sequence as Seq
-
-import numpy as np
 
 from prefixgrove.catalog.presets import load_tokenizer
 from prefixgrove.grouping import PrefixGroup
 
 from .block_manager import BlockManager
 from .config import EngineConfig
-from .detokenizer import Detokenizer, DetokState
 from .metrics import EngineMetrics
 from .model_runner import DecodeWindow, InFlight, ModelRunner
-from .outputs import CompletionOutput, Logprob, RequestOutput
+from .output_processor import OutputProcessor
+from .outputs import RequestOutput
+from .prompt_ids import checked_token_ids
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import Group, Sequence
@@ -40,14 +37,9 @@ class LLMEngine:
         self.runner.capture_graphs()
         self.blocks = BlockManager(num_blocks, config.cache.block_size)
         self.scheduler = Scheduler(config.scheduler, self.blocks)
-        self.detokenizer = Detokenizer(self.tokenizer, arch.vocab_size)
-        eos = set(arch.eos_token_ids)
-        if getattr(self.tokenizer, "eos_token_id", None) is not None:
-            eos.add(self.tokenizer.eos_token_id)
-        self.eos_token_ids = frozenset(eos)
+        self.output_processor = OutputProcessor(self.tokenizer, arch, config.model.max_model_len)
         self.metrics = EngineMetrics()
         self._requests: dict[str, Sequence] = {}
-        self._detok: dict[int, DetokState] = {}
         self._seeds = random.Random(config.model.seed)
         self._next_id = 0
         # A step or window on the device whose tokens the host has not taken in yet (async scheduling),
@@ -61,7 +53,7 @@ class LLMEngine:
 
     def validate(self, prompt_token_ids: Seq[int], params: SamplingParams) -> list[int]:
         """Raises ValueError naming the problem (nothing is queued); returns the ids as Python ints."""
-        ids = self._token_ids(prompt_token_ids)
+        ids = checked_token_ids(prompt_token_ids, self.config.model.arch.vocab_size)
         limit = self.config.model.max_model_len
         if len(ids) + params.max_tokens > limit:
             raise ValueError(
@@ -74,43 +66,6 @@ class LLMEngine:
                 f"request needs {need} KV blocks but the cache holds {self.blocks.num_usable}"
             )
         return ids
-
-    def _token_ids(self, prompt_token_ids: Seq[int]) -> list[int]:
-        # A job holds millions of tokens: one C-level pass per prompt, and the slow loop only runs to
-        # name a culprit.
-        if len(prompt_token_ids) == 0:
-            raise ValueError("prompt is empty: at least one token is needed")
-        if isinstance(prompt_token_ids, (list, tuple)):
-            try:  # every item an integer (floats and strings refused), none beyond int64
-                packed = np.frombuffer(array.array("q", prompt_token_ids), dtype=np.int64)
-            except (TypeError, OverflowError):
-                self._name_bad_item(prompt_token_ids)
-                raise ValueError("prompt token ids must be a flat list of integers") from None
-            self._check_vocabulary(packed)
-            # A list is kept as it is, not copied: the engine never writes to a prompt's ids, and
-            # turning 2,000 ids back into new Python ints costs as much as checking them twice.
-            return (
-                prompt_token_ids if isinstance(prompt_token_ids, list) else list(prompt_token_ids)
-            )
-        arr = np.asarray(prompt_token_ids) if not isinstance(prompt_token_ids, str) else None
-        if arr is None or arr.ndim != 1 or arr.dtype.kind not in "iu":
-            self._name_bad_item(prompt_token_ids)
-            raise ValueError("prompt token ids must be a flat list of integers")
-        self._check_vocabulary(arr)
-        return arr.tolist()
-
-    def _name_bad_item(self, prompt_token_ids: Seq[int]) -> None:
-        """Raises ValueError for the first id that is not an integer or lies outside the vocabulary."""
-        vocab = self.config.model.arch.vocab_size
-        for t in prompt_token_ids:
-            if not isinstance(t, numbers.Integral) or isinstance(t, bool):
-                raise ValueError(f"prompt token id {t!r} is not an integer")
-            if not 0 <= t < vocab:
-                raise ValueError(f"prompt token id {t} is outside the vocabulary [0, {vocab})")
-
-    def _check_vocabulary(self, ids: np.ndarray) -> None:
-        if ids.min() < 0 or ids.max() >= self.config.model.arch.vocab_size:
-            self._name_bad_item(ids.tolist())
 
     def add_request(
         self,
@@ -286,6 +241,7 @@ class LLMEngine:
         else:
             results = self.runner.window_results(self.runner.start_window(out.batch, steps))
         finished: list[Sequence] = []
+        append_token = self.output_processor.append_token
         for order, rows in results:
             sampled = iter(rows)
             for item in order:
@@ -294,7 +250,7 @@ class LLMEngine:
                     continue  # it stopped earlier in this window; its later tokens are dropped
                 self._count(item)
                 self.scheduler.complete_chunk(item)
-                if row is not None and self._append_token(item.seq, row):
+                if row is not None and append_token(item.seq, row):
                     finished.append(item.seq)
         end = time.perf_counter()
         self._time_step(out, steps, end - start)
@@ -351,6 +307,7 @@ class LLMEngine:
         else:
             results = iter([self.runner.result(flight)])
         finished: list[Sequence] = []
+        append_token = self.output_processor.append_token
         for order, rows in results:
             sampled = iter(rows)
             for item in order:
@@ -360,7 +317,7 @@ class LLMEngine:
                 seq.num_pending_tokens -= 1
                 if seq.finish_reason is not None:
                     continue  # aborted, or stopped earlier: this token is dropped
-                if self._append_token(seq, row):
+                if append_token(seq, row):
                     finished.append(seq)
         outputs = self._finished(finished)
         seconds = time.perf_counter() - start
@@ -376,7 +333,7 @@ class LLMEngine:
             self.scheduler.finish(seq)
             self._requests.pop(seq.request_id, None)
             self.metrics.requests_finished += 1
-            outputs.append(self._output(seq))
+            outputs.append(self.output_processor.output(seq))
         return outputs
 
     def _window(self, out: SchedulerOutput) -> int:
@@ -409,80 +366,6 @@ class LLMEngine:
         if seq.num_shared_blocks and seq.num_computed_tokens == seq.num_cached_tokens:
             self.metrics.prefix_tokens_reused += seq.num_cached_tokens  # first chunk after joining
             self.metrics.kv_blocks_shared += seq.num_shared_blocks
-
-    def _append_token(self, seq: Sequence, row: np.ndarray) -> bool:
-        """Adds the sampled token; returns whether the request is now finished."""
-        token = int(row[0])
-        seq.output_token_ids.append(token)
-        p = seq.params
-        if p.logprobs is not None:
-            self._record_logprobs(seq, token, row)
-        if token in p.stop_token_ids:
-            seq.finish_reason, seq.stop_reason = "stop", token
-        elif (not p.ignore_eos and token in self.eos_token_ids) or (
-            p.stop and p.detokenize and self._hit_stop_string(seq)
-        ):
-            seq.finish_reason = "stop"
-        elif (
-            len(seq.output_token_ids) >= p.max_tokens
-            # tokens the host has seen: one sampled by a step in flight is not counted here
-            or len(seq.prompt_token_ids) + len(seq.output_token_ids)
-            >= self.config.model.max_model_len
-        ):
-            seq.finish_reason = "length"
-        return seq.finish_reason is not None
-
-    def _record_logprobs(self, seq: Sequence, token: int, row: np.ndarray) -> None:
-        k = seq.params.logprobs or 0
-        entry = {token: Logprob(float(row[1]), int(row[2]))}
-        top_ids, top_vals = row[3 : 3 + (len(row) - 3) // 2], row[3 + (len(row) - 3) // 2 :]
-        for rank, (tid, val) in enumerate(zip(top_ids[:k], top_vals[:k], strict=True), start=1):
-            entry.setdefault(int(tid), Logprob(float(val), rank))
-        if seq.logprobs is None:
-            seq.logprobs = []
-        seq.logprobs.append(entry)
-        seq.cumulative_logprob += float(row[1])
-
-    def _hit_stop_string(self, seq: Sequence) -> bool:
-        state = self._detok.setdefault(seq.seq_id, DetokState())
-        new = self.detokenizer.step(state, seq.output_token_ids, seq.params.skip_special_tokens)
-        if not new:
-            return False
-        window = len(new) + max(len(s) for s in seq.params.stop)
-        tail_start = max(0, len(state.text) - window)
-        hits = [(state.text.find(s, tail_start), s) for s in seq.params.stop]
-        hits = [(i, s) for i, s in hits if i >= 0]
-        if not hits:
-            return False
-        at, stop = min(hits)
-        keep = at + len(stop) if seq.params.include_stop_str_in_output else at
-        seq.output_text = state.text[:keep]
-        seq.stop_reason = stop
-        return True
-
-    def _output(self, seq: Sequence) -> RequestOutput:
-        p = seq.params
-        text = seq.output_text
-        if not text and p.detokenize and not isinstance(seq.stop_reason, str):
-            text = self.detokenizer.decode(seq.output_token_ids, p.skip_special_tokens)
-        self._detok.pop(seq.seq_id, None)
-        completion = CompletionOutput(
-            index=0,
-            text=text,
-            token_ids=list(seq.output_token_ids),
-            finish_reason=seq.finish_reason,
-            stop_reason=seq.stop_reason,
-            logprobs=seq.logprobs,
-            cumulative_logprob=seq.cumulative_logprob if p.logprobs is not None else None,
-        )
-        return RequestOutput(
-            request_id=seq.request_id,
-            prompt=seq.prompt,
-            prompt_token_ids=seq.prompt_token_ids,
-            outputs=[completion],
-            finished=True,
-            num_cached_tokens=seq.num_cached_tokens,
-        )
 
 
 def _tokens_left(seq: Sequence) -> int:

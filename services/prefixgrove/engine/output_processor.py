@@ -1,0 +1,97 @@
+"""What a sampled token does to its request: logprobs recorded, stop conditions checked, and the
+finished request turned into a RequestOutput."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .detokenizer import Detokenizer, DetokState
+from .models.arch import ModelArch
+from .outputs import CompletionOutput, Logprob, RequestOutput
+from .sequence import Sequence
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Any, arch: ModelArch, max_model_len: int) -> None:
+        self.detokenizer = Detokenizer(tokenizer, arch.vocab_size)
+        eos = set(arch.eos_token_ids)
+        if getattr(tokenizer, "eos_token_id", None) is not None:
+            eos.add(tokenizer.eos_token_id)
+        self.eos_token_ids = frozenset(eos)
+        self.max_model_len = max_model_len
+        self._detok: dict[int, DetokState] = {}  # seq_id -> text so far, for stop strings
+
+    def append_token(self, seq: Sequence, row: np.ndarray) -> bool:
+        """Adds the sampled token; returns whether the request is now finished."""
+        token = int(row[0])
+        seq.output_token_ids.append(token)
+        p = seq.params
+        if p.logprobs is not None:
+            self._record_logprobs(seq, token, row)
+        if token in p.stop_token_ids:
+            seq.finish_reason, seq.stop_reason = "stop", token
+        elif (not p.ignore_eos and token in self.eos_token_ids) or (
+            p.stop and p.detokenize and self._hit_stop_string(seq)
+        ):
+            seq.finish_reason = "stop"
+        elif (
+            len(seq.output_token_ids) >= p.max_tokens
+            # tokens the host has seen: one sampled by a step in flight is not counted here
+            or len(seq.prompt_token_ids) + len(seq.output_token_ids) >= self.max_model_len
+        ):
+            seq.finish_reason = "length"
+        return seq.finish_reason is not None
+
+    def _record_logprobs(self, seq: Sequence, token: int, row: np.ndarray) -> None:
+        k = seq.params.logprobs or 0
+        entry = {token: Logprob(float(row[1]), int(row[2]))}
+        top_ids, top_vals = row[3 : 3 + (len(row) - 3) // 2], row[3 + (len(row) - 3) // 2 :]
+        for rank, (tid, val) in enumerate(zip(top_ids[:k], top_vals[:k], strict=True), start=1):
+            entry.setdefault(int(tid), Logprob(float(val), rank))
+        if seq.logprobs is None:
+            seq.logprobs = []
+        seq.logprobs.append(entry)
+        seq.cumulative_logprob += float(row[1])
+
+    def _hit_stop_string(self, seq: Sequence) -> bool:
+        state = self._detok.setdefault(seq.seq_id, DetokState())
+        new = self.detokenizer.step(state, seq.output_token_ids, seq.params.skip_special_tokens)
+        if not new:
+            return False
+        window = len(new) + max(len(s) for s in seq.params.stop)
+        tail_start = max(0, len(state.text) - window)
+        hits = [(state.text.find(s, tail_start), s) for s in seq.params.stop]
+        hits = [(i, s) for i, s in hits if i >= 0]
+        if not hits:
+            return False
+        at, stop = min(hits)
+        keep = at + len(stop) if seq.params.include_stop_str_in_output else at
+        seq.output_text = state.text[:keep]
+        seq.stop_reason = stop
+        return True
+
+    def output(self, seq: Sequence) -> RequestOutput:
+        p = seq.params
+        text = seq.output_text
+        if not text and p.detokenize and not isinstance(seq.stop_reason, str):
+            text = self.detokenizer.decode(seq.output_token_ids, p.skip_special_tokens)
+        self._detok.pop(seq.seq_id, None)
+        completion = CompletionOutput(
+            index=0,
+            text=text,
+            token_ids=list(seq.output_token_ids),
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+            logprobs=seq.logprobs,
+            cumulative_logprob=seq.cumulative_logprob if p.logprobs is not None else None,
+        )
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt=seq.prompt,
+            prompt_token_ids=seq.prompt_token_ids,
+            outputs=[completion],
+            finished=True,
+            num_cached_tokens=seq.num_cached_tokens,
+        )
