@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-PROBE = f"{HERE / 'test_operator_schema.py'}::test_schema_accepts_a_sound_batchjob"
+PROBE = f"{HERE / 'test_schema.py'}::test_schema_accepts_a_sound_batchjob"
 
 
 def run_without_apiserver(ci: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
