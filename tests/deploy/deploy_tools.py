@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from polling import terminate
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "prefixgrove"
@@ -150,10 +151,4 @@ class Process:
             pytest.fail(f"{self.name} exited {self.proc.returncode}:\n{self.text()[-3000:]}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)

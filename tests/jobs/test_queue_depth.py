@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from itertools import pairwise
 
+import pytest
 from services_testbed import RedisServer
 
 from prefixgrove.jobs.connection import connect
@@ -15,6 +16,11 @@ from prefixgrove.jobs.schema import GroupRecord, JobState, ResultRecord
 from prefixgrove.jobs.store import JobStore, QueueDepth
 
 MODEL = "m"
+
+
+@pytest.fixture
+def store(redis_server: RedisServer) -> JobStore:
+    return JobStore(connect(redis_server.url))
 
 
 def job_with_groups(store: JobStore, groups: int, model: str = MODEL) -> str:
@@ -37,10 +43,7 @@ def stream_length(store: JobStore) -> int:
     return int(store.r.xlen(f"pg:queue:{MODEL}"))
 
 
-def test_cancelling_a_job_nobody_read_drops_its_groups_from_the_depth(
-    redis_server: RedisServer,
-) -> None:
-    store = JobStore(connect(redis_server.url))
+def test_cancelling_a_job_nobody_read_drops_its_groups_from_the_depth(store: JobStore) -> None:
     cancelled = job_with_groups(store, 3)
     job_with_groups(store, 2)
     assert store.model_queue(MODEL) == QueueDepth(5, 0)
@@ -50,9 +53,8 @@ def test_cancelling_a_job_nobody_read_drops_its_groups_from_the_depth(
 
 
 def test_a_cancelling_job_counts_nothing_while_a_worker_still_holds_its_group(
-    redis_server: RedisServer,
+    store: JobStore,
 ) -> None:
-    store = JobStore(connect(redis_server.url))
     cancelled = job_with_groups(store, 3)
     other = job_with_groups(store, 2)
     [held] = lease(store, GroupQueue(store.r, MODEL, "w", lease_timeout_s=30), 1)
@@ -67,9 +69,8 @@ def test_a_cancelling_job_counts_nothing_while_a_worker_still_holds_its_group(
 
 
 def test_a_completed_job_contributes_nothing_before_its_groups_are_acknowledged(
-    redis_server: RedisServer,
+    store: JobStore,
 ) -> None:
-    store = JobStore(connect(redis_server.url))
     done = job_with_groups(store, 2)
     job_with_groups(store, 1)
     store.write_results(done, [(i, ResultRecord(False, "{}"), 1) for i in range(2)])
@@ -77,15 +78,13 @@ def test_a_completed_job_contributes_nothing_before_its_groups_are_acknowledged(
     assert store.model_queue(MODEL) == QueueDepth(1, 0)
 
 
-def test_a_failed_job_contributes_nothing(redis_server: RedisServer) -> None:
-    store = JobStore(connect(redis_server.url))
+def test_a_failed_job_contributes_nothing(store: JobStore) -> None:
     failed = job_with_groups(store, 4)
     store.fail_job(failed, "internal", "the job could not run")
     assert store.model_queue(MODEL) == QueueDepth(0, 0)
 
 
-def test_depth_follows_leases_takeover_release_and_trimming(redis_server: RedisServer) -> None:
-    store = JobStore(connect(redis_server.url))
+def test_depth_follows_leases_takeover_release_and_trimming(store: JobStore) -> None:
     job_with_groups(store, 4)
     dead = GroupQueue(store.r, MODEL, "dead", lease_timeout_s=1)
     alive = GroupQueue(store.r, MODEL, "alive", lease_timeout_s=1)
@@ -104,9 +103,8 @@ def test_depth_follows_leases_takeover_release_and_trimming(redis_server: RedisS
 
 
 def test_depth_only_falls_while_workers_lease_and_finish_concurrently(
-    redis_server: RedisServer,
+    redis_server: RedisServer, store: JobStore
 ) -> None:
-    store = JobStore(connect(redis_server.url))
     job_with_groups(store, 60)
     job_with_groups(store, 30, model="other")  # another model's queue is not counted
 
@@ -134,10 +132,7 @@ def test_depth_only_falls_while_workers_lease_and_finish_concurrently(
     assert store.model_queue() == QueueDepth(30, 0)
 
 
-def test_jobs_queued_before_the_active_set_existed_are_indexed_again(
-    redis_server: RedisServer,
-) -> None:
-    store = JobStore(connect(redis_server.url))
+def test_jobs_queued_before_the_active_set_existed_are_indexed_again(store: JobStore) -> None:
     running = job_with_groups(store, 3)
     finished = job_with_groups(store, 2)
     store.cancel(finished)

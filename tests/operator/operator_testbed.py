@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from k8s_fixtures import REPO, KubeApi, free_port, missing
-from polling import wait_for
+from polling import terminate, wait_for
 
 CRD = REPO / "helm" / "prefixgrove" / "crds" / "batchjobs.yaml"
 MODEL = "tiny-random-llama"
@@ -45,13 +45,7 @@ class Service:
         return self.proc.poll() is None
 
     def stop(self) -> None:
-        if self.alive():
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
 
 
 def cli(*args: str) -> list[str]:
@@ -292,6 +286,16 @@ def worker_deployment(crd: KubeApi) -> str:
     return WORKER_DEPLOYMENT
 
 
+# `kopf run` arguments for the operator under test, in this process
+OPERATOR_ARGS = [
+    "run",
+    "--standalone",
+    f"--namespace={NAMESPACE}",
+    "-m",
+    "prefixgrove_operator.handlers",
+]
+
+
 def replicas(kube: KubeApi) -> int:
     out = kube.kubectl(
         "get", "deployment", WORKER_DEPLOYMENT, "-n", NAMESPACE, "-o", "jsonpath={.spec.replicas}"
@@ -304,12 +308,5 @@ def operator(operator_env: None, worker_deployment: str) -> Iterator[Any]:
     """The operator, in-process, for one test."""
     from kopf.testing import KopfRunner
 
-    args = [
-        "run",
-        "--standalone",
-        f"--namespace={NAMESPACE}",
-        "-m",
-        "prefixgrove_operator.handlers",
-    ]
-    with KopfRunner(args, timeout=60) as runner:
+    with KopfRunner(OPERATOR_ARGS, timeout=60) as runner:
         yield runner

@@ -19,6 +19,12 @@ def _failed_condition(status: dict[str, Any]) -> dict[str, Any]:
     return condition
 
 
+def _refused(batchjobs: BatchJobs, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """Applies the BatchJob and returns the Failed condition it ends with."""
+    batchjobs.apply(name, spec)
+    return _failed_condition(batchjobs.wait_phase(name, "Failed", "Succeeded", "Running"))
+
+
 def test_missing_configmap_marks_failed_with_condition(batchjobs: BatchJobs, operator: Any) -> None:
     name = _name()
     spec = {
@@ -47,9 +53,7 @@ def test_input_symlink_out_of_the_volume_marks_failed(
         "input": {"path": "escape/secret.jsonl"},
         "output": {"path": f"{name}/out.jsonl"},
     }
-    batchjobs.apply(name, spec)
-    status = batchjobs.wait_phase(name, "Failed", "Succeeded", "Running")
-    condition = _failed_condition(status)
+    condition = _refused(batchjobs, name, spec)
     assert condition["reason"] == "PathOutsideVolume"
     assert "outside" in condition["message"]
 
@@ -60,9 +64,7 @@ def test_empty_input_is_refused_by_the_planner(
     (volume / "empty.jsonl").write_text("\n")
     name = _name()
     spec = {"model": MODEL, "input": {"path": "empty.jsonl"}, "output": {"path": f"{name}.jsonl"}}
-    batchjobs.apply(name, spec)
-    status = batchjobs.wait_phase(name, "Failed", "Succeeded", "Running")
-    condition = _failed_condition(status)
+    condition = _refused(batchjobs, name, spec)
     assert condition["reason"] == "PlannerRejected"
     assert "FAILED_PRECONDITION" in condition["message"]
 
@@ -76,8 +78,6 @@ def test_unknown_model_is_refused_by_the_planner(batchjobs: BatchJobs, operator:
         },
         "output": {"path": f"{name}.jsonl"},
     }
-    batchjobs.apply(name, spec)
-    status = batchjobs.wait_phase(name, "Failed", "Succeeded", "Running")
-    condition = _failed_condition(status)
+    condition = _refused(batchjobs, name, spec)
     assert condition["reason"] == "PlannerRejected"
     assert "no-such-model" in condition["message"]

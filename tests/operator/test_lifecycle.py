@@ -12,6 +12,7 @@ from kubernetes import client, config
 from operator_testbed import (
     MODEL,
     NAMESPACE,
+    OPERATOR_ARGS,
     BatchJobs,
     Service,
 )
@@ -108,16 +109,9 @@ def test_operator_restart_never_submits_twice(
     planner job created under the BatchJob's uid instead of creating another."""
     from kopf.testing import KopfRunner
 
-    args = [
-        "run",
-        "--standalone",
-        f"--namespace={NAMESPACE}",
-        "-m",
-        "prefixgrove_operator.handlers",
-    ]
     name = f"restart-{uuid.uuid4().hex[:8]}"
     requests = [completion("only", "Hello")]
-    with KopfRunner(args, timeout=60):
+    with KopfRunner(OPERATOR_ARGS, timeout=60):
         batchjobs.apply(
             name,
             {"model": MODEL, "input": {"inline": requests}, "output": {"path": f"{name}.jsonl"}},
@@ -134,7 +128,7 @@ def test_operator_restart_never_submits_twice(
         {"status": {"jobId": None, "phase": None}},
     )  # fmt: skip
     assert "jobId" not in batchjobs.status(name)
-    with KopfRunner(args, timeout=60):
+    with KopfRunner(OPERATOR_ARGS, timeout=60):
         again = wait_for("the job id again", lambda: batchjobs.status(name).get("jobId"))
     uid = batchjobs.get(name)["metadata"]["uid"]  # type: ignore[index]
     assert again == first

@@ -39,32 +39,30 @@ def test_desired_replicas_respects_minimum() -> None:
     assert desired_replicas(0, groups_per_worker=4, lo=2, hi=5) == 2
 
 
-def test_scale_up_is_immediate() -> None:
-    decider = ScaleDecider(groups_per_worker=2, min_replicas=0, max_replicas=10, window_s=60)
-    assert decider.decide(0.0, depth=0, current=0) == 0
-    assert decider.decide(1.0, depth=7, current=0) == 4
+# (groups_per_worker, min_replicas, window_s), then (now, depth, current, expected) per call
+DECISIONS = {
+    "scale_up_is_immediate": ((2, 0, 60), [(0.0, 0, 0, 0), (1.0, 7, 0, 4)]),
+    # the depth-8 recommendation at t=0 leaves the window at t=61; t=59 still asks for 1
+    "scale_down_waits_for_the_window": (
+        (2, 0, 60),
+        [(0.0, 8, 0, 4), (10.0, 0, 4, 4), (59.0, 2, 4, 4), (61.0, 0, 4, 1), (120.0, 0, 1, 0)],
+    ),
+    "fresh_decider_does_not_scale_down_before_a_window": (
+        (1, 0, 30),
+        [(100.0, 0, 3, 3), (131.0, 0, 3, 0)],
+    ),
+    "zero_window_scales_down_at_once": ((1, 1, 0), [(0.0, 5, 5, 5), (1.0, 0, 5, 1)]),
+}
 
 
-def test_scale_down_waits_for_the_window() -> None:
-    decider = ScaleDecider(groups_per_worker=2, min_replicas=0, max_replicas=10, window_s=60)
-    assert decider.decide(0.0, depth=8, current=0) == 4
-    assert decider.decide(10.0, depth=0, current=4) == 4
-    assert decider.decide(59.0, depth=2, current=4) == 4
-    # the depth-8 recommendation at t=0 has left the window; t=59 still asks for 1
-    assert decider.decide(61.0, depth=0, current=4) == 1
-    assert decider.decide(120.0, depth=0, current=1) == 0
-
-
-def test_fresh_decider_does_not_scale_down_before_a_window() -> None:
-    decider = ScaleDecider(groups_per_worker=1, min_replicas=0, max_replicas=10, window_s=30)
-    assert decider.decide(100.0, depth=0, current=3) == 3
-    assert decider.decide(131.0, depth=0, current=3) == 0
-
-
-def test_zero_window_scales_down_at_once() -> None:
-    decider = ScaleDecider(groups_per_worker=1, min_replicas=1, max_replicas=10, window_s=0)
-    assert decider.decide(0.0, depth=5, current=5) == 5
-    assert decider.decide(1.0, depth=0, current=5) == 1
+@pytest.mark.parametrize(("setup", "calls"), DECISIONS.values(), ids=DECISIONS.keys())
+def test_scale_decider(
+    setup: tuple[int, int, float], calls: list[tuple[float, int, int, int]]
+) -> None:
+    per_worker, lo, window = setup
+    decider = ScaleDecider(per_worker, min_replicas=lo, max_replicas=10, window_s=window)
+    for now, depth, current, expected in calls:
+        assert decider.decide(now, depth=depth, current=current) == expected, (now, depth)
 
 
 def test_confine_keeps_paths_inside_the_volume(tmp_path: Path) -> None:
