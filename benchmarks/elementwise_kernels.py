@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-# ---- the unfused chains, as services/worker/engine/models/llama.py runs them ---------------
+# ---- the unfused chains, as services/prefixgrove/engine/models/llama.py runs them ----------
 
 
 def torch_rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -81,74 +81,86 @@ def torch_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 # ---- one operation: two paths over the same inputs --------------------------------------------
 
 
+class Inputs:
+    """One operation set's tensors at `tokens` tokens, the same on both paths."""
+
+    def __init__(self, args: argparse.Namespace, tokens: int) -> None:
+        dtype, dev = getattr(torch, args.dtype), torch.device(args.device)
+        self.size = torch.finfo(dtype).bits // 8
+        gen = torch.Generator().manual_seed(0)
+
+        def rand(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=gen).to(dtype=dtype, device=dev)
+
+        h, d = args.hidden, args.head_dim
+        q_size, kv_size = args.heads * d, args.kv_heads * d
+        self.x, self.residual, self.weight = rand(tokens, h), rand(tokens, h), rand(h)
+        qkv = rand(tokens, q_size + 2 * kv_size)
+        self.q = qkv[:, :q_size].view(tokens, args.heads, d)
+        self.k = qkv[:, q_size : q_size + kv_size].view(tokens, args.kv_heads, d)
+        self.v = qkv[:, q_size + kv_size :].view(tokens, args.kv_heads, d)
+        # A paged cache (16-token blocks) with room for 4x the tokens, written at scattered slots.
+        self.k_cache = rand(-(-4 * tokens // 16), 16, args.kv_heads, d)
+        self.v_cache = torch.empty_like(self.k_cache)
+        self.slots = torch.randperm(self.k_cache.shape[0] * 16, generator=gen)[:tokens].to(dev)
+        self.cos_sin = rotary_table(d, args.max_positions, 500000.0, None).to(dev)
+        self.positions = torch.randint(0, args.max_positions, (tokens,), generator=gen).to(dev)
+        self.gate_up = rand(tokens, 2 * args.intermediate)
+        self.head_w = rand(d)
+        self.qk_elems = tokens * (q_size + kv_size)
+        self.qkv_elems = tokens * (q_size + 2 * kv_size)
+
+
+def _op(name: str, fused: Any, reference: Any, num_bytes: int) -> dict[str, Any]:
+    return {"op": name, "fused": fused, "torch": reference, "bytes": num_bytes}
+
+
 def operations(args: argparse.Namespace, tokens: int) -> list[dict[str, Any]]:
     """Each entry: name, the fused and torch calls (returning tensors), and the bytes moved."""
-    dtype, dev = getattr(torch, args.dtype), torch.device(args.device)
-    size = torch.finfo(dtype).bits // 8
-    gen = torch.Generator().manual_seed(0)
-
-    def rand(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen).to(dtype=dtype, device=dev)
-
-    h, d = args.hidden, args.head_dim
-    q_size, kv_size = args.heads * d, args.kv_heads * d
-    x, residual, weight = rand(tokens, h), rand(tokens, h), rand(h)
-    qkv = rand(tokens, q_size + 2 * kv_size)
-    q = qkv[:, :q_size].view(tokens, args.heads, d)
-    k = qkv[:, q_size : q_size + kv_size].view(tokens, args.kv_heads, d)
-    v = qkv[:, q_size + kv_size :].view(tokens, args.kv_heads, d)
-    # A paged cache (16-token blocks) with room for 4x the tokens, written at scattered slots.
-    k_cache = rand(-(-4 * tokens // 16), 16, args.kv_heads, d)
-    v_cache = torch.empty_like(k_cache)
-    slots = torch.randperm(k_cache.shape[0] * 16, generator=gen)[:tokens].to(dev)
-    cos_sin = rotary_table(d, args.max_positions, 500000.0, None).to(dev)
-    positions = torch.randint(0, args.max_positions, (tokens,), generator=gen).to(dev)
-    gate_up = rand(tokens, 2 * args.intermediate)
-    head_w = rand(d)
-    qk_elems = tokens * (q_size + kv_size)
-    qkv_elems = tokens * (q_size + 2 * kv_size)
-    cache_args = (q, k, v, positions, cos_sin, k_cache, v_cache, slots)
+    t = Inputs(args, tokens)
+    h, d, size = args.hidden, args.head_dim, t.size
+    x, residual, weight, q, k, head_w = t.x, t.residual, t.weight, t.q, t.k, t.head_w
+    rotary_args = (q, k, t.positions, t.cos_sin)
+    cache_args = (q, k, t.v, t.positions, t.cos_sin, t.k_cache, t.v_cache, t.slots)
+    position_bytes = t.positions.element_size()
     return [
-        {
-            "op": "rms_norm",
-            "fused": lambda: (rms_norm(x, weight, EPS),),
-            "torch": lambda: (torch_rms_norm(x, weight),),
-            "bytes": (2 * tokens * h + h) * size,
-        },
-        {
-            "op": "add_rms_norm",
-            "fused": lambda: rms_norm(x, weight, EPS, residual=residual),
-            "torch": lambda: torch_add_rms_norm(x, residual, weight),
-            "bytes": (4 * tokens * h + h) * size,
-        },
-        {
-            "op": "qk_head_norm",
-            "fused": lambda: (rms_norm(q, head_w, EPS), rms_norm(k, head_w, EPS)),
-            "torch": lambda: (
-                torch_rms_norm(q, head_w),
-                torch_rms_norm(k, head_w),
-            ),
-            "bytes": 2 * qk_elems * size,
-        },
-        {
-            "op": "rotary",
-            "fused": lambda: apply_rotary(q, k, positions, cos_sin),
-            "torch": lambda: apply_rotary_ref(q, k, positions, cos_sin),
-            "bytes": 2 * qk_elems * size + tokens * (d * 4 + positions.element_size()),
-        },
-        {
-            # The attention layer's form: rotated keys and the values go to their cache slots.
-            "op": "rotary_to_cache",
-            "fused": lambda: (apply_rotary_to_cache(*cache_args),),
-            "torch": lambda: (apply_rotary_to_cache_ref(*cache_args),),
-            "bytes": 2 * qkv_elems * size + tokens * (d * 4 + 2 * positions.element_size()),
-        },
-        {
-            "op": "silu_and_mul",
-            "fused": lambda: (silu_and_mul(gate_up),),
-            "torch": lambda: (torch_silu_and_mul(gate_up),),
-            "bytes": 3 * tokens * args.intermediate * size,
-        },
+        _op(
+            "rms_norm",
+            lambda: (rms_norm(x, weight, EPS),),
+            lambda: (torch_rms_norm(x, weight),),
+            (2 * tokens * h + h) * size,
+        ),
+        _op(
+            "add_rms_norm",
+            lambda: rms_norm(x, weight, EPS, residual=residual),
+            lambda: torch_add_rms_norm(x, residual, weight),
+            (4 * tokens * h + h) * size,
+        ),
+        _op(
+            "qk_head_norm",
+            lambda: (rms_norm(q, head_w, EPS), rms_norm(k, head_w, EPS)),
+            lambda: (torch_rms_norm(q, head_w), torch_rms_norm(k, head_w)),
+            2 * t.qk_elems * size,
+        ),
+        _op(
+            "rotary",
+            lambda: apply_rotary(*rotary_args),
+            lambda: apply_rotary_ref(*rotary_args),
+            2 * t.qk_elems * size + tokens * (d * 4 + position_bytes),
+        ),
+        # The attention layer's form: rotated keys and the values go to their cache slots.
+        _op(
+            "rotary_to_cache",
+            lambda: (apply_rotary_to_cache(*cache_args),),
+            lambda: (apply_rotary_to_cache_ref(*cache_args),),
+            2 * t.qkv_elems * size + tokens * (d * 4 + 2 * position_bytes),
+        ),
+        _op(
+            "silu_and_mul",
+            lambda: (silu_and_mul(t.gate_up),),
+            lambda: (torch_silu_and_mul(t.gate_up),),
+            3 * tokens * args.intermediate * size,
+        ),
     ]
 
 

@@ -53,60 +53,45 @@ def sm_clock_mhz() -> int | None:
         return None
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", default="512,16384,16100,13000")
-    ap.add_argument("--iters", type=int, default=50)
-    args = ap.parse_args()
-    torch.manual_seed(0)
+def _layer(backend: str, rows: int, ceiling: float, iters: int) -> None:
+    """Times each of the layer's matmuls at `rows` rows, then their sum (the logits excluded)."""
     dev = torch.device("cuda")
-    backends = ["cublas", "cublaslt"]
-    for backend in backends:
-        torch.backends.cuda.preferred_blas_library(backend)
-        a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
-        ceiling = 2 * 8192**3 / time_linear(a, a, args.iters)
+    total_flops, total_s = 0.0, 0.0
+    for name, (n, k) in SHAPES.items():
+        x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
+        w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
+        s = time_linear(x, w, iters)
+        flops = 2 * rows * n * k
+        if name != "logits":
+            total_flops += flops
+            total_s += s
         emit(
             {
-                "bench": "matmul_ceiling",
+                "bench": "matmul_shape",
                 "backend": backend,
-                "tflops": round(ceiling / 1e12, 1),
-                "device": device_name(),
+                "rows": rows,
+                "shape": name,
+                "us": round(s * 1e6, 1),
+                "tflops": round(flops / s / 1e12, 1),
+                "of_ceiling": round(flops / s / ceiling, 3),
             }
         )
-        for rows in (int(r) for r in args.rows.split(",")):
-            total_flops, total_s = 0.0, 0.0
-            for name, (n, k) in SHAPES.items():
-                x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
-                w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
-                s = time_linear(x, w, args.iters)
-                flops = 2 * rows * n * k
-                if name != "logits":
-                    total_flops += flops
-                    total_s += s
-                emit(
-                    {
-                        "bench": "matmul_shape",
-                        "backend": backend,
-                        "rows": rows,
-                        "shape": name,
-                        "us": round(s * 1e6, 1),
-                        "tflops": round(flops / s / 1e12, 1),
-                        "of_ceiling": round(flops / s / ceiling, 3),
-                    }
-                )
-            emit(
-                {
-                    "bench": "matmul_layer",
-                    "backend": backend,
-                    "rows": rows,
-                    "us": round(total_s * 1e6, 1),
-                    "tflops": round(total_flops / total_s / 1e12, 1),
-                }
-            )
-    # A sustained burst of the layer's matmuls: the clock and rate after the board warms up.
+    emit(
+        {
+            "bench": "matmul_layer",
+            "backend": backend,
+            "rows": rows,
+            "us": round(total_s * 1e6, 1),
+            "tflops": round(total_flops / total_s / 1e12, 1),
+        }
+    )
+
+
+def _sustained() -> None:
+    """A sustained burst of the layer's matmuls: the clock and rate after the board warms up."""
     torch.backends.cuda.preferred_blas_library("cublas")
-    x = torch.randn(16384, HIDDEN, device=dev, dtype=torch.bfloat16)
-    w = torch.randn(2 * INTERMEDIATE, HIDDEN, device=dev, dtype=torch.bfloat16) * 0.02
+    x = torch.randn(16384, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2 * INTERMEDIATE, HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.02
     for second in range(6):
         s = time_linear(x, w, 200)
         emit(
@@ -117,6 +102,29 @@ def main() -> None:
                 "sm_clock_mhz": sm_clock_mhz(),
             }
         )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="512,16384,16100,13000")
+    ap.add_argument("--iters", type=int, default=50)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    for backend in ["cublas", "cublaslt"]:
+        torch.backends.cuda.preferred_blas_library(backend)
+        a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        ceiling = 2 * 8192**3 / time_linear(a, a, args.iters)
+        emit(
+            {
+                "bench": "matmul_ceiling",
+                "backend": backend,
+                "tflops": round(ceiling / 1e12, 1),
+                "device": device_name(),
+            }
+        )
+        for rows in (int(r) for r in args.rows.split(",")):
+            _layer(backend, rows, ceiling, args.iters)
+    _sustained()
 
 
 if __name__ == "__main__":

@@ -109,7 +109,7 @@ def run_all(launches: list) -> None:
         launch.run()
 
 
-def main() -> int:
+def _own_args() -> tuple[argparse.Namespace, list[str]]:
     ap = argparse.ArgumentParser()
     ap.add_argument("--degree", type=int, default=16)
     ap.add_argument("--prefix-len", type=int, default=2000)
@@ -122,20 +122,11 @@ def main() -> int:
     ap.add_argument("--chunks", **ints, default=[16, 32], help="one pass: CHUNK_TILES")
     ap.add_argument("--warps", **ints, default=[4], help="one pass: warps per program")
     ap.add_argument("--maxnreg", **ints, default=[0], help="one pass: register caps (0: none)")
-    own, rest = ap.parse_known_args()
-    args = parse_args(rest)
-    w = Workload(args, own.degree, own.prefix_len)
-    if own.one_pass:
-        point = {"degree": own.degree, "prefix_len": w.prefix_len, "requests": w.num_requests}
-        report = {"device": device_name(), **point, **sweep_one_pass(w, own)}
-        print(json.dumps(report, indent=1))
-        return 0
-    w.prefix_pass()
-    w.suffix_pass()
-    torch.cuda.synchronize()
-    ref_p, ref_out = w.o_p.clone(), w.cascade_out.clone()
+    return ap.parse_known_args()
 
-    prefix_rows = []
+
+def _sweep_prefix(w: Workload, ref_p: torch.Tensor) -> list[dict]:
+    rows = []
     for splits, block_n, warps, stages in itertools.product(
         (1, 2, 4, 8), (32, 64, 128), (4, 8), (2, 3, 4)
     ):
@@ -147,14 +138,15 @@ def main() -> int:
             err = (w.o_p - ref_p).abs().max().item()
             us = median_us(lambda ls=launches: run_all(ls), "cuda", True)
         except Exception as e:  # e.g. out of shared memory: skip the variant, say why
-            prefix_rows.append({"splits": splits, **opts, "error": repr(e)[:120]})
+            rows.append({"splits": splits, **opts, "error": repr(e)[:120]})
             continue
         gbps = w.prefix_bytes / us / 1e3
-        prefix_rows.append(
-            {"splits": splits, **opts, "us": round(us, 1), "gb_s": round(gbps), "err": err}
-        )
+        rows.append({"splits": splits, **opts, "us": round(us, 1), "gb_s": round(gbps), "err": err})
+    return rows
 
-    suffix_rows = []
+
+def _sweep_suffix(w: Workload, ref_out: torch.Tensor) -> list[dict]:
+    rows = []
     for block_n, warps, stages in itertools.product((16, 32, 64, 128), (1, 2, 4, 8), (2, 3, 4)):
         opts = {"BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
         try:
@@ -164,10 +156,26 @@ def main() -> int:
             err = (w.cascade_out.float() - ref_out.float()).abs().max().item()
             us = median_us(launch.run, "cuda", True)
         except Exception as e:
-            suffix_rows.append({**opts, "error": repr(e)[:120]})
+            rows.append({**opts, "error": repr(e)[:120]})
             continue
         gbps = w.suffix_bytes / us / 1e3
-        suffix_rows.append({**opts, "us": round(us, 1), "gb_s": round(gbps), "err": err})
+        rows.append({**opts, "us": round(us, 1), "gb_s": round(gbps), "err": err})
+    return rows
+
+
+def main() -> int:
+    own, rest = _own_args()
+    args = parse_args(rest)
+    w = Workload(args, own.degree, own.prefix_len)
+    point = {"degree": own.degree, "prefix_len": w.prefix_len, "requests": w.num_requests}
+    if own.one_pass:
+        print(json.dumps({"device": device_name(), **point, **sweep_one_pass(w, own)}, indent=1))
+        return 0
+    w.prefix_pass()
+    w.suffix_pass()
+    torch.cuda.synchronize()
+    prefix_rows = _sweep_prefix(w, w.o_p.clone())
+    suffix_rows = _sweep_suffix(w, w.cascade_out.clone())
 
     def best(rows: list[dict]) -> list[dict]:
         ok = [r for r in rows if "us" in r]
@@ -175,9 +183,7 @@ def main() -> int:
 
     report = {
         "device": torch.cuda.get_device_name(),
-        "degree": own.degree,
-        "prefix_len": w.prefix_len,
-        "requests": w.num_requests,
+        **point,
         "prefix_best": best(prefix_rows),
         "suffix_best": best(suffix_rows),
         "errors": [r for r in prefix_rows + suffix_rows if "error" in r][:4],

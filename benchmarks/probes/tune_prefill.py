@@ -36,35 +36,55 @@ from prefixgrove_kernels.launch import CascadeMetadata, PagedMetadata, SuffixChu
 
 class PrefillWorkload:
     def __init__(self, args: argparse.Namespace) -> None:
-        dev, dt, bs = "cuda", torch.bfloat16, 16
-        g, d, p, s = args.groups, args.per_group, args.prefix_len, args.suffix_len
-        heads, kv_heads, dim = 32, 8, 128
-        prefix_blocks, own_blocks = p // bs, -(-s // bs)
+        self.dev, self.dt, self.bs = "cuda", torch.bfloat16, 16
+        self.g, self.d, self.p, self.s = (
+            args.groups,
+            args.per_group,
+            args.prefix_len,
+            args.suffix_len,
+        )
+        self.heads, self.kv_heads, self.dim = 32, 8, 128
+        self.i32: dict[str, Any] = {"dtype": torch.int32, "device": self.dev}
+        self.scale = self.dim**-0.5
+        # The prefix state: in the model's dtype as the engine keeps it, or fp32 (--state-dtype).
+        self.state_dtype = self.dt if args.state_dtype == "model" else torch.float32
+        prefix_ids, own_ids = self._cache()
+        self._prefix_prefill(prefix_ids)
+        tables = self._suffix(prefix_ids, own_ids)
+        self._mixed_step(prefix_ids, tables)
+        self._flops()
+
+    def _cache(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fills the KV cache; returns the groups' prefix blocks and the requests' own blocks."""
+        g, d, bs = self.g, self.d, self.bs
+        prefix_blocks, own_blocks = self.p // bs, -(-self.s // bs)
         num_blocks = g * prefix_blocks + g * d * own_blocks + 1
-        shape = (num_blocks, bs, kv_heads, dim)
-        self.k = torch.randn(shape, device=dev, dtype=dt)
-        self.v = torch.randn(shape, device=dev, dtype=dt)
-        i32: dict[str, Any] = {"dtype": torch.int32, "device": dev}
+        shape = (num_blocks, bs, self.kv_heads, self.dim)
+        self.k = torch.randn(shape, device=self.dev, dtype=self.dt)
+        self.v = torch.randn(shape, device=self.dev, dtype=self.dt)
         ids = torch.randperm(num_blocks - 1, device="cpu").to(torch.int32) + 1
         prefix_ids = ids[: g * prefix_blocks].view(g, prefix_blocks)
-        own_ids = ids[g * prefix_blocks :].view(g * d, own_blocks)
-        self.scale = dim**-0.5
-        # Prefix prefill: g sequences of p tokens, causal from position 0.
-        self.pq = torch.randn(g * p, heads, dim, device=dev, dtype=dt)
+        return prefix_ids, ids[g * prefix_blocks :].view(g * d, own_blocks)
+
+    def _prefix_prefill(self, prefix_ids: torch.Tensor) -> None:
+        """Prefix prefill: g sequences of p tokens, causal from position 0."""
+        g, p, i32 = self.g, self.p, self.i32
+        self.pq = torch.randn(g * p, self.heads, self.dim, device=self.dev, dtype=self.dt)
         self.pout = torch.empty_like(self.pq)
         self.p_meta = PagedMetadata(
             cu_seqlens_q=torch.arange(0, g * p + 1, p, **i32),
             seq_lens=torch.full((g,), p, **i32),
-            block_tables=prefix_ids.to(dev),
+            block_tables=prefix_ids.to(self.dev),
             max_query_len=p,
         )
-        # Suffix tokens: g * d requests of s tokens after the prefix.
+
+    def _suffix(self, prefix_ids: torch.Tensor, own_ids: torch.Tensor) -> torch.Tensor:
+        """Suffix tokens: g * d requests of s tokens after the prefix; returns their block tables."""
+        g, d, p, s, i32, dev = self.g, self.d, self.p, self.s, self.i32, self.dev
         n = g * d
-        self.sq = torch.randn(n * s, heads, dim, device=dev, dtype=dt)
+        self.sq = torch.randn(n * s, self.heads, self.dim, device=dev, dtype=self.dt)
         self.sout = torch.empty_like(self.sq)
-        # The prefix state: in the model's dtype as the engine keeps it, or fp32 (--state-dtype).
-        state_dtype = dt if args.state_dtype == "model" else torch.float32
-        self.o_p = torch.empty(self.sq.shape, dtype=state_dtype, device=dev)
+        self.o_p = torch.empty(self.sq.shape, dtype=self.state_dtype, device=dev)
         self.lse_p = torch.empty(self.sq.shape[:2], dtype=torch.float32, device=dev)
         self.groups = CascadeMetadata(
             group_cu_q=torch.arange(0, n * s + 1, d * s, **i32),
@@ -80,16 +100,23 @@ class PrefillWorkload:
             block_tables=tables.to(dev),
             max_query_len=1 << (s - 1).bit_length(),
         )
-        # The step as the engine lays it out: grouped rows first (the suffix chunks), then the new
-        # prefixes' prompts (kv_start 0: no prefix state).
-        width = max(prefix_blocks, tables.shape[1])
-        padded = torch.zeros(g, width, dtype=torch.int32)
+        # Without cascade: the same suffix tokens over prefix and own keys in one causal pass.
+        self.plain_out = torch.empty_like(self.sq)
+        self.plain_meta = dataclasses.replace(self.s_meta, kv_start=None)
+        return tables
+
+    def _mixed_step(self, prefix_ids: torch.Tensor, tables: torch.Tensor) -> None:
+        """The step as the engine lays it out: grouped rows first (the suffix chunks), then the new
+        prefixes' prompts (kv_start 0: no prefix state)."""
+        g, p, i32, dev = self.g, self.p, self.i32, self.dev
+        prefix_blocks = prefix_ids.shape[1]
+        padded = torch.zeros(g, max(prefix_blocks, tables.shape[1]), dtype=torch.int32)
         padded[:, :prefix_blocks] = prefix_ids
         self.step_q = torch.cat([self.sq, self.pq])
         self.step_out = torch.empty_like(self.step_q)
         self.step_state = torch.empty_like(self.step_q)
         self.step_lse = torch.empty(self.step_q.shape[:2], dtype=torch.float32, device=dev)
-        step_lens = [s] * n + [p] * g
+        step_lens = [self.s] * (g * self.d) + [p] * g
         assert self.s_meta.kv_start is not None
         self.step_meta = PagedMetadata(
             cu_seqlens_q=torch.tensor([0, *itertools.accumulate(step_lens)], **i32),
@@ -102,14 +129,14 @@ class PrefillWorkload:
         # and the suffix pass merging the chunks' prefix state.
         self.mout = torch.empty_like(self.step_q)
         self.m_state = {
-            "prefix_out": torch.zeros(self.step_q.shape, dtype=state_dtype, device=dev),
+            "prefix_out": torch.zeros(self.step_q.shape, dtype=self.state_dtype, device=dev),
             "prefix_lse": torch.zeros(self.step_q.shape[:2], device=dev),
         }
-        # Without cascade: the same suffix tokens over prefix and own keys in one causal pass.
-        self.plain_out = torch.empty_like(self.sq)
-        self.plain_meta = dataclasses.replace(self.s_meta, kv_start=None)
-        # Attention FLOPs (QK^T and PV, causal halves counted once).
-        per_head = 4 * dim * heads
+
+    def _flops(self) -> None:
+        """Attention FLOPs (QK^T and PV, causal halves counted once)."""
+        g, p, s, n = self.g, self.p, self.s, self.g * self.d
+        per_head = 4 * self.dim * self.heads
         self.flops = {
             "prefix_prefill": g * per_head * p * (p + 1) / 2,
             "prefix_pass": n * s * p * per_head,
