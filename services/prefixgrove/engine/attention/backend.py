@@ -133,20 +133,21 @@ def create_backend(
     from prefixgrove_kernels import cascade_decode as decode
     from prefixgrove_kernels import paged_attention as paged
 
-    if name == "triton":
-        return AttentionBackend(
-            "triton",
+    # name: (paged attention, prefix pass, one-pass decode), the fast path or its reference
+    paths = {
+        "triton": (
             paged.paged_attention,
             cascade.prefix_attention,
-            decode.cascade_decode_attention if one_pass_decode else None,
-            fuse_suffix_chunks,
-        )
-    if name == "torch":
-        return AttentionBackend(
-            "torch",
+            decode.cascade_decode_attention,
+        ),
+        "torch": (
             paged.paged_attention_ref,
             cascade.prefix_attention_ref,
-            decode.cascade_decode_attention_ref if one_pass_decode else None,
-            fuse_suffix_chunks,
-        )
+            decode.cascade_decode_attention_ref,
+        ),
+    }
+    if name in paths:
+        paged_fn, prefix_fn, one_pass_fn = paths[name]
+        one_pass = one_pass_fn if one_pass_decode else None
+        return AttentionBackend(name, paged_fn, prefix_fn, one_pass, fuse_suffix_chunks)
     raise ValueError(f"attention_backend={name!r} is unknown; expected 'triton' or 'torch'")
