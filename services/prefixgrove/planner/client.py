@@ -20,7 +20,7 @@ from prefixgrove.planner.security import channel
 from prefixgrove.settings import SecuritySettings
 
 _CHUNK_BYTES = 1 << 20
-# what the server streams of a finished job may take, against the unary calls' deadline
+# a call that moves a whole job's lines gets at least these deadlines, when calls have one at all
 _RESULTS_TIMEOUT_S = 600.0
 _UPLOAD_TIMEOUT_S = 300.0
 
