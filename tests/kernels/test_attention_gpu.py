@@ -7,6 +7,8 @@ weights to the input dtype before P @ V and from rounding the output.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from paged_cases import Batch, Cache, Seq, cumulative, int32, make_batch, make_cache
@@ -18,13 +20,10 @@ from prefixgrove_kernels.cascade_attention import (
     prefix_attention_ref,
 )
 from prefixgrove_kernels.cascade_decode import cascade_decode_attention
-from prefixgrove_kernels.launch import CascadeMetadata
+from prefixgrove_kernels.launch import CascadeMetadata, PagedMetadata
 from prefixgrove_kernels.paged_attention import paged_attention, paged_attention_ref
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = pytest.mark.gpu  # skipped without a CUDA device (tests/conftest.py)
 
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
 LOW_PRECISION = [torch.bfloat16, torch.float16]
@@ -40,6 +39,16 @@ def assert_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> N
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
+def plain_reference(
+    q: torch.Tensor, cache: Cache, meta: PagedMetadata, scale: float
+) -> torch.Tensor:
+    """The fp32 reference of q's plain paged attention (no cascade) over the cache."""
+    want = torch.empty_like(q, dtype=torch.float32)
+    wide = fp32_copy(cache)
+    paged_attention_ref(q.float(), wide.k, wide.v, want, meta, scale=scale)
+    return want
+
+
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
 def test_decode_and_chunked_prefill_match_the_fp32_reference(dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(1)
@@ -51,10 +60,7 @@ def test_decode_and_chunked_prefill_match_the_fp32_reference(dtype: torch.dtype)
     meta, scale = batch.metadata(with_kv_start=False), HEAD_DIM**-0.5
     out = torch.empty_like(batch.q)
     paged_attention(batch.q, cache.k, cache.v, out, meta, scale=scale)
-    want = torch.empty_like(batch.q, dtype=torch.float32)
-    wide = fp32_copy(cache)
-    paged_attention_ref(batch.q.float(), wide.k, wide.v, want, meta, scale=scale)
-    assert_close(out, want, dtype)
+    assert_close(out, plain_reference(batch.q, cache, meta, scale), dtype)
 
 
 def build_groups(
@@ -151,10 +157,7 @@ def test_fused_suffix_chunks_match_the_fp32_reference(dtype: torch.dtype) -> Non
         batch.q, cache.k, cache.v, out, meta, scale=scale, prefix_out=o_p, prefix_lse=lse_p,
         skip_suffix_chunks=True,
     )  # fmt: skip
-    want = torch.empty_like(batch.q, dtype=torch.float32)
-    wide = fp32_copy(cache)
-    plain_meta = batch.metadata(with_kv_start=False)
-    paged_attention_ref(batch.q.float(), wide.k, wide.v, want, plain_meta, scale=scale)
+    want = plain_reference(batch.q, cache, batch.metadata(with_kv_start=False), scale)
     assert_close(out, want, dtype)
 
 
@@ -187,6 +190,16 @@ def load_in_place(
     groups.group_block_tables[:num_groups, :prefix_cols] = other_groups.group_block_tables
 
 
+def capture(step: Callable[[], None]) -> torch.cuda.CUDAGraph:
+    """Runs step once (compiling its kernels outside the capture), then captures it."""
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
 def test_cascade_replays_in_a_cuda_graph_with_new_metadata() -> None:
     """Capture once, then change the metadata in place (same shapes): the replay must follow it."""
     dtype = torch.bfloat16
@@ -202,11 +215,7 @@ def test_cascade_replays_in_a_cuda_graph_with_new_metadata() -> None:
             batch.q, cache.k, cache.v, out, meta, scale=scale, prefix_out=o_p, prefix_lse=lse_p
         )
 
-    step()  # compiles the kernels outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture(step)
     # Same shapes, new contents: other queries, one group fewer (padded), shorter suffixes.
     other, other_groups = build_groups(cache, 8, 256, 40, 7, dtype)
     num_rows = other.q.shape[0]
@@ -215,10 +224,7 @@ def test_cascade_replays_in_a_cuda_graph_with_new_metadata() -> None:
     load_in_place(batch, groups, other, other_groups)
     graph.replay()
     torch.cuda.synchronize()
-    want = torch.empty_like(batch.q, dtype=torch.float32)
-    wide = fp32_copy(cache)
-    plain_meta = batch.metadata(with_kv_start=False)
-    paged_attention_ref(batch.q.float(), wide.k, wide.v, want, plain_meta, scale=scale)
+    want = plain_reference(batch.q, cache, batch.metadata(with_kv_start=False), scale)
     assert_close(out[:num_rows], want[:num_rows], dtype)
 
 
@@ -234,19 +240,12 @@ def test_one_pass_cascade_decode_replays_in_a_cuda_graph_with_new_metadata() -> 
     def step() -> None:
         cascade_decode_attention(batch.q, cache.k, cache.v, out, meta, groups, scale=scale)
 
-    step()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture(step)
     other, other_groups = build_groups(cache, 8, 256, 40, 7, dtype)
     num_rows = other.q.shape[0]
     batch.seq_lens.fill_(1)[:num_rows] = other.seq_lens  # padded rows: one key, as in the engine
     load_in_place(batch, groups, other, other_groups)
     graph.replay()
     torch.cuda.synchronize()
-    want = torch.empty_like(other.q, dtype=torch.float32)
-    wide = fp32_copy(cache)
-    other_meta = other.metadata(with_kv_start=False)
-    paged_attention_ref(other.q.float(), wide.k, wide.v, want, other_meta, scale=scale)
+    want = plain_reference(other.q, cache, other.metadata(with_kv_start=False), scale)
     assert_close(out[:num_rows], want, dtype)

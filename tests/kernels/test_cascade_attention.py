@@ -7,6 +7,8 @@ import dataclasses
 import pytest
 import torch
 from paged_cases import (
+    NUM_KV_HEADS,
+    TOLERANCE,
     Cache,
     Groups,
     Request,
@@ -27,9 +29,6 @@ from prefixgrove_kernels.cascade_attention import (
     table_chunk,
 )
 from prefixgrove_kernels.paged_attention import paged_attention, paged_attention_ref
-
-NUM_KV_HEADS = 2
-TOLERANCE = {torch.float32: 2e-4, torch.float16: 5e-3}
 
 
 def dense_prefix(

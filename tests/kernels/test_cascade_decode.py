@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 import torch
-from paged_cases import Cache, Request, build_cascade, dense_paged, make_cache
+from paged_cases import (
+    NUM_KV_HEADS,
+    TOLERANCE,
+    Cache,
+    Request,
+    build_cascade,
+    dense_paged,
+    make_cache,
+)
 from prefixgrove_kernels.cascade_attention import prefix_attention
 from prefixgrove_kernels.cascade_decode import (
     CHUNK_TILES,
@@ -18,9 +26,6 @@ from prefixgrove_kernels.cascade_decode import (
 )
 from prefixgrove_kernels.launch import CascadeMetadata, PagedMetadata
 from prefixgrove_kernels.paged_attention import paged_attention
-
-NUM_KV_HEADS = 2
-TOLERANCE = {torch.float32: 2e-4, torch.float16: 5e-3}
 
 
 def decode_layout(b: int) -> list[tuple[int, list[Request]]]:

@@ -28,10 +28,7 @@ from test_fused_elementwise import assert_mostly_equal, assert_ulps, fused_qkv_v
 
 from prefixgrove.engine.models.rotary import rotary_table
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = pytest.mark.gpu  # skipped without a CUDA device (tests/conftest.py)
 
 LOW_PRECISION = [torch.bfloat16, torch.float16]
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 4096, 32, 8, 128, 14336

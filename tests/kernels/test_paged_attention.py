@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from paged_cases import (
+    NUM_KV_HEADS,
+    TOLERANCE,
     Batch,
     Cache,
     Seq,
@@ -17,10 +19,8 @@ from paged_cases import (
 from prefixgrove_kernels.launch import PagedMetadata
 from prefixgrove_kernels.paged_attention import LONG_QUERY, paged_attention, paged_attention_ref
 
-NUM_KV_HEADS = 2
 # (head_dim, query heads per kv head, block_size)
 SHAPES = [(64, 1, 16), (64, 4, 8), (128, 8, 32), (128, 4, 16)]
-TOLERANCE = {torch.float32: 2e-4, torch.float16: 5e-3}
 
 
 def run(
