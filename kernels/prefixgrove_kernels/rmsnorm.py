@@ -157,21 +157,15 @@ def rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
-def rms_norm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    residual: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    residual_out: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """weight * rms-normalised x, or with `residual`: (rms_norm(x + residual), x + residual).
+def rms_norm(*args: Any, **kwargs: Any) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """weight * rms-normalised x, or with `residual`: (rms_norm(x + residual), x + residual);
+    the arguments are those of the overloads above (and of `rms_norm_launch`).
 
     x: [rows, hidden] or [tokens, heads, head_dim], unit last stride, other strides free;
     weight: [hidden] in x's dtype. `out` and `residual_out` (either may alias its input for an
     in-place update) default to new contiguous tensors.
     """
-    launch, out, residual_out = rms_norm_launch(x, weight, eps, residual, out, residual_out)
+    launch, out, residual_out = rms_norm_launch(*args, **kwargs)
     if launch is not None:
         launch.run()
     if residual_out is None:
