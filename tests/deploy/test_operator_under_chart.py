@@ -183,7 +183,8 @@ def test_batchjob_with_a_missing_configmap_fails_with_a_condition_and_an_event(
 def test_batchjob_is_submitted_and_deleting_it_cancels_the_planner_job(
     cluster: Cluster, operator: tuple[Process, int], planner_address: str
 ) -> None:
-    from prefixgrove_operator.planner_client import PlannerClient
+    from prefixgrove.planner.client import PlannerClient
+    from prefixgrove_proto import planner_pb2 as pb
 
     requests = [
         {
@@ -204,7 +205,8 @@ def test_batchjob_is_submitted_and_deleting_it_cancels_the_planner_job(
     wait_for("the BatchJob to be gone", lambda: cluster.get("bj", "submitted") is None)
     client = PlannerClient(planner_address)
     try:
-        assert client.get_job(job["status"]["jobId"]).phase in ("Cancelling", "Cancelled")
+        state = client.get(job["status"]["jobId"]).state
+        assert state in (pb.JOB_STATE_CANCELLING, pb.JOB_STATE_CANCELLED)
     finally:
         client.close()
     assert_nothing_forbidden(operator[0])
