@@ -28,6 +28,7 @@ from _common import ensure_prefixgrove, median_us
 ensure_prefixgrove()
 
 
+from prefixgrove.engine.models.rotary import rotary_table  # noqa: E402
 from prefixgrove_kernels.activation import silu_and_mul  # noqa: E402
 from prefixgrove_kernels.rmsnorm import rms_norm  # noqa: E402
 from prefixgrove_kernels.rotary import (  # noqa: E402
@@ -36,8 +37,6 @@ from prefixgrove_kernels.rotary import (  # noqa: E402
     apply_rotary_to_cache,
     apply_rotary_to_cache_ref,
 )
-
-from prefixgrove.engine.models.rotary import rotary_table  # noqa: E402
 
 EPS = 1e-5
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from prefixgrove_proto import planner_pb2 as pb
 from services_testbed import (
     MAX_MODEL_LEN,
     MODEL,
@@ -33,6 +32,7 @@ from services_testbed import (
 )
 
 from prefixgrove.planner.client import PlannerClient
+from prefixgrove_proto import planner_pb2 as pb
 
 pytestmark = pytest.mark.slow
 LEASE_TIMEOUT_S = "3"

@@ -25,6 +25,7 @@ from _common import device_name, ensure_prefixgrove, median_us, median_us_clean_
 ensure_prefixgrove()
 
 from attention_kernels import Workload, parse_args  # noqa: E402
+
 from prefixgrove_kernels.cascade_attention import prefix_attention_launches  # noqa: E402
 from prefixgrove_kernels.cascade_decode import cascade_decode_attention_launches  # noqa: E402
 from prefixgrove_kernels.paged_attention import paged_attention_launch  # noqa: E402

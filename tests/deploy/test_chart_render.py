@@ -9,11 +9,11 @@ from collections import Counter
 
 import pytest
 from deploy_tools import CHART, container, env_of, find, helm, kinds, parse_cli, template
-from prefixgrove_operator.settings import OperatorSettings
 
 from prefixgrove.planner.metrics import PlannerMetrics
 from prefixgrove.settings import PlannerSettings, SecuritySettings, WorkerSettings, load
 from prefixgrove.worker.metrics import WorkerMetrics
+from prefixgrove_operator.settings import OperatorSettings
 
 PREFIX = "t-prefixgrove"
 

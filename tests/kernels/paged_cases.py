@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
 from prefixgrove_kernels.launch import CascadeMetadata, PagedMetadata
 
 NUM_KV_HEADS = 2

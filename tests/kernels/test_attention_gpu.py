@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 import torch
 from paged_cases import Batch, Cache, Seq, cumulative, int32, make_batch, make_cache
+
 from prefixgrove_kernels.cascade_attention import (
     SuffixChunks,
     merge_attention_states,

@@ -20,6 +20,7 @@ from paged_cases import (
     make_cache,
     random_queries,
 )
+
 from prefixgrove_kernels.cascade_attention import (
     SuffixChunks,
     merge_attention_states,

@@ -17,6 +17,7 @@ from paged_cases import (
     dense_paged,
     make_cache,
 )
+
 from prefixgrove_kernels.cascade_attention import prefix_attention
 from prefixgrove_kernels.cascade_decode import (
     CHUNK_TILES,

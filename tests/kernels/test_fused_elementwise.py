@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from prefixgrove.engine.models.rotary import rotary_table
 from prefixgrove_kernels.activation import silu_and_mul, silu_and_mul_ref
 from prefixgrove_kernels.rmsnorm import rms_norm, rms_norm_ref
 from prefixgrove_kernels.rotary import (
@@ -26,8 +28,6 @@ from prefixgrove_kernels.rotary import (
     apply_rotary_to_cache,
     apply_rotary_to_cache_ref,
 )
-
-from prefixgrove.engine.models.rotary import rotary_table
 
 DTYPES = [torch.float32, torch.float16]
 MANTISSA_BITS = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}

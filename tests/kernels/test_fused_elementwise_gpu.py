@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_fused_elementwise import assert_mostly_equal, assert_ulps, fused_qkv_views, randn
+
+from prefixgrove.engine.models.rotary import rotary_table
 from prefixgrove_kernels.activation import silu_and_mul, silu_and_mul_ref
 from prefixgrove_kernels.rmsnorm import rms_norm, rms_norm_ref
 from prefixgrove_kernels.rotary import (
@@ -24,9 +27,6 @@ from prefixgrove_kernels.rotary import (
     apply_rotary_to_cache,
     apply_rotary_to_cache_ref,
 )
-from test_fused_elementwise import assert_mostly_equal, assert_ulps, fused_qkv_views, randn
-
-from prefixgrove.engine.models.rotary import rotary_table
 
 pytestmark = pytest.mark.gpu  # skipped without a CUDA device (tests/conftest.py)
 

@@ -16,6 +16,7 @@ from paged_cases import (
     make_batch,
     make_cache,
 )
+
 from prefixgrove_kernels.launch import PagedMetadata
 from prefixgrove_kernels.paged_attention import LONG_QUERY, paged_attention, paged_attention_ref
 

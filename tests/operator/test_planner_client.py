@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 from operator_testbed import MODEL, start_planner
-from prefixgrove_operator.status import job_view
 
 from prefixgrove.planner.client import PlannerClient, PlannerUnavailable
 from prefixgrove.settings import SecuritySettings
+from prefixgrove_operator.status import job_view
 
 
 def request_line(i: int) -> bytes:

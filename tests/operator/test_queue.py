@@ -22,9 +22,9 @@ from operator_testbed import (
     start_worker,
 )
 from polling import wait_for
-from prefixgrove_proto import planner_pb2 as pb
 
 from prefixgrove.planner.client import PlannerClient
+from prefixgrove_proto import planner_pb2 as pb
 
 FINALIZER = "prefixgrove.io/cancel-job"
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from prefixgrove_operator.autoscaler import ScaleDecider, desired_replicas
 from prefixgrove_operator.settings import OperatorSettings
 from prefixgrove_operator.spec import BatchJobSpec, InvalidSpec, confine

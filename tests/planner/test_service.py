@@ -9,12 +9,12 @@ from pathlib import Path
 
 import grpc
 import pytest
-from prefixgrove_proto import planner_pb2 as pb
 from services_testbed import MODEL, RedisServer, batch_line
 
 from prefixgrove.planner.client import PlannerClient, PlannerError
 from prefixgrove.planner.server import PlannerServer, build_server
 from prefixgrove.settings import IngestSettings, PlannerSettings, SecuritySettings
+from prefixgrove_proto import planner_pb2 as pb
 
 
 def start(

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from prefixgrove_proto import planner_pb2 as pb
-from prefixgrove_proto import planner_pb2_grpc as pb_grpc
 
 from prefixgrove.planner.security import channel
 from prefixgrove.settings import SecuritySettings
+from prefixgrove_proto import planner_pb2 as pb
+from prefixgrove_proto import planner_pb2_grpc as pb_grpc
 
 _CHUNK_BYTES = 1 << 20
 # a call that moves a whole job's lines gets at least these deadlines, when calls have one at all

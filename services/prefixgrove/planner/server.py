@@ -10,7 +10,6 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prefixgrove_proto import planner_pb2, planner_pb2_grpc
 
 from prefixgrove.jobs.connection import connect
 from prefixgrove.jobs.store import JobStore
@@ -18,6 +17,7 @@ from prefixgrove.planner.metrics import PlannerMetrics
 from prefixgrove.planner.security import BearerTokenInterceptor, server_credentials
 from prefixgrove.planner.service import PlannerService
 from prefixgrove.settings import IngestSettings, PlannerSettings, SecuritySettings
+from prefixgrove_proto import planner_pb2, planner_pb2_grpc
 
 log = logging.getLogger(__name__)
 _HEARTBEAT_TTL_S = 30

@@ -9,8 +9,6 @@ import uuid
 from collections.abc import Iterator
 
 import grpc
-from prefixgrove_proto import planner_pb2 as pb
-from prefixgrove_proto import planner_pb2_grpc as pb_grpc
 
 from prefixgrove.jobs.ingest import JobIngestor
 from prefixgrove.jobs.schema import JobRecord, JobState
@@ -18,6 +16,8 @@ from prefixgrove.jobs.store import JobStore
 from prefixgrove.jobs.tokenize import PromptTokenizer
 from prefixgrove.planner.metrics import PlannerMetrics
 from prefixgrove.settings import IngestSettings
+from prefixgrove_proto import planner_pb2 as pb
+from prefixgrove_proto import planner_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.25

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from prefixgrove_kernels.launch import CascadeMetadata, SuffixChunks
 
 from .metadata import AttentionMetadata, SampledRows

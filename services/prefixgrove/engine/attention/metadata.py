@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from prefixgrove_kernels.launch import CascadeMetadata, PagedMetadata
 
 __all__ = ["AttentionMetadata", "CascadeMetadata", "SampledRows"]
