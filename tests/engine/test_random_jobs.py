@@ -5,15 +5,8 @@ from __future__ import annotations
 
 import random
 
+import engine_checkpoints as ckpt
 import pytest
-from engine_checkpoints import (
-    assert_no_leak,
-    engine,
-    greedy,
-    random_prompts,
-    run,
-    shared_prefix_job,
-)
 
 from prefixgrove import RequestOutput, SamplingParams
 
@@ -22,7 +15,7 @@ def _params(rng: random.Random) -> SamplingParams:
     n = rng.randint(1, 12)
     kind = rng.randrange(5)
     if kind == 0:
-        return greedy(n, ignore_eos=True)
+        return ckpt.greedy(n, ignore_eos=True)
     if kind == 1:
         return SamplingParams(
             max_tokens=n,
@@ -33,9 +26,9 @@ def _params(rng: random.Random) -> SamplingParams:
             ignore_eos=True,
         )
     if kind == 2:
-        return greedy(n, ignore_eos=True, repetition_penalty=1.3, presence_penalty=0.5)
+        return ckpt.greedy(n, ignore_eos=True, repetition_penalty=1.3, presence_penalty=0.5)
     if kind == 3:
-        return greedy(n, stop_token_ids=rng.sample(range(256), 20))
+        return ckpt.greedy(n, stop_token_ids=rng.sample(range(256), 20))
     return SamplingParams(max_tokens=n, temperature=0.7, seed=rng.randrange(100), logprobs=2)
 
 
@@ -46,10 +39,10 @@ def _completions(outs: list[RequestOutput]) -> list[tuple]:
 @pytest.mark.parametrize("trial", range(8))
 def test_random_job_under_random_limits_matches_the_unconstrained_run(llama_dir, trial):
     rng = random.Random(trial)
-    job = shared_prefix_job(
+    job = ckpt.shared_prefix_job(
         rng.randint(1, 4), rng.randint(1, 5), prefix_len=rng.choice([16, 32, 64, 80]), seed=trial
     )
-    job += random_prompts([rng.randint(1, 40) for _ in range(rng.randint(0, 4))], seed=trial)
+    job += ckpt.random_prompts([rng.randint(1, 40) for _ in range(rng.randint(0, 4))], seed=trial)
     rng.shuffle(job)
     params = [_params(rng) for _ in job]
     block_size = rng.choice([8, 16])
@@ -66,8 +59,8 @@ def test_random_job_under_random_limits_matches_the_unconstrained_run(llama_dir,
         "num_scheduler_steps": rng.choice([1, 4]),
         "enable_cascade_attention": rng.random() < 0.7,
     }
-    llm = engine(llama_dir, **limits)
-    outs = run(llm, job, params)
-    reference = run(engine(llama_dir, enable_prefix_grouping=False), job, params)
+    llm = ckpt.engine(llama_dir, **limits)
+    outs = ckpt.run(llm, job, params)
+    reference = ckpt.run(ckpt.engine(llama_dir, enable_prefix_grouping=False), job, params)
     assert _completions(outs) == _completions(reference), limits
-    assert_no_leak(llm)
+    ckpt.assert_no_leak(llm)

