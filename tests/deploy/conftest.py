@@ -4,7 +4,6 @@ redis-server + planner for the tests that run the services' own processes."""
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,9 +14,10 @@ import pytest
 # module and this folder's helpers are put on the path by hand.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from deploy_tools import VENV_BIN, Process, missing
+from deploy_tools import VENV_BIN, Process
 from k8s_fixtures import free_port, kube_api
 from polling import wait_for
+from services_testbed import RedisServer, need_redis
 
 __all__ = ["kube_api"]
 
@@ -30,23 +30,17 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def planner_address(logs: Path) -> Iterator[str]:
     """A real redis-server and planner process on free loopback ports."""
-    if shutil.which("redis-server") is None:
-        missing("no redis-server on PATH; run scripts/ci/install-redis.sh")
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    redis_port, planner_port = free_port(), free_port()
+    planner_port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFIXGROVE_")}
-    redis = Process.start(
-        "redis",
-        ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        env,
-        logs,
-    )  # fmt: skip
+    redis = RedisServer(need_redis(), logs)
+    redis.start()
     planner = Process.start(
         "planner",
         [str(VENV_BIN / "prefixgrove"), "serve", "planner", "--host", "127.0.0.1",
-         "--port", str(planner_port), "--redis-url", f"redis://127.0.0.1:{redis_port}/0"],
+         "--port", str(planner_port), "--redis-url", redis.url],
         env,
         logs,
     )  # fmt: skip
@@ -54,7 +48,6 @@ def planner_address(logs: Path) -> Iterator[str]:
     channel = grpc.insecure_channel(address)
 
     def serving() -> bool:
-        redis.check_alive()
         planner.check_alive()
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
@@ -70,4 +63,4 @@ def planner_address(logs: Path) -> Iterator[str]:
     finally:
         channel.close()
         planner.stop()
-        redis.stop()
+        redis.kill()

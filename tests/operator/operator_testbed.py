@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -15,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from k8s_fixtures import REPO, KubeApi, free_port, missing
+from k8s_fixtures import REPO, KubeApi, free_port
 from polling import terminate, wait_for
+from services_testbed import RedisServer, need_redis
 
 CRD = REPO / "helm" / "prefixgrove" / "crds" / "batchjobs.yaml"
 MODEL = "tiny-random-llama"
@@ -127,28 +127,13 @@ def volume(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def redis_url(logs_dir: Path) -> Iterator[str]:
-    if shutil.which("redis-server") is None:
-        missing("no redis-server on PATH; run scripts/ci/install-redis.sh")
-    port = free_port()
-    args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-    server = Service("redis", [*args, "--appendonly", "no"], dict(os.environ), logs_dir)
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    server = RedisServer(need_redis(), tmp_path_factory.mktemp("redis"))
+    server.start()
     try:
-        wait_for("redis-server", lambda: _ping_redis(port) or not server.alive(), 20)
-        if not server.alive():
-            pytest.fail(f"redis-server exited:\n{server.tail()}", pytrace=False)
-        yield f"redis://127.0.0.1:{port}/0"
+        yield server.url
     finally:
-        server.stop()
-
-
-def _ping_redis(port: int) -> bool:
-    import redis
-
-    try:
-        return bool(redis.Redis(port=port, socket_timeout=0.5).ping())
-    except redis.RedisError:
-        return False
+        server.kill()
 
 
 def _service_env(redis_url: str) -> dict[str, str]:
