@@ -32,4 +32,4 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 CMD \
 ch = grpc.insecure_channel('127.0.0.1:' + os.environ.get('PREFIXGROVE_PORT', '50051')); \
 r = g.HealthStub(ch).Check(h.HealthCheckRequest(), timeout=4); sys.exit(r.status != h.HealthCheckResponse.SERVING)"
 ENTRYPOINT ["prefixgrove"]
-CMD ["serve", "planner", "--port", "50051", "--metrics-port", "9090"]
+CMD ["serve", "planner", "--host", "0.0.0.0", "--port", "50051", "--metrics-port", "9090"]

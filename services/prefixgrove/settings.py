@@ -74,7 +74,7 @@ class ClientSettings:
 @dataclass(frozen=True)
 class PlannerSettings:
     redis_url: str = "redis://127.0.0.1:6379/0"
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # loopback unless told otherwise (a container passes 0.0.0.0)
     port: int = 50051
     model: str = "tiny-random-llama"
     metrics_port: int = 0  # 0: no Prometheus endpoint

@@ -117,3 +117,9 @@ def test_submit_shown_in_the_compose_file_is_a_valid_cli_command() -> None:
     args = parse_cli(command.split("docker compose run --rm cli", 1)[1].split())
     assert (args.planner, args.wait) == ("planner:50051", True)
     assert str(args.output).startswith("/data/") and str(args.errors).startswith("/data/")
+
+
+def test_the_planner_is_published_on_this_machine_only() -> None:
+    ports = resolved()["services"]["planner"]["ports"]
+    published = [p for p in ports if p["target"] == 50051]
+    assert published and all(p.get("host_ip") == "127.0.0.1" for p in published), ports

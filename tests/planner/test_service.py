@@ -218,3 +218,20 @@ def test_a_job_is_failed_only_when_its_own_planner_stopped_during_the_upload(
     finally:
         server_a.stop(0)
         server_b.stop(0)
+
+
+def test_planner_listens_on_loopback_unless_told_otherwise() -> None:
+    assert PlannerSettings().host == "127.0.0.1"
+
+
+def test_serving_a_non_loopback_address_without_a_token_is_warned_about(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    for host, token, warned in (("0.0.0.0", None, True), ("0.0.0.0", "s3cret", False),
+                                ("127.0.0.1", None, False)):  # fmt: skip
+        caplog.clear()
+        planner = PlannerSettings(redis_url=redis_server.url, host=host, port=0, model=MODEL)
+        server = build_server(planner, IngestSettings(), SecuritySettings(auth_token=token))
+        server.stop(0)
+        said = any("without a bearer token" in r.getMessage() for r in caplog.records)
+        assert said == warned, (host, token)

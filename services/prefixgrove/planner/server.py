@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import signal
 import threading
@@ -72,7 +73,20 @@ def build_server(
     if planner.metrics_port:
         running.threads += metrics.serve(planner.metrics_port, store.model_queue, running.stopping)
     log.info("planner listening on %s:%d (%s)", planner.host, port, "TLS" if creds else "plaintext")
+    if not security.auth_token and not _is_loopback(planner.host):
+        log.warning(
+            "planner serves %s without a bearer token: anyone who reaches this address can submit, "
+            "read and cancel jobs (set --auth-token / PREFIXGROVE_AUTH_TOKEN, or --host 127.0.0.1)",
+            planner.host,
+        )
     return running
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _add_services(server: grpc.Server, service: PlannerService) -> None:
