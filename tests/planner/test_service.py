@@ -235,3 +235,21 @@ def test_serving_a_non_loopback_address_without_a_token_is_warned_about(
         server.stop(0)
         said = any("without a bearer token" in r.getMessage() for r in caplog.records)
         assert said == warned, (host, token)
+
+
+def test_a_download_marker_of_another_job_is_refused(client: PlannerClient, tmp_path: Path) -> None:
+    job = client.submit_file(_write(tmp_path / "in.jsonl", lines(2)))
+    out, err = tmp_path / "out.jsonl", tmp_path / "out.errors.jsonl"
+    out.write_text('{"custom_id": "from job A"}\n')
+    err.write_text("")
+    (tmp_path / "out.jsonl.offset").write_text("job-a 1 28 0")
+    with pytest.raises(
+        ValueError, match=f"belongs to an interrupted download of job job-a, not {job.id}"
+    ):
+        client.download(job.id, out, err)
+    assert out.read_text() == '{"custom_id": "from job A"}\n'
+
+
+def _write(path: Path, content: list[bytes]) -> Path:
+    path.write_bytes(b"\n".join(content) + b"\n")
+    return path

@@ -137,12 +137,12 @@ class PlannerClient:
 
     def download(self, job_id: str, output: Path, errors: Path) -> tuple[int, int]:
         """Follows the job, writing its output and error files. An interrupted download resumes
-        where it stopped: `<output>.offset` holds the next input index and both files' sizes."""
+        where it stopped: `<output>.offset` names the job and holds the next input index and both
+        files' sizes; a marker of another job is refused (ValueError), never resumed from."""
         marker = output.with_name(output.name + ".offset")
         offset, sizes = 0, (0, 0)
         if marker.exists() and output.exists() and errors.exists():
-            offset, out_size, err_size = (int(v) for v in marker.read_text().split())
-            sizes = (out_size, err_size)
+            offset, sizes = _resume_point(marker, job_id)
         counts = [0, 0]
         with (
             output.open("ab" if offset else "wb") as out,
@@ -156,7 +156,7 @@ class PlannerClient:
                 if n % 1000 == 999:
                     out.flush()
                     err.flush()
-                    marker.write_text(f"{line.index + 1} {out.tell()} {err.tell()}")
+                    marker.write_text(f"{job_id} {line.index + 1} {out.tell()} {err.tell()}")
         marker.unlink(missing_ok=True)
         return counts[0], counts[1]
 
@@ -216,3 +216,17 @@ def _translate(exc: grpc.RpcError, method: str) -> PlannerError:
     if code in _RETRYABLE:
         return PlannerUnavailable(code, message)
     return PlannerRejected(code, message)
+
+
+def _resume_point(marker: Path, job_id: str) -> tuple[int, tuple[int, int]]:
+    """(next input index, (output size, errors size)) from an interrupted download of `job_id`."""
+    fields = marker.read_text().split()
+    if len(fields) != 4 or not all(f.isdigit() for f in fields[1:]):
+        raise ValueError(f"{marker} is not a download marker: delete it to start the download over")
+    if fields[0] != job_id:
+        raise ValueError(
+            f"{marker} belongs to an interrupted download of job {fields[0]}, not {job_id}: "
+            f"finish that one, or delete the marker to write job {job_id} over its files"
+        )
+    offset, out_size, err_size = (int(f) for f in fields[1:])
+    return offset, (out_size, err_size)
