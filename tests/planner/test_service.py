@@ -253,3 +253,28 @@ def test_a_download_marker_of_another_job_is_refused(client: PlannerClient, tmp_
 def _write(path: Path, content: list[bytes]) -> Path:
     path.write_bytes(b"\n".join(content) + b"\n")
     return path
+
+
+def test_written_results_never_follow_a_link_planted_beside_the_output(
+    client: PlannerClient, tmp_path: Path
+) -> None:
+    job = client.submit_file(_write(tmp_path / "in.jsonl", [*lines(1), b"not json"]))
+    victim = tmp_path / "elsewhere.txt"
+    victim.write_text("untouched\n")
+    out_dir = tmp_path / "volume"
+    out_dir.mkdir()
+    for name in ("out.jsonl.partial", "out.errors.jsonl.partial", "out.jsonl"):
+        (out_dir / name).symlink_to(victim)
+    outputs, errors = client.write_results(
+        job.id, out_dir / "out.jsonl", out_dir / "out.errors.jsonl"
+    )
+    assert victim.read_text() == "untouched\n"
+    for path, count in ((out_dir / "out.jsonl", outputs), (out_dir / "out.errors.jsonl", errors)):
+        assert not path.is_symlink()
+        assert len(path.read_text().splitlines()) == count
+    assert sorted(p.name for p in out_dir.iterdir()) == [
+        "out.errors.jsonl",
+        "out.errors.jsonl.partial",
+        "out.jsonl",
+        "out.jsonl.partial",
+    ]  # the planted links stay, unused; no temporary file is left behind

@@ -8,6 +8,8 @@ one of two domain errors, so a caller needs three `except` clauses at most: `Pla
 from __future__ import annotations
 
 import itertools
+import os
+import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -162,17 +164,26 @@ class PlannerClient:
 
     def write_results(self, job_id: str, output: Path, errors: Path) -> tuple[int, int]:
         """Writes the outputs and the errors of a finished job, in input order, each file replaced
-        whole so a retry never leaves a half-written one; returns (outputs, errors) written."""
+        whole so a retry never leaves a half-written one; returns (outputs, errors) written.
+
+        Each file is written to a temporary file the call creates itself in the same folder (never
+        an existing path, so a link planted there redirects nothing) and renamed over `path` (which
+        replaces a link at `path` rather than writing through it)."""
         written = []
         for kind, path in ((pb.RESULT_KIND_OUTPUT, output), (pb.RESULT_KIND_ERROR, errors)):
             path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_name(path.name + ".partial")
+            fd, partial = tempfile.mkstemp(
+                dir=path.parent, prefix=f".{path.name}.", suffix=".partial"
+            )
             count = 0
-            with partial.open("w", encoding="utf-8") as out:
-                for line in self.results(job_id, 0, kind):
-                    out.write(line.line + "\n")
-                    count += 1
-            partial.replace(path)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as out:
+                    for line in self.results(job_id, 0, kind):
+                        out.write(line.line + "\n")
+                        count += 1
+                os.replace(partial, path)
+            finally:
+                Path(partial).unlink(missing_ok=True)
             written.append(count)
         return written[0], written[1]
 
