@@ -80,11 +80,15 @@ class PlannerSettings:
     metrics_port: int = 0  # 0: no Prometheus endpoint
     max_message_bytes: int = 64 << 20
     job_retention_s: int = 7 * 24 * 3600  # a finished job's keys expire after this; 0: kept
+    # calls that last as long as a job (status --watch, submit --wait's results) served at once;
+    # the thread pool holds this many and 8 more for everything else
+    max_streams: int = 64
 
     def __post_init__(self) -> None:
         _port(self, "port")
         _port(self, "metrics_port")
         positive(self, "max_message_bytes")
+        positive(self, "max_streams")
         if self.job_retention_s < 0:
             raise ValueError(
                 f"job_retention_s={self.job_retention_s} is invalid: expected >= 0 (0 keeps jobs)"
@@ -99,6 +103,8 @@ class WorkerSettings:
     dtype: str = "auto"
     consumer: str = ""  # empty: host name and process id
     lease_timeout_s: float = 30.0  # a group idle this long in another worker's hands is taken over
+    # a group delivered this many times to workers that failed on it fails its requests instead
+    max_deliveries: int = 5
     max_groups_in_flight: int = 8
     max_num_seqs: int = 256
     cancel_poll_s: float = 1.0
@@ -116,7 +122,7 @@ class WorkerSettings:
             raise ValueError(f"device={self.device!r} is invalid: expected auto, cpu or cuda")
         if self.lease_timeout_s < 1.0:
             raise ValueError(f"lease_timeout_s={self.lease_timeout_s} is invalid: expected >= 1")
-        positive(self, "max_groups_in_flight", "max_num_seqs", "stop_timeout_s")
+        positive(self, "max_groups_in_flight", "max_num_seqs", "stop_timeout_s", "max_deliveries")
         _port(self, "metrics_port")
 
     @property

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from polling import wait_for
 from services_testbed import MODEL, RedisServer, batch_line
 
 from prefixgrove.planner.client import PlannerClient, PlannerError
@@ -278,3 +279,39 @@ def test_written_results_never_follow_a_link_planted_beside_the_output(
         "out.jsonl",
         "out.jsonl.partial",
     ]  # the planted links stay, unused; no temporary file is left behind
+
+
+def test_watches_beyond_the_stream_limit_are_refused_and_short_calls_still_answer(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    planner = PlannerSettings(
+        redis_url=redis_server.url, host="127.0.0.1", port=0, model=MODEL, max_streams=2
+    )
+    server = build_server(planner, IngestSettings(max_model_len=512), SecuritySettings())
+    clients = [PlannerClient(f"127.0.0.1:{server.port}") for _ in range(4)]
+    try:
+        job = clients[0].submit_file(_write(tmp_path / "in.jsonl", lines(2)))  # no worker: runs on
+        watches = [c.watch(job.id) for c in clients[:2]]
+        for w in watches:
+            next(w)  # each holds its stream open now
+        with pytest.raises(PlannerError) as refused:
+            next(clients[2].watch(job.id))
+        assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "--max-streams" in str(refused.value)
+        assert clients[3].get(job.id).id == job.id  # a short call still has a thread
+        watches[0].close()  # a closed watch gives its slot back
+        wait_for("a freed stream slot", lambda: _watch_opens(clients[2], job.id), timeout=30)
+    finally:
+        for c in clients:
+            c.close()
+        server.stop(0)
+
+
+def _watch_opens(client: PlannerClient, job_id: str) -> bool:
+    try:
+        stream = client.watch(job_id)
+        next(stream)
+        stream.close()
+        return True
+    except PlannerError:
+        return False

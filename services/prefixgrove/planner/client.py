@@ -72,10 +72,14 @@ class PlannerClient:
             raise _translate(exc, method) from None
 
     def _stream(self, method: str, request: Any, timeout: float | None) -> Iterator[Any]:
+        """Closing the iterator early cancels the call, so the planner frees its stream slot."""
+        call = getattr(self._stub, method)(request, timeout=timeout)
         try:
-            yield from getattr(self._stub, method)(request, timeout=timeout)
+            yield from call
         except grpc.RpcError as exc:
             raise _translate(exc, method) from None
+        finally:
+            call.cancel()
 
     # --- jobs ---------------------------------------------------------------------------------
     def create_job(

@@ -17,11 +17,13 @@ from prefixgrove.jobs.store import JobStore
 from prefixgrove.planner.metrics import PlannerMetrics
 from prefixgrove.planner.security import BearerTokenInterceptor, server_credentials
 from prefixgrove.planner.service import PlannerService
+from prefixgrove.planner.stream_limit import StreamLimit
 from prefixgrove.settings import IngestSettings, PlannerSettings, SecuritySettings
 from prefixgrove_proto import planner_pb2, planner_pb2_grpc
 
 log = logging.getLogger(__name__)
 _HEARTBEAT_TTL_S = 30
+_SHORT_CALL_THREADS = 8  # beyond the long-lived streams: calls that end, and the health check
 SERVICE_NAME = planner_pb2.DESCRIPTOR.services_by_name["Planner"].full_name
 
 
@@ -53,9 +55,12 @@ def build_server(
     service = PlannerService(store, planner.model, ingest, metrics)
     service.heartbeat(_HEARTBEAT_TTL_S)
     service.recover()
+    interceptors: list[grpc.ServerInterceptor] = [StreamLimit(planner.max_streams)]
+    if security.auth_token:  # first: a call without the token is refused before it takes a slot
+        interceptors.insert(0, BearerTokenInterceptor(security.auth_token))
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=16),
-        interceptors=[BearerTokenInterceptor(security.auth_token)] if security.auth_token else [],
+        futures.ThreadPoolExecutor(max_workers=planner.max_streams + _SHORT_CALL_THREADS),
+        interceptors=interceptors,
         options=[
             ("grpc.max_receive_message_length", planner.max_message_bytes),
             ("grpc.max_send_message_length", planner.max_message_bytes),
