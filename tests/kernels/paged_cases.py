@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 import torch
 
 from prefixgrove_kernels.launch import CascadeMetadata, PagedMetadata
@@ -45,6 +46,35 @@ def make_cache(
     k = torch.randn(shape, generator=gen).to(device, dtype)
     v = torch.randn(shape, generator=gen).to(device, dtype)
     return Cache(k, v, torch.randperm(num_blocks, generator=gen).tolist())
+
+
+@dataclass(frozen=True)
+class KernelShape:
+    """The sizes an attention kernel is compiled for: head_dim, query heads per kv head (group), and
+    keys per cache block. Printed as its test id, e.g. d64-g4-b16."""
+
+    head_dim: int
+    group: int
+    block_size: int
+
+    def __str__(self) -> str:
+        return f"d{self.head_dim}-g{self.group}-b{self.block_size}"
+
+    @property
+    def num_heads(self) -> int:
+        return NUM_KV_HEADS * self.group
+
+    @property
+    def scale(self) -> float:
+        return self.head_dim**-0.5
+
+    def cache(self, num_blocks: int, dtype: torch.dtype, device: torch.device) -> Cache:
+        return make_cache(num_blocks, self.block_size, NUM_KV_HEADS, self.head_dim, dtype, device)
+
+
+def over_shapes(*shapes: KernelShape) -> pytest.MarkDecorator:
+    """Runs a test once per kernel shape, passed as its `shape` argument and named by it."""
+    return pytest.mark.parametrize("shape", shapes, ids=str)
 
 
 def random_queries(

@@ -11,6 +11,7 @@ from paged_cases import (
     TOLERANCE,
     Cache,
     Groups,
+    KernelShape,
     Request,
     build_cascade,
     cumulative,
@@ -18,6 +19,7 @@ from paged_cases import (
     dense_paged,
     gather,
     make_cache,
+    over_shapes,
     random_queries,
 )
 
@@ -68,29 +70,22 @@ def assert_states_close(
 
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize(
-    ("head_dim", "group", "block_size"), [(64, 4, 8), (128, 8, 16), (64, 1, 32)]
-)
+@over_shapes(KernelShape(64, 4, 8), KernelShape(128, 8, 16), KernelShape(64, 1, 32))
 def test_prefix_pass_over_many_groups_mixed_with_ungrouped_rows(
-    device: torch.device,
-    dtype: torch.dtype,
-    head_dim: int,
-    group: int,
-    block_size: int,
-    num_splits: int,
+    device: torch.device, dtype: torch.dtype, shape: KernelShape, num_splits: int
 ) -> None:
-    cache = make_cache(64, block_size, NUM_KV_HEADS, head_dim, dtype, device)
+    cache = shape.cache(64, dtype, device)
     # 3 ungrouped rows, then groups of 5, 2 (empty prefix), 0, 9 and 1 rows, 2 ungrouped rows,
     # then a padded group with no rows.
     prefix_blocks = [2, 0, 3, 1, 9, 0]
     rows = [5, 2, 0, 9, 1, 0]
     groups = Groups(
         cu=cumulative(rows, device, start=3).tolist(),
-        prefix_lens=[n * block_size for n in prefix_blocks],
-        blocks=[cache.take(n * block_size) for n in prefix_blocks],
+        prefix_lens=[n * shape.block_size for n in prefix_blocks],
+        blocks=[cache.take(n * shape.block_size) for n in prefix_blocks],
     )
-    q = random_queries(3 + sum(rows) + 2, NUM_KV_HEADS * group, head_dim, dtype, device)
-    args = {"groups": groups.metadata(cache, 12), "scale": head_dim**-0.5}
+    q = random_queries(3 + sum(rows) + 2, shape.num_heads, shape.head_dim, dtype, device)
+    args = {"groups": groups.metadata(cache, 12), "scale": shape.scale}
     nan_state = (
         torch.full(q.shape, float("nan"), device=device),
         torch.full(q.shape[:2], float("nan"), device=device),
@@ -102,7 +97,7 @@ def test_prefix_pass_over_many_groups_mixed_with_ungrouped_rows(
     ref = prefix_attention_ref(
         q, cache.k, cache.v, out=nan_state[0].clone(), out_lse=nan_state[1].clone(), **args
     )
-    dense = dense_prefix(q, groups, cache, head_dim**-0.5)
+    dense = dense_prefix(q, groups, cache, shape.scale)
     # Rows outside every group, or of a group without a prefix, get no state (never read).
     tol = TOLERANCE[dtype]
     assert_states_close(ref, dense, tol, groups)
@@ -144,20 +139,18 @@ def test_prefix_pass_writes_into_given_buffers(device: torch.device) -> None:
 @pytest.mark.parametrize("state_in_query_dtype", [False, True])
 @pytest.mark.parametrize("num_splits", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize(("head_dim", "group", "block_size"), [(64, 4, 16), (128, 8, 8)])
+@over_shapes(KernelShape(64, 4, 16), KernelShape(128, 8, 8))
 def test_cascade_equals_plain_paged_attention_over_prefix_and_suffix(
     device: torch.device,
     dtype: torch.dtype,
-    head_dim: int,
-    group: int,
-    block_size: int,
+    shape: KernelShape,
     num_splits: int,
     state_in_query_dtype: bool,
 ) -> None:
     """Also with the prefix pass's output kept in the queries' dtype (what the engine does), which
     the suffix pass reads back and merges in fp32."""
-    cache = make_cache(96, block_size, NUM_KV_HEADS, head_dim, dtype, device)
-    b = block_size
+    cache = shape.cache(96, dtype, device)
+    b = shape.block_size
     layout = [
         (0, [Request(3, 20)]),  # ungrouped, prefill chunk with context
         (4 * b, [Request(1, 10), Request(1, 25), Request(6, 6), Request(0, 3)]),
@@ -166,8 +159,8 @@ def test_cascade_equals_plain_paged_attention_over_prefix_and_suffix(
         (11 * b, [Request(1, 3)]),
         (b, []),  # padded group
     ]
-    batch, groups = build_cascade(cache, layout, NUM_KV_HEADS * group, dtype)
-    scale = head_dim**-0.5
+    batch, groups = build_cascade(cache, layout, shape.num_heads, dtype)
+    scale = shape.scale
     plain = torch.empty_like(batch.q)
     q, k, v = batch.q, cache.k, cache.v
     paged_attention(q, k, v, plain, batch.metadata(with_kv_start=False), scale=scale)
@@ -192,24 +185,25 @@ def test_cascade_equals_plain_paged_attention_over_prefix_and_suffix(
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(
-    ("head_dim", "group", "block_size", "max_group_q"),
-    [(64, 4, 16, 8), (128, 8, 8, 16), (64, 1, 8, 64), (64, 2, 64, 8)],
+    ("shape", "max_group_q"),
+    [
+        (KernelShape(64, 4, 16), 8),
+        (KernelShape(128, 8, 8), 16),
+        (KernelShape(64, 1, 8), 64),
+        (KernelShape(64, 2, 64), 8),
+    ],
+    ids=str,
 )
 def test_prefix_pass_finishes_suffix_chunks(
-    device: torch.device,
-    dtype: torch.dtype,
-    head_dim: int,
-    group: int,
-    block_size: int,
-    max_group_q: int,
+    device: torch.device, dtype: torch.dtype, shape: KernelShape, max_group_q: int
 ) -> None:
     """The prefix pass takes the suffix chunks (grouped, several queries) on to their own keys and
     writes their output; the paged kernel's suffix pass skips them and finishes the rest (decode rows
     of the same groups, ungrouped sequences) from the prefix state. Together, and as references,
     that is plain attention over prefix and own keys; rows past the last sequence stay untouched.
     The tiles here span several chunks, a chunk over several tiles, and decode rows beside chunks."""
-    cache = make_cache(160, block_size, NUM_KV_HEADS, head_dim, dtype, device)
-    b = block_size
+    cache = shape.cache(160, dtype, device)
+    b = shape.block_size
     layout = [
         (0, [Request(3, 20)]),  # ungrouped chunk with context
         # a decode row, a chunk after earlier own keys, a short one, a decode row, a first chunk
@@ -219,11 +213,11 @@ def test_prefix_pass_finishes_suffix_chunks(
         (11 * b, [Request(40, 41)]),  # one chunk over several tiles
         (b, []),  # padded group
     ]
-    batch, groups = build_cascade(cache, layout, NUM_KV_HEADS * group, dtype)
+    batch, groups = build_cascade(cache, layout, shape.num_heads, dtype)
     num_real = batch.q.shape[0]
-    padding = random_queries(5, NUM_KV_HEADS * group, head_dim, dtype, device)
+    padding = random_queries(5, shape.num_heads, shape.head_dim, dtype, device)
     q = torch.cat([batch.q, padding])
-    scale = head_dim**-0.5
+    scale = shape.scale
     meta = batch.metadata()
     prefix = {"groups": groups.metadata(cache, max_group_q), "scale": scale}
     outputs = []

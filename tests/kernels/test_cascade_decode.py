@@ -12,10 +12,12 @@ from paged_cases import (
     NUM_KV_HEADS,
     TOLERANCE,
     Cache,
+    KernelShape,
     Request,
     build_cascade,
     dense_paged,
     make_cache,
+    over_shapes,
 )
 
 from prefixgrove_kernels.cascade_attention import prefix_attention
@@ -44,30 +46,32 @@ def decode_layout(b: int) -> list[tuple[int, list[Request]]]:
     ]
 
 
+# The shape of the tests that check one behaviour rather than sweep shapes.
+DEFAULT_SHAPE = KernelShape(64, 4, 16)
+
+
 def setup(
     dtype: torch.dtype,
-    head_dim: int,
-    group: int,
-    block_size: int,
+    shape: KernelShape,
     device: torch.device,
     layout: list[tuple[int, list[Request]]] | None = None,
     num_blocks: int = 160,
 ) -> tuple[Cache, dict, torch.Tensor]:
     """The cache, the kernel's arguments (q included) and the dense reference for a layout (by
     default decode_layout)."""
-    cache = make_cache(num_blocks, block_size, NUM_KV_HEADS, head_dim, dtype, device)
-    layout = layout if layout is not None else decode_layout(block_size)
-    batch, groups = build_cascade(cache, layout, NUM_KV_HEADS * group, dtype)
+    cache = shape.cache(num_blocks, dtype, device)
+    layout = layout if layout is not None else decode_layout(shape.block_size)
+    batch, groups = build_cascade(cache, layout, shape.num_heads, dtype)
     args = {
         "seq_lens": batch.seq_lens,
         "kv_start": batch.kv_start,
         "block_tables": batch.block_tables,
         "groups": groups.metadata(cache),
-        "scale": head_dim**-0.5,
+        "scale": shape.scale,
     }
     for s in batch.seqs:  # the dense check attends everything a sequence's table holds
         s.kv_start = 0
-    dense, _ = dense_paged(batch, cache, head_dim**-0.5)
+    dense, _ = dense_paged(batch, cache, shape.scale)
     return cache, {"q": batch.q, **args}, dense
 
 
@@ -104,19 +108,13 @@ def check_one_pass(
 
 @pytest.mark.parametrize(("max_group_q", "num_splits"), [(1, 1), (4, 3), (16, 1), (16, 2)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize(
-    ("head_dim", "group", "block_size"), [(64, 4, 16), (128, 8, 8), (64, 3, 16), (32, 1, 8)]
+@over_shapes(
+    KernelShape(64, 4, 16), KernelShape(128, 8, 8), KernelShape(64, 3, 16), KernelShape(32, 1, 8)
 )
 def test_one_pass_equals_attention_over_prefix_and_own_keys(
-    device: torch.device,
-    dtype: torch.dtype,
-    head_dim: int,
-    group: int,
-    block_size: int,
-    max_group_q: int,
-    num_splits: int,
+    device: torch.device, dtype: torch.dtype, shape: KernelShape, max_group_q: int, num_splits: int
 ) -> None:
-    cache, args, dense = setup(dtype, head_dim, group, block_size, device)
+    cache, args, dense = setup(dtype, shape, device)
     q = args.pop("q")
     out = torch.full_like(q, float("nan"))
     call(cascade_decode_attention, q, cache, out, args, max_group_q, num_splits=num_splits)
@@ -129,7 +127,7 @@ def test_one_pass_equals_attention_over_prefix_and_own_keys(
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_one_pass_equals_the_two_pass_cascade(device: torch.device, dtype: torch.dtype) -> None:
-    cache, args, _ = setup(dtype, 64, 4, 16, device)
+    cache, args, _ = setup(dtype, DEFAULT_SHAPE, device)
     q = args.pop("q")
     one_pass = torch.empty_like(q)
     call(cascade_decode_attention, q, cache, one_pass, args, 16)
@@ -155,14 +153,13 @@ def test_streams_longer_than_one_chunk_of_block_ids(device: torch.device, num_sp
     """The kernel loads CHUNK_TILES tiles' block ids at a time: key streams of several chunks, own
     keys starting mid-block (a prefix that is not whole blocks), and split boundaries inside a
     chunk still attend every key once."""
-    block_size, head_dim = 16, 32
     chunk_keys = CHUNK_TILES * 64  # fp32 rows of 128 bytes take 64-key tiles
     layout = [
         (2 * chunk_keys + 37, [Request(1, n) for n in (300, 5, chunk_keys + 11)]),
         (0, [Request(1, 70)]),
         (50, [Request(1, 1), Request(1, 129)]),
     ]
-    cache, args, dense = setup(torch.float32, head_dim, 2, block_size, device, layout, 460)
+    cache, args, dense = setup(torch.float32, KernelShape(32, 2, 16), device, layout, 460)
     check_one_pass(cache, args, dense, max_group_q=3, num_splits=num_splits)
 
 
@@ -170,18 +167,18 @@ def test_streams_longer_than_one_chunk_of_block_ids(device: torch.device, num_sp
 def test_cache_blocks_larger_than_a_key_tile(device: torch.device, num_splits: int) -> None:
     """128-key cache blocks against 64-key tiles: the key stream's units are half blocks, so a unit's
     keys start mid-block; prefixes that end mid-unit put a request's first own key there too."""
-    block_size, head_dim = 128, 32
+    shape = KernelShape(32, 2, 128)
     layout = [
-        (block_size + 64 + 5, [Request(1, n) for n in (300, 1, 70, 59)]),
+        (shape.block_size + 64 + 5, [Request(1, n) for n in (300, 1, 70, 59)]),
         (0, [Request(1, 130)]),
         (100, [Request(1, 64), Request(1, 129)]),
     ]
-    cache, args, dense = setup(torch.float32, head_dim, 2, block_size, device, layout, 40)
+    cache, args, dense = setup(torch.float32, shape, device, layout, 40)
     check_one_pass(cache, args, dense, max_group_q=4, num_splits=num_splits)
 
 
 def test_one_pass_writes_strided_outputs_only_where_it_should(device: torch.device) -> None:
-    cache, args, dense = setup(torch.float32, 64, 4, 16, device)
+    cache, args, dense = setup(torch.float32, DEFAULT_SHAPE, device)
     q = args.pop("q")
     wide = torch.full((q.shape[0], q.shape[1] + 2, q.shape[2]), 7.0, device=device)
     out = wide[:, 1:-1]  # a strided view, as of a bigger buffer
@@ -191,7 +188,7 @@ def test_one_pass_writes_strided_outputs_only_where_it_should(device: torch.devi
 
 
 def test_one_pass_rejects_bad_arguments(device: torch.device) -> None:
-    cache, args, _ = setup(torch.float32, 64, 4, 16, device)
+    cache, args, _ = setup(torch.float32, DEFAULT_SHAPE, device)
     q = args.pop("q")
     out = torch.empty_like(q)
     with pytest.raises(ValueError, match="num_splits"):

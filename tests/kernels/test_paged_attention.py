@@ -9,19 +9,25 @@ from paged_cases import (
     TOLERANCE,
     Batch,
     Cache,
+    KernelShape,
     Seq,
     dense_attention,
     dense_paged,
     gather,
     make_batch,
     make_cache,
+    over_shapes,
 )
 
 from prefixgrove_kernels.launch import PagedMetadata
 from prefixgrove_kernels.paged_attention import LONG_QUERY, paged_attention, paged_attention_ref
 
-# (head_dim, query heads per kv head, block_size)
-SHAPES = [(64, 1, 16), (64, 4, 8), (128, 8, 32), (128, 4, 16)]
+SHAPES = [
+    KernelShape(64, 1, 16),
+    KernelShape(64, 4, 8),
+    KernelShape(128, 8, 32),
+    KernelShape(128, 4, 16),
+]
 
 
 def run(
@@ -50,24 +56,24 @@ def check_kernel_ref_dense(
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize(("head_dim", "group", "block_size"), SHAPES)
+@over_shapes(*SHAPES)
 def test_decode_over_ragged_lengths_with_padded_sequences(
-    device: torch.device, dtype: torch.dtype, head_dim: int, group: int, block_size: int
+    device: torch.device, dtype: torch.dtype, shape: KernelShape
 ) -> None:
-    cache = make_cache(48, block_size, NUM_KV_HEADS, head_dim, dtype, device)
+    cache = shape.cache(48, dtype, device)
     lengths = [1, 9, 16, 17, 40, 75]
     seqs = [Seq(1, n) for n in lengths] + [Seq(0, 0), Seq(0, 0)]
-    check_kernel_ref_dense(make_batch(cache, seqs, NUM_KV_HEADS * group, dtype), cache, dtype)
+    check_kernel_ref_dense(make_batch(cache, seqs, shape.num_heads, dtype), cache, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize(("head_dim", "group", "block_size"), [SHAPES[1], SHAPES[2]])
+@over_shapes(KernelShape(64, 4, 8), KernelShape(128, 8, 32))
 def test_chunked_prefill_mixed_with_decode_and_prior_context(
-    device: torch.device, dtype: torch.dtype, head_dim: int, group: int, block_size: int
+    device: torch.device, dtype: torch.dtype, shape: KernelShape
 ) -> None:
-    cache = make_cache(64, block_size, NUM_KV_HEADS, head_dim, dtype, device)
+    cache = shape.cache(64, dtype, device)
     seqs = [Seq(0, 12), Seq(1, 30), Seq(7, 7), Seq(19, 50), Seq(33, 54), Seq(2, 2)]
-    batch = make_batch(cache, seqs, NUM_KV_HEADS * group, dtype)
+    batch = make_batch(cache, seqs, shape.num_heads, dtype)
     # A padded upper bound on the query length is allowed.
     check_kernel_ref_dense(batch, cache, dtype, max_query_len=40)
 
@@ -82,16 +88,16 @@ def test_equal_chunks_spanning_several_query_tiles(
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize(("head_dim", "group", "block_size"), [SHAPES[0], SHAPES[3]])
+@over_shapes(KernelShape(64, 1, 16), KernelShape(128, 4, 16))
 def test_kv_start_skips_earlier_keys(
-    device: torch.device, dtype: torch.dtype, head_dim: int, group: int, block_size: int
+    device: torch.device, dtype: torch.dtype, shape: KernelShape
 ) -> None:
-    cache = make_cache(112, block_size, NUM_KV_HEADS, head_dim, dtype, device)
     # The last two start mid key tile and run many tiles past it: the unmasked tiles before the
     # queries, then the causal ones.
     seqs = [Seq(1, 40, 16), Seq(5, 37, 32), Seq(3, 20, 8), Seq(1, 90, 64), Seq(0, 0, 0)]
     seqs += [Seq(1, 150, 24), Seq(9, 140, 40)]
-    batch = make_batch(cache, seqs, NUM_KV_HEADS * group, dtype)
+    cache = shape.cache(112, dtype, device)
+    batch = make_batch(cache, seqs, shape.num_heads, dtype)
     check_kernel_ref_dense(batch, cache, dtype, with_kv_start=True)
 
 
