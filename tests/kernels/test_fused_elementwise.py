@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -174,10 +175,23 @@ def test_rms_norm_rejects_bad_arguments_with_the_offending_value(device: torch.d
 # ---- apply_rotary ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class HeadShape:
+    """An attention layer's query heads, kv heads and head_dim; printed as its test id."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+    def __str__(self) -> str:
+        return f"h{self.heads}-kv{self.kv_heads}-d{self.head_dim}"
+
+
 def fused_qkv_views(
-    tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+    tokens: int, shape: HeadShape, dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k and v as the attention layer sees them: views of one fused qkv output."""
+    heads, kv_heads, head_dim = shape.heads, shape.kv_heads, shape.head_dim
     q_size, kv_size = heads * head_dim, kv_heads * head_dim
     qkv = randn(tokens, q_size + 2 * kv_size, dtype=dtype, device=device) * 4
     q = qkv[:, :q_size].view(tokens, heads, head_dim)
@@ -191,23 +205,27 @@ def shuffled_positions(tokens: int, dtype: torch.dtype, device: torch.device) ->
     return torch.randperm(4 * tokens, generator=gen)[:tokens].to(dtype=dtype, device=device)
 
 
+def positions_and_table(
+    tokens: int, head_dim: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`shuffled_positions` and a Llama-3 rotary table (theta 500000) over all it may draw."""
+    cos_sin = rotary_table(head_dim, 4 * tokens, 500000.0, None).to(device)
+    return shuffled_positions(tokens, dtype, device), cos_sin
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
-    ("heads", "kv_heads", "head_dim"), [(1, 1, 32), (4, 2, 64), (12, 4, 128), (32, 8, 128)]
+    "shape",
+    [HeadShape(1, 1, 32), HeadShape(4, 2, 64), HeadShape(12, 4, 128), HeadShape(32, 8, 128)],
+    ids=str,
 )
 @pytest.mark.parametrize("position_dtype", [torch.int32, torch.int64])
 def test_rotary_on_fused_qkv_views_matches_the_reference(
-    dtype: torch.dtype,
-    device: torch.device,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-    position_dtype: torch.dtype,
+    dtype: torch.dtype, device: torch.device, shape: HeadShape, position_dtype: torch.dtype
 ) -> None:
     tokens = 13
-    cos_sin = rotary_table(head_dim, 4 * tokens, 500000.0, None).to(device)
-    q, k, _ = fused_qkv_views(tokens, heads, kv_heads, head_dim, dtype, device)
-    positions = shuffled_positions(tokens, position_dtype, device)
+    q, k, _ = fused_qkv_views(tokens, shape, dtype, device)
+    positions, cos_sin = positions_and_table(tokens, shape.head_dim, position_dtype, device)
     got_q, got_k = apply_rotary(q, k, positions, cos_sin)
     want_q, want_k = apply_rotary_ref(q, k, positions, cos_sin)
     assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
@@ -216,7 +234,7 @@ def test_rotary_on_fused_qkv_views_matches_the_reference(
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rotary_in_place_rotates_the_qkv_buffer(dtype: torch.dtype, device: torch.device) -> None:
     cos_sin = rotary_table(64, 64, 10000.0, {"rope_type": "linear", "factor": 2.0}).to(device)
-    q, k, _ = fused_qkv_views(9, 6, 3, 64, dtype, device)
+    q, k, _ = fused_qkv_views(9, HeadShape(6, 3, 64), dtype, device)
     positions = shuffled_positions(9, torch.int64, device)
     want_q, want_k = apply_rotary_ref(q, k, positions, cos_sin)
     got_q, got_k = apply_rotary(q, k, positions, cos_sin, q_out=q, k_out=k)
@@ -253,35 +271,28 @@ def test_rotary_rejects_bad_arguments_with_the_offending_value(device: torch.dev
 
 
 def qkv_and_cache(
-    tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+    tokens: int, shape: HeadShape, dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.Tensor, ...]:
     """`fused_qkv_views`, a random paged cache (3 blocks of 8 slots a token) and distinct slots
     scattered over it, the first block (the engine's null block) unused."""
-    q, k, v = fused_qkv_views(tokens, heads, kv_heads, head_dim, dtype, device)
-    k_cache = randn(3 * tokens + 1, 8, kv_heads, head_dim, dtype=dtype, device=device, seed=6)
-    v_cache = randn(3 * tokens + 1, 8, kv_heads, head_dim, dtype=dtype, device=device, seed=7)
+    q, k, v = fused_qkv_views(tokens, shape, dtype, device)
+    cache_shape = (3 * tokens + 1, 8, shape.kv_heads, shape.head_dim)
+    k_cache = randn(*cache_shape, dtype=dtype, device=device, seed=6)
+    v_cache = randn(*cache_shape, dtype=dtype, device=device, seed=7)
     gen = torch.Generator().manual_seed(8)
     slots = 8 + torch.randperm(k_cache.shape[0] * 8 - 8, generator=gen)[:tokens]
     return q, k, v, k_cache, v_cache, slots.to(device)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(4, 2, 64), (32, 8, 128)])
+@pytest.mark.parametrize("shape", [HeadShape(4, 2, 64), HeadShape(32, 8, 128)], ids=str)
 @pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
 def test_rotary_to_cache_writes_the_slots_the_reference_writes(
-    dtype: torch.dtype,
-    device: torch.device,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-    slot_dtype: torch.dtype,
+    dtype: torch.dtype, device: torch.device, shape: HeadShape, slot_dtype: torch.dtype
 ) -> None:
     tokens = 11
-    cos_sin = rotary_table(head_dim, 4 * tokens, 500000.0, None).to(device)
-    q, k, v, k_cache, v_cache, slots = qkv_and_cache(
-        tokens, heads, kv_heads, head_dim, dtype, device
-    )
-    positions = shuffled_positions(tokens, torch.int64, device)
+    q, k, v, k_cache, v_cache, slots = qkv_and_cache(tokens, shape, dtype, device)
+    positions, cos_sin = positions_and_table(tokens, shape.head_dim, torch.int64, device)
     k_before, v_before = k.clone(), v.clone()
     want_k_cache, want_v_cache = k_cache.clone(), v_cache.clone()
     want_q = apply_rotary_to_cache_ref(
@@ -295,12 +306,12 @@ def test_rotary_to_cache_writes_the_slots_the_reference_writes(
     assert torch.equal(k_cache, want_k_cache) and torch.equal(v_cache, want_v_cache)
     assert torch.equal(k, k_before) and torch.equal(v, v_before)
     rotated_k = apply_rotary_ref(q, k, positions, cos_sin)[1]
-    assert torch.equal(k_cache.view(-1, kv_heads, head_dim)[slots.long()], rotated_k)
-    assert torch.equal(v_cache.view(-1, kv_heads, head_dim)[slots.long()], v)
+    assert torch.equal(k_cache.view(-1, shape.kv_heads, shape.head_dim)[slots.long()], rotated_k)
+    assert torch.equal(v_cache.view(-1, shape.kv_heads, shape.head_dim)[slots.long()], v)
 
 
 def test_rotary_to_cache_of_no_tokens_writes_nothing(device: torch.device) -> None:
-    q, k, v, k_cache, v_cache, _ = qkv_and_cache(4, 4, 2, 64, torch.float32, device)
+    q, k, v, k_cache, v_cache, _ = qkv_and_cache(4, HeadShape(4, 2, 64), torch.float32, device)
     before = k_cache.clone()
     cos_sin = torch.zeros(8, 64, device=device)
     empty = torch.empty(0, dtype=torch.int64, device=device)
@@ -309,7 +320,7 @@ def test_rotary_to_cache_of_no_tokens_writes_nothing(device: torch.device) -> No
 
 
 def test_rotary_to_cache_rejects_bad_caches_and_slots(device: torch.device) -> None:
-    q, k, v, k_cache, v_cache, slots = qkv_and_cache(3, 4, 2, 64, torch.float32, device)
+    q, k, v, k_cache, v_cache, slots = qkv_and_cache(3, HeadShape(4, 2, 64), torch.float32, device)
     positions = torch.zeros(3, dtype=torch.int32, device=device)
     cos_sin = torch.zeros(8, 64, device=device)
 
