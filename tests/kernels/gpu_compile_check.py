@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -114,27 +114,53 @@ def zero_groups(num_groups: int, max_group_q: int) -> Any:
     )
 
 
+class CascadeShape(NamedTuple):
+    """A decode step's grouped batch, compiled for the prefix pass and for cascade decode with the
+    given splits (None: not compiled for that kernel)."""
+
+    name: str
+    rows: int  # query rows: one a sequence in decode
+    groups: int
+    max_group_q: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    prefix_splits: int | None = None
+    decode_splits: int | None = None
+
+    def q(self, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(self.rows, self.heads, self.head_dim, dtype=dtype)
+
+    def cache(self, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(64, 16, self.kv_heads, self.head_dim, dtype=dtype)
+
+
+CASCADE_SHAPES = [
+    CascadeShape("degree4", 256, 64, 4, 32, 8, 128, prefix_splits=1, decode_splits=2),
+    CascadeShape("degree16", 256, 16, 16, 32, 8, 128, decode_splits=1),
+    CascadeShape("degree16_split", 256, 16, 16, 32, 8, 128, prefix_splits=3, decode_splits=2),
+    CascadeShape("degree64", 256, 4, 64, 32, 8, 128, prefix_splits=8),
+    CascadeShape("one_group", 1, 1, 1, 32, 8, 128, prefix_splits=2, decode_splits=1),
+    CascadeShape("d64_mha", 128, 8, 16, 8, 8, 64, prefix_splits=1, decode_splits=1),
+    CascadeShape("d256_g8", 128, 4, 32, 16, 2, 256, prefix_splits=2, decode_splits=2),
+    CascadeShape("g3", 96, 4, 16, 12, 4, 128, decode_splits=2),
+]
+
+
 def prefix_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
     from prefixgrove_kernels.cascade_attention import prefix_attention_launches
     from prefixgrove_kernels.launch import PagedMetadata, SuffixChunks
 
     out = []
-    # (name, tokens, groups, max_group_q, heads, kv heads, head_dim, splits)
-    shapes = [
-        ("degree4", 256, 64, 4, 32, 8, 128, 1),
-        ("one_group", 1, 1, 1, 32, 8, 128, 2),
-        ("degree16_split", 256, 16, 16, 32, 8, 128, 3),
-        ("degree64", 256, 4, 64, 32, 8, 128, 8),
-        ("d64_mha", 128, 8, 16, 8, 8, 64, 1),
-        ("d256_g8", 128, 4, 32, 16, 2, 256, 2),
-    ]
-    for name, tokens, groups, max_q, heads, kv_heads, dim, splits in shapes:
-        q = torch.empty(tokens, heads, dim, dtype=dtype)
-        cache = torch.empty(64, 16, kv_heads, dim, dtype=dtype)
+    for shape in CASCADE_SHAPES:
+        if shape.prefix_splits is None:
+            continue
+        q, cache = shape.q(dtype), shape.cache(dtype)
+        groups = zero_groups(shape.groups, shape.max_group_q)
         launches, _, _ = prefix_attention_launches(
-            q, cache, cache, zero_groups(groups, max_q), scale=0.1, num_splits=splits
+            q, cache, cache, groups, scale=0.1, num_splits=shape.prefix_splits
         )
-        out += [(f"prefix/{name}/{i}", launch) for i, launch in enumerate(launches)]
+        out += [(f"prefix/{shape.name}/{i}", launch) for i, launch in enumerate(launches)]
     # A prefill step's prefix pass finishing its suffix chunks (16 chunks of 200 tokens a group).
     q = torch.empty(4 * 3200, 32, 128, dtype=dtype)
     cache = torch.empty(64, 16, 8, 128, dtype=dtype)
@@ -159,19 +185,10 @@ def decode_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
     from prefixgrove_kernels.launch import PagedMetadata
 
     out = []
-    # (name, seqs, groups, max_group_q, heads, kv heads, head_dim, splits)
-    shapes = [
-        ("degree16", 256, 16, 16, 32, 8, 128, 1),
-        ("degree16_split", 256, 16, 16, 32, 8, 128, 2),
-        ("degree4", 256, 64, 4, 32, 8, 128, 2),
-        ("one_seq", 1, 1, 1, 32, 8, 128, 1),
-        ("d64_mha", 128, 8, 16, 8, 8, 64, 1),
-        ("d256_g8", 128, 4, 32, 16, 2, 256, 2),
-        ("g3", 96, 4, 16, 12, 4, 128, 2),
-    ]
-    for name, seqs, groups, max_q, heads, kv_heads, dim, splits in shapes:
-        q = torch.empty(seqs, heads, dim, dtype=dtype)
-        cache = torch.empty(64, 16, kv_heads, dim, dtype=dtype)
+    for shape in CASCADE_SHAPES:
+        if shape.decode_splits is None:
+            continue
+        q, cache, seqs = shape.q(dtype), shape.cache(dtype), shape.rows
         index = torch.zeros(seqs + 1, dtype=torch.int32)
         meta = PagedMetadata(
             cu_seqlens_q=index,
@@ -180,11 +197,12 @@ def decode_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
             max_query_len=1,
             kv_start=index[:seqs],
         )
+        groups = zero_groups(shape.groups, shape.max_group_q)
         launches = cascade_decode_attention_launches(
-            q, cache, cache, torch.empty_like(q), meta, zero_groups(groups, max_q), scale=0.1,
-            num_splits=splits,
+            q, cache, cache, torch.empty_like(q), meta, groups, scale=0.1,
+            num_splits=shape.decode_splits,
         )  # fmt: skip
-        out += [(f"cascade_decode/{name}/{i}", launch) for i, launch in enumerate(launches)]
+        out += [(f"cascade_decode/{shape.name}/{i}", launch) for i, launch in enumerate(launches)]
     return out
 
 
