@@ -19,13 +19,13 @@ from _common import device_name, emit, shared_prefix_prompts
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="llama-3.1-8b-random")
-    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--model", default="llama-3.1-8b-random", help="a model preset's name")
+    ap.add_argument("--batch", type=int, default=256, help="sequences decoded a step")
     ap.add_argument("--prefix-len", type=int, default=0, help="shared prefix (0: no sharing)")
-    ap.add_argument("--per-group", type=int, default=16)
-    ap.add_argument("--suffix-len", type=int, default=1000)
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--cascade", type=int, default=1)
+    ap.add_argument("--per-group", type=int, default=16, help="requests sharing one prefix")
+    ap.add_argument("--suffix-len", type=int, default=1000, help="prompt tokens after the prefix")
+    ap.add_argument("--steps", type=int, default=8, help="decode steps profiled, after 3 warm")
+    ap.add_argument("--cascade", type=int, choices=[0, 1], default=1, help="cascade attention")
     args = ap.parse_args()
     llm = LLM(
         args.model,
