@@ -194,3 +194,12 @@ def test_logprobs_zero_returns_only_the_chosen_token(llm):
 def test_no_logprobs_unless_asked(llm):
     completion = run(llm, [PROMPTS[0]], greedy(3))[0].outputs[0]
     assert completion.logprobs is None and completion.cumulative_logprob is None
+
+
+def test_top_k_beyond_the_vocabulary_samples_as_if_it_were_off(llm):
+    """top_k up to int32's limit is valid: the sampler holds it as the vocabulary size."""
+    off = one(llm, PROMPTS[0], sampled(seed=5))
+    assert one(llm, PROMPTS[0], sampled(seed=5, top_k=2**31 - 1, top_p=0.99)) == one(
+        llm, PROMPTS[0], sampled(seed=5, top_k=0, top_p=0.99)
+    )
+    assert one(llm, PROMPTS[0], sampled(seed=5, top_k=2**31 - 1)) == off

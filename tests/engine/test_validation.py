@@ -102,6 +102,39 @@ def test_invalid_sampling_params_name_field_and_value(field: str, value: object)
         SamplingParams(**{field: value})
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "shown"),
+    [
+        ("top_k", 10**30, "1" + "0" * 30),
+        ("max_tokens", 2**31, str(2**31)),
+        ("seed", 2**64, str(2**64)),
+        ("stop_token_ids", [2**63], rf"\({2**63},\)"),
+        ("temperature", float("nan"), "nan"),
+        ("top_p", float("inf"), "inf"),
+        ("temperature", "1", "'1'"),
+        ("min_p", None, "None"),
+        ("presence_penalty", 10**400, r"<an integer of 1329 bits>"),
+        ("top_k", True, "True"),
+        ("stop", ["\ud800"], r"\('\\ud800',\)"),
+        ("stop", 5, "5"),
+    ],
+    ids=lambda v: type(v).__name__ if not isinstance(v, str) else v[:12],
+)
+def test_values_the_engine_cannot_hold_are_refused_with_value_error(
+    field: str, value: object, shown: str
+):
+    """Beyond int32/int64, not finite, not a number, not UTF-8: a ValueError, never a crash later."""
+    with pytest.raises(ValueError, match=rf"SamplingParams\.{field}={shown} is invalid"):
+        SamplingParams(**{field: value})
+
+
+@pytest.mark.parametrize("token", [10**30, 2**63], ids=["1e30", "2**63"])
+def test_token_ids_beyond_int64_are_refused_and_the_engine_stays_usable(llm: LLM, token: int):
+    with pytest.raises(ValueError, match=rf"prompt 0: .*token id {token} .*vocabulary"):
+        run(llm, [[1, token]], greedy(2))
+    _assert_nothing_queued_and_still_usable(llm)
+
+
 def test_empty_stop_string_is_refused():
     with pytest.raises(ValueError, match=r"SamplingParams\.stop=\(''"):
         SamplingParams(stop=[""])

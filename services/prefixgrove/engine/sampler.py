@@ -62,7 +62,7 @@ class SamplingBatch:
             [[p.temperature, p.top_p, p.min_p] for p in ps], dtype=np.float32
         ).reshape(-1, 3)
         ints = np.empty((1 + steps, len(seqs)), dtype=np.int64)
-        ints[0] = [p.top_k for p in ps]
+        ints[0] = [min(p.top_k, vocab_size) for p in ps]  # beyond the vocabulary is all of it
         seeds = np.array([s.sampling_seed for s in seqs], dtype=np.int64)
         produced = np.array([s.num_generated for s in seqs], dtype=np.int64)
         # Noise keys of this step and of the window's later steps, all at once.

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 _MAX_LOGPROBS = 20
+_INT32_MAX = 2**31 - 1  # top_k, max_tokens and token ids live in int32/int64 tensors
 
 
 @dataclass(frozen=True)
@@ -35,14 +37,10 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         # Accept a single string / list for the sequence fields, as the OpenAI and vLLM APIs do.
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        elif self.stop is None:
-            object.__setattr__(self, "stop", ())
-        else:
-            object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
-        if self.top_k == -1:
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        object.__setattr__(self, "stop", _as_tuple("stop", stop))
+        object.__setattr__(self, "stop_token_ids", _as_tuple("stop_token_ids", self.stop_token_ids))
+        if _is_int(self.top_k) and self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
         self._check_sampling()
         self._check_stops_and_logprobs()
@@ -50,27 +48,27 @@ class SamplingParams:
 
     def _check_sampling(self) -> None:
         _check(
-            isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+            _is_int(self.max_tokens) and 1 <= self.max_tokens <= _INT32_MAX,
             "max_tokens",
             self.max_tokens,
-            "an integer >= 1",
+            f"an integer in [1, {_INT32_MAX}]",
+        )
+        _check_number(self, "temperature", 0.0, 100.0)
+        _check(
+            _is_number(self.top_p) and 0.0 < self.top_p <= 1.0,
+            "top_p",
+            self.top_p,
+            "0 < top_p <= 1",
         )
         _check(
-            0.0 <= self.temperature <= 100.0,
-            "temperature",
-            self.temperature,
-            "0 <= temperature <= 100",
-        )
-        _check(0.0 < self.top_p <= 1.0, "top_p", self.top_p, "0 < top_p <= 1")
-        _check(
-            isinstance(self.top_k, int) and self.top_k >= 0,
+            _is_int(self.top_k) and 0 <= self.top_k <= _INT32_MAX,
             "top_k",
             self.top_k,
-            "0 (disabled), -1 (disabled) or a positive integer",
+            f"0 (disabled), -1 (disabled) or a positive integer <= {_INT32_MAX}",
         )
-        _check(0.0 <= self.min_p <= 1.0, "min_p", self.min_p, "0 <= min_p <= 1")
+        _check_number(self, "min_p", 0.0, 1.0)
         _check(
-            self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63),
+            self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**63),
             "seed",
             self.seed,
             "None or an integer in [0, 2**63)",
@@ -78,37 +76,30 @@ class SamplingParams:
 
     def _check_stops_and_logprobs(self) -> None:
         _check(
-            all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "non-empty strings"
+            all(isinstance(s, str) and s and _is_unicode(s) for s in self.stop),
+            "stop",
+            self.stop,
+            "non-empty strings of valid Unicode (no lone surrogates)",
         )
         _check(
-            all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+            all(_is_int(t) and 0 <= t <= _INT32_MAX for t in self.stop_token_ids),
             "stop_token_ids",
             self.stop_token_ids,
-            "non-negative integers",
+            f"integers in [0, {_INT32_MAX}]",
         )
         _check(
             self.logprobs is None
-            or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= _MAX_LOGPROBS),
+            or (_is_int(self.logprobs) and 0 <= self.logprobs <= _MAX_LOGPROBS),
             "logprobs",
             self.logprobs,
             f"None or an integer in [0, {_MAX_LOGPROBS}]",
         )
 
     def _check_penalties(self) -> None:
+        _check_number(self, "presence_penalty", -2.0, 2.0)
+        _check_number(self, "frequency_penalty", -2.0, 2.0)
         _check(
-            -2.0 <= self.presence_penalty <= 2.0,
-            "presence_penalty",
-            self.presence_penalty,
-            "-2 <= presence_penalty <= 2",
-        )
-        _check(
-            -2.0 <= self.frequency_penalty <= 2.0,
-            "frequency_penalty",
-            self.frequency_penalty,
-            "-2 <= frequency_penalty <= 2",
-        )
-        _check(
-            0.0 < self.repetition_penalty <= 10.0,
+            _is_number(self.repetition_penalty) and 0.0 < self.repetition_penalty <= 10.0,
             "repetition_penalty",
             self.repetition_penalty,
             "0 < repetition_penalty <= 10",
@@ -129,4 +120,49 @@ class SamplingParams:
 
 def _check(ok: bool, name: str, value: object, expected: str) -> None:
     if not ok:
-        raise ValueError(f"SamplingParams.{name}={value!r} is invalid: expected {expected}")
+        if _is_int(value) and value.bit_length() > 128:  # whole, it could be 4,000 digits
+            shown = f"<an integer of {value.bit_length()} bits>"
+        else:
+            text = repr(value)
+            shown = text if len(text) <= 80 else text[:77] + "..."
+        raise ValueError(f"SamplingParams.{name}={shown} is invalid: expected {expected}")
+
+
+def _as_tuple(name: str, value: object) -> tuple[object, ...]:
+    if value is None or isinstance(value, (str, bytes)):
+        _check(value is None, name, value, "a list")
+        return ()
+    try:
+        return tuple(value)  # type: ignore[call-overload]
+    except TypeError:
+        _check(False, name, value, "a list")
+        raise
+
+
+def _check_number(params: SamplingParams, name: str, low: float, high: float) -> None:
+    value = getattr(params, name)
+    ok = _is_number(value) and low <= value <= high
+    _check(ok, name, value, f"a number with {low:g} <= {name} <= {high:g}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    """A finite int or float (NaN, infinities, bools and strings are not); an int too large for a
+    float is not either."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
