@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 _MAX_LOGPROBS = 20
 _INT32_MAX = 2**31 - 1  # top_k, max_tokens and token ids live in int32/int64 tensors
@@ -120,7 +121,7 @@ class SamplingParams:
 
 def _check(ok: bool, name: str, value: object, expected: str) -> None:
     if not ok:
-        if _is_int(value) and value.bit_length() > 128:  # whole, it could be 4,000 digits
+        if isinstance(value, int) and value.bit_length() > 128:  # whole, it could be 4,000 digits
             shown = f"<an integer of {value.bit_length()} bits>"
         else:
             text = repr(value)
@@ -128,12 +129,12 @@ def _check(ok: bool, name: str, value: object, expected: str) -> None:
         raise ValueError(f"SamplingParams.{name}={shown} is invalid: expected {expected}")
 
 
-def _as_tuple(name: str, value: object) -> tuple[object, ...]:
+def _as_tuple(name: str, value: Any) -> tuple[Any, ...]:
     if value is None or isinstance(value, (str, bytes)):
         _check(value is None, name, value, "a list")
         return ()
     try:
-        return tuple(value)  # type: ignore[call-overload]
+        return tuple(value)
     except TypeError:
         _check(False, name, value, "a list")
         raise
