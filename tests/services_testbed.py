@@ -99,11 +99,17 @@ def service_env(**extra: str) -> dict[str, str]:
 
 
 class Process:
-    """A `prefixgrove serve ...` child process with its log in a file."""
+    """A `prefixgrove serve ...` child process (or another Python program) with its log in a file."""
 
-    def __init__(self, args: list[str], log: Path, env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        log: Path,
+        env: dict[str, str],
+        program: tuple[str, ...] = ("-m", "prefixgrove.cli"),
+    ) -> None:
         self.log = log
-        cmd = [sys.executable, "-m", "prefixgrove.cli", *args]
+        cmd = [sys.executable, *program, *args]
         with log.open("ab") as handle:
             self.proc = subprocess.Popen(
                 cmd, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=REPO

@@ -171,7 +171,7 @@ def test_a_stopped_worker_gives_its_groups_back(
                "w3 to hold a group")  # fmt: skip
     stack.workers["w3"].kill(signal.SIGTERM)
     assert stack.workers["w3"].wait(30) == 0
-    # It finished or gave back (re-queued) every group it held: none is left waiting for a timeout.
+    # It finished or gave back (claimable at once) every group it held: none waits for a timeout.
     assert r.xpending_range(queue, "workers", "-", "+", 10, consumername="w3") == []
     done, out, _ = finish(stack, job.id, tmp_path)
     assert done.state == pb.JOB_STATE_COMPLETED and out.read_text() == local_out.read_text()

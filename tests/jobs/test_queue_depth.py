@@ -98,7 +98,7 @@ def test_depth_follows_leases_takeover_release_and_trimming(store: JobStore) -> 
     [taken] = lease(store, alive, 1)
     assert taken.group_id == second.group_id
     assert store.model_queue(MODEL) == QueueDepth(2, 1)
-    alive.release(taken)
+    alive.release(taken, failed=False)
     assert store.model_queue(MODEL) == QueueDepth(3, 0)
 
 

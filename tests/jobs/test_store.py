@@ -10,7 +10,7 @@ from services_testbed import RedisServer
 
 from prefixgrove.jobs.connection import connect
 from prefixgrove.jobs.ingest import JobPlan
-from prefixgrove.jobs.queue import GroupQueue
+from prefixgrove.jobs.queue import GroupQueue, Lease
 from prefixgrove.jobs.schema import GroupRecord, JobState, RequestRecord, ResultRecord
 from prefixgrove.jobs.store import JobStore
 
@@ -135,15 +135,41 @@ def test_a_lease_taken_over_is_reported_lost(redis_server: RedisServer) -> None:
     assert slow.lost() == [lease]
 
 
-def test_release_queues_the_group_again_at_once(redis_server: RedisServer) -> None:
-    store = store_for(redis_server)
+def given_back_and_taken_again(server: RedisServer) -> tuple[Lease, Lease]:
+    """One worker takes the only group and gives it back cleanly; the next one takes it."""
+    store = store_for(server)
     started_job(store, 1, [GroupRecord(0, [0])])
     leaving = GroupQueue(store.r, MODEL, "leaving", lease_timeout_s=30)
     [lease] = leaving.take(1, 0)
-    leaving.release(lease)
+    leaving.release(lease, failed=False)
     [again] = GroupQueue(store.r, MODEL, "next", lease_timeout_s=30).take(1, 0)
-    assert (again.job_id, again.group_id) == (lease.job_id, lease.group_id)
-    assert again.entry_id != lease.entry_id
+    return lease, again
+
+
+def test_release_hands_the_group_to_the_next_taker_at_once(redis_server: RedisServer) -> None:
+    lease, again = given_back_and_taken_again(redis_server)
+    assert (again.entry_id, again.job_id, again.group_id) == (
+        lease.entry_id,
+        lease.job_id,
+        lease.group_id,
+    )
+
+
+def test_a_clean_release_keeps_the_delivery_count(redis_server: RedisServer) -> None:
+    lease, again = given_back_and_taken_again(redis_server)
+    assert (lease.deliveries, again.deliveries) == (1, 1)
+
+
+def test_a_failed_release_counts_one_more_delivery_each_time(redis_server: RedisServer) -> None:
+    store = store_for(redis_server)
+    started_job(store, 1, [GroupRecord(0, [0])])
+    seen = []
+    for attempt in range(4):
+        queue = GroupQueue(store.r, MODEL, f"w{attempt}", lease_timeout_s=30)
+        [lease] = queue.take(1, 0)
+        seen.append(lease.deliveries)
+        queue.release(lease, failed=True)
+    assert seen == [1, 2, 3, 4]
 
 
 def test_trimming_keeps_every_entry_still_leased_or_waiting(redis_server: RedisServer) -> None:

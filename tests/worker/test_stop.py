@@ -6,7 +6,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -39,15 +38,6 @@ def queue_long_group(store: JobStore) -> str:
     store.r.hset(JobKeys(job.id).job, "total", 2)
     store.queue_plan(job.id, MODEL, JobPlan([GroupRecord(0, [0, 1])], 0, 1))
     return job.id
-
-
-@pytest.fixture
-def workers() -> Iterator[list[Process]]:
-    """The workers a test starts; those still running at its end are killed."""
-    started: list[Process] = []
-    yield started
-    for worker in started:
-        worker.stop()
 
 
 def test_sigterm_with_redis_gone_exits_within_the_stop_timeout(

@@ -3,6 +3,12 @@
 A lease is a stream entry delivered to this worker and not yet acknowledged. A thread keeps the
 leases alive (XCLAIM ... JUSTID resets their idle time); an entry left idle past the lease timeout
 belonged to a worker that died, and XAUTOCLAIM hands it to a live one.
+
+A group is never queued again as a new entry: its entry stays pending, so its delivery count (what
+the worker's guard against a group that keeps stopping workers reads) survives every hand-back.
+Giving a group back moves the entry to the `schema.GIVEN_BACK` consumer with an idle time past any
+lease timeout, so the next XAUTOCLAIM takes it at once and counts one more delivery; a clean
+give-back (a worker stopping) lowers the count first, so it does not count as a failure.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import redis
 from prefixgrove.jobs import schema
 
 log = logging.getLogger(__name__)
+_GIVEN_BACK_IDLE_MS = 7 * 24 * 3600 * 1000  # idle past any lease timeout: claimable at once
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,7 @@ class GroupQueue:
         self._held: dict[str, Lease] = {}
         self._lost: set[str] = set()
         self._lock = threading.Lock()
+        self._cursor = "0-0"  # where the next XAUTOCLAIM goes on scanning the pending entries
 
     def take(self, count: int, block_ms: int) -> list[Lease]:
         """Groups whose worker died first, then new ones (waiting up to block_ms for any)."""
@@ -64,9 +72,10 @@ class GroupQueue:
             schema.CONSUMER_GROUP,
             self.consumer,
             self.lease_timeout_ms,
-            "0-0",
+            self._cursor,
             count=count,
         )
+        self._cursor = _s(reply[0])
         claimed = [(eid, fields) for eid, fields in reply[1] if fields]
         if not claimed:
             return []
@@ -88,11 +97,15 @@ class GroupQueue:
         self.r.xack(self.key, schema.CONSUMER_GROUP, lease.entry_id)
         self._forget(lease)
 
-    def release(self, lease: Lease) -> None:
-        """Gives a group back at once (on shutdown): queued again, this delivery acknowledged."""
+    def release(self, lease: Lease, failed: bool) -> None:
+        """Gives a group back at once, its entry still pending: the next XAUTOCLAIM takes it and
+        counts a delivery. `failed=False` (a worker stopping cleanly) takes this delivery off the
+        count first, so the group comes back with the count it had; a worker that fails keeps it
+        counted, and the guard on deliveries sees it."""
+        retries = lease.deliveries if failed else lease.deliveries - 1
         pipe = self.r.pipeline(transaction=True)
-        pipe.xadd(self.key, {"job": lease.job_id, "group": lease.group_id})
-        pipe.xack(self.key, schema.CONSUMER_GROUP, lease.entry_id)
+        pipe.xclaim(self.key, schema.CONSUMER_GROUP, schema.GIVEN_BACK, 0, [lease.entry_id],
+                    idle=_GIVEN_BACK_IDLE_MS, retrycount=max(retries, 0), justid=True)  # fmt: skip
         pipe.srem(schema.JobKeys(lease.job_id).leased, lease.group_id)
         pipe.execute()
         self._forget(lease)

@@ -10,7 +10,8 @@ Layout (prefix `pg:`):
   pg:job:{id}:res         hash: line index -> ResultRecord (first write wins)
   pg:job:{id}:leased      set of group ids a worker holds now
   pg:job:{id}:done        set of group ids finished (or dropped by a cancel)
-  pg:queue:{model}        stream of {job, group}; consumer group `workers`
+  pg:queue:{model}        stream of {job, group}; consumer group `workers`; an entry given back is
+                          pending under the consumer `given-back` until a worker claims it
   pg:models               set of models that have a queue
   pg:active:{model}       set of job ids of a model queued and not yet known to be finished
   pg:ingesting            hash: job id -> planner instance streaming its input in
@@ -29,6 +30,7 @@ import numpy as np
 
 PREFIX = "pg:"
 CONSUMER_GROUP = "workers"
+GIVEN_BACK = "given-back"  # the consumer holding groups given back, claimable at once
 JOBS = PREFIX + "jobs"
 MODELS = PREFIX + "models"
 INGESTING = PREFIX + "ingesting"

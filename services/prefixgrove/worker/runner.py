@@ -1,5 +1,7 @@
 """The worker loop: lease whole groups, run many at once in one engine, write results as requests
-finish, acknowledge a group once all of its results are written.
+finish, acknowledge a group once all of its results are written. When the engine raises, the
+requests it held are run apart until the one that raises is alone (isolation.py); the other groups
+stay here and finish.
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ from prefixgrove.jobs.requests import RequestError, engine_error
 from prefixgrove.jobs.schema import RequestRecord, ResultRecord
 from prefixgrove.jobs.store import JobStore
 from prefixgrove.settings import WorkerSettings
+from prefixgrove.worker.isolation import Isolation
 from prefixgrove.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
-_MAX_DELIVERIES = 5  # a group that took down this many workers fails instead of taking down more
 
 
 @dataclass
@@ -57,6 +59,8 @@ class Worker:
         self.engine = engine if engine is not None else _make_engine(settings)
         self.metrics = WorkerMetrics()
         self._inflight: dict[tuple[str, str], _InFlight] = {}
+        self._running: set[str] = set()  # request ids the engine holds now
+        self._isolation = Isolation()
         self._pending: list[_Pending] = []
         self._last_cancel_poll = 0.0
         self._tokens_window = (time.monotonic(), 0)
@@ -76,6 +80,7 @@ class Worker:
         self.queue.start_keepalive(self.settings.keepalive_s, keepalive_stop)
         log.info("worker %s serving %s", self.consumer, self.settings.model)
         drain_deadline: float | None = None
+        failed = True  # until the loop ends by itself: groups given back count as failed on
         try:
             while not self._give_up.is_set():
                 if stop.is_set() and drain_deadline is None:
@@ -87,9 +92,10 @@ class Worker:
                     break
                 taking = drain_deadline is None
                 self._retry(lambda taking=taking: self._iteration(taking))
+            failed = False
         finally:
             keepalive_stop.set()
-            self._retry(self._release_all)
+            self._retry(lambda: self._release_all(failed))
             finished.set()
             watcher.join(timeout=2.0)  # NOTE: a thread still running at exit can abort the process
 
@@ -118,10 +124,12 @@ class Worker:
     def _iteration(self, taking: bool) -> None:
         self._drop_lost()
         self._poll_cancel()
-        if taking:
+        if taking and not self._isolation.active:
             self._lease_more()
+        if self._isolation.active and not self._running:
+            self._next_piece()
         if self.engine.has_unfinished_requests():
-            self._collect(self.engine.step())
+            self._step()
         self._flush()
 
     def _retry(self, fn: Any) -> None:
@@ -172,15 +180,13 @@ class Worker:
             request_id = f"{job_id}/{group_id}/{index}"
             error = self._check(index, record, lease)
             if error is not None:
-                self._pending.append(
-                    _Pending(job_id, index, ResultRecord(True, error.to_line()), 0)
-                )
-                self.metrics.requests_failed.inc()
+                self._fail(job_id, error)
                 continue
             flight.requests[request_id] = (index, record)
             valid.append((request_id, record.prompt_token_ids, _params(record)))
         flight.outstanding = set(flight.requests)
         self._inflight[(job_id, group_id)] = flight
+        self._running.update(flight.outstanding)
         self.metrics.groups_leased.set(len(self._inflight))
         if group.prefix_len and len(valid) >= 2:
             shared = PrefixGroup(group.prefix_len, tuple(range(len(valid))))
@@ -190,24 +196,76 @@ class Worker:
                 self.engine.add_request(request_id, tokens, params)
 
     def _check(self, index: int, record: RequestRecord, lease: Lease) -> RequestError | None:
-        if lease.deliveries > _MAX_DELIVERIES:
+        if lease.deliveries > self.settings.max_deliveries:
             return RequestError(index, record.custom_id, "worker_failed",
-                                f"the request's group stopped {lease.deliveries - 1} workers")  # fmt: skip
+                                f"the request's group stopped {lease.deliveries - 1} workers "
+                                f"(max_deliveries={self.settings.max_deliveries})")  # fmt: skip
         try:
             self.engine.validate(record.prompt_token_ids, _params(record))
         except ValueError as exc:
             return engine_error(index, record.custom_id, exc)
         return None
 
+    # --- isolating a request the engine raises on -------------------------------------------
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:
+            self._engine_raised(exc)
+            return
+        self._collect(outputs)
+
+    def _engine_raised(self, exc: Exception) -> None:
+        running = sorted(self._running)
+        log.warning("the engine raised %s: %s, holding %d requests",
+                    type(exc).__name__, exc, len(running))  # fmt: skip
+        self.engine.abort(running)
+        self._running.clear()
+        culprit = self._isolation.failed(running, exc)
+        if culprit is None:
+            return
+        log.error("request %s fails alone: failing it", culprit, exc_info=exc)
+        job_id, group_id, index = culprit.split("/")
+        flight = self._inflight[(job_id, group_id)]
+        record = flight.requests[culprit][1]
+        message = f"the engine raised {type(exc).__name__}: {exc} (on this request alone)"
+        self._fail(job_id, RequestError(int(index), record.custom_id, "worker_failed", message))
+        flight.outstanding.discard(culprit)
+
+    def _next_piece(self) -> None:
+        """Runs the next suspects on their own (one request each, no shared prefix)."""
+        for request_id in self._isolation.next_piece():
+            found = self._outstanding(request_id)
+            if found is None:
+                continue  # cancelled, or taken over by another worker, meanwhile
+            record = found[1]
+            self.engine.add_request(request_id, record.prompt_token_ids, _params(record))
+            self._running.add(request_id)
+
+    def _outstanding(self, request_id: str) -> tuple[int, RequestRecord] | None:
+        """(line index, record) of a request this worker still has to answer."""
+        job_id, group_id, _ = request_id.split("/")
+        flight = self._inflight.get((job_id, group_id))
+        if flight is None or request_id not in flight.outstanding:
+            return None
+        return flight.requests[request_id]
+
     # --- results ----------------------------------------------------------------------------
+    def _fail(self, job_id: str, error: RequestError) -> None:
+        self._pending.append(_Pending(job_id, error.index, ResultRecord(True, error.to_line()), 0))
+        self.metrics.requests_failed.inc()
+
     def _collect(self, outputs: list[Any]) -> None:
         tokenizer = self.engine.tokenizer
         for out in outputs:
-            job_id, group_id, _ = out.request_id.split("/")
-            flight = self._inflight.get((job_id, group_id))
-            if flight is None or out.request_id not in flight.outstanding:
+            self._running.discard(out.request_id)
+            found = self._outstanding(out.request_id)
+            if found is None:
                 continue  # aborted (cancelled, or taken over by another worker)
-            index, record = flight.requests[out.request_id]
+            self._isolation.succeeded()
+            job_id, group_id, _ = out.request_id.split("/")
+            flight = self._inflight[(job_id, group_id)]
+            index, record = found
             line = success_line(index, record.custom_id, record.endpoint, record.params,
                                 self.settings.model, out, tokenizer)  # fmt: skip
             tokens = len(out.outputs[0].token_ids)
@@ -249,8 +307,7 @@ class Worker:
                 flights = [f for (job, _), f in self._inflight.items() if job == job_id]
                 log.info("job %s is %s: dropping %d groups", job_id, state, len(flights))
                 for flight in flights:
-                    self.engine.abort(list(flight.outstanding))
-                    flight.outstanding.clear()
+                    self._abort(flight)
                 self._flush()
 
     def _drop_lost(self) -> None:
@@ -258,16 +315,22 @@ class Worker:
             flight = self._inflight.pop((lease.job_id, lease.group_id), None)
             if flight is not None:
                 log.warning("lost the lease on group %s of job %s", lease.group_id, lease.job_id)
-                self.engine.abort(list(flight.outstanding))
+                self._abort(flight)
 
-    def _release_all(self) -> None:
-        """Writes the results it holds and gives its groups back. Once Redis is given up on, what
-        is left is taken over by another worker after the lease timeout."""
+    def _abort(self, flight: _InFlight) -> None:
+        self.engine.abort(list(flight.outstanding))
+        self._running.difference_update(flight.outstanding)
+        flight.outstanding.clear()
+
+    def _release_all(self, failed: bool) -> None:
+        """Writes the results it holds and gives its groups back, counted as a failed delivery
+        when the worker stops on an error. Once Redis is given up on, what is left is taken over
+        by another worker after the lease timeout (counted too)."""
         try:
             self._flush()
             for flight in list(self._inflight.values()):
-                self.engine.abort(list(flight.outstanding))
-                self.queue.release(flight.lease)
+                self._abort(flight)
+                self.queue.release(flight.lease, failed)
                 self._inflight.pop((flight.lease.job_id, flight.lease.group_id), None)
                 log.info("gave back group %s of job %s", flight.lease.group_id, flight.lease.job_id)
         except redis.RedisError as exc:

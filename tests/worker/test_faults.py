@@ -1,0 +1,115 @@
+"""A request that makes the engine fail is failed alone, and a group that keeps killing workers is
+failed after the configured deliveries: real worker processes (the real engine, wrapped so that one
+poisoned request makes it fail) against a real redis-server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from faulty_worker import FAULT
+from services_testbed import (
+    MAX_MODEL_LEN,
+    MODEL,
+    Process,
+    RedisServer,
+    service_env,
+    wait_until,
+)
+
+from prefixgrove.jobs.connection import connect
+from prefixgrove.jobs.ingest import JobPlan
+from prefixgrove.jobs.schema import GroupRecord, JobKeys, JobState, RequestRecord, ResultRecord
+from prefixgrove.jobs.store import JobStore
+
+POISON = 3  # a token id no other prompt here holds
+SCRIPT = str(Path(__file__).with_name("faulty_worker.py"))
+PREFIX_LEN = 32
+
+
+@pytest.fixture
+def store(redis_server: RedisServer) -> JobStore:
+    return JobStore(connect(redis_server.url))
+
+
+def start_faulty_worker(redis: RedisServer, log: Path, fault: str, *extra: str) -> Process:
+    args = ["--redis-url", redis.url, "--model", MODEL, "--device", "cpu", "--dtype", "float32",
+            "--max-model-len", str(MAX_MODEL_LEN), "--poison-token", str(POISON), "--fault", fault,
+            *extra]  # fmt: skip
+    return Process(args, log, service_env(), program=(SCRIPT,))
+
+
+def queue_job(
+    store: JobStore, groups: int, per_group: int, poisoned: frozenset[int] = frozenset()
+) -> str:
+    """A started job of `groups` groups sharing a prefix each; the requests at `poisoned` line
+    indices hold the poison token."""
+    job, _ = store.create_job(MODEL)
+    params = {"max_tokens": 3, "temperature": 0.0, "ignore_eos": True}
+    records, units = {}, []
+    for g in range(groups):
+        prefix = np.arange(10 + g, 10 + g + PREFIX_LEN, dtype=np.int32)
+        indices = list(range(g * per_group, (g + 1) * per_group))
+        for i in indices:
+            own = [POISON] if i in poisoned else [100 + i]
+            tokens = np.concatenate([prefix, np.array([*own, 200], dtype=np.int32)])
+            records[str(i)] = RequestRecord(f"r{i}", "completions", params, tokens).encode()
+        units.append(GroupRecord(PREFIX_LEN, indices))
+    store.r.hset(JobKeys(job.id).requests, mapping=records)
+    store.r.hset(JobKeys(job.id).job, "total", groups * per_group)
+    store.queue_plan(job.id, MODEL, JobPlan(units, 0, len(units)))
+    return job.id
+
+
+def results(store: JobStore, job_id: str) -> dict[int, ResultRecord]:
+    raw = store.r.hgetall(JobKeys(job_id).results)
+    return {int(k): ResultRecord.decode(v) for k, v in raw.items()}
+
+
+def completed(store: JobStore, *job_ids: str) -> bool:
+    return all(store.job_state(j) == JobState.COMPLETED for j in job_ids)
+
+
+def test_a_request_the_engine_raises_on_fails_alone_and_the_rest_completes(
+    redis_server: RedisServer, store: JobStore, tmp_path: Path, workers: list[Process]
+) -> None:
+    poisoned = queue_job(store, groups=3, per_group=4, poisoned=frozenset({5}))
+    other = queue_job(store, groups=2, per_group=4)  # another job's groups in the same engine
+    worker = start_faulty_worker(redis_server, tmp_path / "worker.log", "raise",
+                                 "--max-groups-in-flight", "8")  # fmt: skip
+    workers.append(worker)
+    wait_until(lambda: completed(store, poisoned, other), 240, "both jobs to complete")
+    got = results(store, poisoned)
+    assert sorted(got) == list(range(12))  # one result per request
+    assert [i for i, r in got.items() if r.is_error] == [5]
+    error = json.loads(got[5].line)
+    assert error["custom_id"] == "r5" and error["error"]["code"] == "worker_failed"
+    assert FAULT in error["error"]["message"]
+    assert (
+        not any(r.is_error for r in results(store, other).values())
+        and len(results(store, other)) == 8
+    )
+    assert worker.proc.poll() is None, worker.text()[-3000:]  # it isolated the fault, no crash
+    assert "gave back" not in worker.text()
+
+
+def test_a_group_that_keeps_killing_workers_fails_after_max_deliveries(
+    redis_server: RedisServer, store: JobStore, tmp_path: Path, workers: list[Process]
+) -> None:
+    job_id = queue_job(store, groups=1, per_group=3, poisoned=frozenset({1}))
+    for attempt in range(6):
+        worker = start_faulty_worker(redis_server, tmp_path / f"worker{attempt}.log", "die",
+                                     "--max-deliveries", "2", "--lease-timeout-s", "1")  # fmt: skip
+        workers.append(worker)
+        wait_until(lambda w=worker: completed(store, job_id) or w.proc.poll() is not None, 240,
+                   "the worker to die on the group or the job to complete")  # fmt: skip
+        if completed(store, job_id):
+            break
+    assert len(workers) == 3  # two deliveries died; the third failed the group
+    got = results(store, job_id)
+    assert sorted(got) == [0, 1, 2] and all(r.is_error for r in got.values())
+    codes = {json.loads(r.line)["error"]["code"] for r in got.values()}
+    assert codes == {"worker_failed"}
+    assert "stopped 2 workers" in json.loads(got[0].line)["error"]["message"]
