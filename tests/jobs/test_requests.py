@@ -172,3 +172,121 @@ def test_grouping_plan_covers_every_valid_request_once(tokenizer: PromptTokenize
     covered = sorted(i for unit in plan.units for i in unit.indices)
     assert covered == [i for i in range(21) if i != 5]
     assert plan.num_groups >= 1 and plan.prefix_tokens_saved > 0
+
+
+def completion(body: dict, custom_id: str = "a") -> str:
+    return json.dumps({"custom_id": custom_id, "url": "/v1/completions", "body": body})
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "shown"),
+    [
+        ({"prompt": "x", "top_k": 10**30}, "top_k", "1" + "0" * 30),
+        ({"prompt": "x", "max_tokens": 2**31}, "max_tokens", str(2**31)),
+        ({"prompt": "x", "stop_token_ids": [2**63]}, "stop_token_ids", str(2**63)),
+        ({"prompt": "x", "seed": 2**64}, "seed", str(2**64)),
+        ({"prompt": "x", "temperature": 10**400}, "temperature", "an integer of 1329 bits"),
+        ({"prompt": [1, 10**30]}, "prompt token", "1" + "0" * 30),
+        ({"prompt": [1, 2**63]}, "prompt token", str(2**63)),
+    ],
+    ids=[
+        "top_k",
+        "max_tokens",
+        "stop_token_ids",
+        "seed",
+        "temperature",
+        "token-1e30",
+        "token-2**63",
+    ],
+)
+def test_numbers_beyond_what_the_engine_holds_name_field_and_value(
+    body: dict, field: str, shown: str
+) -> None:
+    error = parse_line(completion(body), 0, max_line_bytes=1 << 16, default_max_tokens=16)
+    assert isinstance(error, RequestError) and error.custom_id == "a"
+    assert field in error.message and shown in error.message
+
+
+def test_a_lone_surrogate_in_custom_id_fails_with_no_custom_id_and_a_writable_line() -> None:
+    line = '{"custom_id": "x\\ud800", "url": "/v1/completions", "body": {"prompt": "hi"}}'
+    error = parse_line(line, 0, max_line_bytes=1 << 16, default_max_tokens=16)
+    assert isinstance(error, RequestError) and error.custom_id is None
+    assert (
+        error.code == "invalid_value"
+        and "custom_id" in error.message
+        and "\\ud800" in error.message
+    )
+    error.to_line().encode("utf-8")
+
+
+@pytest.mark.parametrize(
+    ("body", "url", "path"),
+    [
+        ('{"prompt": "hi \\udc00"}', "/v1/completions", "body.prompt"),
+        ('{"messages": [{"role": "user", "content": "\\ud83d"}]}', "/v1/chat/completions", "body.messages[0].content"),
+        ('{"prompt": "hi", "stop": ["\\udfff"]}', "/v1/completions", "body.stop[0]"),
+    ],
+    ids=["prompt", "message", "stop"],
+)  # fmt: skip
+def test_a_lone_surrogate_in_a_field_names_the_field(body: str, url: str, path: str) -> None:
+    line = f'{{"custom_id": "a", "url": "{url}", "body": {body}}}'
+    error = parse_line(line, 0, max_line_bytes=1 << 16, default_max_tokens=16)
+    assert isinstance(error, RequestError) and error.custom_id == "a"
+    assert error.code == "invalid_value" and error.message.startswith(f"{path} holds a lone")
+
+
+def test_a_surrogate_pair_is_one_character_and_accepted() -> None:
+    line = completion({"prompt": "smile \ud83d\ude00"})  # written as the escapes \\ud83d\\ude00
+    request = parse_line(line, 0, max_line_bytes=1 << 16, default_max_tokens=16)
+    assert isinstance(request, BatchRequest) and request.prompt_text == "smile \U0001f600"
+
+
+DEEP_STOP = completion({"prompt": "x", "stop": "S"}).replace('"S"', "[" * 40 + "]" * 40)
+
+
+@pytest.mark.parametrize("line", ["[" * 100_000, DEEP_STOP], ids=["unparseable", "parsed"])
+def test_deep_nesting_fails_its_line(line: str) -> None:
+    error = parse_line(line, 0, max_line_bytes=1 << 20, default_max_tokens=16)
+    assert isinstance(error, RequestError) and error.code == "nesting_too_deep"
+    assert "at most 32" in error.message
+
+
+def test_a_line_that_is_not_utf8_fails_alone(tokenizer: PromptTokenizer) -> None:
+    text = '{"custom_id": "l", "url": "/v1/completions", "body": {"prompt": "caf\u00e9"}}'
+    latin1 = text.encode("latin-1")  # the é is the byte 0xe9
+    _, errors, valid = ingest(tokenizer, [good(0), latin1, good(2)])
+    assert errors[1].code == "invalid_encoding" and "byte 0xe9" in errors[1].message
+    assert [r.custom_id for r in valid] == ["ok-0", "ok-2"]
+
+
+@pytest.mark.parametrize(
+    ("encoding", "named"),
+    [("utf-16", "UTF-16 (little-endian, with a byte order mark)"), ("utf-16-be", "UTF-16 (big-endian)"), ("utf-32-le", "UTF-32 (little-endian)")],
+)  # fmt: skip
+def test_an_input_in_utf16_or_utf32_is_one_job_error_naming_it(
+    tokenizer: PromptTokenizer, encoding: str, named: str
+) -> None:
+    data = "\n".join([good(0), good(1), good(2)]).encode(encoding)
+    ingestor, errors, valid = ingest(tokenizer, data.split(b"\n"))
+    assert errors == {} and valid == [] and ingestor.total == 3
+    code, message = ingestor.job_error()  # type: ignore[misc]
+    assert code == "invalid_encoding" and named in message and "UTF-8" in message
+
+
+def test_a_utf8_byte_order_mark_is_skipped(tokenizer: PromptTokenizer) -> None:
+    _, errors, valid = ingest(tokenizer, [b"\xef\xbb\xbf" + good(0).encode(), good(1)])
+    assert errors == {} and [r.custom_id for r in valid] == ["ok-0", "ok-1"]
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "named"),
+    [
+        ({"prompt": "x"}, "invalid_url", "['/v1/completions']"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": {"a": 1}}]}]}, "invalid_messages", "content[0]"),
+    ],
+    ids=["url-list", "text-part-object"],
+)  # fmt: skip
+def test_values_of_the_wrong_type_fail_their_line(body: dict, code: str, named: str) -> None:
+    url: object = ["/v1/completions"] if code == "invalid_url" else "/v1/chat/completions"
+    error = parse({"custom_id": "a", "url": url, "body": body})
+    assert isinstance(error, RequestError) and error.code == code and named in error.message

@@ -13,7 +13,10 @@ if TYPE_CHECKING:  # the shared job model imports no engine; these are only type
 
 
 def request_hash(index: int, custom_id: str) -> str:
-    return hashlib.blake2b(f"{index}:{custom_id}".encode(), digest_size=12).hexdigest()
+    # NOTE: "surrogatepass": a custom_id is valid Unicode once validated, yet hashing must not be
+    # what fails a request after all its tokens were generated.
+    key = f"{index}:{custom_id}".encode("utf-8", "surrogatepass")
+    return hashlib.blake2b(key, digest_size=12).hexdigest()
 
 
 def success_line(

@@ -1,12 +1,17 @@
 """One OpenAI Batch request line -> a validated request, or a per-request error that names the fault.
 
-Nothing here tokenizes: this is the cheap part that runs on every line as it arrives.
+Nothing here tokenizes: this is the cheap part that runs on every line as it arrives. A request that
+passes holds only what the engine can store: integers within int32 (token ids, max_tokens, top_k,
+stop_token_ids) or int64 (seed), finite floats, strings that are valid Unicode (no lone surrogates,
+so they encode to UTF-8), and no nesting deeper than `MAX_DEPTH`. Whatever a line holds, it yields
+one BatchRequest or one RequestError; nothing raises.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -25,6 +30,10 @@ _BODY_FIELDS: dict[Endpoint, set[str]] = {
 }
 _MAX_STOP_STRINGS = 16
 _MAX_LOGPROBS = 20
+INT32_MAX = 2**31 - 1
+MAX_DEPTH = 32  # arrays and objects inside one another; a valid request needs 5
+# A lone surrogate can only come from a \uD800-\uDFFF escape: raw UTF-8 holds none.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +47,9 @@ class RequestError:
 
     def to_line(self) -> str:
         error = {"code": self.code, "message": self.message}
-        return json.dumps({"custom_id": self.custom_id, "error": error}, ensure_ascii=False)
+        line = json.dumps({"custom_id": self.custom_id, "error": error}, ensure_ascii=False)
+        # A message quoting a tokenizer's or template's words may hold what UTF-8 cannot.
+        return line if _is_unicode(line) else json.dumps({"custom_id": None, "error": error})
 
 
 @dataclass(slots=True)
@@ -70,22 +81,85 @@ def parse_line(
             raise _Invalid(
                 "line_too_large", f"line is {len(line)} bytes; the limit is {max_line_bytes}"
             )
-        obj = _load(line)
+        text = _text(line)
+        obj = _load(text)
         cid = obj.get("custom_id")
-        custom_id = cid if isinstance(cid, str) else None
+        custom_id = cid if isinstance(cid, str) and _is_unicode(cid) else None
+        if _SURROGATE_ESCAPE.search(text) or text.count("[") + text.count("{") > MAX_DEPTH:
+            _check_tree(obj)
         return _parse_object(obj, index, default_max_tokens)
     except _Invalid as exc:
         return RequestError(index, custom_id, exc.code, str(exc))
 
 
-def _load(line: bytes | str) -> dict[str, Any]:
+def _text(line: bytes | str) -> str:
+    if isinstance(line, str):
+        if not _is_unicode(line):
+            raise _Invalid("invalid_encoding", "line holds a lone surrogate: it is not UTF-8 text")
+        return line
     try:
-        obj = json.loads(line)
-    except (ValueError, UnicodeDecodeError) as exc:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _Invalid(
+            "invalid_encoding",
+            f"line is not UTF-8: byte 0x{line[exc.start]:02x} at offset {exc.start} "
+            f"({exc.reason}); the input must be UTF-8 text",
+        ) from None
+
+
+def _load(text: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(text)
+    except RecursionError:
+        raise _Invalid(
+            "nesting_too_deep",
+            f"line nests arrays and objects too deeply to parse; at most {MAX_DEPTH} levels "
+            "are accepted",
+        ) from None
+    except ValueError as exc:
         raise _Invalid("invalid_json", f"line is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise _Invalid("invalid_json", f"line must be a JSON object, got {type(obj).__name__}")
     return obj
+
+
+def _check_tree(obj: Any) -> None:
+    """Refuses nesting deeper than MAX_DEPTH and strings (keys too) holding lone surrogates,
+    naming where; iterative, so no depth can exhaust the stack."""
+    stack: list[tuple[Any, str, int]] = [(obj, "line", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise _Invalid(
+                "nesting_too_deep",
+                f"{path} is nested {depth} levels deep; at most {MAX_DEPTH} are accepted",
+            )
+        if isinstance(value, str):
+            _check_unicode(value, path)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                _check_unicode(key, f"{path} key")
+                stack.append((item, f"{path}.{key}" if path != "line" else key, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value))
+
+
+def _check_unicode(text: str, path: str) -> None:
+    if not _is_unicode(text):
+        at = next(i for i, ch in enumerate(text) if "\ud800" <= ch <= "\udfff")
+        raise _Invalid(
+            "invalid_value",
+            f"{path} holds a lone surrogate {text[at]!r} at position {at} in {_short(text)}; "
+            "strings must be valid Unicode (surrogates only in pairs)",
+        )
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _parse_object(obj: dict[str, Any], index: int, default_max_tokens: int) -> BatchRequest:
@@ -97,13 +171,13 @@ def _parse_object(obj: dict[str, Any], index: int, default_max_tokens: int) -> B
     custom_id = obj.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         raise _Invalid(
-            "missing_custom_id", f"custom_id must be a non-empty string, got {custom_id!r}"
+            "missing_custom_id", f"custom_id must be a non-empty string, got {_short(custom_id)}"
         )
     if obj.get("method", "POST") != "POST":
-        raise _Invalid("invalid_method", f"method must be 'POST', got {obj.get('method')!r}")
+        raise _Invalid("invalid_method", f"method must be 'POST', got {_short(obj.get('method'))}")
     url = obj.get("url")
-    if url not in URLS:
-        raise _Invalid("invalid_url", f"url {url!r} is not served; accepted: {sorted(URLS)}")
+    if not isinstance(url, str) or url not in URLS:
+        raise _Invalid("invalid_url", f"url {_short(url)} is not served; accepted: {sorted(URLS)}")
     endpoint = URLS[url]
     body = obj.get("body")
     if not isinstance(body, dict):
@@ -131,12 +205,23 @@ def _set_prompt(request: BatchRequest, prompt: Any) -> None:
     if isinstance(prompt, str) and prompt:
         request.prompt_text = prompt
     elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
-        request.prompt_token_ids = [int(t) for t in prompt]
+        request.prompt_token_ids = _token_ids(prompt)
     else:
         raise _Invalid(
             "invalid_prompt",
             f"prompt must be a non-empty string or a non-empty list of token ids, got {_short(prompt)}",
         )
+
+
+def _token_ids(prompt: list[int]) -> list[int]:
+    for i, token in enumerate(prompt):
+        if not -INT32_MAX <= token <= INT32_MAX:
+            raise _Invalid(
+                "invalid_token_id",
+                f"prompt token {_short(token)} at position {i} is not a token id: ids are "
+                f"integers in [0, {INT32_MAX}] (and below the model's vocabulary size)",
+            )
+    return [int(t) for t in prompt]
 
 
 def _messages(messages: Any) -> list[dict[str, str]]:
@@ -152,24 +237,43 @@ def _messages(messages: Any) -> list[dict[str, str]]:
             )
         content = message.get("content")
         if isinstance(content, list):  # content parts: only text is served
-            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                raise _Invalid(
-                    "invalid_messages", f"messages[{i}].content: only text parts are served"
-                )
-            content = "".join(str(p.get("text", "")) for p in content)
+            content = _text_parts(content, i)
         if not isinstance(content, str):
-            raise _Invalid("invalid_messages", f"messages[{i}].content must be a string")
+            raise _Invalid(
+                "invalid_messages",
+                f"messages[{i}].content must be a string or a list of text parts, "
+                f"got {_short(content)}",
+            )
         out.append({"role": message["role"], "content": content})
     return out
 
 
+def _text_parts(parts: list[Any], i: int) -> str:
+    for j, part in enumerate(parts):
+        if not (
+            isinstance(part, dict)
+            and part.get("type") == "text"
+            and isinstance(part.get("text"), str)
+        ):
+            raise _Invalid(
+                "invalid_messages",
+                f"messages[{i}].content[{j}] must be {{'type': 'text', 'text': <string>}} "
+                f"(only text parts are served), got {_short(part)}",
+            )
+    return "".join(part["text"] for part in parts)
+
+
 def _sampling(body: dict[str, Any], endpoint: Endpoint, default_max_tokens: int) -> dict[str, Any]:
     if body.get("n", 1) != 1:
-        raise _Invalid("invalid_value", f"n must be 1, got {body.get('n')!r}")
+        raise _Invalid("invalid_value", f"n must be 1, got {_short(body.get('n'))}")
     if body.get("stream", False) is not False:
-        raise _Invalid("invalid_value", "stream must be false in a batch")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens", default_max_tokens))
-    params: dict[str, Any] = {"max_tokens": _int(max_tokens, "max_tokens", 1)}
+        raise _Invalid(
+            "invalid_value", f"stream must be false in a batch, got {_short(body['stream'])}"
+        )
+    name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    max_tokens = body.get(name)
+    max_tokens = default_max_tokens if max_tokens is None else max_tokens
+    params: dict[str, Any] = {"max_tokens": _int(max_tokens, name, 1, INT32_MAX)}
     for name, low, high in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0), ("min_p", 0.0, 1.0)):
         if body.get(name) is not None:
             params[name] = _float(body[name], name, low, high)
@@ -183,26 +287,34 @@ def _sampling(body: dict[str, Any], endpoint: Endpoint, default_max_tokens: int)
             body["repetition_penalty"], "repetition_penalty", 0.01, 10.0
         )
     if body.get("top_k") is not None:
-        params["top_k"] = max(_int(body["top_k"], "top_k", -1), 0)
+        params["top_k"] = max(_int(body["top_k"], "top_k", -1, INT32_MAX), 0)
     if body.get("seed") is not None:
         params["seed"] = _int(body["seed"], "seed", 0, 2**63 - 1)
     if body.get("ignore_eos") is not None:
         if not isinstance(body["ignore_eos"], bool):
             raise _Invalid(
-                "invalid_value", f"ignore_eos must be a boolean, got {body['ignore_eos']!r}"
+                "invalid_value",
+                f"ignore_eos must be a boolean, got {_short(body['ignore_eos'])}",
             )
         params["ignore_eos"] = body["ignore_eos"]
     if body.get("stop") is not None:
         params["stop"] = _stop(body["stop"])
     if body.get("stop_token_ids") is not None:
-        ids = body["stop_token_ids"]
-        if not isinstance(ids, list) or not all(_is_int(t) and t >= 0 for t in ids):
-            raise _Invalid("invalid_value", "stop_token_ids must be a list of token ids")
-        params["stop_token_ids"] = ids
+        params["stop_token_ids"] = _stop_token_ids(body["stop_token_ids"])
     logprobs = _logprobs(body, endpoint)
     if logprobs is not None:
         params["logprobs"] = logprobs
     return params
+
+
+def _stop_token_ids(ids: Any) -> list[int]:
+    if not isinstance(ids, list) or not all(_is_int(t) and 0 <= t <= INT32_MAX for t in ids):
+        raise _Invalid(
+            "invalid_value",
+            f"stop_token_ids must be a list of token ids (integers in [0, {INT32_MAX}]), "
+            f"got {_short(ids)}",
+        )
+    return ids
 
 
 def _logprobs(body: dict[str, Any], endpoint: Endpoint) -> int | None:
@@ -212,7 +324,7 @@ def _logprobs(body: dict[str, Any], endpoint: Endpoint) -> int | None:
     if value is None or value is False:
         return None
     if value is not True:
-        raise _Invalid("invalid_value", f"logprobs must be a boolean for chat, got {value!r}")
+        raise _Invalid("invalid_value", f"logprobs must be a boolean for chat, got {_short(value)}")
     top = body.get("top_logprobs")
     return 0 if top is None else _int(top, "top_logprobs", 0, _MAX_LOGPROBS)
 
@@ -226,7 +338,8 @@ def _stop(stop: Any) -> list[str]:
     ):
         raise _Invalid(
             "invalid_value",
-            f"stop must be a string or a list of at most {_MAX_STOP_STRINGS} non-empty strings",
+            f"stop must be a string or a list of at most {_MAX_STOP_STRINGS} non-empty "
+            f"strings, got {_short(stop)}",
         )
     return stops
 
@@ -238,20 +351,23 @@ def _is_int(value: Any) -> bool:
 def _int(value: Any, name: str, low: int, high: int | None = None) -> int:
     if not _is_int(value) or value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise _Invalid("invalid_value", f"{name} must be an integer {bound}, got {value!r}")
+        raise _Invalid("invalid_value", f"{name} must be an integer {bound}, got {_short(value)}")
     return int(value)
 
 
 def _float(value: Any, name: str, low: float, high: float) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or not low <= value <= high:
+    # NOTE: compare before converting: an integer of 400 digits has no float.
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not low <= value <= high or not math.isfinite(value):
         raise _Invalid(
-            "invalid_value", f"{name} must be a number in [{low}, {high}], got {value!r}"
+            "invalid_value", f"{name} must be a number in [{low}, {high}], got {_short(value)}"
         )
     return float(value)
 
 
 def _short(value: Any) -> str:
+    if _is_int(value) and value.bit_length() > 128:  # whole, it could be 4,000 digits
+        return f"an integer of {value.bit_length()} bits"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
