@@ -19,6 +19,30 @@ from prefixgrove.jobs.schema import GroupRecord
 from prefixgrove.jobs.tokenize import PromptTokenizer
 from prefixgrove.settings import IngestSettings
 
+_BYTE_ORDER_MARKS = (
+    (b"\x00\x00\xfe\xff", "UTF-32 (big-endian, with a byte order mark)"),
+    (b"\xff\xfe\x00\x00", "UTF-32 (little-endian, with a byte order mark)"),
+    (b"\xfe\xff", "UTF-16 (big-endian, with a byte order mark)"),
+    (b"\xff\xfe", "UTF-16 (little-endian, with a byte order mark)"),
+)
+_UTF8_BOM = b"\xef\xbb\xbf"
+_NOT_JSON = ("invalid_json", "invalid_encoding", "line_too_large")  # codes of lines never read
+
+
+def foreign_encoding(first_line: bytes) -> str | None:
+    """The encoding the input's first line is in, when it is UTF-16 or UTF-32 rather than UTF-8."""
+    for mark, name in _BYTE_ORDER_MARKS:
+        if first_line.startswith(mark):
+            return name
+    # NOTE: JSON in UTF-8 never holds a raw NUL byte; UTF-16 and UTF-32 put them beside every
+    # ASCII character.
+    head = first_line[:64]
+    if b"\x00" not in head:
+        return None
+    wide = "UTF-32" if b"\x00\x00\x00" in head else "UTF-16"
+    order = "big" if head.startswith(b"\x00") else "little"
+    return f"{wide} ({order}-endian)"
+
 
 @dataclass
 class IngestedBatch:
@@ -46,6 +70,7 @@ class JobIngestor:
         self.prompt_tokens = 0
         self.index = PrefixIndex(settings.block_size)
         self.line_indices = array.array("q")
+        self.encoding: str | None = None  # set when the input is not UTF-8: no line is read
         self._seen: set[str] = set()
 
     def add(self, lines: Iterable[bytes | str]) -> IngestedBatch:
@@ -53,6 +78,11 @@ class JobIngestor:
         parsed: list[BatchRequest] = []
         for line in lines:
             if not line.strip():
+                continue
+            if self.total == 0:
+                line = self._first_line(line)
+            if self.encoding is not None:
+                self.total += 1
                 continue
             item = self._parse(line)
             if isinstance(item, RequestError):
@@ -73,6 +103,13 @@ class JobIngestor:
         out.errors.sort(key=lambda e: e.index)
         return out
 
+    def _first_line(self, line: bytes | str) -> bytes | str:
+        """The first line without a UTF-8 byte order mark; notes an input in UTF-16 or UTF-32."""
+        if isinstance(line, str):
+            return line.removeprefix("\ufeff")
+        self.encoding = foreign_encoding(line)
+        return line.removeprefix(_UTF8_BOM)
+
     def _parse(self, line: bytes | str) -> BatchRequest | RequestError:
         index = self.total
         self.total += 1
@@ -82,7 +119,7 @@ class JobIngestor:
             max_line_bytes=self.settings.max_line_bytes,
             default_max_tokens=self.settings.default_max_tokens,
         )
-        if isinstance(item, BatchRequest) or item.code not in ("invalid_json", "line_too_large"):
+        if isinstance(item, BatchRequest) or item.code not in _NOT_JSON:
             self.json_lines += 1
         if isinstance(item, RequestError):
             return item
@@ -105,6 +142,12 @@ class JobIngestor:
         """The reason the whole input is not a batch, if it is not one."""
         if self.total == 0:
             return "empty_file", "the input holds no request lines"
+        if self.encoding is not None:
+            return (
+                "invalid_encoding",
+                f"the input is {self.encoding}, not UTF-8: save it as UTF-8 (for example "
+                f"`iconv -f {self.encoding.split()[0]} -t UTF-8 IN > OUT`)",
+            )
         if self.json_lines == 0:
             return (
                 "invalid_file",
