@@ -290,3 +290,20 @@ def test_values_of_the_wrong_type_fail_their_line(body: dict, code: str, named: 
     url: object = ["/v1/completions"] if code == "invalid_url" else "/v1/chat/completions"
     error = parse({"custom_id": "a", "url": url, "body": body})
     assert isinstance(error, RequestError) and error.code == code and named in error.message
+
+
+def test_a_prompt_the_tokenizer_refuses_fails_alone(
+    tokenizer: PromptTokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    encode_batch = tokenizer._encode_batch
+
+    def refuse_boom(texts: list[str], special: bool) -> list[list[int]]:
+        if any("BOOM" in t for t in texts):
+            raise RuntimeError("cannot tokenize BOOM")
+        return encode_batch(texts, special)
+
+    monkeypatch.setattr(tokenizer, "_encode_batch", refuse_boom)
+    boom = batch_line("boom", {"prompt": "BOOM", "max_tokens": 4})
+    _, errors, valid = ingest(tokenizer, [good(0), boom, good(2)])
+    assert errors[1].code == "invalid_prompt" and "cannot tokenize BOOM" in errors[1].message
+    assert [r.custom_id for r in valid] == ["ok-0", "ok-2"]

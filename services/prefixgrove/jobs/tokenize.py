@@ -35,11 +35,9 @@ class PromptTokenizer:
             if isinstance(text, RequestError):
                 out.append(text)
                 continue
-            if request.prompt_token_ids is not None:
-                ids = request.prompt_token_ids
-            else:
-                ids = encoded[request.index]
-            out.append(self._check(request, ids))
+            given = request.prompt_token_ids
+            ids = encoded[request.index] if given is None else given
+            out.append(ids if isinstance(ids, RequestError) else self._check(request, ids))
         return out
 
     def _chat(self, request: BatchRequest) -> str | RequestError | None:
@@ -57,21 +55,39 @@ class PromptTokenizer:
 
     def _encode_texts(
         self, texts: list[str], requests: Sequence[BatchRequest], positions: list[int]
-    ) -> dict[int, list[int]]:
+    ) -> dict[int, list[int] | RequestError]:
         if not texts:
             return {}
         # A chat template already holds its special tokens; plain text gets the tokenizer's own.
         plain = [requests[p].messages is None for p in positions]
-        out: dict[int, list[int]] = {}
+        out: dict[int, list[int] | RequestError] = {}
         for special in (True, False):
-            picked = [i for i, is_plain in enumerate(plain) if is_plain == special]
-            if not picked:
+            chosen = [i for i, is_plain in enumerate(plain) if is_plain == special]
+            if not chosen:
                 continue
-            for i, ids in zip(
-                picked, self._encode_batch([texts[i] for i in picked], special), strict=True
-            ):
-                out[requests[positions[i]].index] = ids
+            picked, chunk = [requests[positions[i]] for i in chosen], [texts[i] for i in chosen]
+            try:
+                encoded: list[list[int] | RequestError] = list(self._encode_batch(chunk, special))
+            except Exception:  # NOTE: one text the tokenizer refuses must not fail its batch
+                encoded = [
+                    self._encode_one(r, t, special) for r, t in zip(picked, chunk, strict=True)
+                ]
+            for request, ids in zip(picked, encoded, strict=True):
+                out[request.index] = ids
         return out
+
+    def _encode_one(
+        self, request: BatchRequest, text: str, special: bool
+    ) -> list[int] | RequestError:
+        try:
+            return self._encode_batch([text], special)[0]
+        except Exception as exc:
+            return RequestError(
+                request.index,
+                request.custom_id,
+                "invalid_prompt",
+                f"the tokenizer refused the prompt: {exc}",
+            )
 
     def _encode_batch(self, texts: list[str], special: bool) -> list[list[int]]:
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
