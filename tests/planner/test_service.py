@@ -44,10 +44,14 @@ def lines(n: int, prefix: str = "Shared instructions for every request. " * 4) -
     ]
 
 
-def code_of(call) -> grpc.StatusCode:  # type: ignore[no-untyped-def]
+def rejection(call) -> PlannerError:  # type: ignore[no-untyped-def]
     with pytest.raises(PlannerError) as info:
         call()
-    return info.value.code
+    return info.value
+
+
+def code_of(call) -> grpc.StatusCode:  # type: ignore[no-untyped-def]
+    return rejection(call).code
 
 
 def test_job_lifecycle_until_queued(client: PlannerClient) -> None:
@@ -116,11 +120,22 @@ def test_non_jsonl_file_fails_the_job(client: PlannerClient) -> None:
     assert client.get(job.id).error.code == "invalid_file"
 
 
-def test_unknown_model_is_an_invalid_argument(client: PlannerClient) -> None:
-    assert (
-        code_of(lambda: client.create_job(model="/no/such/model"))
-        == grpc.StatusCode.INVALID_ARGUMENT
-    )
+def test_a_model_no_worker_serves_is_refused_with_model_not_found(client: PlannerClient) -> None:
+    refused = rejection(lambda: client.create_job(model="llama-3.1-8b-random"))
+    assert refused.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "model_not_found" in str(refused) and repr(MODEL) in str(refused)
+    assert client.list() == []  # no job was created to sit in_progress
+
+
+def test_refusing_a_model_path_says_nothing_of_the_planners_disk(
+    client: PlannerClient, tmp_path: Path
+) -> None:
+    (tmp_path / "private-weights.gguf").write_bytes(b"GGUF")
+    for model in (str(tmp_path), str(tmp_path / "private-weights.gguf"), "/no/such/model"):
+        message = str(rejection(lambda model=model: client.create_job(model=model)))
+        assert "model_not_found" in message
+        assert "private" not in message.replace(model, "")
+        assert "exist" not in message and "No such file" not in message
 
 
 def test_cancel_before_any_worker_cancels_at_once(client: PlannerClient) -> None:

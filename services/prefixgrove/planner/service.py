@@ -102,6 +102,14 @@ class PlannerService(pb_grpc.PlannerServicer):
     # --- jobs -------------------------------------------------------------------------------
     def CreateJob(self, request: pb.CreateJobRequest, context: grpc.ServicerContext) -> pb.Job:
         model = request.model or self.default_model
+        if model != self.default_model:
+            # NOTE: refused by name alone, before anything is looked up on disk, so the message
+            # says nothing about the planner's files.
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"model_not_found: model {model!r} is not served here; this planner and its "
+                f"workers serve {self.default_model!r} (leave the model out to use it)",
+            )
         tokenizer = self._tokenizer(model, context)
         job, created = self.store.create_job(model, request.idempotency_key, dict(request.metadata))
         if created:
@@ -263,8 +271,11 @@ class PlannerService(pb_grpc.PlannerServicer):
                     self._tokenizers[model] = PromptTokenizer(
                         model, self.ingest_settings.max_model_len
                     )
-                except (ValueError, OSError) as exc:
+                except (ValueError, OSError):
+                    log.exception("the tokenizer of model %r did not load", model)
                     context.abort(
-                        grpc.StatusCode.INVALID_ARGUMENT, f"model {model!r} cannot be served: {exc}"
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"model {model!r} cannot be served: its tokenizer did not load "
+                        "(the planner's log says why)",
                     )
             return self._tokenizers[model]
