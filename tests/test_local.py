@@ -87,3 +87,56 @@ def test_the_plan_reaches_the_engine_as_groups_over_the_accepted_requests() -> N
         [GroupRecord(32, [0, 2, 5]), GroupRecord(48, [1, 3]), GroupRecord(0, [4])], 80, 2
     )
     assert _engine_groups(plan, [0, 1, 2, 4, 5]) == [PrefixGroup(32, (0, 2, 4))]
+
+
+def run_in_process(tmp_path: Path, data: bytes, *extra: str) -> tuple[int, list[dict], list[dict]]:
+    job = tmp_path / "in.jsonl"
+    job.write_bytes(data)
+    out = tmp_path / "out.jsonl"
+    args = ["run", str(job), "-o", str(out), "--model", MODEL, "--device", "cpu", "--json",
+            "--max-model-len", str(MAX_MODEL_LEN), *extra]  # fmt: skip
+    code = cli(args)
+    if code != 0:
+        return code, [], []
+    errors_path = tmp_path / "out.errors.jsonl"
+    read = [
+        [json.loads(line) for line in p.read_text("utf-8").splitlines()] for p in (out, errors_path)
+    ]
+    return code, read[0], read[1]
+
+
+def test_values_that_would_break_the_engine_fail_only_their_own_lines(tmp_path: Path) -> None:
+    ok = [batch_line(f"ok{i}", {"prompt": f"hello {i}", "max_tokens": 2}) for i in range(3)]
+    bad = [
+        batch_line("top_k", {"prompt": "x", "top_k": 10**30, "max_tokens": 2}),
+        batch_line("ids", {"prompt": [1, 10**30], "max_tokens": 2}),
+        batch_line("ids63", {"prompt": [1, 2**63], "max_tokens": 2}),
+        '{"custom_id": "\\ud800", "url": "/v1/completions", "body": {"prompt": "x"}}',
+        '{"custom_id": "p", "url": "/v1/completions", "body": {"prompt": "x\\ud800"}}',
+        "[" * 5000,  # deeper than the JSON parser can recurse
+        batch_line("big", {"prompt": "y" * 9000, "max_tokens": 2}),
+    ]
+    lines = [ok[0], *bad[:4], ok[1], *bad[4:], ok[2]]
+    data = "".join(line + "\n" for line in lines).encode()
+    code, outputs, errors = run_in_process(tmp_path, data, "--max-line-bytes", "8000")
+    assert code == 0
+    assert [o["custom_id"] for o in outputs] == ["ok0", "ok1", "ok2"]
+    assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [
+        ("top_k", "invalid_value"),
+        ("ids", "invalid_token_id"),
+        ("ids63", "invalid_token_id"),
+        (None, "invalid_value"),
+        ("p", "invalid_value"),
+        (None, "nesting_too_deep"),
+        (None, "line_too_large"),
+    ]
+
+
+def test_an_input_in_utf16_is_one_file_error_naming_the_encoding(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = [batch_line(f"c{i}", {"prompt": "hi", "max_tokens": 2}) for i in range(3)]
+    code, _, _ = run_in_process(tmp_path, "\n".join(lines).encode("utf-16"))
+    err = capsys.readouterr().err
+    assert code == 2 and "invalid_encoding" in err and "UTF-16 (little-endian" in err
+    assert err.count("\n") == 1 and not (tmp_path / "out.jsonl").exists()

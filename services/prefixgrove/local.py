@@ -86,7 +86,7 @@ def run_local(
         use_tqdm=use_tqdm,
         groups=_engine_groups(plan, [request.index for request, _, _ in runnable]),
     )
-    lines = _output_lines(runnable, outputs, model, llm.get_tokenizer())
+    lines = _output_lines(runnable, outputs, model, llm.get_tokenizer(), errors)
     _write(output_path, lines)
     _write(errors_path, {e.index: e.to_line() for e in errors})
     return RunSummary(
@@ -127,8 +127,8 @@ def _runnable(
 
     runnable = []
     for request, tokens in requests:
-        params = SamplingParams(**request.params)
         try:
+            params = SamplingParams(**request.params)
             llm.engine.validate(tokens, params)
         except ValueError as exc:
             errors.append(engine_error(request.index, request.custom_id, exc))
@@ -142,20 +142,33 @@ def _output_lines(
     outputs: list[RequestOutput],
     model: str,
     tokenizer: Any,
+    errors: list[RequestError],
 ) -> dict[int, str]:
-    """Each answered request's output line, by line index."""
-    return {
-        request.index: success_line(
-            request.index,
-            request.custom_id,
-            request.endpoint,
-            request.params,
-            model,
-            out,
-            tokenizer,
-        )
-        for (request, _, _), out in zip(runnable, outputs, strict=True)
-    }
+    """Each answered request's output line, by line index; a request whose line cannot be written
+    joins `errors` alone."""
+    lines = {}
+    for (request, _, _), out in zip(runnable, outputs, strict=True):
+        try:
+            lines[request.index] = success_line(
+                request.index,
+                request.custom_id,
+                request.endpoint,
+                request.params,
+                model,
+                out,
+                tokenizer,
+            )
+        except Exception as exc:  # NOTE: one request's output never costs the others theirs
+            log.exception("request %r: its output line failed", request.custom_id)
+            errors.append(
+                RequestError(
+                    request.index,
+                    request.custom_id,
+                    "output_failed",
+                    f"the request ran but its output line could not be written: {exc!r}",
+                )
+            )
+    return lines
 
 
 def _engine_groups(plan: JobPlan, lines: list[int]) -> list[PrefixGroup]:
