@@ -33,7 +33,7 @@ from prefixgrove.catalog.byte_tokenizer import (
     VOCAB_SIZE,
     byte_tokenizer,
 )
-from prefixgrove.catalog.presets import _tiny_random_llama
+from prefixgrove.catalog.presets import PRESETS
 
 EOS_IDS = (EOS_ID, EOT_ID)
 _SHAPES: dict[str, Any] = {
@@ -53,7 +53,7 @@ _SHAPES: dict[str, Any] = {
 
 
 def _llama3(tied: bool) -> tuple[PretrainedConfig, type[PreTrainedModel]]:
-    config = _tiny_random_llama()
+    config = PRESETS["tiny-random-llama"]()
     config.initializer_range = 0.1
     config.tie_word_embeddings = tied
     return config, LlamaForCausalLM

@@ -10,7 +10,7 @@ from transformers import LlamaForCausalLM
 
 from prefixgrove import LLM, SamplingParams
 from prefixgrove.catalog.byte_tokenizer import byte_tokenizer
-from prefixgrove.catalog.presets import _tiny_random_llama
+from prefixgrove.catalog.presets import PRESETS
 
 pytestmark = pytest.mark.gpu
 STEPS = 64
@@ -19,7 +19,7 @@ STEPS = 64
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     torch.manual_seed(0)
-    config = _tiny_random_llama()
+    config = PRESETS["tiny-random-llama"]()
     config.initializer_range = 0.1
     path = tmp_path_factory.mktemp("tiny")
     LlamaForCausalLM(config).save_pretrained(path)

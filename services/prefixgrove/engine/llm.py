@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Sequence as Seq
-from typing import Any
+from typing import Any, cast
 
 from tqdm import tqdm
 
@@ -17,6 +17,7 @@ from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 
 Prompt = str | dict[str, Any]
+Conversation = Seq[dict[str, Any]]
 
 
 class LLM:
@@ -68,9 +69,61 @@ class LLM:
         # reference cycles, and the GPU memory they hold, alive after the engine is gone.
         gc.freeze()
         try:
-            return self._run(request_ids, use_tqdm)
+            outputs = self._run(request_ids, use_tqdm)
         finally:
             gc.unfreeze()
+        for out, text in zip(outputs, texts, strict=True):
+            out.prompt = text  # a grouped request's text too: the engine took only its ids
+        return outputs
+
+    def chat(
+        self,
+        messages: Conversation | Seq[Conversation],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        *,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Generates replies to one conversation (a list of {"role", "content"} messages) or to a
+        list of them, as vLLM's `LLM.chat`: each is rendered with the model's chat template (or
+        `chat_template`) exactly as transformers' `apply_chat_template` renders and tokenizes it."""
+        if add_generation_prompt and continue_final_message:
+            raise ValueError(
+                "add_generation_prompt and continue_final_message cannot both be true: the reply "
+                "either starts a new assistant message or continues the last one"
+            )
+        batch = [messages] if _is_conversation(messages) else list(messages)
+        conversations = cast(list[Conversation], batch)
+        options = dict(
+            chat_template=chat_template,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            **(chat_template_kwargs or {}),
+        )
+        prompts = [self._render_chat(c, i, options) for i, c in enumerate(conversations)]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _render_chat(
+        self, conversation: Conversation, index: int, options: dict[str, Any]
+    ) -> dict[str, Any]:
+        tokenizer = self.engine.tokenizer
+        if options["chat_template"] is None and not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                f"model {self.config.model.model!r} has no chat template: pass chat_template=... "
+                "or use generate() with plain prompts"
+            )
+        try:
+            text = tokenizer.apply_chat_template(list(conversation), tokenize=False, **options)
+        except Exception as exc:  # a template may refuse any message shape it dislikes
+            raise ValueError(f"conversation {index}: the chat template failed: {exc}") from None
+        # The rendered template holds its own special tokens (transformers encodes it so too).
+        return {
+            "prompt": text,
+            "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False),
+        }
 
     def _tokenize(self, prompts: Seq[Prompt]) -> tuple[list[str | None], list[list[int]]]:
         texts: list[str | None] = []
@@ -147,3 +200,8 @@ class LLM:
             bar.set_postfix(out_tok_s=f"{out_tokens / elapsed:.0f}", refresh=False)
         bar.close()
         return [results[rid] for rid in request_ids]
+
+
+def _is_conversation(messages: Any) -> bool:
+    """One conversation is a list of message dicts; a batch is a list of such lists."""
+    return bool(messages) and isinstance(messages[0], dict)
