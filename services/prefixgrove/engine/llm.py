@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from typing import Any, cast
 
 from tqdm import tqdm
 
+from prefixgrove.catalog.generation import generation_defaults
 from prefixgrove.grouping import GroupingConfig, PrefixGroup, group_prompts
 
 from .config import EngineConfig
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
+from .vllm_args import engine_kwargs
 
 Prompt = str | dict[str, Any]
 Conversation = Seq[dict[str, Any]]
@@ -29,7 +32,8 @@ class LLM:
     """
 
     def __init__(self, model: str, **kwargs: Any) -> None:
-        self.engine = LLMEngine(EngineConfig.create(model, **kwargs))
+        self.engine = LLMEngine(EngineConfig.create(model, **engine_kwargs(kwargs)))
+        self._generation_defaults = generation_defaults(model)
         self._batches = 0
 
     @property
@@ -39,17 +43,24 @@ class LLM:
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The checkpoint's own defaults (its generation_config.json) over SamplingParams' defaults,
+        as vLLM gives them; what `generate` uses when no sampling_params are passed."""
+        return SamplingParams(**self._generation_defaults)
+
     def generate(
         self,
         prompts: Prompt | Seq[Prompt],
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-        use_tqdm: bool = True,
+        use_tqdm: bool | Callable[..., tqdm] = True,
         *,
         groups: Seq[PrefixGroup] | None = None,
     ) -> list[RequestOutput]:
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         texts, token_ids = self._tokenize(prompts)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
         params = self._params_per_prompt(sampling_params, len(token_ids))
         for i, (ids, sp) in enumerate(zip(token_ids, params, strict=True)):
             try:  # the whole job is checked before any of it is queued, once
@@ -80,7 +91,7 @@ class LLM:
         self,
         messages: Conversation | Seq[Conversation],
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-        use_tqdm: bool = True,
+        use_tqdm: bool | Callable[..., tqdm] = True,
         *,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
@@ -187,9 +198,13 @@ class LLM:
                     rid, token_ids[i], params[i], prompt=texts[i], validated=True
                 )
 
-    def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(
+        self, request_ids: list[str], use_tqdm: bool | Callable[..., tqdm]
+    ) -> list[RequestOutput]:
         results: dict[str, RequestOutput] = {}
-        bar = tqdm(total=len(request_ids), desc="Generating", unit="req", disable=not use_tqdm)
+        # vLLM takes a tqdm-like callable too (a notebook's, or one with other settings)
+        progress = use_tqdm if callable(use_tqdm) else tqdm
+        bar = progress(total=len(request_ids), desc="Generating", unit="req", disable=not use_tqdm)
         start, out_tokens = time.perf_counter(), 0
         while self.engine.has_unfinished_requests():
             for out in self.engine.step():
