@@ -44,7 +44,7 @@ def test_checkpoint_with_a_wrongly_shaped_tensor_fails_naming_it(tmp_path: Path)
 
 def test_nonexistent_model_path_is_a_clear_value_error(tmp_path: Path):
     missing = str(tmp_path / "no-such-model")
-    with pytest.raises(ValueError, match=r"no-such-model.*neither a built-in preset"):
+    with pytest.raises(ValueError, match=r"no-such-model.*is not a built-in preset"):
         engine(missing)
 
 
