@@ -62,3 +62,14 @@ def test_unsupported_architecture_is_named(tmp_path: Path):
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="GPT2LMHeadModel"):
         engine(str(path))
+
+
+def test_a_checkpoint_without_tokenizer_files_asks_for_tokenizer(tmp_path: Path) -> None:
+    path = save_checkpoint("llama3", tmp_path / "model")
+    for f in (tmp_path / "model").iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab")):
+            f.unlink()
+    with pytest.raises(ValueError, match=r"holds no tokenizer .*pass tokenizer=PATH"):
+        engine(path)
+    tokenizer_dir = save_checkpoint("llama3", tmp_path / "with-tokenizer")
+    assert engine(path, tokenizer=tokenizer_dir).get_tokenizer() is not None

@@ -104,7 +104,15 @@ def load_tokenizer(model: str, tokenizer: str | None = None) -> Any:
     if (path := gguf_path(source)) is not None:
         return gguf.load_tokenizer(path)
     _check_local_dir(source)
+    if not any(os.path.exists(os.path.join(source, f)) for f in _TOKENIZER_FILES):
+        raise ValueError(
+            f"{source!r} holds no tokenizer ({', '.join(_TOKENIZER_FILES)}): pass tokenizer=PATH "
+            "(--tokenizer) naming a directory that has the model's tokenizer"
+        )
     return AutoTokenizer.from_pretrained(source, local_files_only=True)
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 def _check_local_dir(path: str) -> None:
