@@ -95,21 +95,47 @@ def test_a_request_the_engine_raises_on_fails_alone_and_the_rest_completes(
     assert "gave back" not in worker.text()
 
 
-def test_a_group_that_keeps_killing_workers_fails_after_max_deliveries(
-    redis_server: RedisServer, store: JobStore, tmp_path: Path, workers: list[Process]
-) -> None:
-    job_id = queue_job(store, groups=1, per_group=3, poisoned=frozenset({1}))
-    for attempt in range(6):
-        worker = start_faulty_worker(redis_server, tmp_path / f"worker{attempt}.log", "die",
-                                     "--max-deliveries", "2", "--lease-timeout-s", "1")  # fmt: skip
+def workers_until_done(
+    redis: RedisServer, store: JobStore, job_id: str, tmp_path: Path, workers: list[Process],
+    *extra: str,
+) -> int:  # fmt: skip
+    """Starts dying workers one after another until the job completes; returns how many ran."""
+    for attempt in range(8):
+        worker = start_faulty_worker(redis, tmp_path / f"worker{attempt}.log", "die",
+                                     "--lease-timeout-s", "1", *extra)  # fmt: skip
         workers.append(worker)
         wait_until(lambda w=worker: completed(store, job_id) or w.proc.poll() is not None, 240,
                    "the worker to die on the group or the job to complete")  # fmt: skip
         if completed(store, job_id):
-            break
-    assert len(workers) == 3  # two deliveries died; the third failed the group
+            return attempt + 1
+    pytest.fail(f"job {job_id} still not complete after 8 workers")
+
+
+def test_a_group_that_keeps_killing_workers_fails_after_max_deliveries(
+    redis_server: RedisServer, store: JobStore, tmp_path: Path, workers: list[Process]
+) -> None:
+    job_id = queue_job(store, groups=1, per_group=3, poisoned=frozenset({1}))
+    started = workers_until_done(redis_server, store, job_id, tmp_path, workers,
+                                 "--max-deliveries", "2")  # fmt: skip
+    assert started == 3  # two deliveries died; the third failed the group
     got = results(store, job_id)
     assert sorted(got) == [0, 1, 2] and all(r.is_error for r in got.values())
     codes = {json.loads(r.line)["error"]["code"] for r in got.values()}
     assert codes == {"worker_failed"}
     assert "stopped 2 workers" in json.loads(got[0].line)["error"]["message"]
+
+
+def test_a_request_that_kills_workers_is_failed_alone_after_two_deliveries(
+    redis_server: RedisServer, store: JobStore, tmp_path: Path, workers: list[Process]
+) -> None:
+    job_id = queue_job(store, groups=1, per_group=4, poisoned=frozenset({1}))
+    started = workers_until_done(redis_server, store, job_id, tmp_path, workers)
+    # two die with the whole group, the third alone on request 1, the fourth fails it
+    assert started == 4
+    got = results(store, job_id)
+    assert sorted(got) == [0, 1, 2, 3]
+    assert [i for i, r in got.items() if r.is_error] == [1]
+    error = json.loads(got[1].line)["error"]
+    assert (
+        error["code"] == "worker_failed" and "died running this request alone" in error["message"]
+    )

@@ -6,7 +6,8 @@ Layout (prefix `pg:`):
   pg:idem:{key}           job id created under an idempotency key
   pg:job:{id}             hash: JobRecord
   pg:job:{id}:req         hash: line index -> RequestRecord
-  pg:job:{id}:grp         hash: group id -> GroupRecord
+  pg:job:{id}:grp         hash: group id -> GroupRecord; `{group id}:alone` -> "index:delivery" of
+                          the request a worker last ran alone (a worker that dies then blames it)
   pg:job:{id}:res         hash: line index -> ResultRecord (first write wins)
   pg:job:{id}:leased      set of group ids a worker holds now
   pg:job:{id}:done        set of group ids finished (or dropped by a cancel)
@@ -92,6 +93,10 @@ def idempotency_key(key: str) -> str:
 
 def planner_key(instance: str) -> str:
     return f"{PREFIX}planner:{instance}"
+
+
+def alone_field(group_id: str) -> str:
+    return f"{group_id}:alone"
 
 
 def queue_key(model: str) -> str:

@@ -182,6 +182,18 @@ class JobStore:
         keys = JobKeys(job_id).all()
         return bool(self._finish_group(keys=keys, args=[group_id, time.time()]))
 
+    def mark_alone(self, job_id: str, group_id: str, index: int, delivery: int) -> None:
+        """Notes the request a worker now runs alone, in which delivery of its group."""
+        self.r.hset(JobKeys(job_id).groups, schema.alone_field(group_id), f"{index}:{delivery}")
+
+    def ran_alone(self, job_id: str, group_id: str) -> tuple[int, int] | None:
+        """(line index, delivery) of the request of the group a worker last ran alone."""
+        raw = self.r.hget(JobKeys(job_id).groups, schema.alone_field(group_id))
+        if raw is None:
+            return None
+        index, delivery = _s(raw).split(":")  # type: ignore[arg-type]
+        return int(index), int(delivery)
+
     def is_group_done(self, job_id: str, group_id: str) -> bool:
         return bool(self.r.sismember(JobKeys(job_id).done, group_id))
 

@@ -1,9 +1,10 @@
-"""Finding the request that makes the engine raise, without throwing back the groups beside it.
+"""Finding the request that makes the engine fail, without throwing back the groups beside it.
 
 When a step raises, every request the engine held is a suspect. They are aborted and run again in
 halves, one half at a time and nothing else beside it: a half that runs through is cleared (its
 results are written as usual), a half that raises is halved again, and a request that raises alone
 is the culprit, failed on its own. k culprits among n suspects cost about 2n + k log2(n) request runs.
+A group that keeps killing whole workers is queued request by request (`queue_alone`) the same way.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ class Isolation:
                 f"the last: {type(cause).__name__}: {cause}"
             ) from cause
         return running[0] if running else None
+
+    def queue_alone(self, request_ids: list[str]) -> None:
+        """Requests to run one at a time, after the suspects queued before them."""
+        self.pieces += [[rid] for rid in request_ids]
 
     def succeeded(self) -> None:
         self.culprits_in_a_row = 0

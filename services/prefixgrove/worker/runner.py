@@ -30,6 +30,9 @@ from prefixgrove.worker.isolation import Isolation
 from prefixgrove.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
+# A group that failed this many deliveries runs request by request, alone: a request that was
+# running alone when a worker died is failed by the next delivery instead of killing more workers.
+_ALONE_AFTER_FAILURES = 2
 
 
 @dataclass
@@ -126,7 +129,7 @@ class Worker:
         self._poll_cancel()
         if taking and not self._isolation.active:
             self._lease_more()
-        if self._isolation.active and not self._running:
+        if self._isolation.active and not self._running and not self._pending:
             self._next_piece()
         if self.engine.has_unfinished_requests():
             self._step()
@@ -171,29 +174,49 @@ class Worker:
             self._finish(lease)
             return
         group, records = loaded
-        answered = self.store.read_answered(job_id, group.indices)
-        flight = _InFlight(lease, {})
-        valid = []
-        for index, record in zip(group.indices, records, strict=True):
-            if index in answered:
-                continue
-            request_id = f"{job_id}/{group_id}/{index}"
-            error = self._check(index, record, lease)
-            if error is not None:
-                self._fail(job_id, error)
-                continue
-            flight.requests[request_id] = (index, record)
-            valid.append((request_id, record.prompt_token_ids, _params(record)))
-        flight.outstanding = set(flight.requests)
+        flight = self._admit(lease, group.indices, records)
         self._inflight[(job_id, group_id)] = flight
-        self._running.update(flight.outstanding)
         self.metrics.groups_leased.set(len(self._inflight))
+        if lease.deliveries > _ALONE_AFTER_FAILURES:
+            self._start_alone(flight)
+            return
+        valid = [(rid, flight.requests[rid][1]) for rid in flight.requests]
+        self._running.update(flight.outstanding)
         if group.prefix_len and len(valid) >= 2:
             shared = PrefixGroup(group.prefix_len, tuple(range(len(valid))))
-            self.engine.add_group(f"{job_id}/{group_id}", shared, valid)
+            requests = [(rid, r.prompt_token_ids, _params(r)) for rid, r in valid]
+            self.engine.add_group(f"{job_id}/{group_id}", shared, requests)
         else:
-            for request_id, tokens, params in valid:
-                self.engine.add_request(request_id, tokens, params)
+            for request_id, record in valid:
+                self.engine.add_request(request_id, record.prompt_token_ids, _params(record))
+
+    def _admit(self, lease: Lease, indices: list[int], records: list[RequestRecord]) -> _InFlight:
+        """The group's requests still to run; those the engine refuses fail here."""
+        answered = self.store.read_answered(lease.job_id, indices)
+        flight = _InFlight(lease, {})
+        for index, record in zip(indices, records, strict=True):
+            if index in answered:
+                continue
+            error = self._check(index, record, lease)
+            if error is not None:
+                self._fail(lease.job_id, error)
+                continue
+            flight.requests[f"{lease.job_id}/{lease.group_id}/{index}"] = (index, record)
+        flight.outstanding = set(flight.requests)
+        return flight
+
+    def _start_alone(self, flight: _InFlight) -> None:
+        """Queues the group's requests to run one at a time with nothing beside them; fails the one
+        that was running alone when the last delivery's worker died."""
+        lease = flight.lease
+        last = self.store.ran_alone(lease.job_id, lease.group_id)
+        if last is not None and last[1] == lease.deliveries - 1:  # counted: that worker failed
+            culprit = f"{lease.job_id}/{lease.group_id}/{last[0]}"
+            if culprit in flight.outstanding:
+                self._fail_culprit(culprit, "a worker died running this request alone")
+        log.warning("group %s of job %s failed %d deliveries: running its requests one at a time",
+                    lease.group_id, lease.job_id, lease.deliveries - 1)  # fmt: skip
+        self._isolation.queue_alone([rid for rid in flight.requests if rid in flight.outstanding])
 
     def _check(self, index: int, record: RequestRecord, lease: Lease) -> RequestError | None:
         if lease.deliveries > self.settings.max_deliveries:
@@ -222,18 +245,27 @@ class Worker:
         self.engine.abort(running)
         self._running.clear()
         culprit = self._isolation.failed(running, exc)
-        if culprit is None:
-            return
-        log.error("request %s fails alone: failing it", culprit, exc_info=exc)
-        job_id, group_id, index = culprit.split("/")
+        if culprit is not None:
+            log.error("request %s fails alone: failing it", culprit, exc_info=exc)
+            message = f"the engine raised {type(exc).__name__}: {exc} (on this request alone)"
+            self._fail_culprit(culprit, message)
+
+    def _fail_culprit(self, request_id: str, message: str) -> None:
+        job_id, group_id, _ = request_id.split("/")
         flight = self._inflight[(job_id, group_id)]
-        record = flight.requests[culprit][1]
-        message = f"the engine raised {type(exc).__name__}: {exc} (on this request alone)"
-        self._fail(job_id, RequestError(int(index), record.custom_id, "worker_failed", message))
-        flight.outstanding.discard(culprit)
+        index, record = flight.requests[request_id]
+        self._fail(job_id, RequestError(index, record.custom_id, "worker_failed", message))
+        flight.outstanding.discard(request_id)
 
     def _next_piece(self) -> None:
-        """Runs the next suspects on their own (one request each, no shared prefix)."""
+        """Runs the next suspects on their own (one request each, no shared prefix). A request
+        about to run alone is noted first, so that the next worker knows whom to blame if this
+        one dies (a failed note leaves the piece queued)."""
+        upcoming = self._isolation.pieces[:1]
+        if len(upcoming) == 1 and len(upcoming[0]) == 1 and self._outstanding(upcoming[0][0]):
+            job_id, group_id, index = upcoming[0][0].split("/")
+            delivery = self._inflight[(job_id, group_id)].lease.deliveries
+            self.store.mark_alone(job_id, group_id, int(index), delivery)
         for request_id in self._isolation.next_piece():
             found = self._outstanding(request_id)
             if found is None:
