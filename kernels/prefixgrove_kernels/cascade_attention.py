@@ -347,9 +347,11 @@ def _check_prefix_args(
     groups: CascadeMetadata,
     scale: float,
     suffix_chunks: SuffixChunks | None,
+    kernel: bool = True,
 ) -> tuple[int, int, int]:
-    """Validates on the host; returns (num_groups, GQA ratio, suffix chunks' sequences or 0)."""
-    checks.check_queries(q)
+    """Validates on the host; returns (num_groups, GQA ratio, suffix chunks' sequences or 0).
+    kernel: as `checks.check_queries`."""
+    checks.check_queries(q, kernel)
     group = checks.check_kv_cache(q, k_cache, v_cache)
     checks.check_scale(scale)
     num_groups = checks.check_segments(
@@ -511,7 +513,9 @@ def prefix_attention_ref(
     """Torch version of `prefix_attention` (same contract), one group at a time in fp32; suffix
     chunks are finished by the paged kernel's reference over the prefix state (the merge the
     kernel's one online softmax is equal to)."""
-    num_groups, _, _ = _check_prefix_args(q, k_cache, v_cache, groups, scale, suffix_chunks)
+    num_groups, _, _ = _check_prefix_args(
+        q, k_cache, v_cache, groups, scale, suffix_chunks, kernel=False
+    )
     out, out_lse = _outputs(q, out, out_lse)
     cu = groups.group_cu_q.tolist()
     prefix_lens = groups.group_prefix_lens.tolist()

@@ -234,9 +234,11 @@ def _check_args(
     meta: PagedMetadata,
     groups: CascadeMetadata,
     scale: float,
+    kernel: bool = True,
 ) -> tuple[int, int, torch.Tensor]:
-    """Validates on the host; returns (num_groups, GQA ratio, kv_start)."""
-    checks.check_queries(q)
+    """Validates on the host; returns (num_groups, GQA ratio, kv_start). kernel: as
+    `checks.check_queries`."""
+    checks.check_queries(q, kernel)
     group = checks.check_kv_cache(q, k_cache, v_cache)
     checks.check_output("out", out, q, q.dtype, contiguous=False)
     checks.check_scale(scale)
@@ -356,7 +358,9 @@ def cascade_decode_attention_ref(
 ) -> None:  # fmt: skip
     """Torch version of `cascade_decode_attention` (same contract), one sequence at a time in fp32:
     softmax attention over [prefix keys ; own keys]."""
-    num_groups, _, kv_start = _check_args(q, k_cache, v_cache, out, meta, groups, scale)
+    num_groups, _, kv_start = _check_args(
+        q, k_cache, v_cache, out, meta, groups, scale, kernel=False
+    )
     cu = groups.group_cu_q.tolist()
     prefix_lens = groups.group_prefix_lens.tolist()
     lens, starts = meta.seq_lens.tolist(), kv_start.tolist()

@@ -57,12 +57,13 @@ def check_unit_last_stride(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name} must have unit stride in its last dimension, got {t.stride()}")
 
 
-def check_queries(q: torch.Tensor) -> None:
-    """q: [num_tokens, num_heads, head_dim]; token and head strides are free (views of a qkv)."""
+def check_queries(q: torch.Tensor, kernel: bool = True) -> None:
+    """q: [num_tokens, num_heads, head_dim]; token and head strides are free (views of a qkv).
+    kernel: the Triton kernels' head sizes too (the torch references take any)."""
     check_tensor("q", q, ndim=3, dtypes=ATTENTION_DTYPES, device=q.device, contiguous=False)
     check_unit_last_stride("q", q)
     head_dim = q.shape[2]
-    if not is_power_of_two(head_dim) or not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
+    if kernel and (not is_power_of_two(head_dim) or not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM):
         raise ValueError(
             f"head_dim {head_dim} is not supported; use a power of two in "
             f"[{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]"

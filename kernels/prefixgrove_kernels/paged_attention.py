@@ -314,9 +314,11 @@ def check_paged_attention_args(
     scale: float,
     prefix_out: torch.Tensor | None,
     prefix_lse: torch.Tensor | None,
+    kernel: bool = True,
 ) -> tuple[int, int]:
-    """Validates everything on the host; returns (num_seqs, GQA ratio)."""
-    checks.check_queries(q)
+    """Validates everything on the host; returns (num_seqs, GQA ratio). kernel: as
+    `checks.check_queries`."""
+    checks.check_queries(q, kernel)
     group = checks.check_kv_cache(q, k_cache, v_cache)
     checks.check_output("out", out, q, q.dtype, contiguous=False)
     checks.check_scale(scale)
@@ -432,7 +434,7 @@ def paged_attention_ref(
 ) -> None:  # fmt: skip
     """Torch version of `paged_attention` (same contract), one sequence at a time in fp32."""
     num_seqs, _ = check_paged_attention_args(
-        q, k_cache, v_cache, out, meta, scale, prefix_out, prefix_lse
+        q, k_cache, v_cache, out, meta, scale, prefix_out, prefix_lse, kernel=False
     )
     cu = meta.cu_seqlens_q.tolist()
     lens = meta.seq_lens.tolist()

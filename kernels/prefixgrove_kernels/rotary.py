@@ -150,14 +150,21 @@ def _check_heads(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) ->
 
 
 def _check_inputs(
-    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    kernel: bool = True,
 ) -> None:
+    """kernel: the Triton launch's own limits too (the references take any even head size)."""
     _check_heads("q", q, ROTARY_DTYPES)
     head_dim = q.shape[2]
-    if not checks.is_power_of_two(head_dim) or head_dim < MIN_HEAD_DIM:
+    if kernel and (not checks.is_power_of_two(head_dim) or head_dim < MIN_HEAD_DIM):
         raise ValueError(
             f"head_dim {head_dim} is not supported; use a power of two >= {MIN_HEAD_DIM}"
         )
+    if head_dim % 2:
+        raise ValueError(f"head_dim {head_dim} is odd: rotary pairs its two halves")
     checks.check_tensor("k", k, ndim=3, dtypes=(q.dtype,), device=q.device, contiguous=False)
     checks.check_unit_last_stride("k", k)
     if k.shape[0] != q.shape[0] or k.shape[2] != head_dim:
@@ -346,7 +353,7 @@ def apply_rotary_ref(
     q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Torch version of `apply_rotary` (the engine's unfused RotaryEmbedding)."""
-    _check_inputs(q, k, positions, cos_sin)
+    _check_inputs(q, k, positions, cos_sin, kernel=False)
     cos, sin = cos_sin[positions].unsqueeze(1).split(q.shape[2] // 2, dim=-1)
     return _rotate_ref(q, cos, sin), _rotate_ref(k, cos, sin)
 

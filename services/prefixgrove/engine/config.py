@@ -125,10 +125,10 @@ class EngineConfig:
                 "set TRITON_INTERPRET=1, or use attention_backend='torch'"
             )
         head_dim = self.model.arch.head_dim
-        if head_dim & (head_dim - 1) or not 32 <= head_dim <= 256:
+        if self.attention_backend == "triton" and not kernels_take(head_dim):
             raise ValueError(
-                f"head_dim={head_dim} of {self.model.model} is not supported: the "
-                "attention kernels take a power of two from 32 to 256"
+                f"head_dim={head_dim} of {self.model.model} does not fit the Triton kernels (a power "
+                "of two from 32 to 256): use attention_backend='torch' (what 'auto' picks for it)"
             )
         if self.scheduler.max_num_batched_tokens < self.scheduler.max_num_seqs:
             raise ValueError(
@@ -175,7 +175,9 @@ class EngineConfig:
         if max_num_batched_tokens is None:
             max_num_batched_tokens = max(8192 if cuda else 2048, max_num_seqs)
         if attention_backend == "auto":
-            attention_backend = "triton" if cuda else "torch"
+            attention_backend = (
+                "triton" if cuda and kernels_take(model_cfg.arch.head_dim) else "torch"
+            )
         decode_kernel, prefill_kernel = _cascade_kernels(
             cuda and attention_backend == "triton", cascade_decode_kernel, cascade_prefill_kernel
         )
@@ -241,3 +243,9 @@ def _resolve_dtype(dtype: str | torch.dtype, hf_config: Any, cuda: bool) -> torc
     if dtype not in _DTYPES:
         raise ValueError(f"dtype={dtype!r} is unknown; expected auto, {', '.join(sorted(_DTYPES))}")
     return _DTYPES[dtype]
+
+
+def kernels_take(head_dim: int) -> bool:
+    """Whether the Triton kernels run this head size (their tiles are powers of two). Other sizes
+    (Phi-3-mini's 96, say) run on the torch backend: exact, slower, no CUDA graphs."""
+    return not head_dim & (head_dim - 1) and 32 <= head_dim <= 256
