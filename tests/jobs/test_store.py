@@ -185,3 +185,20 @@ def test_trimming_keeps_every_entry_still_leased_or_waiting(redis_server: RedisS
     assert store.trim_queues() == 1  # the last delivered entry stays as the stream's bookmark
     assert store.model_queue(MODEL).depth == 2
     assert len(queue.take(5, 0)) == 2
+
+
+def test_a_failed_ingest_frees_its_idempotency_key(redis_server: RedisServer) -> None:
+    store = store_for(redis_server)
+    first, _ = store.create_job(MODEL, "uid-2")
+    store.fail_ingest(first.id, "ingest_interrupted", "the planner stopped during the upload")
+    again, created = store.create_job(MODEL, "uid-2")
+    assert created and again.id != first.id
+
+
+def test_freeing_a_key_never_frees_another_jobs_claim_on_it(redis_server: RedisServer) -> None:
+    store = store_for(redis_server)
+    first, _ = store.create_job(MODEL, "uid-3")
+    store.fail_ingest(first.id, "empty_file", "no lines")
+    second, _ = store.create_job(MODEL, "uid-3")
+    store.fail_ingest(first.id, "empty_file", "no lines")  # a late second failure of the old job
+    assert store.create_job(MODEL, "uid-3") == (second, False)

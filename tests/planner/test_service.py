@@ -330,3 +330,11 @@ def _watch_opens(client: PlannerClient, job_id: str) -> bool:
         return True
     except PlannerError:
         return False
+
+
+def test_a_job_whose_input_failed_frees_its_idempotency_key(client: PlannerClient) -> None:
+    job = client.create_job(idempotency_key="upload-1")
+    client.add_lines(job.id, [])
+    code_of(lambda: client.seal(job.id))  # empty_file
+    retry = client.create_job(idempotency_key="upload-1")
+    assert retry.id != job.id and retry.state == pb.JOB_STATE_VALIDATING

@@ -314,6 +314,12 @@ return 'failed'
 """
 )
 
+# KEYS: the idempotency key; ARGV: the job id. Frees the key only while it still names this job.
+RELEASE_IDEMPOTENCY_KEY = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
 # ARGV: now. Moves a validating job to in_progress, or straight to completed when every
 # request is already answered (all invalid). Returns the state after the call.
 START = (

@@ -39,6 +39,7 @@ class JobStore:
         self._cancel = client.register_script(schema.CANCEL)
         self._fail = client.register_script(schema.FAIL)
         self._start = client.register_script(schema.START)
+        self._release_key = client.register_script(schema.RELEASE_IDEMPOTENCY_KEY)
 
     # --- jobs -------------------------------------------------------------------------------
     def create_job(
@@ -98,6 +99,14 @@ class JobStore:
 
     def fail_job(self, job_id: str, code: str, message: str) -> None:
         self._fail(keys=JobKeys(job_id).all(), args=[code, message, time.time()])
+
+    def fail_ingest(self, job_id: str, code: str, message: str) -> None:
+        """Fails a job whose input never made it in (interrupted, empty, not JSONL). Its idempotency
+        key is freed: retrying the submission with the same key starts a new job."""
+        self.fail_job(job_id, code, message)
+        job = self.get_job(job_id)
+        if job is not None and job.idempotency_key:
+            self._release_key(keys=[schema.idempotency_key(job.idempotency_key)], args=[job_id])
 
     def cancel(self, job_id: str) -> JobState:
         return JobState(self._cancel(keys=JobKeys(job_id).all(), args=[time.time()]).decode())

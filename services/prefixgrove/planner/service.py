@@ -93,7 +93,7 @@ class PlannerService(pb_grpc.PlannerServicer):
                 message = (
                     "the planner stopped while the input was streaming in; submit the job again"
                 )
-                self.store.fail_job(job_id, "ingest_interrupted", message)
+                self.store.fail_ingest(job_id, "ingest_interrupted", message)
                 log.warning("job %s failed: its planner stopped during the upload", job_id)
             self.store.release_ingest(job_id)
         self.store.index_active_jobs()
@@ -150,7 +150,7 @@ class PlannerService(pb_grpc.PlannerServicer):
             error = ingest.ingestor.job_error()
             if error is not None:
                 self._drop_ingest(job.id)
-                self.store.fail_job(job.id, *error)
+                self.store.fail_ingest(job.id, *error)
                 code = (
                     grpc.StatusCode.FAILED_PRECONDITION
                     if error[0] == "empty_file"
