@@ -83,12 +83,15 @@ class PlannerSettings:
     # calls that last as long as a job (status --watch, submit --wait's results) served at once;
     # the thread pool holds this many and 8 more for everything else
     max_streams: int = 64
+    # a job whose input stops arriving this long before it is sealed fails (`upload_abandoned`)
+    upload_idle_timeout_s: float = 900.0
 
     def __post_init__(self) -> None:
         _port(self, "port")
         _port(self, "metrics_port")
         positive(self, "max_message_bytes")
         positive(self, "max_streams")
+        positive(self, "upload_idle_timeout_s")
         if self.job_retention_s < 0:
             raise ValueError(
                 f"job_retention_s={self.job_retention_s} is invalid: expected >= 0 (0 keeps jobs)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -338,3 +339,24 @@ def test_a_job_whose_input_failed_frees_its_idempotency_key(client: PlannerClien
     code_of(lambda: client.seal(job.id))  # empty_file
     retry = client.create_job(idempotency_key="upload-1")
     assert retry.id != job.id and retry.state == pb.JOB_STATE_VALIDATING
+
+
+def test_an_upload_abandoned_before_its_seal_expires_and_frees_its_key(
+    redis_server: RedisServer,
+) -> None:
+    server, port = start(redis_server)
+    client = PlannerClient(f"127.0.0.1:{port}")
+    try:
+        job = client.create_job(idempotency_key="upload-2")
+        client.add_lines(job.id, lines(3))  # and then the client goes away, never sealing
+        service = server.service
+        assert service.expire_idle_uploads(900.0) == []  # not idle yet
+        assert service.expire_idle_uploads(900.0, now=time.monotonic() + 901) == [job.id]
+        failed = client.get(job.id)
+        assert (failed.state, failed.error.code) == (pb.JOB_STATE_FAILED, "upload_abandoned")
+        assert redis_server.client().exists(f"pg:job:{job.id}:req") == 0  # its lines are gone
+        assert client.seal(job.id).state == pb.JOB_STATE_FAILED  # a late seal changes nothing
+        assert client.create_job(idempotency_key="upload-2").id != job.id
+    finally:
+        client.close()
+        server.stop(0)

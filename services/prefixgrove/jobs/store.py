@@ -100,6 +100,11 @@ class JobStore:
     def fail_job(self, job_id: str, code: str, message: str) -> None:
         self._fail(keys=JobKeys(job_id).all(), args=[code, message, time.time()])
 
+    def abandon_upload(self, job_id: str, message: str) -> None:
+        """Fails a job whose client stopped streaming its input, and drops the lines it sent."""
+        self.fail_ingest(job_id, "upload_abandoned", message)
+        self.r.delete(JobKeys(job_id).requests)
+
     def fail_ingest(self, job_id: str, code: str, message: str) -> None:
         """Fails a job whose input never made it in (interrupted, empty, not JSONL). Its idempotency
         key is freed: retrying the submission with the same key starts a new job."""

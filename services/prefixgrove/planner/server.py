@@ -74,7 +74,9 @@ def build_server(
         raise RuntimeError(f"cannot listen on {address}")
     server.start()
     running = PlannerServer(server, port, service)
-    running.threads.append(_start_housekeeping(service, running.stopping))
+    running.threads.append(
+        _start_housekeeping(service, running.stopping, planner.upload_idle_timeout_s)
+    )
     if planner.metrics_port:
         running.threads += metrics.serve(planner.metrics_port, store.model_queue, running.stopping)
     log.info("planner listening on %s:%d (%s)", planner.host, port, "TLS" if creds else "plaintext")
@@ -106,12 +108,15 @@ def _add_services(server: grpc.Server, service: PlannerService) -> None:
     )
 
 
-def _start_housekeeping(service: PlannerService, stop: threading.Event) -> threading.Thread:
+def _start_housekeeping(
+    service: PlannerService, stop: threading.Event, upload_idle_s: float
+) -> threading.Thread:
     def loop() -> None:
         while not stop.wait(_HEARTBEAT_TTL_S / 3):
             try:
                 service.heartbeat(_HEARTBEAT_TTL_S)
                 service.recover()
+                service.expire_idle_uploads(upload_idle_s)
             except Exception as exc:  # Redis away: the next round tries again
                 log.warning("planner housekeeping failed: %s", exc)
 

@@ -67,6 +67,7 @@ class _Ingest:
     def __init__(self, ingestor: JobIngestor) -> None:
         self.ingestor = ingestor
         self.lock = threading.Lock()
+        self.touched = time.monotonic()  # when its last lines arrived
 
 
 class PlannerService(pb_grpc.PlannerServicer):
@@ -98,6 +99,28 @@ class PlannerService(pb_grpc.PlannerServicer):
             self.store.release_ingest(job_id)
         self.store.index_active_jobs()
         self.store.trim_queues()
+
+    def expire_idle_uploads(self, idle_s: float, now: float | None = None) -> list[str]:
+        """Fails the jobs whose input stopped arriving `idle_s` ago without a seal (the client went
+        away): their lines leave this planner's memory and Redis, their keys free. Returns them."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            idle = [j for j, ing in self._ingests.items() if now - ing.touched >= idle_s]
+        expired = []
+        for job_id in idle:
+            with self._lock:
+                ingest = self._ingests.get(job_id)
+            if ingest is None or not ingest.lock.acquire(blocking=False):
+                continue  # sealed meanwhile, or lines arriving right now
+            try:
+                self._drop_ingest(job_id)
+                message = f"no input arrived for {idle_s:.0f}s and the job was never sealed"
+                self.store.abandon_upload(job_id, message)
+            finally:
+                ingest.lock.release()
+            log.warning("job %s failed: its upload was abandoned", job_id)
+            expired.append(job_id)
+        return expired
 
     # --- jobs -------------------------------------------------------------------------------
     def CreateJob(self, request: pb.CreateJobRequest, context: grpc.ServicerContext) -> pb.Job:
@@ -131,6 +154,7 @@ class PlannerService(pb_grpc.PlannerServicer):
                 job_id = chunk.job_id
                 ingest = self._open_ingest(job_id, context)
             with ingest.lock:
+                ingest.touched = time.monotonic()
                 ing = ingest.ingestor
                 batch = ing.add(chunk.lines)
                 self.store.write_requests(job_id, batch, ing.total, ing.prompt_tokens)
