@@ -93,7 +93,7 @@ def test_an_expired_job_leaves_the_job_list(store: JobStore) -> None:
     store.cancel(job_id)
     store.finish_group(job_id, "0")
     store.r.delete(*JobKeys(job_id).all())  # what the expiry does
-    assert store.list_jobs(10) == []
+    assert store.list_jobs(10) == ([], False)
     assert store.r.zcard("pg:jobs") == 0
 
 

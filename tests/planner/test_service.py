@@ -360,3 +360,20 @@ def test_an_upload_abandoned_before_its_seal_expires_and_frees_its_key(
     finally:
         client.close()
         server.stop(0)
+
+
+def test_lists_come_in_pages_that_cover_every_job_once(client: PlannerClient) -> None:
+    made = [client.create_job().id for _ in range(5)]
+    first = client._call("ListJobs", pb.ListJobsRequest(limit=2))
+    assert len(first.jobs) == 2 and first.next_page_token
+    assert [j.id for j in client.list(100)] == made[::-1]  # newest first, each once
+    assert [j.id for j in client.list(3)] == made[:1:-1]
+
+
+def test_oversized_metadata_is_refused_by_its_size(client: PlannerClient) -> None:
+    assert code_of(lambda: client.create_job(metadata={"blob": "x" * (1 << 20)})) == (
+        grpc.StatusCode.INVALID_ARGUMENT
+    )
+    assert client.create_job(metadata={"team": "evals", "run": "2026-11"}).metadata["team"] == (
+        "evals"
+    )

@@ -70,13 +70,15 @@ class JobStore:
         raw = self.r.hget(JobKeys(job_id).job, "state")
         return JobState(raw.decode()) if raw else None  # type: ignore[union-attr]
 
-    def list_jobs(self, limit: int) -> list[JobRecord]:
-        ids = [_s(i) for i in self.r.zrevrange(schema.JOBS, 0, limit - 1)]  # type: ignore[union-attr,arg-type]
+    def list_jobs(self, limit: int, start: int = 0) -> tuple[list[JobRecord], bool]:
+        """Up to `limit` jobs, newest first, from position `start`; and whether more follow."""
+        raw = self.r.zrevrange(schema.JOBS, start, start + limit)  # one more: is there a next page?
+        ids = [_s(i) for i in raw[:limit]]  # type: ignore[index,arg-type]
         jobs = [self.get_job(i) for i in ids]
         expired = [i for i, j in zip(ids, jobs, strict=True) if j is None]
         if expired:
             self.r.zrem(schema.JOBS, *expired)
-        return [j for j in jobs if j is not None]
+        return [j for j in jobs if j is not None], len(raw) > limit  # type: ignore[arg-type]
 
     # --- which planner streams a job in ---------------------------------------------------
     def heartbeat(self, instance: str, ttl_s: int) -> None:

@@ -106,7 +106,17 @@ class PlannerClient:
         return self._call("GetJob", pb.GetJobRequest(job_id=job_id))
 
     def list(self, limit: int = 100) -> list[pb.Job]:
-        return list(self._call("ListJobs", pb.ListJobsRequest(limit=limit)).jobs)
+        """The newest `limit` jobs, page by page."""
+        jobs: list[pb.Job] = []
+        token = ""
+        while len(jobs) < limit:
+            request = pb.ListJobsRequest(limit=min(limit - len(jobs), 1000), page_token=token)
+            page = self._call("ListJobs", request)
+            jobs += page.jobs
+            token = page.next_page_token
+            if not token:
+                break
+        return jobs
 
     def find_job(self, idempotency_key: str) -> pb.Job | None:
         """The job created with this key among the planner's newest 1000, or None."""

@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import grpc
 
@@ -22,6 +22,9 @@ from prefixgrove_proto import planner_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 _POLL_S = 0.25
 _RESULT_WINDOW = 512
+_MAX_PAGE = 1000  # jobs in one ListJobs answer
+_MAX_METADATA_ENTRIES = 64
+_MAX_METADATA_BYTES = 16 << 10
 # NOTE: the proto's JOB_STATE_FINALIZING has no JobState: results are final as workers write them.
 _PB_STATES = {
     JobState.VALIDATING: pb.JOB_STATE_VALIDATING,
@@ -133,6 +136,7 @@ class PlannerService(pb_grpc.PlannerServicer):
                 f"model_not_found: model {model!r} is not served here; this planner and its "
                 f"workers serve {self.default_model!r} (leave the model out to use it)",
             )
+        _check_metadata(request.metadata, context)
         tokenizer = self._tokenizer(model, context)
         job, created = self.store.create_job(model, request.idempotency_key, dict(request.metadata))
         if created:
@@ -198,8 +202,13 @@ class PlannerService(pb_grpc.PlannerServicer):
     def ListJobs(
         self, request: pb.ListJobsRequest, context: grpc.ServicerContext
     ) -> pb.ListJobsResponse:
-        jobs = self.store.list_jobs(request.limit or 100)
-        return pb.ListJobsResponse(jobs=[job_to_pb(j, self.store) for j in jobs])
+        limit = min(request.limit or 100, _MAX_PAGE)
+        start = _page_start(request.page_token, context)
+        jobs, more = self.store.list_jobs(limit, start)
+        return pb.ListJobsResponse(
+            jobs=[job_to_pb(j, self.store) for j in jobs],
+            next_page_token=str(start + limit) if more else "",
+        )
 
     def WatchJob(
         self, request: pb.WatchJobRequest, context: grpc.ServicerContext
@@ -303,3 +312,23 @@ class PlannerService(pb_grpc.PlannerServicer):
                         "(the planner's log says why)",
                     )
             return self._tokenizers[model]
+
+
+def _page_start(token: str, context: grpc.ServicerContext) -> int:
+    """A page token is the position of the page's first job in the newest-first list."""
+    if not token:
+        return 0
+    if not token.isdigit():
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"page_token {token!r} is not one we gave")
+    return int(token)
+
+
+def _check_metadata(metadata: Mapping[str, str], context: grpc.ServicerContext) -> None:
+    """Metadata travels with every status and list answer: it stays small."""
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in metadata.items())
+    if len(metadata) > _MAX_METADATA_ENTRIES or size > _MAX_METADATA_BYTES:
+        context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"metadata of {len(metadata)} entries and {size} bytes is too large: at most "
+            f"{_MAX_METADATA_ENTRIES} entries and {_MAX_METADATA_BYTES} bytes of keys and values",
+        )
