@@ -202,3 +202,23 @@ def test_freeing_a_key_never_frees_another_jobs_claim_on_it(redis_server: RedisS
     second, _ = store.create_job(MODEL, "uid-3")
     store.fail_ingest(first.id, "empty_file", "no lines")  # a late second failure of the old job
     assert store.create_job(MODEL, "uid-3") == (second, False)
+
+
+def test_after_redis_lost_a_job_workers_recreate_none_of_its_keys(
+    redis_server: RedisServer,
+) -> None:
+    store = store_for(redis_server)
+    job_id = started_job(store, 2, [GroupRecord(0, [0, 1])])
+    redis_server.client().flushall()  # Redis restarted without persistence
+    store.mark_leased(job_id, "0")
+    assert store.write_results(job_id, [(0, ResultRecord(False, "{}"), 3)]) == 0
+    assert store.finish_group(job_id, "0") is False
+    assert redis_server.client().keys("*") == []
+    assert store.get_job(job_id) is None
+
+
+def test_the_remains_of_a_job_record_are_no_job(redis_server: RedisServer) -> None:
+    store = store_for(redis_server)
+    redis_server.client().hset("pg:job:job_gone:x", "completed", 1)
+    redis_server.client().hset("pg:job:job_gone", "completed", 1)
+    assert store.get_job("job_gone") is None

@@ -238,6 +238,7 @@ end
 WRITE_RESULTS = (
     _RETAIN
     + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end  -- the job is gone: recreate nothing
 local written, completed, failed, tokens = 0, 0, 0, 0
 for i = 2, #ARGV, 4 do
   if redis.call('HSETNX', KEYS[4], ARGV[i], ARGV[i + 1]) == 1 then
@@ -264,6 +265,7 @@ return written
 FINISH_GROUP = (
     _RETAIN
     + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end  -- the job is gone: recreate nothing
 local first = redis.call('SADD', KEYS[6], ARGV[1])
 if first == 1 then redis.call('HINCRBY', KEYS[1], 'groups_done', 1) end
 redis.call('SREM', KEYS[5], ARGV[1])
@@ -279,6 +281,7 @@ return first
 MARK_LEASED = (
     _RETAIN
     + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end  -- the job is gone: recreate nothing
 redis.call('SADD', KEYS[5], ARGV[1])
 retain()
 return 1

@@ -63,8 +63,12 @@ class JobStore:
         return job, True
 
     def get_job(self, job_id: str) -> JobRecord | None:
+        """The job, or None when its record is gone (expired, or Redis lost its data; a record
+        without its id is the remains of one, not a job)."""
         raw = self.r.hgetall(JobKeys(job_id).job)
-        return JobRecord.decode(raw) if raw else None  # type: ignore[arg-type]
+        if not raw or (b"id" not in raw and "id" not in raw):  # type: ignore[operator]
+            return None
+        return JobRecord.decode(raw)  # type: ignore[arg-type]
 
     def job_state(self, job_id: str) -> JobState | None:
         raw = self.r.hget(JobKeys(job_id).job, "state")
