@@ -34,10 +34,10 @@ def foreign_encoding(first_line: bytes) -> str | None:
     for mark, name in _BYTE_ORDER_MARKS:
         if first_line.startswith(mark):
             return name
-    # NOTE: JSON in UTF-8 never holds a raw NUL byte; UTF-16 and UTF-32 put them beside every
-    # ASCII character.
+    # NOTE: JSON in UTF-8 never holds a raw NUL byte; UTF-16 and UTF-32 put one beside every ASCII
+    # character, so they are half NULs or more. A stray NUL is a bad line, not a file in UTF-16.
     head = first_line[:64]
-    if b"\x00" not in head:
+    if len(head) < 4 or head.count(0) * 3 < len(head):
         return None
     wide = "UTF-32" if b"\x00\x00\x00" in head else "UTF-16"
     order = "big" if head.startswith(b"\x00") else "little"

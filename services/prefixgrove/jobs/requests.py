@@ -34,6 +34,7 @@ INT32_MAX = 2**31 - 1
 MAX_DEPTH = 32  # arrays and objects inside one another; a valid request needs 5
 # A lone surrogate can only come from a \uD800-\uDFFF escape: raw UTF-8 holds none.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # a str holding one cannot be written as UTF-8
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +146,9 @@ def _check_tree(obj: Any) -> None:
 
 
 def _check_unicode(text: str, path: str) -> None:
-    if not _is_unicode(text):
-        at = next(i for i, ch in enumerate(text) if "\ud800" <= ch <= "\udfff")
+    found = _SURROGATE.search(text)
+    if found is not None:
+        at = found.start()
         raise _Invalid(
             "invalid_value",
             f"{path} holds a lone surrogate {text[at]!r} at position {at} in {_short(text)}; "
@@ -155,11 +157,7 @@ def _check_unicode(text: str, path: str) -> None:
 
 
 def _is_unicode(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return _SURROGATE.search(text) is None
 
 
 def _parse_object(obj: dict[str, Any], index: int, default_max_tokens: int) -> BatchRequest:
