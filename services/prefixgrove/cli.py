@@ -25,10 +25,7 @@ from prefixgrove.settings import (
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if getattr(args, "verbose", True) else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    _configure_logging(args.log_format)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -46,12 +43,51 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
+def _configure_logging(log_format: str) -> None:
+    handler = logging.StreamHandler()
+    if log_format == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+
+
+class _JsonFormatter(logging.Formatter):
+    """One JSON object a line, for log collectors."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def _input_file(value: str) -> Path:
+    """The input's path; a missing file is one line of error (exit 2), not a usage screen."""
+    path = Path(value)
+    if not path.is_file():
+        print(f"error: {value}: no such file", file=sys.stderr)
+        raise SystemExit(2)
+    return path
+
+
 def _parser() -> argparse.ArgumentParser:
+    from prefixgrove import __version__
+
     parser = argparse.ArgumentParser(prog="prefixgrove", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"prefixgrove {__version__}")
+    parser.add_argument(
+        "--log-format", choices=["text", "json"], default="text", help="default: text"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a batch file in this process (no Redis, no planner)")
-    run.add_argument("input", type=Path)
+    run.add_argument("input", type=_input_file, help="OpenAI Batch JSONL")
     run.add_argument("-o", "--output", type=Path, required=True)
     run.add_argument("--errors", type=Path, default=None, help="default: OUTPUT with .errors.jsonl")
     run.add_argument("--model", required=True)
@@ -73,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     worker.set_defaults(func=_serve_worker)
 
     submit = _client_command(sub, "submit", "send a batch file to the planner", _submit)
-    submit.add_argument("input", type=Path)
+    submit.add_argument("input", type=_input_file, help="OpenAI Batch JSONL")
     submit.add_argument("--model", default="")
     submit.add_argument("--idempotency-key", default="")
     submit.add_argument(

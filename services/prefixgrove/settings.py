@@ -8,7 +8,7 @@ import argparse
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields
 from typing import Any, TypeVar
 
 ENV_PREFIX = "PREFIXGROVE_"
@@ -143,7 +143,14 @@ def add_arguments(parser: argparse.ArgumentParser, *classes: type) -> None:
                 continue
             seen.add(f.name)
             flag = "--" + f.name.replace("_", "-")
-            parser.add_argument(flag, dest=f.name, default=None)
+            parser.add_argument(flag, dest=f.name, default=None, help=_help(f))
+
+
+def _help(f: Field[Any]) -> str:
+    """What --help says of a setting: its default and the variable that sets it."""
+    secret = "token" in f.name or f.name.endswith("_key")
+    default = "unset" if f.default in (None, "") or secret else f"{f.default}"
+    return f"default: {default}; environment: {ENV_PREFIX}{f.name.upper()}"
 
 
 def load(
