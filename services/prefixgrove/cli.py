@@ -67,13 +67,10 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
-def _input_file(value: str) -> Path:
-    """The input's path; a missing file is one line of error (exit 2), not a usage screen."""
-    path = Path(value)
+def _check_input(path: Path) -> None:
+    """A missing input is one line of error (exit 2), not a traceback."""
     if not path.is_file():
-        print(f"error: {value}: no such file", file=sys.stderr)
-        raise SystemExit(2)
-    return path
+        raise ValueError(f"{path}: no such file")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -87,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a batch file in this process (no Redis, no planner)")
-    run.add_argument("input", type=_input_file, help="OpenAI Batch JSONL")
+    run.add_argument("input", type=Path, help="OpenAI Batch JSONL")
     run.add_argument("-o", "--output", type=Path, required=True)
     run.add_argument("--errors", type=Path, default=None, help="default: OUTPUT with .errors.jsonl")
     run.add_argument("--model", required=True)
@@ -109,7 +106,7 @@ def _parser() -> argparse.ArgumentParser:
     worker.set_defaults(func=_serve_worker)
 
     submit = _client_command(sub, "submit", "send a batch file to the planner", _submit)
-    submit.add_argument("input", type=_input_file, help="OpenAI Batch JSONL")
+    submit.add_argument("input", type=Path, help="OpenAI Batch JSONL")
     submit.add_argument("--model", default="")
     submit.add_argument("--idempotency-key", default="")
     submit.add_argument(
@@ -147,6 +144,7 @@ def _client_command(sub: Any, name: str, helptext: str, func: Any) -> argparse.A
 def _run(args: argparse.Namespace) -> int:
     from prefixgrove.local import JobInputError, run_local
 
+    _check_input(args.input)
     ingest = cfg.load(IngestSettings, args)
     errors = args.errors or args.output.with_name(args.output.stem + ".errors.jsonl")
     engine = {"device": args.device, "dtype": args.dtype, "seed": args.seed}
@@ -202,6 +200,7 @@ def _client(args: argparse.Namespace) -> Any:
 
 
 def _submit(args: argparse.Namespace) -> int:
+    _check_input(args.input)
     client = _client(args)
     if args.wait and args.output is None:
         raise ValueError("--wait needs -o OUTPUT")
