@@ -7,6 +7,8 @@ from typing import Any
 
 from prefixgrove.catalog.context import sliding_window
 
+from .rotary import rope_parameters, supported_rope_types
+
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
@@ -48,6 +50,15 @@ class ModelArch:
                 f"num_attention_heads={self.num_heads} is not a multiple of "
                 f"num_key_value_heads={self.num_kv_heads}"
             )
+        if self.rope_type not in supported_rope_types():
+            raise ValueError(
+                f"rope type {self.rope_type!r} is not supported; supported: "
+                f"{', '.join(supported_rope_types())}"
+            )
+
+    @property
+    def rope_type(self) -> str:
+        return str(rope_parameters(self.rope_theta, self.rope_scaling)["rope_type"])
 
     @property
     def q_size(self) -> int:

@@ -141,7 +141,13 @@ class LlamaForCausalLM(nn.Module):
         # [max_positions, head_dim] fp32 = [cos | sin], shared by every layer.
         self.register_buffer(
             "cos_sin",
-            rotary_table(arch.head_dim, max_positions, arch.rope_theta, arch.rope_scaling),
+            rotary_table(
+                arch.head_dim,
+                max_positions,
+                arch.rope_theta,
+                arch.rope_scaling,
+                max_position_embeddings=arch.max_position_embeddings,
+            ),
             persistent=False,
         )
 
