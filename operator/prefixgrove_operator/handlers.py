@@ -16,7 +16,7 @@ from kubernetes import client, config
 from prefixgrove.planner.client import PlannerClient, PlannerRejected, PlannerUnavailable
 from prefixgrove_operator.autoscaler import Autoscaler, WorkerScaler
 from prefixgrove_operator.settings import GROUP, PLURAL, VERSION, OperatorSettings
-from prefixgrove_operator.spec import BatchJobSpec, InvalidSpec
+from prefixgrove_operator.spec import BatchJobSpec, InvalidSpec, on_volume
 from prefixgrove_operator.status import (
     TERMINAL_PHASES,
     JobView,
@@ -176,12 +176,16 @@ def _write_results(
         outputs, errors = memo.planner.write_results(
             job.id, job_spec.output_path, job_spec.errors_path
         )
-    except (PlannerUnavailable, OSError) as exc:
+    except PlannerUnavailable as exc:
         kopf.warn(body, reason="OutputNotWritten", message=f"retrying: {exc}")
         return {"phase": "Finalizing", "completionTime": None}
+    except OSError as exc:  # its strerror, not its text: that names the operator's own paths
+        where = on_volume(job_spec.volume_root, job_spec.output_path)
+        kopf.warn(body, reason="OutputNotWritten", message=f"retrying {where}: {exc.strerror}")
+        return {"phase": "Finalizing", "completionTime": None}
     message = (
-        f"wrote {outputs} outputs to {job_spec.output_path} and {errors} errors to "
-        f"{job_spec.errors_path}"
+        f"wrote {outputs} outputs to {on_volume(job_spec.volume_root, job_spec.output_path)} and "
+        f"{errors} errors to {on_volume(job_spec.volume_root, job_spec.errors_path)}"
     )
     return {
         "message": message,

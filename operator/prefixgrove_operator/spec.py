@@ -44,10 +44,19 @@ def confine(root: str, relative: str, what: str) -> Path:
     base = Path(root).resolve()
     resolved = (base / relative).resolve()
     if resolved != base and base not in resolved.parents:
+        # NOTE: the operator's own paths stay out of messages users read (status, Events)
         raise InvalidSpec(
-            "PathOutsideVolume", f"{what} {relative!r} resolves to {resolved}, outside {base}"
+            "PathOutsideVolume", f"{what} {relative!r} leads outside the shared volume (a link)"
         )
     return resolved
+
+
+def on_volume(root: str, path: Path) -> str:
+    """`path` as users name it in a BatchJob: relative to the shared volume's root."""
+    try:
+        return str(path.relative_to(Path(root).resolve()))
+    except ValueError:
+        return path.name
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,7 @@ class BatchJobSpec:
     config_map: tuple[str, str] | None = None  # (name, key)
     input_path: Path | None = None
     sampling: Mapping[str, Any] = field(default_factory=dict)
+    volume_root: str = ""
 
     @classmethod
     def parse(cls, spec: Mapping[str, Any], volume_root: str) -> BatchJobSpec:
@@ -89,6 +99,7 @@ class BatchJobSpec:
                 else None
             ),
             sampling=_sampling_defaults(spec.get("sampling") or {}),
+            volume_root=volume_root,
         )
 
     def request_lines(self, core: client.CoreV1Api, namespace: str) -> Iterator[bytes]:
@@ -106,7 +117,10 @@ class BatchJobSpec:
             return _config_map_text(core, namespace, *self.config_map).encode().splitlines()
         assert self.input_path is not None  # parse() sets exactly one source
         if not self.input_path.is_file():
-            raise InvalidSpec("InputNotFound", f"spec.input.path: no file at {self.input_path}")
+            shown = on_volume(self.volume_root, self.input_path)
+            raise InvalidSpec(
+                "InputNotFound", f"spec.input.path: the file {shown!r} is absent from the volume"
+            )
         return _file_lines(self.input_path)
 
     def _with_defaults(self, raw: bytes) -> bytes:

@@ -9,7 +9,7 @@ import pytest
 
 from prefixgrove_operator.autoscaler import ScaleDecider, desired_replicas
 from prefixgrove_operator.settings import OperatorSettings
-from prefixgrove_operator.spec import BatchJobSpec, InvalidSpec, confine
+from prefixgrove_operator.spec import BatchJobSpec, InvalidSpec, confine, on_volume
 from prefixgrove_operator.status import JobView, job_status, progress, with_condition
 
 
@@ -127,7 +127,7 @@ def test_sampling_defaults_fill_only_missing_body_fields(tmp_path: Path) -> None
 
 def test_path_input_must_exist_before_anything_is_sent(tmp_path: Path) -> None:
     parsed = BatchJobSpec.parse(_spec(input={"path": "missing.jsonl"}), str(tmp_path))
-    with pytest.raises(InvalidSpec, match="no file at") as info:
+    with pytest.raises(InvalidSpec, match="is absent from the volume") as info:
         parsed.request_lines(None, "ns")  # type: ignore[arg-type]
     assert info.value.reason == "InputNotFound"
 
@@ -172,3 +172,20 @@ def test_the_operator_loads_without_the_engine_stack() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_messages_users_read_name_no_path_of_the_operators_machine(tmp_path: Path) -> None:
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    (volume / "link").symlink_to(tmp_path)
+    with pytest.raises(InvalidSpec) as escaped:
+        confine(str(volume), "link/secret", "spec.input.path")
+    spec = BatchJobSpec.parse(
+        _spec(input={"path": "in/missing.jsonl"}, output={"path": "out/o.jsonl"}), str(volume)
+    )
+    with pytest.raises(InvalidSpec) as missing:
+        list(spec.request_lines(None, "default"))  # type: ignore[arg-type]
+    for message in (str(escaped.value), str(missing.value)):
+        assert str(tmp_path) not in message, message
+    assert "'in/missing.jsonl' is absent" in str(missing.value)
+    assert on_volume(str(volume), spec.output_path) == "out/o.jsonl"
