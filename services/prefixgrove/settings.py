@@ -22,6 +22,11 @@ def keeps_empty(default: str) -> Any:
     return field(default=default, metadata={_KEEPS_EMPTY: True})
 
 
+# The most any job may allow in one input line. The client sends a longer line cut to one byte
+# over it, so it is refused as too large by any planner, never as a message over gRPC's limit.
+MAX_LINE_BYTES_LIMIT = 32 << 20
+
+
 @dataclass(frozen=True)
 class IngestSettings:
     """Limits on what a job's input may hold; shared by the planner and the local run."""
@@ -42,6 +47,11 @@ class IngestSettings:
                  "min_prefix_len")  # fmt: skip
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len={self.max_model_len} is invalid: expected >= 2")
+        if self.max_line_bytes > MAX_LINE_BYTES_LIMIT:
+            raise ValueError(
+                f"max_line_bytes={self.max_line_bytes} is invalid: expected at most "
+                f"{MAX_LINE_BYTES_LIMIT} (a line travels to the planner in one gRPC message)"
+            )
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,12 @@ class PlannerSettings:
         _port(self, "port")
         _port(self, "metrics_port")
         positive(self, "max_message_bytes")
+        if self.max_message_bytes < MAX_LINE_BYTES_LIMIT + (2 << 20):
+            raise ValueError(
+                f"max_message_bytes={self.max_message_bytes} is invalid: expected at least "
+                f"{MAX_LINE_BYTES_LIMIT + (2 << 20)} (an upload chunk holds a line of up to "
+                f"{MAX_LINE_BYTES_LIMIT} bytes)"
+            )
         positive(self, "max_streams")
         positive(self, "upload_idle_timeout_s")
         if self.job_retention_s < 0:

@@ -72,3 +72,9 @@ def test_use_tqdm_takes_a_progress_bar_callable() -> None:
     llm = LLM("tiny-random-llama")
     llm.generate(["a", "b"], SamplingParams(max_tokens=2), use_tqdm=progress)
     assert [b["total"] for b in bars] == [2]
+
+
+def test_a_prompt_that_is_not_unicode_text_is_refused_by_position() -> None:
+    llm = LLM("tiny-random-llama")
+    with pytest.raises(ValueError, match="prompt 1 holds a lone surrogate"):
+        llm.generate(["fine", "bad \ud800 text"], SamplingParams(max_tokens=1), use_tqdm=False)

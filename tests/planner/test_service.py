@@ -276,6 +276,7 @@ def test_written_results_never_follow_a_link_planted_beside_the_output(
     client: PlannerClient, tmp_path: Path
 ) -> None:
     job = client.submit_file(_write(tmp_path / "in.jsonl", [*lines(1), b"not json"]))
+    client.cancel(job.id)  # ended: its error line can be written out
     victim = tmp_path / "elsewhere.txt"
     victim.write_text("untouched\n")
     out_dir = tmp_path / "volume"
@@ -377,3 +378,13 @@ def test_oversized_metadata_is_refused_by_its_size(client: PlannerClient) -> Non
     assert client.create_job(metadata={"team": "evals", "run": "2026-11"}).metadata["team"] == (
         "evals"
     )
+
+
+def test_a_line_over_any_message_limit_fails_alone(client: PlannerClient, tmp_path: Path) -> None:
+    huge = batch_line("huge", {"prompt": "x" * (70 << 20), "max_tokens": 2}).encode()
+    job = client.submit_file(_write(tmp_path / "in.jsonl", [*lines(2), huge]))
+    assert job.state != pb.JOB_STATE_FAILED
+    client.cancel(job.id)  # no worker here: results stream in input order once the job has ended
+    [error] = list(client.results(job.id, 0, pb.RESULT_KIND_ERROR))
+    assert error.index == 2
+    assert json.loads(error.line)["error"]["code"] == "line_too_large"

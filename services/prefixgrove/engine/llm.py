@@ -141,6 +141,9 @@ class LLM:
         ids: list[list[int]] = []
         tokenizer = self.engine.tokenizer
         for i, p in enumerate(prompts):
+            text = p if isinstance(p, str) else p.get("prompt") if isinstance(p, dict) else None
+            if isinstance(text, str) and not _is_unicode(text):
+                raise ValueError(f"prompt {i} holds a lone surrogate: it is not Unicode text")
             if isinstance(p, str):
                 texts.append(p)
                 ids.append(tokenizer.encode(p))
@@ -220,3 +223,12 @@ class LLM:
 def _is_conversation(messages: Any) -> bool:
     """One conversation is a list of message dicts; a batch is a list of such lists."""
     return bool(messages) and isinstance(messages[0], dict)
+
+
+def _is_unicode(text: str) -> bool:
+    """False for a string holding a lone surrogate (no tokenizer can encode it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

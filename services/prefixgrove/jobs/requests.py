@@ -80,7 +80,7 @@ def parse_line(
     try:
         if len(line) > max_line_bytes:
             raise _Invalid(
-                "line_too_large", f"line is {len(line)} bytes; the limit is {max_line_bytes}"
+                "line_too_large", f"line is longer than the limit of {max_line_bytes} bytes"
             )
         text = _text(line)
         obj = _load(text)

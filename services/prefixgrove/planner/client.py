@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 
 from prefixgrove.planner.security import channel
-from prefixgrove.settings import SecuritySettings
+from prefixgrove.settings import MAX_LINE_BYTES_LIMIT, SecuritySettings
 from prefixgrove_proto import planner_pb2 as pb
 from prefixgrove_proto import planner_pb2_grpc as pb_grpc
 
@@ -211,6 +211,7 @@ def _chunks(job_id: str, lines: Iterable[bytes]) -> Iterator[pb.AddRequestsChunk
     batch: list[bytes] = []
     size = 0
     for line in lines:
+        line = line[: MAX_LINE_BYTES_LIMIT + 1]  # over any planner's limit: that line's error
         batch.append(line)
         size += len(line)
         if size >= _CHUNK_BYTES:
