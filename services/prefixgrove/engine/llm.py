@@ -16,7 +16,7 @@ from prefixgrove.grouping import GroupingConfig, PrefixGroup, group_prompts
 from .config import EngineConfig
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
-from .sampling_params import SamplingParams
+from .sampling_params import SamplingParams, is_unicode
 from .vllm_args import engine_kwargs
 
 Prompt = str | dict[str, Any]
@@ -142,7 +142,7 @@ class LLM:
         tokenizer = self.engine.tokenizer
         for i, p in enumerate(prompts):
             text = p if isinstance(p, str) else p.get("prompt") if isinstance(p, dict) else None
-            if isinstance(text, str) and not _is_unicode(text):
+            if isinstance(text, str) and not is_unicode(text):
                 raise ValueError(f"prompt {i} holds a lone surrogate: it is not Unicode text")
             if isinstance(p, str):
                 texts.append(p)
@@ -223,12 +223,3 @@ class LLM:
 def _is_conversation(messages: Any) -> bool:
     """One conversation is a list of message dicts; a batch is a list of such lists."""
     return bool(messages) and isinstance(messages[0], dict)
-
-
-def _is_unicode(text: str) -> bool:
-    """False for a string holding a lone surrogate (no tokenizer can encode it)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True

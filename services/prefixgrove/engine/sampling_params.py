@@ -77,7 +77,7 @@ class SamplingParams:
 
     def _check_stops_and_logprobs(self) -> None:
         _check(
-            all(isinstance(s, str) and s and _is_unicode(s) for s in self.stop),
+            all(isinstance(s, str) and s and is_unicode(s) for s in self.stop),
             "stop",
             self.stop,
             "non-empty strings of valid Unicode (no lone surrogates)",
@@ -161,7 +161,8 @@ def _is_number(value: object) -> bool:
         return False
 
 
-def _is_unicode(text: str) -> bool:
+def is_unicode(text: str) -> bool:
+    """False for a string holding a lone surrogate (no encoder, no tokenizer takes it)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
