@@ -16,7 +16,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_fused_elementwise import assert_mostly_equal, assert_ulps, fused_qkv_views, randn
+from test_fused_elementwise import (
+    HeadShape,
+    assert_mostly_equal,
+    assert_ulps,
+    fused_qkv_views,
+    randn,
+)
 
 from prefixgrove.engine.models.rotary import rotary_table
 from prefixgrove_kernels.activation import silu_and_mul, silu_and_mul_ref
@@ -75,7 +81,7 @@ def test_per_head_norm_and_rotary_on_a_fused_qkv(dtype: torch.dtype) -> None:
 def test_rotary_to_cache_on_a_fused_qkv_writes_what_the_reference_writes(
     dtype: torch.dtype, tokens: int
 ) -> None:
-    q, k, v = fused_qkv_views(tokens, HEADS, KV_HEADS, HEAD_DIM, dtype, CUDA)
+    q, k, v = fused_qkv_views(tokens, HeadShape(HEADS, KV_HEADS, HEAD_DIM), dtype, CUDA)
     blocks = 2 * tokens // 16 + 2
     k_cache = randn(blocks, 16, KV_HEADS, HEAD_DIM, dtype=dtype, device=CUDA, seed=2)
     v_cache = randn(blocks, 16, KV_HEADS, HEAD_DIM, dtype=dtype, device=CUDA, seed=3)

@@ -115,6 +115,12 @@ class EngineConfig:
             )
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device={self.device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+        head_dim = self.model.arch.head_dim
+        if self.attention_backend == "triton" and not kernels_take(head_dim):
+            raise ValueError(
+                f"head_dim={head_dim} of {self.model.model} does not fit the Triton kernels (a power "
+                "of two from 32 to 256): use attention_backend='torch' (what 'auto' picks for it)"
+            )
         if (
             self.attention_backend == "triton"
             and not self.is_cuda
@@ -123,12 +129,6 @@ class EngineConfig:
             raise ValueError(
                 "attention_backend='triton' on the CPU runs only under Triton's interpreter: "
                 "set TRITON_INTERPRET=1, or use attention_backend='torch'"
-            )
-        head_dim = self.model.arch.head_dim
-        if self.attention_backend == "triton" and not kernels_take(head_dim):
-            raise ValueError(
-                f"head_dim={head_dim} of {self.model.model} does not fit the Triton kernels (a power "
-                "of two from 32 to 256): use attention_backend='torch' (what 'auto' picks for it)"
             )
         if self.scheduler.max_num_batched_tokens < self.scheduler.max_num_seqs:
             raise ValueError(
