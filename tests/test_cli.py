@@ -44,3 +44,14 @@ def test_json_logs_are_one_object_a_line(capsys: pytest.CaptureFixture[str]) -> 
         assert (entry["level"], entry["message"]) == ("WARNING", "queue q1 is empty")
     finally:
         _configure_logging("text")
+
+
+def test_a_job_of_a_batchjob_shows_its_namespace_and_name(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from prefixgrove.cli import _show
+    from prefixgrove_proto import planner_pb2 as pb
+
+    job = pb.Job(id="job_1", model="m", metadata={"namespace": "evals", "name": "nightly"})
+    _show(job, as_json=False)
+    assert "batchjob evals/nightly" in capsys.readouterr().out

@@ -283,6 +283,8 @@ def _show(job: Any, as_json: bool) -> None:
     c = job.request_counts
     line = (f"{job.id}  {state_name(job.state):<11} {c.completed + c.failed}/{c.total} done "
             f"({c.failed} failed)  queue {job.queue.depth}  model {job.model}")  # fmt: skip
+    if "namespace" in job.metadata and "name" in job.metadata:  # the operator's BatchJob
+        line += f"  batchjob {job.metadata['namespace']}/{job.metadata['name']}"
     if job.error.code:
         line += f"  error {job.error.code}: {job.error.message}"
     print(line, flush=True)
