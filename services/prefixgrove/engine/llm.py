@@ -62,9 +62,13 @@ class LLM:
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         params = self._params_per_prompt(sampling_params, len(token_ids))
+        prepared: dict[int, SamplingParams] = {}  # one checked copy per params object of the job
         for i, (ids, sp) in enumerate(zip(token_ids, params, strict=True)):
             try:  # the whole job is checked before any of it is queued, once
-                token_ids[i] = self.engine.validate(ids, sp)
+                if id(sp) not in prepared:
+                    prepared[id(sp)] = self.engine.prepare(sp)
+                params[i] = prepared[id(sp)]
+                token_ids[i] = self.engine.validate(ids, params[i])
             except ValueError as e:
                 raise ValueError(f"prompt {i}: {e}") from None
         self._batches += 1

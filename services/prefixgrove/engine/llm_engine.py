@@ -51,16 +51,38 @@ class LLMEngine:
 
     # -- intake -----------------------------------------------------------------------------------------
 
+    def prepare(self, params: SamplingParams) -> SamplingParams:
+        """The engine's own checked copy of `params` (they may have changed since they were made):
+        ValueError naming the field; token ids are checked against the vocabulary."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"expected SamplingParams, got {type(params).__name__}")
+        prepared = params.prepared(self.tokenizer, self.output_processor.eos_token_ids)
+        vocab = self.config.model.arch.vocab_size
+        for name in ("logit_bias", "allowed_token_ids"):
+            ids = getattr(prepared, name) or ()
+            outside = [t for t in ids if t >= vocab]
+            if outside:
+                raise ValueError(
+                    f"SamplingParams.{name} names token id {outside[0]}, outside the "
+                    f"vocabulary [0, {vocab})"
+                )
+        return prepared
+
     def validate(self, prompt_token_ids: Seq[int], params: SamplingParams) -> list[int]:
         """Raises ValueError naming the problem (nothing is queued); returns the ids as Python ints."""
         ids = checked_token_ids(prompt_token_ids, self.config.model.arch.vocab_size)
         limit = self.config.model.max_model_len
-        if len(ids) + params.max_tokens > limit:
+        if params.max_tokens is None and len(ids) >= limit:
+            raise ValueError(
+                f"prompt of {len(ids)} tokens leaves no room for output in max_model_len={limit}"
+            )
+        max_tokens = self._max_tokens(len(ids), params)
+        if len(ids) + max_tokens > limit:
             raise ValueError(
                 f"prompt of {len(ids)} tokens + max_tokens={params.max_tokens} "
                 f"exceeds max_model_len={limit}"
             )
-        need = self.blocks.blocks_for(len(ids) + params.max_tokens)
+        need = self.blocks.blocks_for(len(ids) + max_tokens)
         if need > self.blocks.num_usable:
             raise ValueError(
                 f"request needs {need} KV blocks but the cache holds {self.blocks.num_usable}"
@@ -80,6 +102,7 @@ class LLMEngine:
         (LLM.generate checks a whole job before queuing any of it), not checked or copied again."""
         begin = time.perf_counter()
         try:
+            params = params if validated else self.prepare(params)
             ids = self._check_new(request_id, prompt_token_ids, params, validated)
         except ValueError as e:
             raise ValueError(f"request {request_id!r}: {e}") from None
@@ -124,6 +147,7 @@ class LLMEngine:
         checked = []
         for rid, prompt, params in (requests[i] for i in group.request_indices):
             try:
+                params = params if validated else self.prepare(params)
                 checked.append((rid, self._check_new(rid, prompt, params, validated), params))
             except ValueError as e:
                 raise ValueError(f"request {rid!r} of group {group_id!r}: {e}") from None
@@ -181,9 +205,16 @@ class LLMEngine:
         self, request_id: str, ids: list[int], params: SamplingParams, prompt: str | None = None
     ) -> Sequence:
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
-        seq = Sequence(self._take_id(), request_id, ids, params, seed, prompt=prompt)
+        max_tokens = self._max_tokens(len(ids), params)
+        seq = Sequence(self._take_id(), request_id, ids, params, seed, prompt, max_tokens)
         self._requests[request_id] = seq
         return seq
+
+    def _max_tokens(self, prompt_len: int, params: SamplingParams) -> int:
+        """max_tokens, or where that is None all the context leaves after the prompt."""
+        if params.max_tokens is not None:
+            return params.max_tokens
+        return self.config.model.max_model_len - prompt_len
 
     def _take_id(self) -> int:
         self._next_id += 1
@@ -260,12 +291,13 @@ class LLMEngine:
 
     def _may_go_ahead(self, out: SchedulerOutput, preempted: bool) -> bool:
         """Whether `out` may be enqueued before the host has seen the tokens of the step in flight:
-        nobody preempted, no penalties (they read every output token on the host), and every request
-        with a token still on its way needs only that one as an input (a decode row)."""
+        nobody preempted, no penalties or bad words of several tokens (they read every output token
+        on the host), and every request with a token still on its way needs only that one as an input
+        (a decode row)."""
         return (
             self.config.scheduler.async_scheduling
             and not preempted
-            and not any(item.seq.params.has_penalties for item in out.batch)
+            and not any(item.seq.params.needs_output_tokens for item in out.batch)
             and all(item.num_tokens == 1 for item in out.batch if item.seq.num_pending_tokens)
         )
 
@@ -342,8 +374,8 @@ class LLMEngine:
         if steps == 1 or not out.is_decode_only:
             return 1
         seqs = [item.seq for item in out.batch]
-        if any(s.params.has_penalties for s in seqs):
-            return 1  # penalties need every token on the CPU before the next step
+        if any(s.params.needs_output_tokens or s.num_generated < s.params.min_tokens for s in seqs):
+            return 1  # their logits change with every token: the host builds each step's
         steps = min(steps, max(_tokens_left(s) for s in seqs))
         return steps if steps > 1 and self.scheduler.reserve_ahead(seqs, steps) else 1
 
@@ -371,4 +403,4 @@ class LLMEngine:
 def _tokens_left(seq: Sequence) -> int:
     """Tokens a request may still produce (those on their way count as produced). max_tokens binds
     before max_model_len: validation keeps prompt + max_tokens within it."""
-    return seq.params.max_tokens - seq.num_generated
+    return seq.max_tokens - seq.num_generated

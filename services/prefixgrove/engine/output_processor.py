@@ -30,19 +30,30 @@ class OutputProcessor:
         p = seq.params
         if p.logprobs is not None:
             self._record_logprobs(seq, token, row)
-        if token in p.stop_token_ids:
-            seq.finish_reason, seq.stop_reason = "stop", token
-        elif (not p.ignore_eos and token in self.eos_token_ids) or (
-            p.stop and p.detokenize and self._hit_stop_string(seq)
-        ):
+        if self._stops(seq, token):
             seq.finish_reason = "stop"
         elif (
-            len(seq.output_token_ids) >= p.max_tokens
+            len(seq.output_token_ids) >= seq.max_tokens
             # tokens the host has seen: one sampled by a step in flight is not counted here
             or len(seq.prompt_token_ids) + len(seq.output_token_ids) >= self.max_model_len
         ):
             seq.finish_reason = "length"
         return seq.finish_reason is not None
+
+    def _stops(self, seq: Sequence, token: int) -> bool:
+        """Whether `token` (just appended) ends the request: a stop token, EOS or a stop string, none of
+        which counts before min_tokens output tokens (the text still advances for stop strings)."""
+        p = seq.params
+        if len(seq.output_token_ids) < p.min_tokens:
+            if p.stop:
+                self._hit_stop_string(seq, search=False)
+            return False
+        if token in p.stop_token_ids:
+            seq.stop_reason = token
+            return True
+        return (not p.ignore_eos and token in self.eos_token_ids) or (
+            bool(p.stop) and self._hit_stop_string(seq)
+        )
 
     def _record_logprobs(self, seq: Sequence, token: int, row: np.ndarray) -> None:
         k = seq.params.logprobs or 0
@@ -55,14 +66,14 @@ class OutputProcessor:
         seq.logprobs.append(entry)
         seq.cumulative_logprob += float(row[1])
 
-    def _hit_stop_string(self, seq: Sequence) -> bool:
+    def _hit_stop_string(self, seq: Sequence, search: bool = True) -> bool:
         state = self._detok.setdefault(seq.seq_id, DetokState())
         new = self.detokenizer.step(state, seq.output_token_ids, seq.params.skip_special_tokens)
-        if not new:
+        if not new or not search:
             return False
-        window = len(new) + max(len(s) for s in seq.params.stop)
-        tail_start = max(0, len(state.text) - window)
-        hits = [(state.text.find(s, tail_start), s) for s in seq.params.stop]
+        # Only a stop string ending in the new text counts: text before min_tokens never stops it.
+        old = len(state.text) - len(new)
+        hits = [(state.text.find(s, max(0, old - len(s) + 1)), s) for s in seq.params.stop]
         hits = [(i, s) for i, s in hits if i >= 0]
         if not hits:
             return False

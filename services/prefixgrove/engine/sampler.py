@@ -7,6 +7,7 @@ many decode steps run per CPU round trip. Everything the CPU needs comes back in
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,7 @@ class SamplingBatch:
     need_min_p: bool
     num_logprobs: int  # top-n alternatives to return (max over rows); -1 = no logprobs at all
     penalties: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None
+    adjust: LogitAdjust | None = None  # None unless a row biases or masks logits this step
 
     @classmethod
     def build(
@@ -82,7 +84,74 @@ class SamplingBatch:
             penalties=_penalty_tensors(seqs, device, vocab_size)
             if any(p.has_penalties for p in ps)
             else None,
+            adjust=LogitAdjust.build(seqs, device, vocab_size)
+            if any(p.adjusts_logits for p in ps)
+            else None,
         )
+
+
+@dataclass
+class LogitAdjust:
+    """The logits some rows of a step change, as index lists on the device: only `allowed` may be
+    sampled in `allowed_rows`, `bias` is added, `banned` (EOS and stop ids below min_tokens, bad
+    words) goes to -inf. Built on the host each step: min_tokens and bad words depend on the output
+    so far (a window of several steps runs only while they bind no row; llm_engine sees to that)."""
+
+    allowed_rows: torch.Tensor  # [k] rows with allowed_token_ids
+    allowed: torch.Tensor  # [k, vocab] bool
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # rows, token ids, fp32 values
+    banned: tuple[torch.Tensor, torch.Tensor]  # rows, token ids
+
+    @classmethod
+    def build(cls, seqs: list[Sequence], device: torch.device, vocab: int) -> LogitAdjust:
+        allowed_rows: list[int] = []
+        allowed_at: list[tuple[int, int]] = []  # (index into allowed_rows, token id)
+        bias_at: list[tuple[int, int]] = []
+        bias_values: list[float] = []
+        banned_at: list[tuple[int, int]] = []
+        for r, seq in enumerate(seqs):
+            p = seq.params
+            if p.allowed_token_ids:
+                allowed_at += [(len(allowed_rows), t) for t in p.allowed_token_ids]
+                allowed_rows.append(r)
+            bias_at += [(r, t) for t in p.logit_bias or {}]
+            bias_values += (p.logit_bias or {}).values()
+            banned_at += [(r, t) for t in banned_token_ids(seq, vocab)]
+        mask = torch.zeros(len(allowed_rows), vocab, dtype=torch.bool, device=device)
+        mask[_pairs(allowed_at, device)] = True
+        return cls(
+            allowed_rows=to_device(np.array(allowed_rows, dtype=np.int64), device),
+            allowed=mask,
+            bias=(*_pairs(bias_at, device), to_device(np.array(bias_values, np.float32), device)),
+            banned=_pairs(banned_at, device),
+        )
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [n, vocab] -> a changed copy."""
+        rows = self.allowed_rows
+        if len(rows):
+            logits = logits.index_put((rows,), logits[rows].masked_fill(~self.allowed, -math.inf))
+        logits = logits.index_put(self.bias[:2], self.bias[2], accumulate=True)
+        return logits.index_put(self.banned, logits.new_tensor(-math.inf))
+
+
+def banned_token_ids(seq: Sequence, vocab: int) -> list[int]:
+    """Token ids `seq` may not sample next: its stop ids (EOS unless ignore_eos) while below
+    min_tokens, and the last token of each bad word whose earlier tokens end its output (vLLM's
+    rule; a bad word of one token always)."""
+    p, out = seq.params, seq.output_token_ids
+    ids = list(p.min_tokens_stop_ids) if seq.num_generated < p.min_tokens else []
+    for word in p.bad_words_token_ids:
+        before = len(word) - 1
+        if before == 0 or (before <= len(out) and tuple(out[len(out) - before :]) == word[:-1]):
+            ids.append(word[-1])
+    return [t for t in ids if t < vocab]
+
+
+def _pairs(pairs: list[tuple[int, int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, token id) pairs -> a rows tensor and a token ids tensor, for indexing [n, vocab]."""
+    both = to_device(np.array(pairs, dtype=np.int64).reshape(-1, 2).T.copy(), device)
+    return both[0], both[1]
 
 
 def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -146,6 +215,8 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch, step: int = 0) -> torch.Tensor:
         raw = logits
+        if batch.adjust is not None:
+            logits = batch.adjust.apply(logits)
         if batch.penalties is not None:
             logits = apply_penalties(logits, batch.penalties)
         tokens = logits.argmax(dim=-1)

@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 _MAX_LOGPROBS = 20
 _INT32_MAX = 2**31 - 1  # top_k, max_tokens and token ids live in int32/int64 tensors
 
 
-@dataclass(frozen=True)
+@dataclass
 class SamplingParams:
     """How one request's tokens are chosen and when it stops.
 
     temperature 0 means greedy. top_k 0 (or -1) and top_p 1 disable those filters. A request with a seed gets
     the same tokens whatever else is in the batch and however many decode steps run per CPU round trip.
+    max_tokens None: up to the context limit. Fields may be changed after construction, as in vLLM: the
+    engine checks the params again, and takes its own copy, when a request comes in (`prepared`).
     """
 
-    max_tokens: int = 16
+    max_tokens: int | None = 16
+    min_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -35,24 +39,48 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     # False: token ids only (benchmarks; models whose tokenizer is not loaded)
     detokenize: bool = True
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit
+    allowed_token_ids: list[int] | None = None  # only these may be sampled
+    bad_words: list[str] | None = None  # never produced (their token sequences are banned)
+    # Set by `prepared`: the token sequences of bad_words, and the ids min_tokens holds back.
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = field(default=(), init=False, repr=False)
+    min_tokens_stop_ids: tuple[int, ...] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
         # Accept a single string / list for the sequence fields, as the OpenAI and vLLM APIs do.
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
-        object.__setattr__(self, "stop", _as_tuple("stop", stop))
-        object.__setattr__(self, "stop_token_ids", _as_tuple("stop_token_ids", self.stop_token_ids))
+        self.stop = _as_tuple("stop", stop)
+        self.stop_token_ids = _as_tuple("stop_token_ids", self.stop_token_ids)
         if _is_int(self.top_k) and self.top_k == -1:
-            object.__setattr__(self, "top_k", 0)
+            self.top_k = 0
         self._check_sampling()
         self._check_stops_and_logprobs()
         self._check_penalties()
+        self._check_logit_controls()
+
+    def prepared(self, tokenizer: Any, eos_token_ids: Iterable[int]) -> SamplingParams:
+        """A checked copy for the engine to keep (later changes to this object do not reach it), with
+        the token ids of bad_words and the stop ids min_tokens holds back (EOS unless ignore_eos)."""
+        params = replace(self)
+        eos = () if self.ignore_eos else tuple(sorted(set(eos_token_ids)))
+        params.min_tokens_stop_ids = tuple(dict.fromkeys(self.stop_token_ids + eos))
+        if self.bad_words:
+            params.bad_words_token_ids = _bad_words_token_ids(tokenizer, self.bad_words)
+        return params
 
     def _check_sampling(self) -> None:
         _check(
-            _is_int(self.max_tokens) and 1 <= self.max_tokens <= _INT32_MAX,
+            self.max_tokens is None
+            or (_is_int(self.max_tokens) and 1 <= self.max_tokens <= _INT32_MAX),
             "max_tokens",
             self.max_tokens,
-            f"an integer in [1, {_INT32_MAX}]",
+            f"None or an integer in [1, {_INT32_MAX}]",
+        )
+        _check(
+            _is_int(self.min_tokens) and 0 <= self.min_tokens <= (self.max_tokens or _INT32_MAX),
+            "min_tokens",
+            self.min_tokens,
+            f"an integer in [0, max_tokens={self.max_tokens}]",
         )
         _check_number(self, "temperature", 0.0, 100.0)
         _check(
@@ -95,6 +123,46 @@ class SamplingParams:
             self.logprobs,
             f"None or an integer in [0, {_MAX_LOGPROBS}]",
         )
+        if self.stop and not self.detokenize:
+            raise ValueError(
+                f"SamplingParams.stop={self.stop!r} needs detokenize=True: stop strings are "
+                "matched in the detokenized text"
+            )
+
+    def _check_logit_controls(self) -> None:
+        bias = self.logit_bias
+        _check(
+            bias is None
+            or (
+                isinstance(bias, dict)
+                and all(_is_token_id(t) and _is_number(b) for t, b in bias.items())
+            ),
+            "logit_bias",
+            bias,
+            "None or a dict of token id -> finite number",
+        )
+        allowed = self.allowed_token_ids
+        _check(
+            allowed is None
+            or (
+                not isinstance(allowed, (str, bytes))
+                and bool(allowed)
+                and all(map(_is_token_id, allowed))
+            ),
+            "allowed_token_ids",
+            allowed,
+            "None or a non-empty list of token ids",
+        )
+        words = self.bad_words
+        _check(
+            words is None
+            or (
+                not isinstance(words, str) and all(isinstance(w, str) and w.strip() for w in words)
+            ),
+            "bad_words",
+            words,
+            "None or a list of non-blank strings",
+        )
 
     def _check_penalties(self) -> None:
         _check_number(self, "presence_penalty", -2.0, 2.0)
@@ -118,6 +186,19 @@ class SamplingParams:
             or self.repetition_penalty != 1.0
         )
 
+    @property
+    def needs_output_tokens(self) -> bool:
+        """Whether sampling a token reads the request's earlier output token ids on the host
+        (penalties, bad words of several tokens): its steps run one at a time."""
+        return self.has_penalties or any(len(w) > 1 for w in self.bad_words_token_ids)
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether any logit is biased or masked for this request (some steps may still need none)."""
+        return bool(
+            self.min_tokens or self.logit_bias or self.allowed_token_ids or self.bad_words_token_ids
+        )
+
 
 def _check(ok: bool, name: str, value: object, expected: str) -> None:
     if not ok:
@@ -127,6 +208,19 @@ def _check(ok: bool, name: str, value: object, expected: str) -> None:
             text = repr(value)
             shown = text if len(text) <= 80 else text[:77] + "..."
         raise ValueError(f"SamplingParams.{name}={shown} is invalid: expected {expected}")
+
+
+def _bad_words_token_ids(tokenizer: Any, words: list[str]) -> tuple[tuple[int, ...], ...]:
+    """vLLM's rule: each word as it starts a text, and with a leading space where that encodes to
+    another first token in as many tokens (a word in the middle of a text)."""
+    banned: list[tuple[int, ...]] = []
+    for word in words:
+        bare = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+        spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+        banned.append(bare)
+        if bare and spaced and spaced[0] != bare[0] and len(spaced) == len(bare):
+            banned.append(spaced)
+    return tuple(ids for ids in banned if ids)
 
 
 def _as_tuple(name: str, value: Any) -> tuple[Any, ...]:
@@ -144,6 +238,10 @@ def _check_number(params: SamplingParams, name: str, low: float, high: float) ->
     value = getattr(params, name)
     ok = _is_number(value) and low <= value <= high
     _check(ok, name, value, f"a number with {low:g} <= {name} <= {high:g}")
+
+
+def _is_token_id(value: object) -> bool:
+    return _is_int(value) and 0 <= value <= _INT32_MAX  # type: ignore[operator]
 
 
 def _is_int(value: object) -> bool:

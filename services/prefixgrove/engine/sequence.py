@@ -32,6 +32,7 @@ class Sequence:
     params: SamplingParams
     sampling_seed: int
     prompt: str | None = None
+    max_tokens: int = 0  # params.max_tokens, or what the context leaves where that is None
     group: Group | None = None
     is_prefix: bool = False  # a group's prefix: prefill only, never samples
     status: SeqStatus = SeqStatus.WAITING
@@ -46,6 +47,10 @@ class Sequence:
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float = 0.0
     output_text: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.max_tokens:
+            self.max_tokens = self.params.max_tokens or 1
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -63,7 +68,7 @@ class Sequence:
     @property
     def awaits_last_token(self) -> bool:
         """Its last token (max_tokens) is sampled and on its way: nothing more to compute for it."""
-        return self.num_pending_tokens > 0 and self.num_generated >= self.params.max_tokens
+        return self.num_pending_tokens > 0 and self.num_generated >= self.max_tokens
 
     @property
     def num_uncomputed(self) -> int:

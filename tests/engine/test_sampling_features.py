@@ -1,0 +1,161 @@
+"""vLLM's SamplingParams features beyond plain sampling: params changed after construction,
+max_tokens=None, min_tokens, logit_bias, allowed_token_ids, bad_words; and rows without them get
+exactly what they get alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_checkpoints import EOS_IDS, engine, greedy, random_prompts, record_steps, run, token_ids
+
+from prefixgrove import LLM, SamplingParams
+from prefixgrove.engine.sampler import SamplingBatch
+from prefixgrove.engine.sequence import Sequence
+
+X, Y = ord("x"), ord("y")
+FORCE_X = {X: 100.0}  # greedy then always picks "x"
+PROMPTS = random_prompts([5, 9, 14, 7], seed=11)
+
+
+@pytest.fixture(scope="module")
+def llm(llama_dir: str) -> LLM:
+    return engine(llama_dir, max_model_len=64)
+
+
+def one(llm: LLM, params: SamplingParams, prompt: list[int] | None = None):
+    return run(llm, [prompt or PROMPTS[0]], params)[0].outputs[0]
+
+
+def test_a_field_changed_after_construction_is_used(llm: LLM):
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    params.max_tokens = 5
+    assert len(one(llm, params).token_ids) == 5
+
+
+def test_a_field_changed_to_an_invalid_value_is_refused_when_the_engine_takes_it(llm: LLM):
+    params = greedy(4)
+    params.temperature = -1.0
+    with pytest.raises(ValueError, match=r"prompt 0: SamplingParams.temperature=-1.0"):
+        one(llm, params)
+    with pytest.raises(ValueError, match=r"request 'r': SamplingParams.temperature=-1.0"):
+        llm.engine.add_request("r", [1, 2, 3], params)
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_a_change_after_generate_does_not_reach_the_engines_copy(llm: LLM):
+    params = greedy(3)
+    llm.engine.add_request("copy", [1, 2, 3], params)
+    params.max_tokens = 9
+    while llm.engine.has_unfinished_requests():
+        outs = llm.engine.step()
+    assert len(outs[0].outputs[0].token_ids) == 3
+
+
+def test_max_tokens_none_runs_to_the_context_limit(llm: LLM):
+    out = one(llm, greedy(None, ignore_eos=True), prompt=list(range(1, 11)))
+    assert len(out.token_ids) == 64 - 10 and out.finish_reason == "length"
+
+
+def test_max_tokens_none_refuses_a_prompt_that_fills_the_context(llm: LLM):
+    with pytest.raises(ValueError, match=r"prompt of 64 tokens leaves no room for output"):
+        one(llm, greedy(None), prompt=[5] * 64)
+
+
+def test_logit_bias_is_added_to_the_logits(llm: LLM):
+    assert one(llm, greedy(6, logit_bias=FORCE_X)).token_ids == [X] * 6
+
+
+def test_eos_cannot_end_a_request_before_min_tokens(llm: LLM):
+    force_eos = {EOS_IDS[0]: 100.0}
+    assert one(llm, greedy(8, logit_bias=force_eos)).token_ids == [EOS_IDS[0]]
+    out = one(llm, greedy(8, logit_bias=force_eos, min_tokens=4))
+    assert EOS_IDS[0] not in out.token_ids[:4] and out.token_ids[4] == EOS_IDS[0]
+    assert out.finish_reason == "stop"
+
+
+def test_stop_token_ids_cannot_end_a_request_before_min_tokens(llm: LLM):
+    out = one(llm, greedy(8, logit_bias=FORCE_X, stop_token_ids=[X], min_tokens=3))
+    assert out.token_ids[3] == X and X not in out.token_ids[:3]
+    assert (out.finish_reason, out.stop_reason) == ("stop", X)
+
+
+def test_stop_strings_cannot_end_a_request_before_min_tokens(llm: LLM):
+    assert one(llm, greedy(8, logit_bias=FORCE_X, stop=["x"])).token_ids == [X]
+    out = one(llm, greedy(8, logit_bias=FORCE_X, stop=["x"], min_tokens=3))
+    assert out.token_ids == [X] * 3 and out.text == "xx" and out.finish_reason == "stop"
+
+
+def test_only_allowed_token_ids_are_sampled(llm: LLM):
+    allowed = [65, 66, 67]
+    out = one(llm, SamplingParams(max_tokens=12, seed=3, allowed_token_ids=allowed))
+    assert set(out.token_ids) <= set(allowed)
+
+
+def test_a_bad_word_of_one_token_is_never_produced(llm: LLM):
+    out = one(llm, greedy(6, logit_bias=FORCE_X, bad_words=["x"]))
+    assert X not in out.token_ids and len(out.token_ids) == 6
+
+
+def test_a_bad_word_of_several_tokens_is_banned_after_its_first_tokens(llm: LLM):
+    params = greedy(6, logit_bias={X: 100.0, Y: 99.0}, bad_words=["xx"])
+    assert one(llm, params).text == "xyxyxy"
+
+
+def test_stop_strings_need_detokenize():
+    with pytest.raises(ValueError, match=r"stop=\('end',\) needs detokenize=True"):
+        SamplingParams(stop="end", detokenize=False)
+
+
+def test_a_token_id_outside_the_vocabulary_is_refused(llm: LLM):
+    with pytest.raises(ValueError, match=r"prompt 0: SamplingParams.allowed_token_ids .* 9999"):
+        one(llm, greedy(2, allowed_token_ids=[1, 9999]))
+
+
+def test_a_batch_without_these_features_builds_no_logit_changes():
+    seqs = [Sequence(i, f"r{i}", [1, 2], greedy(4), 0) for i in range(3)]
+    batch = SamplingBatch.build(seqs, torch.device("cpu"), 300, steps=4)
+    assert batch.adjust is None
+
+
+FEATURES = [
+    dict(min_tokens=6, logit_bias={EOS_IDS[0]: 5.0}),
+    dict(logit_bias=FORCE_X, bad_words=["xx"]),
+    dict(allowed_token_ids=[65, 66, 67]),
+]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("steps", [1, 4])
+def test_rows_without_the_features_get_their_own_tokens_in_a_mixed_batch(
+    llama_dir: str, temperature: float, steps: int
+):
+    llm = engine(llama_dir, num_scheduler_steps=steps)
+    plain = [SamplingParams(max_tokens=10, temperature=temperature, seed=i) for i in range(4)]
+    alone = token_ids(run(llm, PROMPTS, plain))
+    featured = [
+        SamplingParams(max_tokens=10, temperature=temperature, seed=9, **kw) for kw in FEATURES
+    ]
+    mixed = run(llm, PROMPTS + PROMPTS[:3], plain + featured)
+    assert token_ids(mixed[:4]) == alone
+
+
+# Fixed per request (no earlier output read): these run in windows of several steps.
+STATIC_FEATURES = [
+    dict(min_tokens=2, logit_bias={EOS_IDS[0]: 3.0}),
+    dict(logit_bias={X: 2.0}, bad_words=["y"]),
+    dict(allowed_token_ids=[65, 66, 67]),
+]
+
+
+@pytest.mark.parametrize("features", [FEATURES, STATIC_FEATURES], ids=["per-step", "static"])
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_features_give_the_same_tokens_in_windows_and_ahead(
+    llama_dir: str, features: list[dict], async_scheduling: bool
+):
+    params = [SamplingParams(max_tokens=10, seed=9, **kw) for kw in features]
+    single = token_ids(run(engine(llama_dir), PROMPTS[:3], params))
+    llm = engine(llama_dir, num_scheduler_steps=4, async_scheduling=async_scheduling)
+    schedules = record_steps(llm)
+    assert token_ids(run(llm, PROMPTS[:3], params)) == single
+    windows = len(schedules) < llm.engine.metrics.steps
+    assert windows == (features is STATIC_FEATURES)
