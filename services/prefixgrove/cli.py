@@ -92,6 +92,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--dtype", default="auto")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--json", action="store_true", help="print a JSON summary, no progress bar")
+    resume = "keep what OUTPUT and ERRORS answer of this input, run the rest (else overwrite)"
+    run.add_argument("--resume", action="store_true", help=resume)
     cfg.add_arguments(run, IngestSettings)
     run.set_defaults(func=_run)
 
@@ -150,7 +152,14 @@ def _run(args: argparse.Namespace) -> int:
     engine = {"device": args.device, "dtype": args.dtype, "seed": args.seed}
     try:
         summary = run_local(
-            args.input, args.output, errors, args.model, ingest, engine, use_tqdm=not args.json
+            args.input,
+            args.output,
+            errors,
+            args.model,
+            ingest,
+            engine,
+            use_tqdm=not args.json,
+            resume=args.resume,
         )
     except JobInputError as exc:
         print(f"error: {exc.code}: {exc}", file=sys.stderr)
@@ -159,7 +168,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info))
     else:
-        rate = summary.total / max(summary.seconds, 1e-9)
+        ran = summary.completed + summary.failed
+        rate = ran / max(summary.seconds, 1e-9)
+        if summary.skipped:
+            print(f"{summary.skipped} of {summary.total} already answered, skipped")
         print(f"{summary.completed} completed, {summary.failed} failed of {summary.total} in "
               f"{summary.seconds:.1f}s ({rate:.1f} req/s); output {args.output}, errors {errors}")  # fmt: skip
     return 0

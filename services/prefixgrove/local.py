@@ -4,17 +4,22 @@ lines as the planner and the workers.
 
 from __future__ import annotations
 
+import gc
+import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from tqdm import tqdm
 
 from prefixgrove.grouping import PrefixGroup
 from prefixgrove.jobs.ingest import JobIngestor, JobPlan
-from prefixgrove.jobs.output_lines import success_line
+from prefixgrove.jobs.ordered_writer import Answered, OrderedWriter, answered_prefix
+from prefixgrove.jobs.output_lines import request_hash, success_line
 from prefixgrove.jobs.requests import BatchRequest, RequestError, engine_error
 from prefixgrove.jobs.tokenize import PromptTokenizer
 from prefixgrove.settings import IngestSettings
@@ -39,8 +44,9 @@ class RunSummary:
     """What a local run did (the CLI prints it)."""
 
     total: int  # request lines
-    completed: int
+    completed: int  # by this run, as are failed and errors_by_code
     failed: int
+    skipped: int  # answered by an earlier run (--resume); total = skipped + completed + failed
     prompt_tokens: int
     completion_tokens: int
     prefix_tokens_saved: int
@@ -68,8 +74,12 @@ def run_local(
     model: str,
     ingest: IngestSettings,
     engine_args: dict[str, Any],
-    use_tqdm: bool = True,
+    use_tqdm: bool | Callable[..., tqdm] = True,
+    resume: bool = False,
 ) -> RunSummary:
+    """Runs the job, appending each answer to its file once every line before it is answered.
+    resume: keep what the files already answer of this input (ResumeMismatch if they answer
+    another) and run the rest; otherwise they are overwritten."""
     from prefixgrove.engine import LLM, EngineConfig
 
     start = time.perf_counter()
@@ -77,29 +87,69 @@ def run_local(
     limit = EngineConfig.create(model, **engine_args).model.max_model_len  # no weights yet
     ingestor = JobIngestor(PromptTokenizer(model, limit), ingest)
     requests, errors = _read_job(ingestor, input_path)
+    done = Answered(0, 0, 0)
+    if resume:
+        done = _resume_point(output_path, errors_path, ingestor.total, requests, errors)
     plan = ingestor.plan()
     llm = LLM(model, **engine_args)
     runnable = _runnable(llm, requests, errors)
-    outputs = llm.generate(
-        [{"prompt_token_ids": tokens.tolist()} for _, tokens, _ in runnable],
-        [params for _, _, params in runnable],
-        use_tqdm=use_tqdm,
-        groups=_engine_groups(plan, [request.index for request, _, _ in runnable]),
-    )
-    lines = _output_lines(runnable, outputs, model, llm.get_tokenizer(), errors)
-    _write(output_path, lines)
-    _write(errors_path, {e.index: e.to_line() for e in errors})
+    todo = [item for item in runnable if item[0].index >= done.count]
+    failures = [e for e in errors if e.index >= done.count]
+    with _open(output_path, resume) as out, _open(errors_path, resume) as err:
+        writer = OrderedWriter(out, err, done.count)
+        for e in failures:
+            writer.put(e.index, e.to_line(), failed=True)
+        writer.flush()
+        answer = _Answer(model, llm.get_tokenizer(), writer, failures)
+        groups = _engine_groups(plan, [request.index for request, _, _ in todo])
+        completion_tokens = _generate(llm, todo, groups, answer, use_tqdm)
     return RunSummary(
         total=ingestor.total,
-        completed=len(lines),
-        failed=len(errors),
+        completed=writer.written[0],
+        failed=writer.written[1],
+        skipped=done.count,
         prompt_tokens=ingestor.prompt_tokens,
-        completion_tokens=sum(len(out.outputs[0].token_ids) for out in outputs),
+        completion_tokens=completion_tokens,
         prefix_tokens_saved=plan.prefix_tokens_saved,
         num_groups=plan.num_groups,
         seconds=time.perf_counter() - start,
-        errors_by_code=dict(Counter(e.code for e in errors)),
+        errors_by_code=dict(Counter(e.code for e in failures)),
     )
+
+
+def _resume_point(
+    output: Path,
+    errors: Path,
+    total: int,
+    requests: list[tuple[BatchRequest, Any]],
+    failed: list[RequestError],
+) -> Answered:
+    """How much of the job the files already answer (cut to whole lines of this job)."""
+    by_index: dict[int, BatchRequest | RequestError] = {e.index: e for e in failed}
+    by_index.update((request.index, request) for request, _ in requests)
+
+    def belongs(index: int, line: str, is_error: bool) -> bool:
+        item = by_index[index]
+        if isinstance(item, RequestError):  # known before any run: the very same line
+            return is_error and line == item.to_line()
+        if not is_error:
+            return line.startswith(f'{{"id": "batch_req_{request_hash(index, item.custom_id)}", ')
+        try:  # the engine refused it, or its output line failed
+            error = json.loads(line)
+            named = error["custom_id"]
+            return named == item.custom_id or (
+                named is None and error["error"]["code"] == "output_failed"
+            )
+        except (ValueError, TypeError, KeyError):
+            return False
+
+    done = answered_prefix(output, errors, total, belongs)
+    if done.count:
+        log.info(
+            "resuming: %d of %d lines already answered (%d in %s, %d in %s); running the rest",
+            done.count, total, done.completed, output, done.failed, errors,
+        )  # fmt: skip
+    return done
 
 
 def _read_job(
@@ -121,59 +171,97 @@ def _read_job(
 
 def _runnable(
     llm: LLM, requests: list[tuple[BatchRequest, Any]], errors: list[RequestError]
-) -> list[tuple[BatchRequest, Any, SamplingParams]]:
-    """The requests the engine accepts, with their sampling settings; the others join `errors`."""
+) -> list[tuple[BatchRequest, list[int], SamplingParams]]:
+    """The requests the engine accepts, with their checked token ids and sampling settings; the
+    others join `errors`."""
     from prefixgrove.engine import SamplingParams
 
     runnable = []
     for request, tokens in requests:
         try:
             params = SamplingParams(**request.params)
-            llm.engine.validate(tokens, params)
+            ids = llm.engine.validate(tokens, params)
         except ValueError as exc:
             errors.append(engine_error(request.index, request.custom_id, exc))
             continue
-        runnable.append((request, tokens, params))
+        runnable.append((request, ids, params))
     return runnable
 
 
-def _output_lines(
-    runnable: list[tuple[BatchRequest, Any, SamplingParams]],
-    outputs: list[RequestOutput],
-    model: str,
-    tokenizer: Any,
-    errors: list[RequestError],
-) -> dict[int, str]:
-    """Each answered request's output line, by line index; a request whose line cannot be written
-    joins `errors` alone."""
-    lines = {}
-    for (request, _, _), out in zip(runnable, outputs, strict=True):
+def _generate(
+    llm: LLM,
+    todo: list[tuple[BatchRequest, list[int], SamplingParams]],
+    groups: list[PrefixGroup],
+    answer: _Answer,
+    use_tqdm: bool | Callable[..., tqdm],
+) -> int:
+    """Drives the engine over `todo` as LLM.generate does, handing each finished request to
+    `answer` and flushing after every step; returns the completion tokens."""
+    engine = llm.engine
+    new = [(str(pos), ids, params) for pos, (_, ids, params) in enumerate(todo)]
+    grouped: set[int] = set()
+    for g, group in enumerate(groups):
+        engine.add_group(f"g{g}", group, new, validated=True)
+        grouped.update(group.request_indices)
+    for pos, (rid, ids, params) in enumerate(new):
+        if pos not in grouped:
+            engine.add_request(rid, ids, params, validated=True)
+    progress = use_tqdm if callable(use_tqdm) else tqdm
+    bar = progress(total=len(todo), desc="Generating", unit="req", disable=not use_tqdm)
+    tokens = 0
+    gc.freeze()  # NOTE: as LLM.generate: the job's token lists are not walked by every collection
+    try:
+        while engine.has_unfinished_requests():
+            finished = engine.step()
+            for out in finished:
+                answer(todo[int(out.request_id)][0], out)
+                tokens += len(out.outputs[0].token_ids)
+            if finished:
+                answer.writer.flush()
+                bar.update(len(finished))
+    finally:
+        gc.unfreeze()
+        bar.close()
+    return tokens
+
+
+@dataclass
+class _Answer:
+    """Turns a finished request into its output line (or, if that fails, its error line)."""
+
+    model: str
+    tokenizer: Any
+    writer: OrderedWriter
+    failures: list[RequestError]
+
+    def __call__(self, request: BatchRequest, out: RequestOutput) -> None:
         try:
-            lines[request.index] = success_line(
+            line = success_line(
                 request.index,
                 request.custom_id,
                 request.endpoint,
                 request.params,
-                model,
+                self.model,
                 out,
-                tokenizer,
+                self.tokenizer,
             )
         except Exception as exc:  # NOTE: one request's output never costs the others theirs
             log.exception("request %r: its output line failed", request.custom_id)
-            errors.append(
-                RequestError(
-                    request.index,
-                    request.custom_id,
-                    "output_failed",
-                    f"the request ran but its output line could not be written: {exc!r}",
-                )
+            error = RequestError(
+                request.index,
+                request.custom_id,
+                "output_failed",
+                f"the request ran but its output line could not be written: {exc!r}",
             )
-    return lines
+            self.failures.append(error)
+            self.writer.put(request.index, error.to_line(), failed=True)
+            return
+        self.writer.put(request.index, line)
 
 
 def _engine_groups(plan: JobPlan, lines: list[int]) -> list[PrefixGroup]:
-    """The plan's groups over the positions of the requests the engine accepted (line indices in
-    `lines`), as the workers form them: a group left with one request runs it alone."""
+    """The plan's groups over the positions of the requests to run (line indices in `lines`), as
+    the workers form them: a group left with one request runs it alone."""
     position = {line: pos for pos, line in enumerate(lines)}
     groups = []
     for unit in plan.units:
@@ -183,9 +271,6 @@ def _engine_groups(plan: JobPlan, lines: list[int]) -> list[PrefixGroup]:
     return groups
 
 
-def _write(path: Path, lines: dict[int, str]) -> None:
+def _open(path: Path, append: bool) -> BinaryIO:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for index in sorted(lines):
-            f.write(lines[index])
-            f.write("\n")
+    return path.open("ab" if append else "wb")

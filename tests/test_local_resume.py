@@ -1,0 +1,154 @@
+"""`prefixgrove run` writes answers as they finish, in input order, and `--resume` picks up an
+interrupted run: the files end byte for byte as one uninterrupted run leaves them."""
+
+from __future__ import annotations
+
+import io
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from services_testbed import MAX_MODEL_LEN, MODEL, batch_line
+
+from prefixgrove.cli import main as cli
+from prefixgrove.jobs.ordered_writer import Answered, OrderedWriter, ResumeMismatch, answered_prefix
+from prefixgrove.local import RunSummary, run_local
+from prefixgrove.settings import IngestSettings
+
+# Two requests at a time: the job takes several engine steps, and finishes over several of them.
+ENGINE = {"device": "cpu", "dtype": "float32", "seed": 0, "max_num_seqs": 2}
+
+
+def write_job(path: Path, tag: str = "c", shared: str = "") -> Path:
+    lines = [
+        batch_line(f"{tag}{i}", {"prompt": f"{shared}question {i}", "max_tokens": 3, "temperature": 0})
+        for i in range(8)
+    ]  # fmt: skip
+    lines.insert(3, "{not json")
+    lines.append(batch_line(f"{tag}-seeded", {"prompt": "roll", "max_tokens": 3, "seed": 7}))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def errors_of(out: Path) -> Path:
+    return out.with_name(out.stem + ".errors.jsonl")
+
+
+def run(job: Path, out: Path, *, resume: bool = False, progress: Any = False) -> RunSummary:
+    ingest = IngestSettings(max_model_len=MAX_MODEL_LEN)
+    return run_local(
+        job, out, errors_of(out), MODEL, ingest, ENGINE, use_tqdm=progress, resume=resume
+    )
+
+
+def lines_in(out: Path) -> int:
+    return sum(p.read_bytes().count(b"\n") for p in (out, errors_of(out)) if p.exists())
+
+
+class Watch:
+    """A progress bar that notes, at each update, how many lines the files already hold; with
+    `stop_at`, it interrupts the run (as Ctrl-C does) once they hold that many."""
+
+    def __init__(self, out: Path, stop_at: int | None = None) -> None:
+        self.out, self.stop_at, self.seen = out, stop_at, list[int]()
+
+    def __call__(self, **_: Any) -> Watch:
+        return self
+
+    def update(self, n: int) -> None:
+        self.seen.append(lines_in(self.out))
+        if self.stop_at is not None and self.seen[-1] >= self.stop_at:
+            raise KeyboardInterrupt
+
+    def close(self) -> None:
+        pass
+
+
+def same_files(a: Path, b: Path) -> bool:
+    return (
+        a.read_bytes() == b.read_bytes() and errors_of(a).read_bytes() == errors_of(b).read_bytes()
+    )
+
+
+def test_the_writer_holds_a_line_until_every_line_before_it_is_answered() -> None:
+    out, err = io.BytesIO(), io.BytesIO()
+    writer = OrderedWriter(out, err)
+    writer.put(2, "two")
+    writer.put(1, "one failed", failed=True)
+    writer.flush()
+    assert out.getvalue() == err.getvalue() == b""
+    writer.put(0, "zero")
+    writer.flush()
+    assert (out.getvalue(), err.getvalue()) == (b"zero\ntwo\n", b"one failed\n")
+
+
+def test_lines_one_file_wrote_ahead_of_the_other_are_cut_back(tmp_path: Path) -> None:
+    """Killed between its two flushes, a run leaves the error file answering line 3 while the
+    output file stops at line 1: only lines 0 and 1 count as answered."""
+    out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
+    out.write_text("ok0\nok1\nok")
+    err.write_text("bad3\n")
+
+    def belongs(index: int, line: str, failed: bool) -> bool:
+        return line == (f"bad{index}" if index == 3 else f"ok{index}") and failed == (index == 3)
+
+    assert answered_prefix(out, err, 5, belongs) == Answered(2, 2, 0)
+    assert (out.read_text(), err.read_text()) == ("ok0\nok1\n", "")
+
+
+def test_answers_reach_the_files_while_the_run_is_still_going(tmp_path: Path) -> None:
+    job, out = write_job(tmp_path / "in.jsonl"), tmp_path / "out.jsonl"
+    watch = Watch(out)
+    summary = run(job, out, progress=watch)
+    assert lines_in(out) == summary.total == 10
+    assert any(0 < seen < summary.total for seen in watch.seen), watch.seen
+    assert watch.seen == sorted(watch.seen)
+
+
+def test_an_interrupted_run_resumed_gives_the_files_of_an_uninterrupted_one(tmp_path: Path) -> None:
+    job = write_job(tmp_path / "in.jsonl", shared="You grade answers. Be brief and exact. " * 4)
+    whole, cut = tmp_path / "whole" / "out.jsonl", tmp_path / "cut" / "out.jsonl"
+    run(job, whole)
+    with pytest.raises(KeyboardInterrupt):
+        run(job, cut, progress=Watch(cut, stop_at=4))
+    written = lines_in(cut)
+    assert 4 <= written < 10
+    summary = run(job, cut, resume=True)
+    assert summary.skipped == written and summary.completed + summary.failed == 10 - written
+    assert same_files(cut, whole)
+
+
+def test_a_torn_last_line_is_cut_and_answered_again(tmp_path: Path) -> None:
+    job = write_job(tmp_path / "in.jsonl")
+    whole, torn = tmp_path / "whole" / "out.jsonl", tmp_path / "torn" / "out.jsonl"
+    run(job, whole)
+    torn.parent.mkdir()
+    shutil.copy(errors_of(whole), errors_of(torn))
+    data = whole.read_bytes()
+    fourth_line = data.index(b"\n", data.index(b"\n", data.index(b"\n") + 1) + 1) + 1
+    torn.write_bytes(data[: fourth_line + 20])  # three lines and the start of a fourth
+    summary = run(job, torn, resume=True)
+    assert summary.skipped == 4  # three outputs and the bad line before them
+    assert same_files(torn, whole)
+
+
+def test_resume_refuses_the_files_of_another_input(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    run(write_job(tmp_path / "a.jsonl", tag="a"), out)
+    before = out.read_bytes(), errors_of(out).read_bytes()
+    with pytest.raises(ResumeMismatch, match="does not answer this input"):
+        run(write_job(tmp_path / "b.jsonl", tag="b"), out, resume=True)
+    assert (out.read_bytes(), errors_of(out).read_bytes()) == before
+
+
+def test_resume_without_an_output_file_runs_the_whole_job(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job, out = write_job(tmp_path / "in.jsonl"), tmp_path / "new" / "out.jsonl"
+    args = ["run", str(job), "-o", str(out), "--model", MODEL, "--device", "cpu", "--json",
+            "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--resume"]  # fmt: skip
+    assert cli(args) == 0
+    assert '"skipped": 0' in capsys.readouterr().out
+    assert lines_in(out) == 10
