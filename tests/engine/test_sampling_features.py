@@ -121,6 +121,7 @@ FEATURES = [
     dict(min_tokens=6, logit_bias={EOS_IDS[0]: 5.0}),
     dict(logit_bias=FORCE_X, bad_words=["xx"]),
     dict(allowed_token_ids=[65, 66, 67]),
+    dict(n=3, truncate_prompt_tokens=4),
 ]
 
 
@@ -135,7 +136,7 @@ def test_rows_without_the_features_get_their_own_tokens_in_a_mixed_batch(
     featured = [
         SamplingParams(max_tokens=10, temperature=temperature, seed=9, **kw) for kw in FEATURES
     ]
-    mixed = run(llm, PROMPTS + PROMPTS[:3], plain + featured)
+    mixed = run(llm, PROMPTS + PROMPTS[: len(FEATURES)], plain + featured)
     assert token_ids(mixed[:4]) == alone
 
 
@@ -153,9 +154,53 @@ def test_features_give_the_same_tokens_in_windows_and_ahead(
     llama_dir: str, features: list[dict], async_scheduling: bool
 ):
     params = [SamplingParams(max_tokens=10, seed=9, **kw) for kw in features]
-    single = token_ids(run(engine(llama_dir), PROMPTS[:3], params))
+    prompts = PROMPTS[: len(features)]
+    single = token_ids(run(engine(llama_dir), prompts, params))
     llm = engine(llama_dir, num_scheduler_steps=4, async_scheduling=async_scheduling)
     schedules = record_steps(llm)
-    assert token_ids(run(llm, PROMPTS[:3], params)) == single
+    assert token_ids(run(llm, prompts, params)) == single
     windows = len(schedules) < llm.engine.metrics.steps
     assert windows == (features is STATIC_FEATURES)
+
+
+def test_n_samples_come_back_in_one_request_output_indexed_in_order(llm: LLM):
+    out = run(llm, [PROMPTS[0]], SamplingParams(n=3, max_tokens=5, seed=5))
+    assert len(out) == 1 and [c.index for c in out[0].outputs] == [0, 1, 2]
+    assert out[0].prompt_token_ids == PROMPTS[0]
+
+
+def test_seeded_sample_j_is_the_request_with_seed_plus_j(llm: LLM):
+    samples = run(llm, [PROMPTS[1]], SamplingParams(n=3, max_tokens=8, seed=5))[0].outputs
+    alone = [one(llm, SamplingParams(max_tokens=8, seed=5 + j), PROMPTS[1]) for j in range(3)]
+    assert [c.token_ids for c in samples] == [c.token_ids for c in alone]
+    assert len({tuple(c.token_ids) for c in samples}) == 3
+
+
+def test_greedy_samples_are_identical(llm: LLM):
+    samples = run(llm, [PROMPTS[2]], greedy(6, n=4))[0].outputs
+    assert len(samples) == 4 and all(c.token_ids == samples[0].token_ids for c in samples)
+
+
+@pytest.mark.parametrize("groups", [None, []], ids=["grouped-here", "groups-given"])
+def test_the_samples_of_a_prompt_share_its_prompt_kv(llama_dir: str, groups: list | None):
+    llm = engine(llama_dir)
+    prompt = random_prompts([40], seed=4)[0]
+    llm.generate([{"prompt_token_ids": prompt}], greedy(3, n=3), use_tqdm=False, groups=groups)
+    assert llm.engine.metrics.prefix_tokens_reused == 3 * 32  # two whole blocks of 16, each sample
+
+
+def test_best_of_more_than_n_is_refused():
+    with pytest.raises(ValueError, match=r"best_of=3 is invalid: expected None or n=2"):
+        SamplingParams(n=2, best_of=3)
+
+
+def test_the_engine_takes_one_sample_per_request(llm: LLM):
+    with pytest.raises(ValueError, match=r"n=2: the engine runs one sample per request"):
+        llm.engine.add_request("n2", [1, 2, 3], greedy(2, n=2))
+
+
+def test_truncate_prompt_tokens_keeps_the_last_k_prompt_tokens(llm: LLM):
+    prompt = random_prompts([20], seed=8)[0]
+    out = run(llm, [prompt], greedy(5, truncate_prompt_tokens=6))[0]
+    assert out.prompt_token_ids == prompt[-6:]
+    assert out.outputs[0].token_ids == one(llm, greedy(5), prompt[-6:]).token_ids

@@ -6,6 +6,7 @@ import gc
 import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 from typing import Any, cast
 
 from tqdm import tqdm
@@ -62,19 +63,16 @@ class LLM:
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         params = self._params_per_prompt(sampling_params, len(token_ids))
-        prepared: dict[int, SamplingParams] = {}  # one checked copy per params object of the job
-        for i, (ids, sp) in enumerate(zip(token_ids, params, strict=True)):
-            try:  # the whole job is checked before any of it is queued, once
-                if id(sp) not in prepared:
-                    prepared[id(sp)] = self.engine.prepare(sp)
-                params[i] = prepared[id(sp)]
-                token_ids[i] = self.engine.validate(ids, params[i])
-            except ValueError as e:
-                raise ValueError(f"prompt {i}: {e}") from None
+        self._check_job(token_ids, params)
         self._batches += 1
-        request_ids = [f"{self._batches}-{i}" for i in range(len(token_ids))]
+        jobs = _Samples.of(self._batches, params)
+        prompt_ids = token_ids
+        texts, token_ids, params = jobs.expand(texts), jobs.expand(token_ids), jobs.params(params)
         if groups is None:
             groups = self._group(token_ids) if self.config.enable_prefix_grouping else []
+        else:
+            groups = jobs.groups(groups, prompt_ids)
+        request_ids = jobs.request_ids
         self._submit(request_ids, texts, token_ids, params, groups)
         # The job's prompts (millions of ids in lists) and sequences live until it ends: frozen, the
         # garbage collector's passes skip them instead of walking every list again. Objects made
@@ -89,7 +87,7 @@ class LLM:
             gc.unfreeze()
         for out, text in zip(outputs, texts, strict=True):
             out.prompt = text  # a grouped request's text too: the engine took only its ids
-        return outputs
+        return jobs.merge(outputs)
 
     def chat(
         self,
@@ -178,6 +176,19 @@ class LLM:
             )
         return list(sp)
 
+    def _check_job(self, token_ids: list[list[int]], params: list[SamplingParams]) -> None:
+        """The whole job is checked before any of it is queued, once: each params object becomes the
+        engine's checked copy, each prompt its checked (and truncated) ids."""
+        prepared: dict[int, SamplingParams] = {}
+        for i, (ids, sp) in enumerate(zip(token_ids, params, strict=True)):
+            try:
+                if id(sp) not in prepared:
+                    prepared[id(sp)] = self.engine.prepare(sp)
+                params[i] = prepared[id(sp)]
+                token_ids[i] = self.engine.validate(ids, params[i])
+            except ValueError as e:
+                raise ValueError(f"prompt {i}: {e}") from None
+
     def _group(self, token_ids: list[list[int]]) -> list[PrefixGroup]:
         block_size = self.config.cache.block_size
         # No group may need more than the whole cache: a bigger one is split into groups of one prefix.
@@ -222,6 +233,70 @@ class LLM:
             bar.set_postfix(out_tok_s=f"{out_tokens / elapsed:.0f}", refresh=False)
         bar.close()
         return [results[rid] for rid in request_ids]
+
+
+@dataclass(frozen=True)
+class _Samples:
+    """The requests of one generate call: `n` per prompt, `samples[r]` = (prompt, sample index)."""
+
+    batch: int
+    samples: list[tuple[int, int]]
+
+    @classmethod
+    def of(cls, batch: int, params: list[SamplingParams]) -> _Samples:
+        return cls(batch, [(i, j) for i, sp in enumerate(params) for j in range(sp.n)])
+
+    @property
+    def request_ids(self) -> list[str]:
+        return [f"{self.batch}-{i}" if j == 0 else f"{self.batch}-{i}-{j}" for i, j in self.samples]
+
+    def expand(self, per_prompt: list[Any]) -> list[Any]:
+        if len(self.samples) == len(per_prompt):
+            return per_prompt
+        return [per_prompt[i] for i, _ in self.samples]
+
+    def params(self, per_prompt: list[SamplingParams]) -> list[SamplingParams]:
+        if len(self.samples) == len(per_prompt):
+            return per_prompt
+        return [
+            per_prompt[i] if per_prompt[i].n == 1 else per_prompt[i].sample(j)
+            for i, j in self.samples
+        ]
+
+    def groups(self, given: Seq[PrefixGroup], prompts: list[list[int]]) -> list[PrefixGroup]:
+        """Groups over prompts -> groups over requests: a group holds all samples of its prompts,
+        and a prompt of several samples in no group is a group of its own (whole prompt shared)."""
+        if len(self.samples) == len(prompts):
+            return list(given)  # one sample each: positions are the same
+        rows: dict[int, list[int]] = {}
+        for r, (i, _) in enumerate(self.samples):
+            rows.setdefault(i, []).append(r)
+        for i in (i for g in given for i in g.request_indices if i not in rows):
+            raise ValueError(f"a group names prompt {i}, but only {len(prompts)} prompts came")
+        out = [
+            PrefixGroup(
+                g.prefix_len, tuple(r for i in g.request_indices for r in rows[i]), g.prefix_id
+            )
+            for g in given
+        ]
+        grouped = {i for g in given for i in g.request_indices}
+        out += [
+            PrefixGroup(len(prompts[i]), tuple(rs))
+            for i, rs in rows.items()
+            if len(rs) > 1 and i not in grouped
+        ]
+        return out
+
+    def merge(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """One RequestOutput per prompt, its samples' completions in `outputs` (index 0..n-1)."""
+        merged: list[RequestOutput] = []
+        for (_, j), out in zip(self.samples, outputs, strict=True):
+            out.outputs[0].index = j
+            if j == 0:
+                merged.append(out)
+            else:
+                merged[-1].outputs.append(out.outputs[0])
+        return merged
 
 
 def _is_conversation(messages: Any) -> bool:

@@ -72,6 +72,9 @@ class LLMEngine:
         """Raises ValueError naming the problem (nothing is queued); returns the ids as Python ints."""
         ids = checked_token_ids(prompt_token_ids, self.config.model.arch.vocab_size)
         limit = self.config.model.max_model_len
+        if params.truncate_prompt_tokens is not None:
+            keep = limit if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
+            ids = ids[-keep:]
         if params.max_tokens is None and len(ids) >= limit:
             raise ValueError(
                 f"prompt of {len(ids)} tokens leaves no room for output in max_model_len={limit}"
@@ -197,6 +200,11 @@ class LLMEngine:
     ) -> list[int]:
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
+        if params.n != 1:
+            raise ValueError(
+                f"SamplingParams.n={params.n}: the engine runs one sample per request (LLM.generate "
+                "runs n as a group of requests)"
+            )
         if validated:  # a list `validate` returned: the engine takes it over as it is
             return prompt_token_ids  # type: ignore[return-value]
         return self.validate(prompt_token_ids, params)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 _MAX_LOGPROBS = 20
+_MAX_N = 1024
 _INT32_MAX = 2**31 - 1  # top_k, max_tokens and token ids live in int32/int64 tensors
 
 
@@ -21,6 +23,8 @@ class SamplingParams:
     engine checks the params again, and takes its own copy, when a request comes in (`prepared`).
     """
 
+    n: int = 1  # samples per prompt (LLM.generate runs them as a group sharing the prompt)
+    best_of: int | None = None  # None or n: every sample is returned
     max_tokens: int | None = 16
     min_tokens: int = 0
     temperature: float = 1.0
@@ -42,6 +46,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
     allowed_token_ids: list[int] | None = None  # only these may be sampled
     bad_words: list[str] | None = None  # never produced (their token sequences are banned)
+    truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: max_model_len)
     # Set by `prepared`: the token sequences of bad_words, and the ids min_tokens holds back.
     bad_words_token_ids: tuple[tuple[int, ...], ...] = field(default=(), init=False, repr=False)
     min_tokens_stop_ids: tuple[int, ...] = field(default=(), init=False, repr=False)
@@ -53,6 +58,7 @@ class SamplingParams:
         self.stop_token_ids = _as_tuple("stop_token_ids", self.stop_token_ids)
         if _is_int(self.top_k) and self.top_k == -1:
             self.top_k = 0
+        self._check_samples()
         self._check_sampling()
         self._check_stops_and_logprobs()
         self._check_penalties()
@@ -67,6 +73,25 @@ class SamplingParams:
         if self.bad_words:
             params.bad_words_token_ids = _bad_words_token_ids(tokenizer, self.bad_words)
         return params
+
+    def _check_samples(self) -> None:
+        _check(
+            _is_int(self.n) and 1 <= self.n <= _MAX_N, "n", self.n, f"an integer in [1, {_MAX_N}]"
+        )
+        _check(
+            self.best_of is None or (_is_int(self.best_of) and self.best_of == self.n),
+            "best_of",
+            self.best_of,
+            f"None or n={self.n}: all n samples are returned, choosing the best of more is not "
+            "supported",
+        )
+        k = self.truncate_prompt_tokens
+        _check(
+            k is None or (_is_int(k) and (k == -1 or 1 <= k <= _INT32_MAX)),
+            "truncate_prompt_tokens",
+            k,
+            "None, -1 (max_model_len) or a positive integer",
+        )
 
     def _check_sampling(self) -> None:
         _check(
@@ -173,6 +198,15 @@ class SamplingParams:
             self.repetition_penalty,
             "0 < repetition_penalty <= 10",
         )
+
+    def sample(self, index: int) -> SamplingParams:
+        """The params of the index-th of n samples: one sample, seed + index where a seed is set
+        (seeded samples differ from each other and repeat from run to run)."""
+        params = copy.copy(self)  # keeps what `prepared` set
+        params.n, params.best_of = 1, None
+        if self.seed is not None:
+            params.seed = (self.seed + index) % 2**63
+        return params
 
     @property
     def greedy(self) -> bool:
