@@ -8,7 +8,7 @@ import pytest
 import torch
 from engine_checkpoints import EOS_IDS, engine, greedy, random_prompts, record_steps, run, token_ids
 
-from prefixgrove import LLM, SamplingParams
+from prefixgrove import LLM, RequestOutput, SamplingParams
 from prefixgrove.engine.sampler import SamplingBatch
 from prefixgrove.engine.sequence import Sequence
 
@@ -24,6 +24,13 @@ def llm(llama_dir: str) -> LLM:
 
 def one(llm: LLM, params: SamplingParams, prompt: list[int] | None = None):
     return run(llm, [prompt or PROMPTS[0]], params)[0].outputs[0]
+
+
+def drain(llm: LLM) -> list[RequestOutput]:
+    outs = []
+    while llm.engine.has_unfinished_requests():
+        outs += llm.engine.step()
+    return outs
 
 
 def test_a_field_changed_after_construction_is_used(llm: LLM):
@@ -46,9 +53,16 @@ def test_a_change_after_generate_does_not_reach_the_engines_copy(llm: LLM):
     params = greedy(3)
     llm.engine.add_request("copy", [1, 2, 3], params)
     params.max_tokens = 9
-    while llm.engine.has_unfinished_requests():
-        outs = llm.engine.step()
+    outs = drain(llm)
     assert len(outs[0].outputs[0].token_ids) == 3
+
+
+def test_params_of_ids_validated_elsewhere_are_still_prepared(llm: LLM):
+    params = greedy(8, logit_bias={EOS_IDS[0]: 100.0}, min_tokens=4)
+    ids = llm.engine.validate([1, 2, 3], params)
+    llm.engine.add_request("checked", ids, params, validated=True)
+    outs = drain(llm)
+    assert len(outs[0].outputs[0].token_ids) == 5
 
 
 def test_max_tokens_none_runs_to_the_context_limit(llm: LLM):

@@ -101,11 +101,12 @@ class LLMEngine:
         *,
         validated: bool = False,
     ) -> None:
-        """Queues one request. validated: its ids are the list `validate` returned for these params
+        """Queues one request; `params` become the engine's own checked copy (`prepare`) unless they
+        are one already. validated: its ids are the list `validate` returned for these params
         (LLM.generate checks a whole job before queuing any of it), not checked or copied again."""
         begin = time.perf_counter()
         try:
-            params = params if validated else self.prepare(params)
+            params = params if params.is_prepared else self.prepare(params)
             ids = self._check_new(request_id, prompt_token_ids, params, validated)
         except ValueError as e:
             raise ValueError(f"request {request_id!r}: {e}") from None
@@ -150,7 +151,7 @@ class LLMEngine:
         checked = []
         for rid, prompt, params in (requests[i] for i in group.request_indices):
             try:
-                params = params if validated else self.prepare(params)
+                params = params if params.is_prepared else self.prepare(params)
                 checked.append((rid, self._check_new(rid, prompt, params, validated), params))
             except ValueError as e:
                 raise ValueError(f"request {rid!r} of group {group_id!r}: {e}") from None

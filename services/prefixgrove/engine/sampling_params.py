@@ -13,6 +13,11 @@ _MAX_N = 1024
 _INT32_MAX = 2**31 - 1  # top_k, max_tokens and token ids live in int32/int64 tensors
 
 
+def _derived(default: Any) -> Any:
+    """A field the engine sets, not the caller: not an argument, not shown, not compared."""
+    return field(default=default, init=False, repr=False, compare=False)
+
+
 @dataclass
 class SamplingParams:
     """How one request's tokens are chosen and when it stops.
@@ -48,8 +53,9 @@ class SamplingParams:
     bad_words: list[str] | None = None  # never produced (their token sequences are banned)
     truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: max_model_len)
     # Set by `prepared`: the token sequences of bad_words, and the ids min_tokens holds back.
-    bad_words_token_ids: tuple[tuple[int, ...], ...] = field(default=(), init=False, repr=False)
-    min_tokens_stop_ids: tuple[int, ...] = field(default=(), init=False, repr=False)
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = _derived(())
+    min_tokens_stop_ids: tuple[int, ...] = _derived(())
+    is_prepared: bool = _derived(False)  # an engine's own checked copy
 
     def __post_init__(self) -> None:
         # Accept a single string / list for the sequence fields, as the OpenAI and vLLM APIs do.
@@ -70,6 +76,7 @@ class SamplingParams:
         params = replace(self)
         eos = () if self.ignore_eos else tuple(sorted(set(eos_token_ids)))
         params.min_tokens_stop_ids = tuple(dict.fromkeys(self.stop_token_ids + eos))
+        params.is_prepared = True
         if self.bad_words:
             params.bad_words_token_ids = _bad_words_token_ids(tokenizer, self.bad_words)
         return params
