@@ -62,6 +62,9 @@ class Watch:
         if self.stop_at is not None and self.seen[-1] >= self.stop_at:
             raise KeyboardInterrupt
 
+    def set_postfix(self, **_: Any) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

@@ -4,7 +4,6 @@ lines as the planner and the workers.
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import time
@@ -195,33 +194,17 @@ def _generate(
     answer: _Answer,
     use_tqdm: bool | Callable[..., tqdm],
 ) -> int:
-    """Drives the engine over `todo` as LLM.generate does, handing each finished request to
-    `answer` and flushing after every step; returns the completion tokens."""
-    engine = llm.engine
-    new = [(str(pos), ids, params) for pos, (_, ids, params) in enumerate(todo)]
-    grouped: set[int] = set()
-    for g, group in enumerate(groups):
-        engine.add_group(f"g{g}", group, new, validated=True)
-        grouped.update(group.request_indices)
-    for pos, (rid, ids, params) in enumerate(new):
-        if pos not in grouped:
-            engine.add_request(rid, ids, params, validated=True)
-    progress = use_tqdm if callable(use_tqdm) else tqdm
-    bar = progress(total=len(todo), desc="Generating", unit="req", disable=not use_tqdm)
+    """Runs `todo` through the engine, handing each finished request to `answer` and flushing
+    after every step that finished some; returns the completion tokens."""
+    ids = [str(pos) for pos in range(len(todo))]
+    token_ids = [tokens for _, tokens, _ in todo]
+    params = [sp for _, _, sp in todo]
     tokens = 0
-    gc.freeze()  # NOTE: as LLM.generate: the job's token lists are not walked by every collection
-    try:
-        while engine.has_unfinished_requests():
-            finished = engine.step()
-            for out in finished:
-                answer(todo[int(out.request_id)][0], out)
-                tokens += len(out.outputs[0].token_ids)
-            if finished:
-                answer.writer.flush()
-                bar.update(len(finished))
-    finally:
-        gc.unfreeze()
-        bar.close()
+    for finished in llm.run_requests(ids, token_ids, params, groups, use_tqdm):
+        for out in finished:
+            answer(todo[int(out.request_id)][0], out)
+            tokens += len(out.outputs[0].token_ids)
+        answer.writer.flush()
     return tokens
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Any, cast
@@ -73,18 +73,10 @@ class LLM:
         else:
             groups = jobs.groups(groups, prompt_ids)
         request_ids = jobs.request_ids
-        self._submit(request_ids, texts, token_ids, params, groups)
-        # The job's prompts (millions of ids in lists) and sequences live until it ends: frozen, the
-        # garbage collector's passes skip them instead of walking every list again. Objects made
-        # while it runs are collected as usual. gc.unfreeze() also thaws what was frozen before the
-        # call (some interpreters start with objects frozen): freezing only spares collections work,
-        # so that costs speed at most, where leaving the engine's objects frozen would keep its
-        # reference cycles, and the GPU memory they hold, alive after the engine is gone.
-        gc.freeze()
-        try:
-            outputs = self._run(request_ids, use_tqdm)
-        finally:
-            gc.unfreeze()
+        results: dict[str, RequestOutput] = {}
+        for finished in self.run_requests(request_ids, token_ids, params, groups, use_tqdm, texts):
+            results.update((out.request_id, out) for out in finished)
+        outputs = [results[rid] for rid in request_ids]
         for out, text in zip(outputs, texts, strict=True):
             out.prompt = text  # a grouped request's text too: the engine took only its ids
         return jobs.merge(outputs)
@@ -216,23 +208,44 @@ class LLM:
                     rid, token_ids[i], params[i], prompt=texts[i], validated=True
                 )
 
-    def _run(
-        self, request_ids: list[str], use_tqdm: bool | Callable[..., tqdm]
-    ) -> list[RequestOutput]:
-        results: dict[str, RequestOutput] = {}
+    def run_requests(
+        self,
+        request_ids: list[str],
+        token_ids: list[list[int]],
+        params: list[SamplingParams],
+        groups: Seq[PrefixGroup],
+        use_tqdm: bool | Callable[..., tqdm] = True,
+        texts: list[str | None] | None = None,
+    ) -> Iterator[list[RequestOutput]]:
+        """Queues requests whose ids `LLMEngine.validate` returned, with their groups (positions in
+        these lists), and yields the requests each engine step finishes: `generate` and the local
+        run both drive the engine through this.
+
+        While it runs, the job's objects are frozen for the garbage collector: its prompts (millions
+        of ids in lists) and sequences live until it ends, and frozen, collections skip them instead
+        of walking every list again. gc.unfreeze() also thaws what was frozen before (some
+        interpreters start with objects frozen): freezing only spares collections work, so that
+        costs speed at most, where leaving the engine's objects frozen would keep its reference
+        cycles, and the GPU memory they hold, alive after the engine is gone."""
+        self._submit(request_ids, texts or [None] * len(request_ids), token_ids, params, groups)
         # vLLM takes a tqdm-like callable too (a notebook's, or one with other settings)
         progress = use_tqdm if callable(use_tqdm) else tqdm
         bar = progress(total=len(request_ids), desc="Generating", unit="req", disable=not use_tqdm)
         start, out_tokens = time.perf_counter(), 0
-        while self.engine.has_unfinished_requests():
-            for out in self.engine.step():
-                results[out.request_id] = out
-                out_tokens += len(out.outputs[0].token_ids)
-                bar.update(1)
-            elapsed = max(time.perf_counter() - start, 1e-9)
-            bar.set_postfix(out_tok_s=f"{out_tokens / elapsed:.0f}", refresh=False)
-        bar.close()
-        return [results[rid] for rid in request_ids]
+        gc.freeze()
+        try:
+            while self.engine.has_unfinished_requests():
+                finished = self.engine.step()
+                if not finished:
+                    continue
+                yield finished  # the caller takes them in before the bar counts them
+                out_tokens += sum(len(out.outputs[0].token_ids) for out in finished)
+                bar.update(len(finished))
+                elapsed = max(time.perf_counter() - start, 1e-9)
+                bar.set_postfix(out_tok_s=f"{out_tokens / elapsed:.0f}", refresh=False)
+        finally:
+            gc.unfreeze()
+            bar.close()
 
 
 @dataclass(frozen=True)
