@@ -12,7 +12,7 @@ from services_testbed import RedisServer
 from prefixgrove.jobs.connection import connect
 from prefixgrove.jobs.ingest import JobPlan
 from prefixgrove.jobs.queue import GroupQueue, Lease
-from prefixgrove.jobs.schema import GroupRecord, JobState, ResultRecord
+from prefixgrove.jobs.schema import GroupRecord, JobKeys, JobState, ResultRecord
 from prefixgrove.jobs.store import JobStore, QueueDepth
 
 MODEL = "m"
@@ -26,7 +26,7 @@ def store(redis_server: RedisServer) -> JobStore:
 def job_with_groups(store: JobStore, groups: int, model: str = MODEL) -> str:
     """A started job of one request per group."""
     job, _ = store.create_job(model)
-    store.r.hset(f"pg:job:{job.id}", "total", groups)
+    store.r.hset(JobKeys(job.id).job, "total", groups)
     units = [GroupRecord(0, [i]) for i in range(groups)]
     store.queue_plan(job.id, model, JobPlan(units, 0, groups))
     return job.id

@@ -11,7 +11,7 @@ from services_testbed import RedisServer
 from prefixgrove.jobs.connection import connect
 from prefixgrove.jobs.ingest import JobPlan
 from prefixgrove.jobs.queue import GroupQueue, Lease
-from prefixgrove.jobs.schema import GroupRecord, JobState, RequestRecord, ResultRecord
+from prefixgrove.jobs.schema import GroupRecord, JobKeys, JobState, RequestRecord, ResultRecord
 from prefixgrove.jobs.store import JobStore
 
 MODEL = "m"
@@ -23,7 +23,7 @@ def store_for(server: RedisServer) -> JobStore:
 
 def started_job(store: JobStore, total: int, units: list[GroupRecord]) -> str:
     job, _ = store.create_job(MODEL)
-    store.r.hset(f"pg:job:{job.id}", "total", total)
+    store.r.hset(JobKeys(job.id).job, "total", total)
     store.queue_plan(job.id, MODEL, JobPlan(units, 0, len(units)))
     return job.id
 
@@ -219,6 +219,6 @@ def test_after_redis_lost_a_job_workers_recreate_none_of_its_keys(
 
 def test_the_remains_of_a_job_record_are_no_job(redis_server: RedisServer) -> None:
     store = store_for(redis_server)
-    redis_server.client().hset("pg:job:job_gone:x", "completed", 1)
-    redis_server.client().hset("pg:job:job_gone", "completed", 1)
+    redis_server.client().hset(JobKeys("job_gone").results, "0", "o{}")
+    redis_server.client().hset(JobKeys("job_gone").job, "completed", 1)
     assert store.get_job("job_gone") is None

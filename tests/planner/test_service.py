@@ -13,6 +13,7 @@ import pytest
 from polling import wait_for
 from services_testbed import MODEL, RedisServer, batch_line
 
+from prefixgrove.jobs.schema import JobKeys
 from prefixgrove.planner.client import PlannerClient, PlannerError
 from prefixgrove.planner.server import PlannerServer, build_server
 from prefixgrove.settings import IngestSettings, PlannerSettings, SecuritySettings
@@ -355,7 +356,7 @@ def test_an_upload_abandoned_before_its_seal_expires_and_frees_its_key(
         assert service.expire_idle_uploads(900.0, now=time.monotonic() + 901) == [job.id]
         failed = client.get(job.id)
         assert (failed.state, failed.error.code) == (pb.JOB_STATE_FAILED, "upload_abandoned")
-        assert redis_server.client().exists(f"pg:job:{job.id}:req") == 0  # its lines are gone
+        assert redis_server.client().exists(JobKeys(job.id).requests) == 0  # its lines are gone
         assert client.seal(job.id).state == pb.JOB_STATE_FAILED  # a late seal changes nothing
         assert client.create_job(idempotency_key="upload-2").id != job.id
     finally:

@@ -21,6 +21,7 @@ from typing import Any
 import redis
 
 from prefixgrove.jobs import schema
+from prefixgrove.jobs.connection import Redis
 
 log = logging.getLogger(__name__)
 _GIVEN_BACK_IDLE_MS = 7 * 24 * 3600 * 1000  # idle past any lease timeout: claimable at once
@@ -35,9 +36,7 @@ class Lease:
 
 
 class GroupQueue:
-    def __init__(
-        self, client: redis.Redis, model: str, consumer: str, lease_timeout_s: float
-    ) -> None:
+    def __init__(self, client: Redis, model: str, consumer: str, lease_timeout_s: float) -> None:
         self.r = client
         self.key = schema.queue_key(model)
         self.consumer = consumer
@@ -103,7 +102,9 @@ class GroupQueue:
         count first, so the group comes back with the count it had; a worker that fails keeps it
         counted, and the guard on deliveries sees it."""
         retries = lease.deliveries if failed else lease.deliveries - 1
-        pipe = self.r.pipeline(transaction=True)
+        # Not a transaction: the stream and the job's leased set live in different cluster slots.
+        # Stopped between the two, the group stays counted as leased until it is leased again.
+        pipe = self.r.pipeline(transaction=False)
         pipe.xclaim(self.key, schema.CONSUMER_GROUP, schema.GIVEN_BACK, 0, [lease.entry_id],
                     idle=_GIVEN_BACK_IDLE_MS, retrycount=max(retries, 0), justid=True)  # fmt: skip
         pipe.srem(schema.JobKeys(lease.job_id).leased, lease.group_id)

@@ -1,22 +1,27 @@
 """Everything the planner and the workers keep in Redis: keys, typed records with encode/decode, and the
 Lua scripts that move counters exactly once.
 
-Layout (prefix `pg:`):
-  pg:jobs                 sorted set of job ids by creation time
-  pg:idem:{key}           job id created under an idempotency key
-  pg:job:{id}             hash: JobRecord
-  pg:job:{id}:req         hash: line index -> RequestRecord
-  pg:job:{id}:grp         hash: group id -> GroupRecord; `{group id}:alone` -> "index:delivery" of
-                          the request a worker last ran alone (a worker that dies then blames it)
-  pg:job:{id}:res         hash: line index -> ResultRecord (first write wins)
-  pg:job:{id}:leased      set of group ids a worker holds now
-  pg:job:{id}:done        set of group ids finished (or dropped by a cancel)
-  pg:queue:{model}        stream of {job, group}; consumer group `workers`; an entry given back is
-                          pending under the consumer `given-back` until a worker claims it
-  pg:models               set of models that have a queue
-  pg:active:{model}       set of job ids of a model queued and not yet known to be finished
-  pg:ingesting            hash: job id -> planner instance streaming its input in
-  pg:planner:{instance}   a live planner's heartbeat (expires when it stops)
+Layout (prefix `pg:`; `{...}` in a key is a literal Redis Cluster hash tag, `<...>` a value):
+  pg:jobs                   sorted set of job ids by creation time
+  pg:idem:<key>             job id created under an idempotency key
+  pg:job:{<id>}             hash: JobRecord
+  pg:job:{<id>}:req         hash: line index -> RequestRecord
+  pg:job:{<id>}:grp         hash: group id -> GroupRecord; `<group id>:alone` -> "index:delivery" of
+                            the request a worker last ran alone (a worker that dies then blames it)
+  pg:job:{<id>}:res         hash: line index -> ResultRecord (first write wins)
+  pg:job:{<id>}:leased      set of group ids a worker holds now
+  pg:job:{<id>}:done        set of group ids finished (or dropped by a cancel)
+  pg:queue:<model>          stream of {job, group}; consumer group `workers`; an entry given back is
+                            pending under the consumer `given-back` until a worker claims it
+  pg:models                 set of models that have a queue
+  pg:active:<model>         set of job ids of a model queued and not yet known to be finished
+  pg:ingesting              hash: job id -> planner instance streaming its input in
+  pg:planner:<instance>     a live planner's heartbeat (expires when it stops)
+
+Cluster rules: every key of one job carries the job id as its hash tag, so they share one slot and
+each script below is given all the keys it touches (JobKeys.all()). Nothing else is touched by more
+than one key at once: the per-model, per-planner and global keys take single-key commands, and the
+pipelines that mix slots are not transactions.
 """
 
 from __future__ import annotations
@@ -61,7 +66,8 @@ class JobKeys:
 
     @property
     def job(self) -> str:
-        return f"{PREFIX}job:{self.job_id}"
+        """The job hash, and the base of every other key of the job (they inherit its hash tag)."""
+        return f"{PREFIX}job:{{{self.job_id}}}"
 
     @property
     def requests(self) -> str:
@@ -212,33 +218,40 @@ def _s(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-# Every script below takes KEYS = JobKeys(id).all(): job, req, grp, res, leased, done. Each ends in
-# retain(): once the job is terminal, every key it owns that has no TTL yet gets the job's retention
-# (a key created after the job finished, e.g. a late result, gets it too).
-# NOTE: the idempotency key is found through the job hash, so it is not among KEYS (one Redis, not
-# a cluster).
-_RETAIN = """
+# The job scripts (WRITE_RESULTS, FINISH_GROUP, MARK_LEASED, CANCEL, FAIL, START) take KEYS =
+# JobKeys(id).all(): job, req, grp, res, leased, done, and answer {result, idempotency key,
+# retention} through reply(). reply() first retains:
+# once the job is terminal, every key of KEYS that has no TTL yet gets the job's retention (a key
+# created after the job finished, e.g. a late result, gets it too). The call that gives the job
+# hash its TTL also names the job's idempotency key and the retention: that key lives in another
+# slot, so the caller expires it (EXPIRE_IDEMPOTENCY_KEY); otherwise the two are '' and 0.
+_REPLY = """
 local function retain()
-  local h = redis.call('HMGET', KEYS[1], 'state', 'retention_s', 'idempotency_key', 'id')
+  local h = redis.call('HMGET', KEYS[1], 'state', 'retention_s', 'idempotency_key')
   local ttl = tonumber(h[2] or '0') or 0
-  if ttl <= 0 or (h[1] ~= 'completed' and h[1] ~= 'failed' and h[1] ~= 'cancelled') then return end
-  local keys = {KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]}
-  if h[3] and h[3] ~= '' then
-    local idem = '{prefix}idem:' .. h[3]
-    if redis.call('GET', idem) == h[4] then table.insert(keys, idem) end
+  if ttl <= 0 or (h[1] ~= 'completed' and h[1] ~= 'failed' and h[1] ~= 'cancelled') then
+    return {'', 0}
   end
-  for _, key in ipairs(keys) do
+  local first = redis.call('TTL', KEYS[1]) == -1
+  for _, key in ipairs(KEYS) do
     if redis.call('TTL', key) == -1 then redis.call('EXPIRE', key, ttl) end
   end
+  if first and h[3] and h[3] ~= '' then return {h[3], ttl} end
+  return {'', 0}
 end
-""".replace("{prefix}", PREFIX)
+
+local function reply(result)
+  local idem = retain()
+  return {result, idem[1], idem[2]}
+end
+"""
 
 # ARGV: now, then (index, blob, failed 0|1, completion_tokens) per result.
-# A result already written is left as it was and moves no counter.
+# A result already written is left as it was and moves no counter. Result: how many were new.
 WRITE_RESULTS = (
-    _RETAIN
+    _REPLY
     + """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end  -- the job is gone: recreate nothing
+if redis.call('EXISTS', KEYS[1]) == 0 then return reply(0) end  -- the job is gone: recreate nothing
 local written, completed, failed, tokens = 0, 0, 0, 0
 for i = 2, #ARGV, 4 do
   if redis.call('HSETNX', KEYS[4], ARGV[i], ARGV[i + 1]) == 1 then
@@ -256,41 +269,38 @@ local h = redis.call('HMGET', KEYS[1], 'state', 'total', 'completed', 'failed')
 if h[1] == 'in_progress' and tonumber(h[3]) + tonumber(h[4]) >= tonumber(h[2]) then
   redis.call('HSET', KEYS[1], 'state', 'completed', 'finished_at', ARGV[1])
 end
-retain()
-return written
+return reply(written)
 """
 )
 
-# ARGV: group id, now. Returns 1 the first time a group finishes.
+# ARGV: group id, now. Result: 1 the first time a group finishes.
 FINISH_GROUP = (
-    _RETAIN
+    _REPLY
     + """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end  -- the job is gone: recreate nothing
+if redis.call('EXISTS', KEYS[1]) == 0 then return reply(0) end  -- the job is gone: recreate nothing
 local first = redis.call('SADD', KEYS[6], ARGV[1])
 if first == 1 then redis.call('HINCRBY', KEYS[1], 'groups_done', 1) end
 redis.call('SREM', KEYS[5], ARGV[1])
 if redis.call('HGET', KEYS[1], 'state') == 'cancelling' and redis.call('SCARD', KEYS[5]) == 0 then
   redis.call('HSET', KEYS[1], 'state', 'cancelled', 'finished_at', ARGV[2])
 end
-retain()
-return first
+return reply(first)
 """
 )
 
 # ARGV: group id. A worker holds the group now (taken before it reads the job's state).
 MARK_LEASED = (
-    _RETAIN
+    _REPLY
     + """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end  -- the job is gone: recreate nothing
+if redis.call('EXISTS', KEYS[1]) == 0 then return reply(0) end  -- the job is gone: recreate nothing
 redis.call('SADD', KEYS[5], ARGV[1])
-retain()
-return 1
+return reply(1)
 """
 )
 
-# ARGV: now. Returns the state after the call.
+# ARGV: now. Result: the state after the call.
 CANCEL = (
-    _RETAIN
+    _REPLY
     + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == 'validating' or state == 'in_progress' then
@@ -301,21 +311,49 @@ if state == 'cancelling' and redis.call('SCARD', KEYS[5]) == 0 then
   state = 'cancelled'
   redis.call('HSET', KEYS[1], 'state', state, 'finished_at', ARGV[1])
 end
-retain()
-return state
+return reply(state)
 """
 )
 
 # ARGV: error code, message, now.
 FAIL = (
-    _RETAIN
+    _REPLY
     + """
 redis.call('HSET', KEYS[1], 'state', 'failed', 'error_code', ARGV[1], 'error_message', ARGV[2],
            'finished_at', ARGV[3])
-retain()
-return 'failed'
+return reply('failed')
 """
 )
+
+# ARGV: now. Moves a validating job to in_progress, or straight to completed when every
+# request is already answered (all invalid). Result: the state after the call.
+START = (
+    _REPLY
+    + """
+local h = redis.call('HMGET', KEYS[1], 'state', 'total', 'completed', 'failed')
+if h[1] ~= 'validating' then return reply(h[1]) end
+local state = 'in_progress'
+if tonumber(h[3]) + tonumber(h[4]) >= tonumber(h[2]) then state = 'completed' end
+redis.call('HSET', KEYS[1], 'state', state, 'in_progress_at', ARGV[1])
+if state == 'completed' then redis.call('HSET', KEYS[1], 'finished_at', ARGV[1]) end
+return reply(state)
+"""
+)
+
+# KEYS: the job hash, its leased set; read only. Both are read in one call so a group moving
+# between leased and done is never seen in both or neither. Returns {state, groups_total,
+# groups_done, leased}; the state is '' when the job is gone.
+JOB_DEPTH = """
+local h = redis.call('HMGET', KEYS[1], 'state', 'groups_total', 'groups_done')
+return {h[1] or '', h[2] or '0', h[3] or '0', redis.call('SCARD', KEYS[2])}
+"""
+
+# KEYS: the idempotency key; ARGV: the job id, retention. Expires the key only while it still
+# names this job.
+EXPIRE_IDEMPOTENCY_KEY = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('EXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
 
 # KEYS: the idempotency key; ARGV: the job id. Frees the key only while it still names this job.
 RELEASE_IDEMPOTENCY_KEY = """
@@ -323,21 +361,12 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-# ARGV: now. Moves a validating job to in_progress, or straight to completed when every
-# request is already answered (all invalid). Returns the state after the call.
-START = (
-    _RETAIN
-    + """
-local h = redis.call('HMGET', KEYS[1], 'state', 'total', 'completed', 'failed')
-if h[1] ~= 'validating' then
-  retain()
-  return h[1]
+# KEYS: the idempotency key; ARGV: the job id it names now, the new job id. Hands the key of a
+# job that is gone to a new job, unless another caller did so first. Returns 1 when it did.
+REPLACE_IDEMPOTENCY_KEY = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2])
+  return 1
 end
-local state = 'in_progress'
-if tonumber(h[3]) + tonumber(h[4]) >= tonumber(h[2]) then state = 'completed' end
-redis.call('HSET', KEYS[1], 'state', state, 'in_progress_at', ARGV[1])
-if state == 'completed' then redis.call('HSET', KEYS[1], 'finished_at', ARGV[1]) end
-retain()
-return state
+return 0
 """
-)

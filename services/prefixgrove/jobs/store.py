@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.commands.core import Script
 
 from prefixgrove.jobs import schema
+from prefixgrove.jobs.connection import Redis
 from prefixgrove.jobs.ingest import IngestedBatch, JobPlan
 from prefixgrove.jobs.requests import RequestError
 from prefixgrove.jobs.schema import GroupRecord, JobKeys, JobRecord, JobState, ResultRecord
@@ -29,7 +31,10 @@ class QueueDepth:
 
 
 class JobStore:
-    def __init__(self, client: redis.Redis, retention_s: int = 0) -> None:
+    """Works the same on one Redis, a Sentinel-managed one and a Redis Cluster (see connection.py):
+    the keys of one job share a slot, and every script is handed each key it touches."""
+
+    def __init__(self, client: Redis, retention_s: int = 0) -> None:
         """`retention_s`: how long the keys of a job created here stay once it finished (0: ever)."""
         self.r = client
         self.retention_s = retention_s
@@ -39,28 +44,52 @@ class JobStore:
         self._cancel = client.register_script(schema.CANCEL)
         self._fail = client.register_script(schema.FAIL)
         self._start = client.register_script(schema.START)
+        self._expire_key = client.register_script(schema.EXPIRE_IDEMPOTENCY_KEY)
         self._release_key = client.register_script(schema.RELEASE_IDEMPOTENCY_KEY)
+        self._replace_key = client.register_script(schema.REPLACE_IDEMPOTENCY_KEY)
 
     # --- jobs -------------------------------------------------------------------------------
     def create_job(
         self, model: str, idempotency_key: str = "", metadata: dict[str, str] | None = None
     ) -> tuple[JobRecord, bool]:
-        """Returns (job, created); a key used before gives back its job."""
+        """Returns (job, created); a key used before gives back its job while that job lasts."""
         job = JobRecord(id=f"job_{uuid.uuid4().hex[:20]}", model=model, idempotency_key=idempotency_key,
                         created_at=time.time(), metadata=dict(metadata or {}),
                         retention_s=self.retention_s)  # fmt: skip
+        # The record exists before the key names it, so whoever finds the key finds a job.
+        self.r.hset(JobKeys(job.id).job, mapping=job.encode())  # type: ignore[arg-type]
         if idempotency_key:
-            key = schema.idempotency_key(idempotency_key)
-            if not self.r.set(key, job.id, nx=True):
-                existing = self.get_job(self.r.get(key).decode())  # type: ignore[union-attr]
-                if existing is not None:
-                    return existing, False
-                self.r.set(key, job.id)
-        pipe = self.r.pipeline()
-        pipe.hset(JobKeys(job.id).job, mapping=job.encode())  # type: ignore[arg-type]
-        pipe.zadd(schema.JOBS, {job.id: job.created_at})
-        pipe.execute()
+            existing = self._claim_idempotency_key(idempotency_key, job.id)
+            if existing is not None:
+                self.r.delete(JobKeys(job.id).job)
+                return existing, False
+        self.r.zadd(schema.JOBS, {job.id: job.created_at})
         return job, True
+
+    def _claim_idempotency_key(self, idempotency_key: str, job_id: str) -> JobRecord | None:
+        """Makes the key name `job_id`, unless it names a job that still exists: returns that one.
+        A key whose job is gone (expired, or lost by Redis) is free."""
+        key = schema.idempotency_key(idempotency_key)
+        while True:  # each round ends, or sees another caller move the key in between
+            if self.r.set(key, job_id, nx=True):
+                return None
+            named = self.r.get(key)
+            if named is None:
+                continue
+            existing = self.get_job(_s(named))  # type: ignore[arg-type]
+            if existing is not None:
+                return existing
+            if self._replace_key(keys=[key], args=[named, job_id]):
+                return None
+
+    def _run(self, script: Script, job_id: str, args: Sequence[Any]) -> Any:
+        """Runs a job script (schema.py) and returns its result; when the call made the job's keys
+        expire, the job's idempotency key, in a slot of its own, gets the same retention."""
+        result, idempotency_key, retention_s = script(keys=JobKeys(job_id).all(), args=args)
+        if idempotency_key:
+            key = schema.idempotency_key(_s(idempotency_key))
+            self._expire_key(keys=[key], args=[job_id, int(retention_s)])
+        return result
 
     def get_job(self, job_id: str) -> JobRecord | None:
         """The job, or None when its record is gone (expired, or Redis lost its data; a record
@@ -104,7 +133,7 @@ class JobStore:
         return [job for (job, _), live in zip(owners.items(), alive, strict=True) if not live]
 
     def fail_job(self, job_id: str, code: str, message: str) -> None:
-        self._fail(keys=JobKeys(job_id).all(), args=[code, message, time.time()])
+        self._run(self._fail, job_id, [code, message, time.time()])
 
     def abandon_upload(self, job_id: str, message: str) -> None:
         """Fails a job whose client stopped streaming its input, and drops the lines it sent."""
@@ -120,7 +149,7 @@ class JobStore:
             self._release_key(keys=[schema.idempotency_key(job.idempotency_key)], args=[job_id])
 
     def cancel(self, job_id: str) -> JobState:
-        return JobState(self._cancel(keys=JobKeys(job_id).all(), args=[time.time()]).decode())
+        return JobState(_s(self._run(self._cancel, job_id, [time.time()])))
 
     # --- ingest -----------------------------------------------------------------------------
     def write_requests(
@@ -160,7 +189,7 @@ class JobStore:
             for gid in gids:
                 pipe.xadd(stream, {"job": job_id, "group": str(gid)})
             pipe.execute()
-        return JobState(self._start(keys=keys.all(), args=[time.time()]).decode())
+        return JobState(_s(self._run(self._start, job_id, [time.time()])))
 
     def ensure_queue(self, model: str) -> None:
         self.r.sadd(schema.MODELS, model)
@@ -186,21 +215,19 @@ class JobStore:
 
     def write_results(self, job_id: str, results: Sequence[tuple[int, ResultRecord, int]]) -> int:
         """(line index, result, completion tokens) each; first write wins. Returns how many were new."""
-        keys = JobKeys(job_id)
         written = 0
         for start in range(0, len(results), _BATCH):
             args: list[Any] = [time.time()]
             for index, result, tokens in results[start : start + _BATCH]:
                 args += [index, result.encode(), int(result.is_error), tokens]
-            written += int(self._write_results(keys=keys.all(), args=args))
+            written += int(self._run(self._write_results, job_id, args))
         return written
 
     def mark_leased(self, job_id: str, group_id: str) -> None:
-        self._mark_leased(keys=JobKeys(job_id).all(), args=[group_id])
+        self._run(self._mark_leased, job_id, [group_id])
 
     def finish_group(self, job_id: str, group_id: str) -> bool:
-        keys = JobKeys(job_id).all()
-        return bool(self._finish_group(keys=keys, args=[group_id, time.time()]))
+        return bool(self._run(self._finish_group, job_id, [group_id, time.time()]))
 
     def mark_alone(self, job_id: str, group_id: str, index: int, delivery: int) -> None:
         """Notes the request a worker now runs alone, in which delivery of its group."""
@@ -274,8 +301,8 @@ class JobStore:
     def model_queue(self, model: str | None = None) -> QueueDepth:
         """Groups still to run over every job of a model that will run them: waiting + leased.
 
-        Counted from each queued job's own counters, read in one MULTI so the snapshot is
-        consistent: groups_total - groups_done (FINISH_GROUP moves it once per group) split by the
+        Counted from each queued job's own counters, each job's read in one call (JOB_DEPTH) so
+        it is consistent: groups_total - groups_done (FINISH_GROUP moves it once per group) split by the
         job's leased set (added before a worker runs a group, removed when it is finished or given
         back; a group taken over stays in it). A cancelling, cancelled, failed or completed job
         counts nothing, whatever its stream entries still say; terminal jobs leave the model's
@@ -287,17 +314,14 @@ class JobStore:
             ids = sorted(_s(i) for i in self.r.smembers(active))  # type: ignore[union-attr]
             if not ids:
                 continue
-            pipe = self.r.pipeline(transaction=True)
+            pipe = self.r.pipeline(transaction=False)
             for job_id in ids:
                 keys = JobKeys(job_id)
-                pipe.hmget(keys.job, ["state", "groups_total", "groups_done"])
-                pipe.scard(keys.leased)
-            replies = pipe.execute()
+                # EVAL, not a registered script: a pipeline cannot load it on a cluster node
+                pipe.eval(schema.JOB_DEPTH, 2, keys.job, keys.leased)
             finished = []
-            for job_id, (state, groups, done), leased in zip(
-                ids, replies[0::2], replies[1::2], strict=True
-            ):
-                if state is None or JobState(_s(state)).terminal:
+            for job_id, (state, groups, done, leased) in zip(ids, pipe.execute(), strict=True):
+                if not state or JobState(_s(state)).terminal:
                     finished.append(job_id)
                 elif JobState(_s(state)).runnable:
                     depth = _depth(int(groups or 0), int(done or 0), int(leased))
