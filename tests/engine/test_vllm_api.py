@@ -1,5 +1,6 @@
 """vLLM's offline API as its users write it: LLM(...) arguments taken over, accepted or refused by
-name; the checkpoint's generation_config.json as the default sampling; a progress-bar callable."""
+name; the checkpoint's generation_config.json as the default sampling and its EOS ids; a
+progress-bar callable; RequestOutput.metrics on every path; skip_tokenizer_init."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_checkpoints import save_checkpoint
+from engine_checkpoints import EOS_IDS, engine, greedy, random_prompts, run, save_checkpoint
 from tqdm import tqdm
 
-from prefixgrove import LLM, SamplingParams
+from prefixgrove import LLM, RequestOutput, SamplingParams
 
 
 def test_vllm_arguments_that_mean_something_here_are_taken_over() -> None:
@@ -31,7 +32,7 @@ def test_vllm_arguments_that_mean_something_here_are_taken_over() -> None:
 @pytest.mark.parametrize(
     ("argument", "value"),
     [("tensor_parallel_size", 2), ("quantization", "awq"), ("trust_remote_code", True),
-     ("download_dir", "/tmp/models"), ("skip_tokenizer_init", True)],
+     ("download_dir", "/tmp/models")],
 )  # fmt: skip
 def test_a_vllm_argument_that_asks_for_what_is_not_done_here_is_refused_by_name(
     argument: str, value: Any
@@ -78,3 +79,118 @@ def test_a_prompt_that_is_not_unicode_text_is_refused_by_position() -> None:
     llm = LLM("tiny-random-llama")
     with pytest.raises(ValueError, match="prompt 1 holds a lone surrogate"):
         llm.generate(["fine", "bad \ud800 text"], SamplingParams(max_tokens=1), use_tqdm=False)
+
+
+def test_generation_config_spelling_out_transformers_default_top_k_leaves_it_alone(
+    tmp_path: Path,
+) -> None:
+    """vLLM takes over what differs from transformers' GenerationConfig defaults (top_k=50)."""
+    path = save_checkpoint("llama3", tmp_path)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"top_k": 50, "top_p": 0.8}))
+    defaults = LLM(path, attention_backend="torch").get_default_sampling_params()
+    assert (defaults.top_k, defaults.top_p) == (SamplingParams().top_k, 0.8)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("eos")
+    save_checkpoint("llama3", path)
+    return path
+
+
+def _free_run(path: Path) -> tuple[list[int], list[int]]:
+    """A prompt and its greedy continuation, EOS ignored, cut before any of the model's own EOS."""
+    prompt = random_prompts([11], seed=5)[0]
+    [out] = run(engine(str(path)), [prompt], greedy(10, ignore_eos=True))
+    tokens = out.outputs[0].token_ids
+    cut = next((k for k, t in enumerate(tokens) if t in EOS_IDS), len(tokens))
+    return prompt, tokens[:cut]
+
+
+@pytest.mark.parametrize("as_list", [False, True], ids=["int", "list"])
+def test_generation_config_eos_token_id_ends_generation(checkpoint: Path, as_list: bool) -> None:
+    prompt, tokens = _free_run(checkpoint)
+    at = next(k for k, t in enumerate(tokens) if k >= 2 and t not in tokens[:k])
+    eos = [tokens[at]] if as_list else tokens[at]
+    (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    try:
+        llm = engine(str(checkpoint))
+        [stopped] = run(llm, [prompt], greedy(10))
+        [ignored] = run(llm, [prompt], greedy(len(tokens), ignore_eos=True))
+    finally:
+        (checkpoint / "generation_config.json").unlink()
+    assert stopped.outputs[0].token_ids == tokens[: at + 1]
+    assert stopped.outputs[0].finish_reason == "stop"
+    assert ignored.outputs[0].token_ids == tokens
+
+
+def test_an_invalid_generation_config_eos_token_id_is_named(checkpoint: Path) -> None:
+    (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": "</s>"}))
+    try:
+        with pytest.raises(ValueError, match=r"generation_config.json: eos_token_id='</s>'"):
+            engine(str(checkpoint))
+    finally:
+        (checkpoint / "generation_config.json").unlink()
+
+
+def _assert_metrics_in_order(out: RequestOutput) -> None:
+    m = out.metrics
+    assert m is not None
+    assert m.first_scheduled_time is not None and m.first_token_time is not None
+    assert m.finished_time is not None
+    assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time
+    assert m.first_token_time <= m.last_token_time <= m.finished_time
+    assert m.time_in_queue == m.first_scheduled_time - m.arrival_time
+
+
+@pytest.mark.parametrize("grouping", [True, False], ids=["grouped", "ungrouped"])
+def test_every_output_carries_its_request_metrics(grouping: bool) -> None:
+    llm = engine("tiny-random-llama", enable_prefix_grouping=grouping)
+    shared = random_prompts([40], seed=6)[0]
+    prompts = [shared + tail for tail in random_prompts([3, 5, 4], seed=7)]
+    outs = run(llm, prompts, greedy(3, ignore_eos=True))
+    assert (sum(o.num_cached_tokens for o in outs) > 0) == grouping
+    for out in outs:
+        _assert_metrics_in_order(out)
+
+
+def test_n_samples_report_one_request_from_the_first_start_to_the_last_end() -> None:
+    llm = engine("tiny-random-llama")
+    [out] = run(llm, [[1, 2, 3, 4, 5]], SamplingParams(n=3, max_tokens=3, seed=1))
+    assert len(out.outputs) == 3
+    _assert_metrics_in_order(out)
+
+
+@pytest.fixture(scope="module")
+def no_tokenizer() -> LLM:
+    return engine("tiny-random-llama", skip_tokenizer_init=True)
+
+
+def test_skip_tokenizer_init_generates_token_ids_without_text(no_tokenizer: LLM) -> None:
+    prompts = random_prompts([6, 9], seed=8)
+    params = greedy(4, ignore_eos=True, logprobs=2)
+    expected = run(engine("tiny-random-llama"), prompts, params)
+    outs = run(no_tokenizer, prompts, params)
+    assert no_tokenizer.get_tokenizer() is None
+    for got, want in zip(outs, expected, strict=True):
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids
+        assert got.outputs[0].text == "" and got.prompt is None
+        assert got.outputs[0].logprobs is not None
+        assert all(lp.decoded_token is None for e in got.outputs[0].logprobs for lp in e.values())
+
+
+def test_skip_tokenizer_init_refuses_a_text_prompt_by_position(no_tokenizer: LLM) -> None:
+    prompts = [{"prompt_token_ids": [1, 2, 3]}, "text"]
+    with pytest.raises(ValueError, match=r"prompt 1 is text, but skip_tokenizer_init=True"):
+        no_tokenizer.generate(prompts, greedy(2), use_tqdm=False)
+    with pytest.raises(ValueError, match="skip_tokenizer_init=True"):
+        no_tokenizer.chat([{"role": "user", "content": "hi"}], greedy(2), use_tqdm=False)
+
+
+@pytest.mark.parametrize(
+    "field", [{"stop": ["a"]}, {"bad_words": ["a"]}], ids=["stop", "bad_words"]
+)
+def test_skip_tokenizer_init_refuses_what_needs_text(no_tokenizer: LLM, field: dict) -> None:
+    name = next(iter(field))
+    with pytest.raises(ValueError, match=rf"prompt 0: SamplingParams.{name}=.*needs the tokenizer"):
+        run(no_tokenizer, [[1, 2, 3]], greedy(2, **field))

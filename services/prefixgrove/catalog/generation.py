@@ -1,4 +1,5 @@
-"""A checkpoint's own sampling defaults (its generation_config.json), read as vLLM reads them."""
+"""A checkpoint's generation_config.json, read as vLLM reads it: its sampling defaults and the EOS
+ids that end generation besides the tokenizer's."""
 
 from __future__ import annotations
 
@@ -15,16 +16,50 @@ _FIELDS = {
     "repetition_penalty": "repetition_penalty",
     "max_new_tokens": "max_tokens",
 }
+# transformers' GenerationConfig defaults: vLLM takes over only the values that differ from them
+# (GenerationConfig.to_diff_dict), so a file that spells out top_k=50 leaves top_k alone.
+_TRANSFORMERS_DEFAULTS = {"top_k": 50}
 
 
 def generation_defaults(model: str) -> dict[str, Any]:
     """SamplingParams keyword arguments from `model`'s generation_config.json; empty for presets,
     GGUF files and directories without one."""
-    path = os.path.join(model, "generation_config.json")
+    raw = _read(model)
+    return {
+        ours: raw[theirs]
+        for theirs, ours in _FIELDS.items()
+        if raw.get(theirs) is not None and raw[theirs] != _TRANSFORMERS_DEFAULTS.get(theirs)
+    }
+
+
+def generation_eos_token_ids(model: str) -> tuple[int, ...]:
+    """The file's eos_token_id (an int or a list of them); every one ends generation."""
+    raw = _read(model)
+    eos = raw.get("eos_token_id")
+    if eos is None:
+        return ()
+    ids = eos if isinstance(eos, list) else [eos]
+    if not all(_is_id(t) for t in ids):
+        raise ValueError(
+            f"{_path(model)}: eos_token_id={eos!r} is invalid: expected a token id or a list of them"
+        )
+    return tuple(ids)
+
+
+def _read(model: str) -> dict[str, Any]:
+    path = _path(model)
     if not os.path.isfile(path):
         return {}
     with open(path, encoding="utf-8") as f:
         raw = json.load(f)
     if not isinstance(raw, dict):
         raise ValueError(f"{path} is not a JSON object")
-    return {ours: raw[theirs] for theirs, ours in _FIELDS.items() if raw.get(theirs) is not None}
+    return raw
+
+
+def _path(model: str) -> str:
+    return os.path.join(model, "generation_config.json")
+
+
+def _is_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -97,6 +97,8 @@ class EngineConfig:
     cascade_prefill_kernel: str = "two-pass"
     enforce_eager: bool = False
     tokenizer: str | None = None
+    # No tokenizer is loaded: prompts come as token ids and outputs carry ids only (vLLM's option)
+    skip_tokenizer_init: bool = False
 
     def __post_init__(self) -> None:
         if self.cascade_decode_kernel not in ("two-pass", "one-pass"):
@@ -163,6 +165,7 @@ class EngineConfig:
         async_scheduling: bool = True,
         enforce_eager: bool = False,
         tokenizer: str | None = None,
+        skip_tokenizer_init: bool = False,
         **unknown: Any,
     ) -> EngineConfig:
         """Builds a config from vLLM-style keyword arguments, resolving the 'auto' choices."""
@@ -199,6 +202,7 @@ class EngineConfig:
             # the torch references synchronise: no CUDA graphs
             enforce_eager=enforce_eager or not cuda or attention_backend == "torch",
             tokenizer=tokenizer,
+            skip_tokenizer_init=skip_tokenizer_init,
         )
 
 

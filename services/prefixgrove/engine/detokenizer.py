@@ -24,12 +24,19 @@ class DetokState:
 class Detokenizer:
     def __init__(self, tokenizer: Any, vocab_size: int) -> None:
         self.tokenizer = tokenizer
-        # Ids the model can emit but the tokenizer does not know (random-weight presets) decode to nothing.
-        self.known = min(vocab_size, len(tokenizer))
+        # Ids the model can emit but the tokenizer does not know (random-weight presets) decode to nothing;
+        # without a tokenizer (skip_tokenizer_init) no id has text.
+        self.known = 0 if tokenizer is None else min(vocab_size, len(tokenizer))
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        if self.tokenizer is None:
+            return ""
         ids = [t for t in token_ids if t < self.known]
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        """One token's own text, special tokens included (a logprob's decoded_token)."""
+        return self.decode([token_id], skip_special_tokens=False)
 
     def step(
         self, state: DetokState, token_ids: list[int], skip_special_tokens: bool = True

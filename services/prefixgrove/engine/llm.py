@@ -16,7 +16,7 @@ from prefixgrove.grouping import GroupingConfig, PrefixGroup, group_prompts
 
 from .config import EngineConfig
 from .llm_engine import LLMEngine
-from .outputs import RequestOutput
+from .outputs import RequestMetrics, RequestOutput
 from .sampling_params import SamplingParams, is_unicode
 from .vllm_args import engine_kwargs
 
@@ -115,6 +115,11 @@ class LLM:
         self, conversation: Conversation, index: int, options: dict[str, Any]
     ) -> dict[str, Any]:
         tokenizer = self.engine.tokenizer
+        if tokenizer is None:
+            raise ValueError(
+                "chat() renders conversations with the tokenizer, which skip_tokenizer_init=True "
+                "leaves out: pass token ids to generate() instead"
+            )
         if options["chat_template"] is None and not getattr(tokenizer, "chat_template", None):
             raise ValueError(
                 f"model {self.config.model.model!r} has no chat template: pass chat_template=... "
@@ -133,26 +138,31 @@ class LLM:
     def _tokenize(self, prompts: Seq[Prompt]) -> tuple[list[str | None], list[list[int]]]:
         texts: list[str | None] = []
         ids: list[list[int]] = []
-        tokenizer = self.engine.tokenizer
         for i, p in enumerate(prompts):
             text = p if isinstance(p, str) else p.get("prompt") if isinstance(p, dict) else None
             if isinstance(text, str) and not is_unicode(text):
                 raise ValueError(f"prompt {i} holds a lone surrogate: it is not Unicode text")
-            if isinstance(p, str):
-                texts.append(p)
-                ids.append(tokenizer.encode(p))
-            elif isinstance(p, dict) and "prompt_token_ids" in p:
+            if isinstance(p, dict) and "prompt_token_ids" in p:
                 texts.append(p.get("prompt"))
                 ids.append(p["prompt_token_ids"])  # checked (and copied where needed) by validate
-            elif isinstance(p, dict) and "prompt" in p:
-                texts.append(p["prompt"])
-                ids.append(tokenizer.encode(p["prompt"]))
+            elif isinstance(text, str):
+                texts.append(text)
+                ids.append(self._encode(i, text))
             else:
                 raise ValueError(
                     f"prompt {i}: expected a string, {{'prompt': str}} or "
                     f"{{'prompt_token_ids': [...]}}, got {type(p).__name__}"
                 )
         return texts, ids
+
+    def _encode(self, index: int, text: str) -> list[int]:
+        tokenizer = self.engine.tokenizer
+        if tokenizer is None:
+            raise ValueError(
+                f"prompt {index} is text, but skip_tokenizer_init=True loaded no tokenizer to "
+                "encode it: pass {'prompt_token_ids': [...]} instead"
+            )
+        return cast(list[int], tokenizer.encode(text))
 
     @staticmethod
     def _params_per_prompt(
@@ -301,14 +311,22 @@ class _Samples:
         return out
 
     def merge(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
-        """One RequestOutput per prompt, its samples' completions in `outputs` (index 0..n-1)."""
+        """One RequestOutput per prompt, its samples' completions in `outputs` (index 0..n-1), its
+        metrics those of the samples together."""
         merged: list[RequestOutput] = []
+        samples: list[list[RequestMetrics]] = []
         for (_, j), out in zip(self.samples, outputs, strict=True):
             out.outputs[0].index = j
             if j == 0:
                 merged.append(out)
+                samples.append([])
             else:
                 merged[-1].outputs.append(out.outputs[0])
+            if out.metrics is not None:
+                samples[-1].append(out.metrics)
+        for out, metrics in zip(merged, samples, strict=True):
+            if len(metrics) > 1:
+                out.metrics = RequestMetrics.of_samples(metrics)
         return merged
 
 

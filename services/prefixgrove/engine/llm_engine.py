@@ -7,6 +7,7 @@ import random
 import time
 from collections.abc import Sequence as Seq
 
+from prefixgrove.catalog.generation import generation_eos_token_ids
 from prefixgrove.catalog.presets import load_tokenizer
 from prefixgrove.grouping import PrefixGroup
 
@@ -30,14 +31,23 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         arch = config.model.arch
-        self.tokenizer = load_tokenizer(config.model.model, config.tokenizer)
+        self.tokenizer = (
+            None
+            if config.skip_tokenizer_init
+            else load_tokenizer(config.model.model, config.tokenizer)
+        )
         self.runner = ModelRunner(config)
         num_blocks = self.runner.num_blocks_to_allocate()
         self.runner.allocate_kv_cache(num_blocks)
         self.runner.capture_graphs()
         self.blocks = BlockManager(num_blocks, config.cache.block_size)
         self.scheduler = Scheduler(config.scheduler, self.blocks)
-        self.output_processor = OutputProcessor(self.tokenizer, arch, config.model.max_model_len)
+        self.output_processor = OutputProcessor(
+            self.tokenizer,
+            arch,
+            config.model.max_model_len,
+            generation_eos_token_ids(config.model.model),
+        )
         self.metrics = EngineMetrics()
         self._requests: dict[str, Sequence] = {}
         self._seeds = random.Random(config.model.seed)
@@ -255,6 +265,9 @@ class LLMEngine:
         begin = time.perf_counter()
         preemptions = self.scheduler.num_preemptions
         out = self.scheduler.schedule()
+        now = time.time()
+        for item in out.batch:
+            item.seq.metrics.scheduled(now)
         self.metrics.preemptions = self.scheduler.num_preemptions
         preempted = self.scheduler.num_preemptions != preemptions
         ahead, self._ahead = self._ahead, None

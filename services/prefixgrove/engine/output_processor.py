@@ -3,6 +3,8 @@ finished request turned into a RequestOutput."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -14,9 +16,17 @@ from .sequence import Sequence
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Any, arch: ModelArch, max_model_len: int) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        arch: ModelArch,
+        max_model_len: int,
+        generation_eos_token_ids: Iterable[int] = (),
+    ) -> None:
+        """EOS is every id the checkpoint names: its config's, its tokenizer's and its
+        generation_config's (vLLM stops at the last two)."""
         self.detokenizer = Detokenizer(tokenizer, arch.vocab_size)
-        eos = set(arch.eos_token_ids)
+        eos = set(arch.eos_token_ids) | set(generation_eos_token_ids)
         if getattr(tokenizer, "eos_token_id", None) is not None:
             eos.add(tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
@@ -27,6 +37,7 @@ class OutputProcessor:
         """Adds the sampled token; returns whether the request is now finished."""
         token = int(row[0])
         seq.output_token_ids.append(token)
+        seq.metrics.token(time.time())
         p = seq.params
         if p.logprobs is not None:
             self._record_logprobs(seq, token, row)
@@ -89,6 +100,10 @@ class OutputProcessor:
         if not text and p.detokenize and not isinstance(seq.stop_reason, str):
             text = self.detokenizer.decode(seq.output_token_ids, p.skip_special_tokens)
         self._detok.pop(seq.seq_id, None)
+        seq.metrics.finished_time = time.time()
+        if p.detokenize:
+            self._name_tokens(seq.logprobs)
+            self._name_tokens(seq.prompt_logprobs)
         completion = CompletionOutput(
             index=0,
             text=text,
@@ -105,4 +120,12 @@ class OutputProcessor:
             outputs=[completion],
             finished=True,
             num_cached_tokens=seq.num_cached_tokens,
+            metrics=seq.metrics,
+            prompt_logprobs=seq.prompt_logprobs,
         )
+
+    def _name_tokens(self, entries: Iterable[dict[int, Logprob] | None] | None) -> None:
+        """Each Logprob's decoded_token: its token decoded alone, as vLLM gives it."""
+        for entry in entries or ():
+            for token, logprob in (entry or {}).items():
+                logprob.decoded_token = self.detokenizer.token_text(token)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
 
 
 @dataclass
@@ -16,6 +17,58 @@ class Logprob:
 
 # One dict per generated token: token id -> Logprob (the chosen token plus the top-n alternatives).
 SampleLogprobs = list[dict[int, Logprob]]
+# One entry per prompt token: None for the first (nothing comes before it), then as SampleLogprobs.
+PromptLogprobs = list[dict[int, Logprob] | None]
+
+
+@dataclass
+class RequestMetrics:
+    """When a request went through the engine (vLLM's RequestMetrics), in seconds since the epoch
+    (time.time()); a stage it never reached (no token yet, not finished) is None."""
+
+    arrival_time: float
+    last_token_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    time_in_queue: float | None = None  # first_scheduled_time - arrival_time
+    finished_time: float | None = None
+
+    @classmethod
+    def arriving(cls) -> RequestMetrics:
+        now = time.time()
+        return cls(arrival_time=now, last_token_time=now)
+
+    def scheduled(self, now: float) -> None:
+        if self.first_scheduled_time is None:
+            self.first_scheduled_time = now
+            self.time_in_queue = now - self.arrival_time
+
+    def token(self, now: float) -> None:
+        if self.first_token_time is None:
+            self.first_token_time = now
+        self.last_token_time = now
+
+    @staticmethod
+    def of_samples(samples: list[RequestMetrics]) -> RequestMetrics:
+        """One prompt's n samples as one request: its earliest start and its latest end."""
+
+        def first(values: list[float | None]) -> float | None:
+            return min((v for v in values if v is not None), default=None)
+
+        def last(values: list[float | None]) -> float | None:
+            return max((v for v in values if v is not None), default=None)
+
+        arrival = min(m.arrival_time for m in samples)
+        merged = RequestMetrics(
+            arrival_time=arrival,
+            last_token_time=max(m.last_token_time for m in samples),
+            first_token_time=first([m.first_token_time for m in samples]),
+            finished_time=last([m.finished_time for m in samples]),
+        )
+        scheduled = first([m.first_scheduled_time for m in samples])
+        if scheduled is not None:
+            merged.scheduled(scheduled)
+        return merged
 
 
 @dataclass
@@ -37,4 +90,5 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0  # prompt tokens whose KV came from a shared prefix, not a prefill
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: RequestMetrics | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # with SamplingParams.prompt_logprobs

@@ -72,14 +72,27 @@ class SamplingParams:
 
     def prepared(self, tokenizer: Any, eos_token_ids: Iterable[int]) -> SamplingParams:
         """A checked copy for the engine to keep (later changes to this object do not reach it), with
-        the token ids of bad_words and the stop ids min_tokens holds back (EOS unless ignore_eos)."""
+        the token ids of bad_words and the stop ids min_tokens holds back (EOS unless ignore_eos).
+        Without a tokenizer (skip_tokenizer_init) nothing is detokenized, as vLLM does."""
+        if tokenizer is None:
+            self._check_without_tokenizer()
         params = replace(self)
+        params.detokenize = params.detokenize and tokenizer is not None
         eos = () if self.ignore_eos else tuple(sorted(set(eos_token_ids)))
         params.min_tokens_stop_ids = tuple(dict.fromkeys(self.stop_token_ids + eos))
         params.is_prepared = True
         if self.bad_words:
             params.bad_words_token_ids = _bad_words_token_ids(tokenizer, self.bad_words)
         return params
+
+    def _check_without_tokenizer(self) -> None:
+        for name in ("stop", "bad_words"):
+            if getattr(self, name):
+                raise ValueError(
+                    f"SamplingParams.{name}={getattr(self, name)!r} needs the tokenizer, which "
+                    "skip_tokenizer_init=True leaves out: its outputs are not detokenized "
+                    "(detokenize=False); use stop_token_ids instead"
+                )
 
     def _check_samples(self) -> None:
         _check(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from .outputs import Logprob
+from .outputs import Logprob, PromptLogprobs, RequestMetrics
 from .sampling_params import SamplingParams
 
 
@@ -47,6 +47,9 @@ class Sequence:
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float = 0.0
     output_text: str = ""
+    # With params.prompt_logprobs: entry p for prompt token p, filled as the prompt's chunks run
+    prompt_logprobs: PromptLogprobs | None = None
+    metrics: RequestMetrics = field(default_factory=RequestMetrics.arriving)
 
     def __post_init__(self) -> None:
         if not self.max_tokens:

@@ -30,7 +30,6 @@ _ONLY = {
     "download_dir": (None,),
     "cpu_offload_gb": (0,),
     "enable_chunked_prefill": (None, True),  # prefill is always chunked
-    "skip_tokenizer_init": (False,),
     "enable_lora": (False,),
 }
 _WHY = {
@@ -46,7 +45,6 @@ _WHY = {
     "download_dir": "nothing is downloaded: pass a local path",
     "cpu_offload_gb": "weights stay on the device",
     "enable_chunked_prefill": "prefill is always chunked",
-    "skip_tokenizer_init": "the engine needs the model's tokenizer (pass tokenizer=PATH)",
     "enable_lora": "LoRA adapters are not supported",
 }
 # Accepted and without effect here: they tune what vLLM does and prefixgrove does not.
