@@ -14,6 +14,12 @@ from typing import Any, TypeVar
 ENV_PREFIX = "PREFIXGROVE_"
 T = TypeVar("T")
 _KEEPS_EMPTY = "keeps_empty"
+_HELP = "help"  # field metadata: what --help says of the setting before its default
+REDIS_URL_HELP = (
+    "redis://[:password@]host:port/db (rediss:// for TLS, or unix://path); a Redis Cluster: "
+    "redis+cluster://host:port[,host:port...]; a master found through Sentinels: "
+    "redis+sentinel://host:port[,host:port...]/master-name[/db] (rediss+ for TLS)"
+)
 
 
 def keeps_empty(default: str) -> Any:
@@ -83,7 +89,7 @@ class ClientSettings:
 
 @dataclass(frozen=True)
 class PlannerSettings:
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={_HELP: REDIS_URL_HELP})
     host: str = "127.0.0.1"  # loopback unless told otherwise (a container passes 0.0.0.0)
     port: int = 50051
     model: str = "tiny-random-llama"
@@ -116,7 +122,7 @@ class PlannerSettings:
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={_HELP: REDIS_URL_HELP})
     model: str = "tiny-random-llama"
     device: str = "auto"
     dtype: str = "auto"
@@ -166,7 +172,8 @@ def _help(f: Field[Any]) -> str:
     """What --help says of a setting: its default and the variable that sets it."""
     secret = "token" in f.name or f.name.endswith("_key")
     default = "unset" if f.default in (None, "") or secret else f"{f.default}"
-    return f"default: {default}; environment: {ENV_PREFIX}{f.name.upper()}"
+    described = f"{f.metadata[_HELP]}; " if _HELP in f.metadata else ""
+    return f"{described}default: {default}; environment: {ENV_PREFIX}{f.name.upper()}"
 
 
 def load(

@@ -16,6 +16,7 @@ URL forms (passwords, TLS and `?option=value` as redis-py reads them in a plain 
 
 from __future__ import annotations
 
+import socket
 import threading
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -25,7 +26,7 @@ import redis
 from redis.backoff import AbstractBackoff, ExponentialBackoff, NoBackoff
 from redis.cluster import ClusterNode
 from redis.connection import parse_url
-from redis.exceptions import ClusterDownError, SlotNotCoveredError
+from redis.exceptions import ClusterDownError, RedisClusterException, SlotNotCoveredError
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
@@ -36,7 +37,7 @@ _CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 _SENTINEL_SCHEMES = {"redis+sentinel": "redis", "rediss+sentinel": "rediss"}
 _SCHEMES = "redis://, rediss://, unix://, redis+cluster://, rediss+cluster://, redis+sentinel://, rediss+sentinel://"
 _RETRY_ON = [redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError]
-_CLUSTER_RETRY_ON = (*_RETRY_ON, ClusterDownError, SlotNotCoveredError)
+_CLUSTER_RETRY_ON = (*_RETRY_ON, socket.timeout, ClusterDownError, SlotNotCoveredError)
 
 
 class _StoppableBackoff(AbstractBackoff):
@@ -65,8 +66,8 @@ class _PatientCluster(redis.RedisCluster):
     command also goes through `patience`, the backoff a single-node client has."""
 
     def __init__(self, patience: Retry, **kwargs: Any) -> None:
+        self.patience = patience  # before RedisCluster's own setup, which runs commands
         super().__init__(**kwargs)
-        self.patience = patience
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         return self.patience.call_with_retry(
@@ -101,7 +102,7 @@ def connect(
     timeouts = {"socket_connect_timeout": socket_timeout or 5, "socket_timeout": socket_timeout}
     scheme = urlsplit(url).scheme
     if scheme in _CLUSTER_SCHEMES:
-        return _cluster(_split(url, _CLUSTER_SCHEMES[scheme], 6379), retry, timeouts)
+        return _cluster(_split(url, _CLUSTER_SCHEMES[scheme], 6379), backoff, retries, timeouts)
     if scheme in _SENTINEL_SCHEMES:
         return _sentinel(_split(url, _SENTINEL_SCHEMES[scheme], 26379), retry, timeouts)
     if scheme not in ("redis", "rediss", "unix"):
@@ -113,19 +114,27 @@ def connect(
     )
 
 
-def _cluster(url: _Nodes, retry: Retry, timeouts: dict[str, Any]) -> redis.RedisCluster:
+def _cluster(
+    url: _Nodes, backoff: AbstractBackoff, retries: int, timeouts: dict[str, Any]
+) -> redis.RedisCluster:
     if url.path.strip("/") not in ("", "0"):
         raise ValueError(
             f"Redis Cluster URL path {url.path!r} is invalid: a cluster has database 0 only "
             "(leave the path out)"
         )
-    retry.update_supported_errors(_CLUSTER_RETRY_ON)
-    return _PatientCluster(
-        retry,
-        url=url.plain,
-        startup_nodes=[ClusterNode(host, port) for host, port in url.nodes[1:]],
-        retry=Retry(NoBackoff(), 3),
-        **timeouts,
+    retry = Retry(backoff, retries, _CLUSTER_RETRY_ON)
+    # RedisCluster reads the cluster's layout as it is built, and fails when no node answers:
+    # a cluster that is restarting is waited for here as well.
+    unreachable = Retry(backoff, retries, (RedisClusterException, *_CLUSTER_RETRY_ON))
+    return unreachable.call_with_retry(
+        lambda: _PatientCluster(
+            retry,
+            url=url.plain,
+            startup_nodes=[ClusterNode(host, port) for host, port in url.nodes[1:]],
+            retry=Retry(NoBackoff(), 3),
+            **timeouts,
+        ),
+        lambda _: None,
     )
 
 

@@ -317,8 +317,9 @@ class JobStore:
             pipe = self.r.pipeline(transaction=False)
             for job_id in ids:
                 keys = JobKeys(job_id)
-                # EVAL, not a registered script: a pipeline cannot load it on a cluster node
-                pipe.eval(schema.JOB_DEPTH, 2, keys.job, keys.leased)
+                # EVAL, not a registered script: a cluster pipeline cannot load one on its nodes
+                # (nor take .eval(), so the command goes in as it is)
+                pipe.execute_command("EVAL", schema.JOB_DEPTH, 2, keys.job, keys.leased)
             finished = []
             for job_id, (state, groups, done, leased) in zip(ids, pipe.execute(), strict=True):
                 if not state or JobState(_s(state)).terminal:

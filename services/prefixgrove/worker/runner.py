@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from prefixgrove.grouping import PrefixGroup
 from prefixgrove.jobs.connection import connect
@@ -109,8 +107,7 @@ class Worker:
         while not stop.wait(0.25):
             if finished.is_set():
                 return
-        probe = redis.Redis.from_url(self.settings.redis_url, socket_connect_timeout=1.0,
-                                     socket_timeout=1.0, retry=Retry(NoBackoff(), 0))  # fmt: skip
+        probe = connect(self.settings.redis_url, retries=0, socket_timeout=1.0)
         down_since: float | None = None
         with probe:
             while not finished.wait(0.25):
