@@ -30,7 +30,12 @@ def job() -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def ungrouped(llama_dir: str, job: list[list[int]]) -> list[list[int]]:
-    llm = engine(llama_dir, enable_prefix_grouping=False, enable_cascade_attention=False)
+    llm = engine(
+        llama_dir,
+        enable_prefix_grouping=False,
+        enable_prefix_caching=False,
+        enable_cascade_attention=False,
+    )
     outs = run(llm, job, PARAMS)
     assert [o.num_cached_tokens for o in outs] == [0] * len(job)
     assert_no_leak(llm)
@@ -133,8 +138,8 @@ def test_prefix_is_prefilled_once_per_group(llama_dir, job):
     assert m.requests_finished == len(job)
 
 
-def test_ungrouped_run_shares_nothing(llama_dir, job):
-    llm = engine(llama_dir, enable_prefix_grouping=False)
+def test_ungrouped_uncached_run_shares_nothing(llama_dir, job):
+    llm = engine(llama_dir, enable_prefix_grouping=False, enable_prefix_caching=False)
     run(llm, job, PARAMS)
     m = llm.engine.metrics
     assert m.prefix_tokens_reused == 0 and m.kv_blocks_shared == 0

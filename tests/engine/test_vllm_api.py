@@ -25,7 +25,7 @@ def test_vllm_arguments_that_mean_something_here_are_taken_over() -> None:
         swap_space=4,
         disable_log_stats=True,
     )
-    assert llm.config.enable_prefix_grouping is False
+    assert llm.config.enable_prefix_caching is False
     assert llm.config.cache.num_blocks == 64
 
 

@@ -80,6 +80,8 @@ class EngineConfig:
     device: str = "cpu"
     attention_backend: str = "torch"
     enable_prefix_grouping: bool = True
+    # Full KV blocks outlive their requests, found again by content (vLLM's automatic prefix caching)
+    enable_prefix_caching: bool = True
     enable_cascade_attention: bool = True
     # How decode steps run cascade attention: "one-pass" (kernels/cascade_decode.py: a group's prefix and
     # its requests' own keys in one stream) or "two-pass" (prefix pass, then a suffix pass that merges,
@@ -158,6 +160,7 @@ class EngineConfig:
         num_gpu_blocks: int | None = None,
         attention_backend: str = "auto",
         enable_prefix_grouping: bool = True,
+        enable_prefix_caching: bool = True,
         enable_cascade_attention: bool = True,
         cascade_decode_kernel: str = "auto",
         cascade_prefill_kernel: str = "auto",
@@ -196,6 +199,7 @@ class EngineConfig:
             device=device,
             attention_backend=attention_backend,
             enable_prefix_grouping=enable_prefix_grouping,
+            enable_prefix_caching=enable_prefix_caching,
             enable_cascade_attention=enable_cascade_attention,
             cascade_decode_kernel=decode_kernel,
             cascade_prefill_kernel=prefill_kernel,

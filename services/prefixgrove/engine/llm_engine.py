@@ -41,7 +41,9 @@ class LLMEngine:
         self.runner.allocate_kv_cache(num_blocks)
         self.runner.capture_graphs()
         self.blocks = BlockManager(num_blocks, config.cache.block_size)
-        self.scheduler = Scheduler(config.scheduler, self.blocks)
+        self.scheduler = Scheduler(
+            config.scheduler, self.blocks, prefix_caching=config.enable_prefix_caching
+        )
         self.output_processor = OutputProcessor(
             self.tokenizer,
             arch,
@@ -269,6 +271,8 @@ class LLMEngine:
         for item in out.batch:
             item.seq.metrics.scheduled(now)
         self.metrics.preemptions = self.scheduler.num_preemptions
+        self.metrics.prefix_tokens_reused = self.scheduler.num_tokens_reused
+        self.metrics.kv_blocks_shared = self.scheduler.num_blocks_reused
         preempted = self.scheduler.num_preemptions != preemptions
         ahead, self._ahead = self._ahead, None
         if out.batch and self._may_go_ahead(out, preempted):
@@ -417,9 +421,6 @@ class LLMEngine:
             self.metrics.decode_tokens += 1
         else:
             self.metrics.prefill_tokens += item.num_tokens
-        if seq.num_shared_blocks and seq.num_computed_tokens == seq.num_cached_tokens:
-            self.metrics.prefix_tokens_reused += seq.num_cached_tokens  # first chunk after joining
-            self.metrics.kv_blocks_shared += seq.num_shared_blocks
 
 
 def _tokens_left(seq: Sequence) -> int:

@@ -11,8 +11,9 @@ class EngineMetrics:
     # prompt tokens whose KV was computed (prefixes once, suffixes, recomputes)
     prefill_tokens: int = 0
     decode_tokens: int = 0
-    prefix_tokens_reused: int = 0  # prompt tokens a request took from its group's prefix instead
-    # block references taken on a group's prefix (one per request and block)
+    # prompt tokens taken from a group's prefix or the prefix cache instead of being computed
+    prefix_tokens_reused: int = 0
+    # block references taken on a group's prefix or on cached blocks (one per sequence and block)
     kv_blocks_shared: int = 0
     preemptions: int = 0
     requests_finished: int = 0

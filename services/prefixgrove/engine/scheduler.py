@@ -4,6 +4,9 @@ Groups: a group's prefix is a prefill-only sequence; once it is in the cache the
 ahead of new work (they reuse the prefix, so they are the cheapest tokens to finish); a new group is
 admitted only when its prefix and a first wave of its requests fit in the free blocks. When blocks run
 out, the most recently admitted sequence is preempted and later recomputed.
+
+With the prefix cache, an admitted sequence (a request, or a group's prefix) first takes the cached
+blocks its tokens begin with and is prefilled from there; a group's prefix found whole is ready at once.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 
 from .block_manager import BlockManager
 from .config import SchedulerConfig
+from .prefix_cache import PrefixCache
 from .sequence import Group, GroupState, SeqStatus, Sequence
 
 logger = logging.getLogger(__name__)
@@ -36,14 +40,20 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
+    def __init__(
+        self, config: SchedulerConfig, blocks: BlockManager, *, prefix_caching: bool
+    ) -> None:
         self.config = config
         self.blocks = blocks
+        self.cache = PrefixCache(blocks, enabled=prefix_caching)
         # ungrouped requests and not-yet-started groups
         self.waiting: deque[Sequence | Group] = deque()
         self.ready_groups: list[Group] = []  # prefix in the cache, requests still to start
         self.running: list[Sequence] = []  # admission order
         self.num_preemptions = 0
+        # what admitted sequences took instead of computing: tokens, and references on blocks
+        self.num_tokens_reused = 0
+        self.num_blocks_reused = 0
 
     def add(self, item: Sequence | Group) -> None:
         self.waiting.append(item)
@@ -93,26 +103,14 @@ class Scheduler:
             item = self._next_candidate()
             if item is None:
                 break
-            if isinstance(item, Group):
-                if not self._fits(self._group_blocks(item)):
-                    break
-                self.waiting.popleft()
-                item.state = GroupState.COMPUTING
-                seq = item.prefix_seq
-            else:
-                seq, group = item, item.group
-                shared = (
-                    group.prefix_blocks if group is not None and self._joins_group(item) else []
-                )
-                need = self.blocks.blocks_for(seq.num_tokens + 1) - len(shared)
-                if not self._fits(need):
-                    break
-                self._take_candidate(item)
-                if shared:
-                    self.blocks.share(shared)
-                    seq.block_table = list(shared)
-                    seq.num_shared_blocks = len(shared)
-                    seq.num_computed_tokens = seq.num_cached_tokens = group.prefix_len  # type: ignore[union-attr]
+            seq = self._start_group(item) if isinstance(item, Group) else self._start_seq(item)
+            if seq is None:
+                break
+            self.num_tokens_reused += seq.num_computed_tokens
+            self.num_blocks_reused += len(seq.block_table)
+            if seq.is_prefix and seq.num_uncomputed == 0 and seq.group is not None:
+                self._prefix_ready(seq.group)  # found whole in the cache
+                continue
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             n = self._fit(seq, min(seq.num_uncomputed, budget))
@@ -120,6 +118,35 @@ class Scheduler:
                 batch.append(self._chunk(seq, n))
                 budget -= n
         return budget
+
+    def _start_group(self, group: Group) -> Sequence | None:
+        """Takes a new group in and its prefix's cached blocks; None where it must wait."""
+        prefix = group.prefix_seq
+        if not self._fits(self._group_blocks(group)) or self.cache.waits(prefix, prefix.num_tokens):
+            return None
+        self.waiting.popleft()
+        group.state = GroupState.COMPUTING
+        self.cache.take(prefix, prefix.num_tokens)
+        return prefix
+
+    def _start_seq(self, seq: Sequence) -> Sequence | None:
+        """Takes a request in, on its group's prefix where that is ready, then the cached blocks that
+        follow (all but its last token may come from there); None where it must wait."""
+        group = seq.group
+        shared = group.prefix_blocks if group is not None and self._joins_group(seq) else []
+        need = self.blocks.blocks_for(seq.num_tokens + 1) - len(shared)
+        if not self._fits(need) or (not shared and self.cache.waits(seq, seq.num_tokens - 1)):
+            return None
+        self._take_candidate(seq)
+        if group is not None and shared:
+            self.blocks.share(shared)
+            seq.block_table, seq.num_shared_blocks = list(shared), len(shared)
+            seq.block_hashes = list(group.prefix_seq.block_hashes)
+            seq.num_computed_tokens = group.prefix_len
+        self.cache.take(seq, seq.num_tokens - 1)
+        if not seq.num_generated:  # a recompute after preemption keeps what its prompt took
+            seq.num_cached_tokens = seq.num_computed_tokens
+        return seq
 
     def _next_candidate(self) -> Sequence | Group | None:
         for group in self.ready_groups:
@@ -194,9 +221,8 @@ class Scheduler:
             seq.request_id,
             self.num_preemptions,
         )
-        self.blocks.release(seq.block_table)
-        seq.block_table, seq.num_shared_blocks = [], 0
-        seq.num_computed_tokens = seq.num_cached_tokens = 0
+        self.cache.release(seq)
+        seq.num_computed_tokens = 0
         seq.status = SeqStatus.WAITING
         group = seq.group
         if seq.is_prefix and group is not None:
@@ -215,8 +241,7 @@ class Scheduler:
         for group in reversed(self.ready_groups):
             if not any(m.status is SeqStatus.RUNNING for m in group.members):
                 self.ready_groups.remove(group)
-                self.blocks.release(group.prefix_seq.block_table)
-                group.prefix_seq.block_table = []
+                self.cache.release(group.prefix_seq)
                 group.prefix_seq.num_computed_tokens = 0
                 group.state = GroupState.WAITING
                 group.pending = [m for m in group.members if not m.finished]
@@ -228,11 +253,16 @@ class Scheduler:
     def complete_chunk(self, item: ScheduledSeq) -> None:
         seq = item.seq
         seq.num_computed_tokens += item.num_tokens
+        if seq.num_computed_tokens - item.num_tokens < seq.num_prompt_tokens:
+            self.cache.remember(seq)  # prompt blocks: findable by what is admitted next
         if seq.is_prefix and seq.num_uncomputed == 0 and seq.group is not None:
             self.running.remove(seq)
-            seq.status = SeqStatus.FINISHED
-            seq.group.state = GroupState.READY
-            self.ready_groups.append(seq.group)
+            self._prefix_ready(seq.group)
+
+    def _prefix_ready(self, group: Group) -> None:
+        group.prefix_seq.status = SeqStatus.FINISHED
+        group.state = GroupState.READY
+        self.ready_groups.append(group)
 
     def finish(self, seq: Sequence) -> None:
         """Ends a request (done or aborted): its blocks go back; a group's prefix goes with its last one.
@@ -241,8 +271,7 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.blocks.release(seq.block_table)
-        seq.block_table, seq.num_shared_blocks = [], 0
+        self.cache.release(seq)
         seq.status = SeqStatus.FINISHED
         group = seq.group
         if group is None:
@@ -260,7 +289,6 @@ class Scheduler:
         prefix = group.prefix_seq
         if prefix.status is SeqStatus.RUNNING:
             self.running.remove(prefix)
-        self.blocks.release(prefix.block_table)
-        prefix.block_table = []
+        self.cache.release(prefix)
         prefix.status = SeqStatus.FINISHED
         group.state = GroupState.DONE

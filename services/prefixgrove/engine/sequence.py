@@ -23,7 +23,7 @@ class Sequence:
     `block_table` belong to the group's prefix and are shared, not owned. `num_pending_tokens` counts
     tokens already sampled on the device whose ids the host has not seen yet (a step enqueued before
     the previous one's tokens came back): they count as tokens, and their ids reach the next step's
-    inputs on the device.
+    inputs on the device. `block_hashes` are the prefix cache's hashes of its leading full blocks.
     """
 
     seq_id: int
@@ -41,6 +41,7 @@ class Sequence:
     num_pending_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
     num_shared_blocks: int = 0
+    block_hashes: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0
     finish_reason: str | None = None
     stop_reason: int | str | None = None

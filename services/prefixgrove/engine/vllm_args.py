@@ -12,8 +12,6 @@ from typing import Any
 # vLLM name -> the engine's name, same meaning.
 RENAMED = {
     "num_gpu_blocks_override": "num_gpu_blocks",
-    # Prefix caching is how vLLM reuses a shared prefix; here grouping does that job.
-    "enable_prefix_caching": "enable_prefix_grouping",
 }
 
 # Accepted when they hold one of these values (what prefixgrove does); refused otherwise.
