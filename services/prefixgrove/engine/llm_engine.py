@@ -143,13 +143,17 @@ class LLMEngine:
         """
         begin = time.perf_counter()
         members = self._check_group(group_id, group, requests, validated)
-        prefix_len = self._shared_prefix_len(group_id, group.prefix_len, members)
-        seqs = [self._new_sequence(rid, ids, params) for rid, ids, params in members]
+        # A request asking for prompt logprobs needs logits at every prompt position, which a shared
+        # prefix never computes for it: it runs alone (vLLM's prefix cache skips such requests too).
+        alone = [m for m in members if m[2].prompt_logprobs is not None]
+        members = [m for m in members if m[2].prompt_logprobs is None]
+        prefix_len = self._shared_prefix_len(group_id, group.prefix_len, members) if members else 0
+        seqs = [self._new_sequence(rid, ids, params) for rid, ids, params in members + alone]
         if prefix_len:
-            self.scheduler.add(self._group(group_id, prefix_len, seqs))
-        else:
-            for seq in seqs:
-                self.scheduler.add(seq)
+            self.scheduler.add(self._group(group_id, prefix_len, seqs[: len(members)]))
+            seqs = seqs[len(members) :]
+        for seq in seqs:
+            self.scheduler.add(seq)
         self.metrics.intake_seconds += time.perf_counter() - begin
 
     def _check_group(

@@ -21,6 +21,7 @@ from .cuda_graphs import DecodeGraphs
 from .input_builder import InputBuilder, StepInputs
 from .models.loader import load_model
 from .models.ops import create_ops
+from .prompt_logprobs import PromptSpan, prompt_spans, record_prompt_logprobs
 from .sampler import Sampler, SamplingBatch, to_device
 from .scheduler import ScheduledSeq
 from .sequence import Sequence
@@ -191,10 +192,17 @@ class ModelRunner:
 
     # -- steps ------------------------------------------------------------------------------------------
 
-    def _logits(self, inputs: StepInputs, out: torch.Tensor | None = None) -> torch.Tensor:
+    def _logits(
+        self,
+        inputs: StepInputs,
+        out: torch.Tensor | None = None,
+        prompt: list[PromptSpan] | None = None,
+    ) -> torch.Tensor:
         ctx = ForwardContext(self.kv_caches, inputs.metadata, self.backend, inputs.sampled)
         hidden = self.model(inputs.input_ids, inputs.positions, ctx)
         if inputs.sampled is None:  # every row was computed to the end
+            if prompt:
+                record_prompt_logprobs(prompt, hidden, self.model.compute_logits)
             hidden = hidden[inputs.logits_indices]
         return self.model.compute_logits(hidden, out)
 
@@ -210,7 +218,10 @@ class ModelRunner:
         inputs = self.builder.fill(order, groups)
         if feed is not None:
             self._feed_pending(inputs, feed)
-        return inputs, self._logits(inputs)
+        prompt = prompt_spans(order)
+        if prompt:
+            inputs.sampled = None  # rows scoring prompt tokens need the last layer too
+        return inputs, self._logits(inputs, prompt=prompt)
 
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> StepResult:

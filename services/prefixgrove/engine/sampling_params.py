@@ -41,6 +41,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    # per prompt token: its logprob and the top k (the prompt runs outside prefix groups)
+    prompt_logprobs: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -86,12 +88,13 @@ class SamplingParams:
         return params
 
     def _check_without_tokenizer(self) -> None:
-        for name in ("stop", "bad_words"):
+        instead = {"stop": "stop_token_ids", "bad_words": "logit_bias or allowed_token_ids"}
+        for name, other in instead.items():
             if getattr(self, name):
                 raise ValueError(
                     f"SamplingParams.{name}={getattr(self, name)!r} needs the tokenizer, which "
-                    "skip_tokenizer_init=True leaves out: its outputs are not detokenized "
-                    "(detokenize=False); use stop_token_ids instead"
+                    "skip_tokenizer_init=True leaves out (outputs are not detokenized, as with "
+                    f"detokenize=False): use {other} instead"
                 )
 
     def _check_samples(self) -> None:
@@ -168,6 +171,13 @@ class SamplingParams:
             self.logprobs,
             f"None or an integer in [0, {_MAX_LOGPROBS}]",
         )
+        _check(
+            self.prompt_logprobs is None
+            or (_is_int(self.prompt_logprobs) and 0 <= self.prompt_logprobs <= _MAX_LOGPROBS),
+            "prompt_logprobs",
+            self.prompt_logprobs,
+            f"None or an integer in [0, {_MAX_LOGPROBS}]",
+        )
         if self.stop and not self.detokenize:
             raise ValueError(
                 f"SamplingParams.stop={self.stop!r} needs detokenize=True: stop strings are "
@@ -221,9 +231,12 @@ class SamplingParams:
 
     def sample(self, index: int) -> SamplingParams:
         """The params of the index-th of n samples: one sample, seed + index where a seed is set
-        (seeded samples differ from each other and repeat from run to run)."""
+        (seeded samples differ from each other and repeat from run to run); prompt logprobs with
+        the first sample only."""
         params = copy.copy(self)  # keeps what `prepared` set
         params.n, params.best_of = 1, None
+        if index:  # the prompt's logprobs come once, with the first sample: the others may share it
+            params.prompt_logprobs = None
         if self.seed is not None:
             params.seed = (self.seed + index) % 2**63
         return params

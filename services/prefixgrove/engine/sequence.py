@@ -55,6 +55,8 @@ class Sequence:
     def __post_init__(self) -> None:
         if not self.max_tokens:
             self.max_tokens = self.params.max_tokens or 1
+        if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = [None]  # the first token has nothing before it
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -1,0 +1,97 @@
+"""Prompt logprobs (SamplingParams.prompt_logprobs): the log-probability of every prompt token given
+the tokens before it, with the top k, as vLLM returns them.
+
+The hidden state at position p scores token p + 1, so a prefill chunk of positions [start, end) scores
+tokens start + 1 .. end (those still in the prompt; the prompt's last position samples the first output
+token instead). A sequence's entries are filled chunk by chunk; a chunk computed again (after a
+preemption) finds its entries there already and is not scored twice. A request that asks for them runs
+outside prefix groups (`LLMEngine.add_group`): a shared prefix is computed by its own prefill-only
+sequence, never through this request's rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .outputs import Logprob
+from .scheduler import ScheduledSeq
+from .sequence import Sequence
+
+# Rows turned into vocabulary-wide logits at once: a long chunk would need [rows, vocab] fp32 whole.
+_ROWS_PER_SLICE = 256
+
+
+@dataclass(frozen=True)
+class PromptSpan:
+    """Rows [row, row + count) of a step score prompt tokens first_token .. first_token + count - 1."""
+
+    seq: Sequence
+    row: int
+    first_token: int
+    count: int
+
+
+def prompt_spans(order: list[ScheduledSeq]) -> list[PromptSpan]:
+    """The spans of a step's rows (laid out in `order`, before the step is counted as computed) whose
+    logits score prompt tokens not scored yet."""
+    spans, offset = [], 0
+    for item in order:
+        seq, start = item.seq, item.seq.num_computed_tokens
+        if seq.prompt_logprobs is not None:
+            first = max(start + 1, len(seq.prompt_logprobs))
+            end = min(start + item.num_tokens, seq.num_prompt_tokens - 1) + 1
+            if first < end:
+                spans.append(PromptSpan(seq, offset + first - 1 - start, first, end - first))
+        offset += item.num_tokens
+    return spans
+
+
+@torch.inference_mode()
+def record_prompt_logprobs(
+    spans: list[PromptSpan],
+    hidden: torch.Tensor,
+    compute_logits: Callable[[torch.Tensor], torch.Tensor],
+) -> None:
+    """Appends each span's entries to its sequence. hidden: [num_tokens, hidden_size], every row of
+    the step through the last layer; compute_logits: hidden rows -> fp32 logits [rows, vocab]."""
+    for span in spans:
+        entries = []
+        for at in range(0, span.count, _ROWS_PER_SLICE):
+            n = min(_ROWS_PER_SLICE, span.count - at)
+            first = span.first_token + at
+            tokens = span.seq.prompt_token_ids[first : first + n]
+            logits = compute_logits(hidden[span.row + at : span.row + at + n])
+            entries += _entries(logits, tokens, span.seq.params.prompt_logprobs or 0)
+        recorded = span.seq.prompt_logprobs
+        assert recorded is not None  # spans are made only for sequences that record them
+        if len(recorded) != span.first_token:
+            raise RuntimeError(
+                f"request {span.seq.request_id!r}: prompt logprobs were computed up to token "
+                f"{len(recorded)} but its next chunk scores from token {span.first_token}: the "
+                "tokens between took their KV from a cache and were never scored"
+            )
+        recorded += entries
+
+
+def _entries(logits: torch.Tensor, tokens: list[int], k: int) -> list[dict[int, Logprob]]:
+    """logits: [n, vocab] fp32 at the positions before `tokens`. The rank is 1 + the number of tokens
+    more likely, as the sampler ranks a sampled token."""
+    logprobs = logits.log_softmax(dim=-1)
+    ids = torch.tensor(tokens, device=logprobs.device).unsqueeze(1)
+    chosen = logprobs.gather(1, ids)
+    ranks = ((logprobs > chosen).sum(dim=-1) + 1).tolist()
+    top = logprobs.topk(k, dim=-1) if k else None
+    top_ids = top.indices.tolist() if top is not None else [[]] * len(tokens)
+    top_vals = top.values.tolist() if top is not None else [[]] * len(tokens)
+    out = []
+    for token, value, rank, row_ids, row_vals in zip(
+        tokens, chosen.squeeze(1).tolist(), ranks, top_ids, top_vals, strict=True
+    ):
+        entry = {token: Logprob(value, rank)}
+        for r, (tid, val) in enumerate(zip(row_ids, row_vals, strict=True), start=1):
+            entry.setdefault(tid, Logprob(val, r))
+        out.append(entry)
+    return out
