@@ -1,15 +1,18 @@
 """A job's input, streamed: lines -> validated, tokenized requests; then the whole job grouped.
 
-What is held per request until grouping is its custom_id and its prefix index entry (a hash per
-shareable KV block, prefix_index.py); the parsed requests and their tokens go out to the caller
-(Redis, or the local run) batch by batch.
+What is held per request until grouping is its prefix index entry (a hash per shareable KV block,
+prefix_index.py); the parsed requests and their tokens go out to the caller (Redis, or the local
+run) batch by batch. What the whole upload shares (line indices, custom_ids taken, the counts
+behind `job_error`) lives in an `UploadLedger`: in memory for the local run, in Redis for the
+planner (jobs/uploads.py), so that every planner replica can take lines of the same job.
 """
 
 from __future__ import annotations
 
 import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -44,6 +47,102 @@ def foreign_encoding(first_line: bytes) -> str | None:
     return f"{wide} ({order}-endian)"
 
 
+@dataclass(frozen=True)
+class UploadCounts:
+    """What a whole upload has taken in so far, whoever took it."""
+
+    lines: int = 0  # request lines (blank lines are not requests): the indices handed out
+    json_lines: int = 0  # lines that parsed as JSON objects
+    prompt_tokens: int = 0
+    encoding: str | None = None  # set when the input is not UTF-8: no line is read
+
+
+class UploadClosed(RuntimeError):
+    """The upload ended (sealed, failed, cancelled) or is being sealed: it takes no more lines."""
+
+
+class UploadLedger(Protocol):
+    """The state one job's upload shares between all the streams that feed it.
+
+    Rules: `reserve` hands out each line index once, job-wide, in one contiguous run per call;
+    `first_uses` says of each custom_id whether no earlier call named it (a second use in the same
+    call is a repeat too); counts only grow. Any call may raise UploadClosed."""
+
+    def reserve(self, lines: int) -> tuple[int, str | None]:
+        """(first index of `lines` new lines, the input's foreign encoding if noted so far)."""
+        ...
+
+    def note_encoding(self, name: str) -> None: ...
+
+    def first_uses(self, custom_ids: Sequence[str]) -> list[bool]: ...
+
+    def count(self, json_lines: int, prompt_tokens: int) -> UploadCounts:
+        """Adds to the counts; returns them as they are now."""
+        ...
+
+    def counts(self) -> UploadCounts: ...
+
+    def forget_custom_ids(self) -> None:
+        """No more lines come: the custom_ids need not be kept for this process's sake."""
+        ...
+
+
+class MemoryLedger:
+    """The ledger of an upload that one process takes whole (the local run)."""
+
+    def __init__(self) -> None:
+        self._counts = UploadCounts()
+        self._seen: set[str] = set()
+
+    def reserve(self, lines: int) -> tuple[int, str | None]:
+        first = self._counts.lines
+        self._counts = _grown(self._counts, lines=lines)
+        return first, self._counts.encoding
+
+    def note_encoding(self, name: str) -> None:
+        self._counts = UploadCounts(**{**self._counts.__dict__, "encoding": name})
+
+    def first_uses(self, custom_ids: Sequence[str]) -> list[bool]:
+        fresh = []
+        for custom_id in custom_ids:
+            fresh.append(custom_id not in self._seen)
+            self._seen.add(custom_id)
+        return fresh
+
+    def count(self, json_lines: int, prompt_tokens: int) -> UploadCounts:
+        self._counts = _grown(self._counts, json_lines=json_lines, prompt_tokens=prompt_tokens)
+        return self._counts
+
+    def counts(self) -> UploadCounts:
+        return self._counts
+
+    def forget_custom_ids(self) -> None:
+        self._seen.clear()  # make room for grouping's own copy of the prompts
+
+
+def _grown(counts: UploadCounts, lines: int = 0, json_lines: int = 0, prompt_tokens: int = 0) -> UploadCounts:  # fmt: skip
+    return UploadCounts(counts.lines + lines, counts.json_lines + json_lines,
+                        counts.prompt_tokens + prompt_tokens, counts.encoding)  # fmt: skip
+
+
+def job_error(counts: UploadCounts) -> tuple[str, str] | None:
+    """The reason the whole input is not a batch, if it is not one."""
+    if counts.lines == 0:
+        return "empty_file", "the input holds no request lines"
+    if counts.encoding is not None:
+        return (
+            "invalid_encoding",
+            f"the input is {counts.encoding}, not UTF-8: save it as UTF-8 (for example "
+            f"`iconv -f {counts.encoding.split()[0]} -t UTF-8 IN > OUT`)",
+        )
+    if counts.json_lines == 0:
+        return (
+            "invalid_file",
+            f"none of the {counts.lines} lines is a JSON object: the input is not JSONL",
+        )
+    return None
+
+
 @dataclass
 class IngestedBatch:
     """What one call to `add` produced: valid requests with their tokens, and per-request errors."""
@@ -59,36 +158,116 @@ class JobPlan:
     num_groups: int
 
 
-class JobIngestor:
-    """Validates and tokenizes one job's lines as they arrive; groups the job when it is sealed."""
+def plan_groups(index: PrefixIndex, line_indices: Sequence[int], settings: IngestSettings) -> JobPlan:  # fmt: skip
+    """Groups a job by shared prefix; requests in no group travel in small chunks. `index` holds
+    the prompts in the order of `line_indices` (ascending, so that every planner that builds the
+    index of a job builds the same one and groups it the same way)."""
+    s = settings
+    result = index.group(s.min_prefix_len, s.max_group_requests)
+    units = [
+        GroupRecord(g.prefix_len, [line_indices[i] for i in g.request_indices])
+        for g in result.groups
+    ]
+    rest = [line_indices[i] for i in result.ungrouped]
+    for start in range(0, len(rest), s.ungrouped_chunk):
+        units.append(GroupRecord(0, rest[start : start + s.ungrouped_chunk]))
+    return JobPlan(units, result.tokens_saved, len(result.groups))
 
-    def __init__(self, tokenizer: PromptTokenizer, settings: IngestSettings) -> None:
+
+class JobIngestor:
+    """Validates and tokenizes one job's lines as they arrive; groups the job when it is sealed.
+    Its prefix index holds the lines this ingestor took, which is the whole job when every stream
+    of the job went through it."""
+
+    def __init__(
+        self,
+        tokenizer: PromptTokenizer,
+        settings: IngestSettings,
+        ledger: UploadLedger | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.settings = settings
-        self.total = 0  # request lines (blank lines are not requests)
-        self.json_lines = 0  # lines that parsed as JSON objects
-        self.prompt_tokens = 0
+        self.ledger: UploadLedger = ledger if ledger is not None else MemoryLedger()
         self.index = PrefixIndex(settings.block_size)
         self.line_indices = array.array("q")
-        self.encoding: str | None = None  # set when the input is not UTF-8: no line is read
-        self._seen: set[str] = set()
+        self.last_counts = UploadCounts()  # the whole upload's, as the last `add` saw them
+
+    @property
+    def total(self) -> int:
+        return self.last_counts.lines
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.last_counts.prompt_tokens
+
+    @property
+    def encoding(self) -> str | None:
+        return self.last_counts.encoding
 
     def add(self, lines: Iterable[bytes | str]) -> IngestedBatch:
         out = IngestedBatch()
-        parsed: list[BatchRequest] = []
-        for line in lines:
-            if not line.strip():
-                continue
-            if self.total == 0:
-                line = self._first_line(line)
-            if self.encoding is not None:
-                self.total += 1
-                continue
-            item = self._parse(line)
+        kept = [line for line in lines if line.strip()]
+        first, encoding = self.ledger.reserve(len(kept))
+        if first == 0 and kept:
+            kept[0], encoding = self._first_line(kept[0])
+        if encoding is not None:
+            self.last_counts = self.ledger.count(0, 0)
+            return out  # not UTF-8: the job fails whole at its seal, no line is judged
+        parsed, json_lines = self._parse(kept, first, out.errors)
+        prompt_tokens = self._tokenize(parsed, out)
+        self.last_counts = self.ledger.count(json_lines, prompt_tokens)
+        out.errors.sort(key=lambda e: e.index)
+        return out
+
+    def _first_line(self, line: bytes | str) -> tuple[bytes | str, str | None]:
+        """The first line without a UTF-8 byte order mark; notes an input in UTF-16 or UTF-32."""
+        if isinstance(line, str):
+            return line.removeprefix("\ufeff"), None
+        encoding = foreign_encoding(line)
+        if encoding is not None:
+            self.ledger.note_encoding(encoding)
+        return line.removeprefix(_UTF8_BOM), encoding
+
+    def _parse(
+        self, lines: list[bytes | str], first: int, errors: list[RequestError]
+    ) -> tuple[list[BatchRequest], int]:
+        """The valid requests of `lines` (indices from `first`) and how many lines were JSON;
+        the invalid ones go to `errors`."""
+        s = self.settings
+        items = [
+            parse_line(line, first + k, max_line_bytes=s.max_line_bytes,
+                       default_max_tokens=s.default_max_tokens)
+            for k, line in enumerate(lines)
+        ]  # fmt: skip
+        json_lines = sum(
+            1 for item in items if isinstance(item, BatchRequest) or item.code not in _NOT_JSON
+        )
+        candidates: list[BatchRequest] = []
+        for item in items:
             if isinstance(item, RequestError):
-                out.errors.append(item)
+                errors.append(item)
+            elif item.index >= s.max_requests_per_job:
+                limit = s.max_requests_per_job
+                errors.append(RequestError(item.index, item.custom_id, "job_too_large",
+                                           f"a job holds at most {limit} requests"))  # fmt: skip
             else:
-                parsed.append(item)
+                candidates.append(item)
+        fresh = (
+            self.ledger.first_uses([item.custom_id for item in candidates]) if candidates else []
+        )
+        for item, first_use in zip(candidates, fresh, strict=True):
+            if not first_use:
+                message = f"custom_id {item.custom_id!r} is used by an earlier line"
+                errors.append(
+                    RequestError(item.index, item.custom_id, "duplicate_custom_id", message)
+                )
+        return [
+            item for item, first_use in zip(candidates, fresh, strict=True) if first_use
+        ], json_lines
+
+    def _tokenize(self, parsed: list[BatchRequest], out: IngestedBatch) -> int:
+        """Tokenizes `parsed` into `out` and the prefix index; returns the prompt tokens taken."""
+        prompt_tokens = 0
         step = self.settings.tokenize_batch
         for start in range(0, len(parsed), step):
             chunk = parsed[start : start + step]
@@ -98,73 +277,15 @@ class JobIngestor:
                     continue
                 self.index.add(tokens)
                 self.line_indices.append(request.index)
-                self.prompt_tokens += len(tokens)
+                prompt_tokens += len(tokens)
                 out.requests.append((request, tokens))
-        out.errors.sort(key=lambda e: e.index)
-        return out
-
-    def _first_line(self, line: bytes | str) -> bytes | str:
-        """The first line without a UTF-8 byte order mark; notes an input in UTF-16 or UTF-32."""
-        if isinstance(line, str):
-            return line.removeprefix("\ufeff")
-        self.encoding = foreign_encoding(line)
-        return line.removeprefix(_UTF8_BOM)
-
-    def _parse(self, line: bytes | str) -> BatchRequest | RequestError:
-        index = self.total
-        self.total += 1
-        item = parse_line(
-            line,
-            index,
-            max_line_bytes=self.settings.max_line_bytes,
-            default_max_tokens=self.settings.default_max_tokens,
-        )
-        if isinstance(item, BatchRequest) or item.code not in _NOT_JSON:
-            self.json_lines += 1
-        if isinstance(item, RequestError):
-            return item
-        if index >= self.settings.max_requests_per_job:
-            limit = self.settings.max_requests_per_job
-            return RequestError(
-                index, item.custom_id, "job_too_large", f"a job holds at most {limit} requests"
-            )
-        if item.custom_id in self._seen:
-            return RequestError(
-                index,
-                item.custom_id,
-                "duplicate_custom_id",
-                f"custom_id {item.custom_id!r} is used by an earlier line",
-            )
-        self._seen.add(item.custom_id)
-        return item
+        return prompt_tokens
 
     def job_error(self) -> tuple[str, str] | None:
         """The reason the whole input is not a batch, if it is not one."""
-        if self.total == 0:
-            return "empty_file", "the input holds no request lines"
-        if self.encoding is not None:
-            return (
-                "invalid_encoding",
-                f"the input is {self.encoding}, not UTF-8: save it as UTF-8 (for example "
-                f"`iconv -f {self.encoding.split()[0]} -t UTF-8 IN > OUT`)",
-            )
-        if self.json_lines == 0:
-            return (
-                "invalid_file",
-                f"none of the {self.total} lines is a JSON object: the input is not JSONL",
-            )
-        return None
+        return job_error(self.ledger.counts())
 
     def plan(self) -> JobPlan:
-        """Groups the whole job by shared prefix; requests in no group travel in small chunks."""
-        s = self.settings
-        self._seen.clear()  # no more lines come: make room for grouping's own copy of the prompts
-        result = self.index.group(s.min_prefix_len, s.max_group_requests)
-        lines = self.line_indices
-        units = [
-            GroupRecord(g.prefix_len, [lines[i] for i in g.request_indices]) for g in result.groups
-        ]
-        rest = [lines[i] for i in result.ungrouped]
-        for start in range(0, len(rest), s.ungrouped_chunk):
-            units.append(GroupRecord(0, rest[start : start + s.ungrouped_chunk]))
-        return JobPlan(units, result.tokens_saved, len(result.groups))
+        """Groups the lines this ingestor took (the whole job, when it took every line)."""
+        self.ledger.forget_custom_ids()
+        return plan_groups(self.index, self.line_indices, self.settings)

@@ -1,0 +1,266 @@
+"""A job's upload as every planner replica shares it in Redis: the line indices handed out, the
+custom_ids taken, the counts behind `job_error`, when lines last arrived and who seals it. A
+replica's memory only caches the prefix index of the lines it took (jobs/ingest.py); any replica
+can rebuild the whole job's index from the request records here.
+
+Keys, beside the job's own (built on JobKeys(id).job, so they share its Cluster hash tag):
+  pg:job:{<id>}:upload   hash: lines (indices handed out), json_lines, prompt_tokens, encoding (set
+                         when the input is not UTF-8), touched (unix time of the last chunk or
+                         seal), sealer (the planner instance sealing the job; no line is taken
+                         after it)
+  pg:job:{<id>}:ids      set of the custom_ids taken
+Both live from CreateJob until the upload ends: the seal, a failure, an abandon or a cancel deletes
+them. The jobs with an upload open are the fields of pg:ingesting (jobs/schema.py).
+"""
+
+from __future__ import annotations
+
+import array
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from prefixgrove.jobs import schema
+from prefixgrove.jobs.connection import Redis
+from prefixgrove.jobs.ingest import JobPlan, UploadClosed, UploadCounts, plan_groups
+from prefixgrove.jobs.prefix_index import PrefixIndex
+from prefixgrove.jobs.schema import JobKeys, RequestRecord
+from prefixgrove.settings import IngestSettings
+
+_READ_BATCH = 1000
+
+# KEYS: upload. ARGV: lines, now. {first index, encoding or ''}; -1 while the job is being sealed;
+# nil once the upload has ended.
+_RESERVE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+if redis.call('HEXISTS', KEYS[1], 'sealer') == 1 then return {-1, ''} end
+local last = redis.call('HINCRBY', KEYS[1], 'lines', ARGV[1])
+redis.call('HSET', KEYS[1], 'touched', ARGV[2])
+return {last - tonumber(ARGV[1]), redis.call('HGET', KEYS[1], 'encoding') or ''}
+"""
+
+# KEYS: upload, ids. ARGV: custom_ids. 1 for each id no earlier call took, else 0; nil once ended.
+_FIRST_USES = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local fresh = {}
+for i, id in ipairs(ARGV) do fresh[i] = redis.call('SADD', KEYS[2], id) end
+return fresh
+"""
+
+# KEYS: upload. ARGV: json_lines, prompt_tokens, encoding ('' to leave it). The counts after.
+_COUNT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+redis.call('HINCRBY', KEYS[1], 'json_lines', ARGV[1])
+redis.call('HINCRBY', KEYS[1], 'prompt_tokens', ARGV[2])
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'encoding', ARGV[3]) end
+return redis.call('HMGET', KEYS[1], 'lines', 'json_lines', 'prompt_tokens', 'encoding')
+"""
+
+# KEYS: upload. ARGV: instance, the holder it may take over ('' for none), now.
+# {1, counts...} when the caller seals the job now; {0, holder} while another holder seals it;
+# nil once the upload has ended.
+_CLAIM_SEAL = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local holder = redis.call('HGET', KEYS[1], 'sealer') or ''
+if holder ~= ARGV[2] and holder ~= ARGV[1] then return {0, holder} end
+redis.call('HSET', KEYS[1], 'sealer', ARGV[1], 'touched', ARGV[3])
+local h = redis.call('HMGET', KEYS[1], 'lines', 'json_lines', 'prompt_tokens', 'encoding')
+return {1, h[1] or '0', h[2] or '0', h[3] or '0', h[4] or ''}
+"""
+
+# KEYS: upload. ARGV: cutoff, now. 1 (and touched now, so one replica alone expires it) when no
+# line arrived since `cutoff` and nobody seals the job.
+_CLAIM_IDLE = """
+local h = redis.call('HMGET', KEYS[1], 'touched', 'sealer')
+if not h[1] or h[2] or tonumber(h[1]) > tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'touched', ARGV[2])
+return 1
+"""
+
+# KEYS: job, req. Deletes the request records of a job that ended before its seal (lines written
+# after it ended would otherwise outlive it): no group of it was ever queued to read them.
+_DROP_UNSEALED_REQUESTS = """
+local h = redis.call('HMGET', KEYS[1], 'state', 'groups_total')
+local ended = h[1] == 'completed' or h[1] == 'failed' or h[1] == 'cancelled'
+if not ended or tonumber(h[2] or '0') > 0 then return 0 end
+return redis.call('DEL', KEYS[2])
+"""
+
+
+@dataclass(frozen=True)
+class UploadKeys:
+    job_id: str
+
+    @property
+    def upload(self) -> str:
+        return JobKeys(self.job_id).job + ":upload"
+
+    @property
+    def ids(self) -> str:
+        return JobKeys(self.job_id).job + ":ids"
+
+    def all(self) -> list[str]:
+        return [self.upload, self.ids]
+
+
+@dataclass(frozen=True)
+class SealClaim:
+    """The answer to "may I seal this job?": the upload's counts when yes; else the live planner
+    that seals it now, or neither when the upload has ended."""
+
+    counts: UploadCounts | None = None
+    holder: str = ""
+
+
+class _LedgerScripts:
+    """The scripts a ledger runs, registered once per Redis client."""
+
+    def __init__(self, client: Redis) -> None:
+        self.reserve = client.register_script(_RESERVE)
+        self.first_uses = client.register_script(_FIRST_USES)
+        self.count = client.register_script(_COUNT)
+
+
+class Uploads:
+    def __init__(self, client: Redis) -> None:
+        self.r = client
+        self._ledger_scripts = _LedgerScripts(client)
+        self._claim_seal = client.register_script(_CLAIM_SEAL)
+        self._claim_idle = client.register_script(_CLAIM_IDLE)
+        self._drop_unsealed = client.register_script(_DROP_UNSEALED_REQUESTS)
+
+    def open(self, job_id: str) -> None:
+        self.r.hset(UploadKeys(job_id).upload, mapping={"lines": 0, "touched": time.time()})
+
+    def ledger(self, job_id: str) -> RedisLedger:
+        return RedisLedger(self._ledger_scripts, UploadKeys(job_id))
+
+    def is_open(self, job_id: str) -> bool:
+        return bool(self.r.exists(UploadKeys(job_id).upload))
+
+    def close(self, job_id: str) -> None:
+        self.r.delete(*UploadKeys(job_id).all())
+
+    def open_jobs(self) -> list[str]:
+        """Every job with an upload open, whichever replica takes it."""
+        return [_s(job) for job in self.r.hkeys(schema.INGESTING)]  # type: ignore[union-attr]
+
+    # --- sealing ------------------------------------------------------------------------------
+    def claim_seal(self, job_id: str, instance: str) -> SealClaim:
+        """Lets `instance` seal the job unless a live planner seals it now (one whose heartbeat
+        stopped is taken over): no line is taken after this."""
+        keys = [UploadKeys(job_id).upload]
+        reply = self._claim_seal(keys=keys, args=[instance, "", time.time()])
+        if reply and int(reply[0]) == 0:
+            holder = _s(reply[1])
+            if self.r.exists(schema.planner_key(holder)):
+                return SealClaim(holder=holder)
+            reply = self._claim_seal(keys=keys, args=[instance, holder, time.time()])
+        if not reply:
+            return SealClaim()
+        if int(reply[0]) == 0:
+            return SealClaim(holder=_s(reply[1]))
+        return SealClaim(counts=_counts(reply[1:]))
+
+    def stored(self, job_id: str) -> int:
+        """Lines whose request record or error is written: every index handed out, once the
+        streams that took them have finished writing."""
+        keys = JobKeys(job_id)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hlen(keys.requests)
+        pipe.hlen(keys.results)  # before the seal, only lines that failed at ingest are there
+        return sum(int(n) for n in pipe.execute())
+
+    def request_count(self, job_id: str) -> int:
+        return int(self.r.hlen(JobKeys(job_id).requests))  # type: ignore[arg-type]
+
+    def write_totals(self, job_id: str, counts: UploadCounts) -> None:
+        """The job's totals as the whole upload counted them (each stream wrote its own view)."""
+        totals = {"total": counts.lines, "prompt_tokens": counts.prompt_tokens}
+        self.r.hset(JobKeys(job_id).job, mapping=totals)  # type: ignore[arg-type]
+
+    def prompts(self, job_id: str, lines: int) -> Iterator[tuple[int, np.ndarray]]:
+        """(line index, prompt tokens) of every request record of the job, in line order."""
+        key = JobKeys(job_id).requests
+        for start in range(0, lines, _READ_BATCH):
+            indices = range(start, min(start + _READ_BATCH, lines))
+            blobs = self.r.hmget(key, [str(i) for i in indices])
+            for index, blob in zip(indices, blobs, strict=True):  # type: ignore[call-overload]
+                if blob is not None:  # a line that failed at ingest has no record
+                    yield index, RequestRecord.decode(blob).prompt_token_ids  # type: ignore[arg-type]
+
+    # --- ending -------------------------------------------------------------------------------
+    def claim_idle(self, job_id: str, idle_s: float, now: float) -> bool:
+        """Whether the job's lines stopped arriving `idle_s` before `now` (unix seconds); the
+        first replica to ask is the one told yes."""
+        keys = [UploadKeys(job_id).upload]
+        return bool(self._claim_idle(keys=keys, args=[now - idle_s, time.time()]))
+
+    def drop_unsealed_requests(self, job_id: str) -> bool:
+        keys = JobKeys(job_id)
+        return bool(self._drop_unsealed(keys=[keys.job, keys.requests]))
+
+
+class RedisLedger:
+    """The UploadLedger (jobs/ingest.py) of a planner: atomic in Redis, whichever replica asks."""
+
+    def __init__(self, scripts: _LedgerScripts, keys: UploadKeys) -> None:
+        self.scripts = scripts
+        self.keys = keys
+
+    def reserve(self, lines: int) -> tuple[int, str | None]:
+        reply = self.scripts.reserve(keys=[self.keys.upload], args=[lines, time.time()])
+        if not reply:
+            raise UploadClosed(f"job {self.keys.job_id} no longer takes requests")
+        if int(reply[0]) < 0:
+            raise UploadClosed(f"job {self.keys.job_id} is being sealed: it takes no more lines")
+        return int(reply[0]), _s(reply[1]) or None
+
+    def note_encoding(self, name: str) -> None:
+        self._counted(0, 0, name)
+
+    def first_uses(self, custom_ids: Sequence[str]) -> list[bool]:
+        reply = self.scripts.first_uses(keys=self.keys.all(), args=list(custom_ids))
+        if reply is None:
+            raise UploadClosed(f"job {self.keys.job_id} no longer takes requests")
+        return [bool(fresh) for fresh in reply]
+
+    def count(self, json_lines: int, prompt_tokens: int) -> UploadCounts:
+        return self._counted(json_lines, prompt_tokens, "")
+
+    def counts(self) -> UploadCounts:
+        return self._counted(0, 0, "")
+
+    def forget_custom_ids(self) -> None:
+        """They are in Redis, not in this process; they go when the upload ends."""
+
+    def _counted(self, json_lines: int, prompt_tokens: int, encoding: str) -> UploadCounts:
+        reply = self.scripts.count(
+            keys=[self.keys.upload], args=[json_lines, prompt_tokens, encoding]
+        )
+        if not reply:
+            raise UploadClosed(f"job {self.keys.job_id} no longer takes requests")
+        return _counts(reply)
+
+
+def rebuild_plan(uploads: Uploads, job_id: str, lines: int, settings: IngestSettings) -> JobPlan:
+    """The job's plan from its request records in Redis, built as the replica that took every
+    line builds it (the same prefix index, in line order), so the groups are the same."""
+    index = PrefixIndex(settings.block_size)
+    line_indices = array.array("q")
+    for line, tokens in uploads.prompts(job_id, lines):
+        index.add(tokens)
+        line_indices.append(line)
+    return plan_groups(index, line_indices, settings)
+
+
+def _counts(fields: Sequence[bytes | str | None]) -> UploadCounts:
+    lines, json_lines, prompt_tokens, encoding = (_s(f) if f else "" for f in fields)
+    return UploadCounts(int(lines or 0), int(json_lines or 0), int(prompt_tokens or 0),
+                        encoding or None)  # fmt: skip
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
