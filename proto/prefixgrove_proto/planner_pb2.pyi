@@ -200,10 +200,12 @@ class ResultLine(_message.Message):
     def __init__(self, index: _Optional[int] = ..., is_error: _Optional[bool] = ..., line: _Optional[str] = ...) -> None: ...
 
 class CancelJobRequest(_message.Message):
-    __slots__ = ("job_id",)
+    __slots__ = ("job_id", "upload_interrupted")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_INTERRUPTED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
-    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+    upload_interrupted: bool
+    def __init__(self, job_id: _Optional[str] = ..., upload_interrupted: _Optional[bool] = ...) -> None: ...
 
 class GetQueueDepthRequest(_message.Message):
     __slots__ = ("model",)

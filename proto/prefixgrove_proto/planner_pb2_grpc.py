@@ -93,7 +93,8 @@ class PlannerServicer:
 
     def AddRequests(self, request_iterator, context):
         """Streams request lines into a job that is VALIDATING. Lines are validated and tokenized as they
-        arrive; flow control keeps the planner's memory bounded whatever the job's size.
+        arrive; flow control keeps the planner's memory bounded whatever the job's size. Any planner
+        replica takes any stream of any job, several streams at once included.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -101,6 +102,8 @@ class PlannerServicer:
 
     def SealJob(self, request, context):
         """Ends the input: groups the whole job by shared prefix and queues its groups for the workers.
+        Any replica seals any job; a job that lost lines (a replica stopped mid-stream) fails with
+        ABORTED and the error code "ingest_interrupted".
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -8,9 +8,11 @@ one of two domain errors, so a caller needs three `except` clauses at most: `Pla
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,15 @@ from prefixgrove.settings import MAX_LINE_BYTES_LIMIT, SecuritySettings
 from prefixgrove_proto import planner_pb2 as pb
 from prefixgrove_proto import planner_pb2_grpc as pb_grpc
 
+log = logging.getLogger(__name__)
 _CHUNK_BYTES = 1 << 20
+UPLOAD_ATTEMPTS = 3  # uploads of one submission, the first included
+_SEAL_ATTEMPTS = 5
+_RETRY_PAUSE_S = 1.0  # times the attempt number: the channel reconnects meanwhile
+_UPLOAD_LOST = (
+    "ingest_interrupted",
+    "upload_abandoned",
+)  # error codes of a job worth submitting again
 # a call that moves a whole job's lines gets at least these deadlines, when calls have one at all
 _RESULTS_TIMEOUT_S = 600.0
 _UPLOAD_TIMEOUT_S = 300.0
@@ -132,13 +142,78 @@ class PlannerClient:
         """Groups waiting and leased over all jobs (of `model` when given)."""
         return self._call("GetQueueDepth", pb.GetQueueDepthRequest(model=model))
 
-    def submit_file(self, path: Path, model: str = "", idempotency_key: str = "") -> pb.Job:
-        job = self.create_job(model, idempotency_key)
-        if job.state != pb.JOB_STATE_VALIDATING:
-            return job  # the key was used before: that job goes on as it is
-        with path.open("rb") as f:
-            self.add_lines(job.id, (line.rstrip(b"\r\n") for line in f))
-        return self.seal(job.id)
+    def abandon_upload(self, job_id: str) -> pb.Job:
+        """Fails a job whose upload broke before its seal, freeing its idempotency key (it ran
+        nothing); a job sealed meanwhile comes back as it is."""
+        request = pb.CancelJobRequest(job_id=job_id, upload_interrupted=True)
+        return self._call("CancelJob", request)
+
+    def submit_file(
+        self,
+        path: Path,
+        model: str = "",
+        idempotency_key: str = "",
+        attempts: int = UPLOAD_ATTEMPTS,
+    ) -> pb.Job:
+        """The file's lines, submitted as `submit_lines` does."""
+        return self.submit_lines(lambda: _file_lines(path), model, idempotency_key, attempts)
+
+    def submit_lines(
+        self,
+        lines: Callable[[], Iterable[bytes]],
+        model: str = "",
+        idempotency_key: str = "",
+        attempts: int = UPLOAD_ATTEMPTS,
+    ) -> pb.Job:
+        """Creates a job, streams `lines()` into it and seals it; returns the job.
+
+        When the planner goes away before the job is sealed (a replica stopped: the channel
+        reconnects, maybe to another replica), the broken job is failed as ingest_interrupted,
+        which frees its idempotency key, and the whole upload starts over as a new job with the
+        same key, up to `attempts` uploads in all; each retry logs a warning naming the job given
+        up. The job returned is the only one that runs: the ones given up ran nothing."""
+        broken = ""  # the job of an upload that broke, until it is given up
+        reason = ""
+        for attempt in range(1, attempts + 1):
+            if attempt > 1:
+                log.warning("%s; submitting the input again (attempt %d of %d)",
+                            reason, attempt, attempts)  # fmt: skip
+                time.sleep(_RETRY_PAUSE_S * (attempt - 1))
+            try:
+                if broken:
+                    given_up = self.abandon_upload(broken)
+                    if given_up.state != pb.JOB_STATE_FAILED:
+                        return given_up  # it was sealed before the break: it runs as it is
+                    broken = ""
+                job = self.create_job(model, idempotency_key)
+                if job.state != pb.JOB_STATE_VALIDATING:
+                    return job  # the key was used before: that job goes on as it is
+                broken = job.id
+                self.add_lines(job.id, lines())
+                job = self._seal_through_reconnects(job.id)
+                if job.error.code not in _UPLOAD_LOST:
+                    return job
+                broken = ""  # failed already, its key freed
+                reason = f"job {job.id} failed ({job.error.code}: {job.error.message})"
+            except PlannerUnavailable as exc:
+                reason = f"the upload of job {broken} broke ({exc})" if broken else str(exc)
+                if attempt == attempts:
+                    raise
+        raise PlannerUnavailable(
+            grpc.StatusCode.UNAVAILABLE, f"{reason}; gave up after {attempts} uploads"
+        )
+
+    def _seal_through_reconnects(self, job_id: str) -> pb.Job:
+        """Seals the job, asking again (any replica seals any job) while the planner is away;
+        a seal that found lines lost (ABORTED: the job failed) is not asked again."""
+        for attempt in range(1, _SEAL_ATTEMPTS + 1):
+            try:
+                return self.seal(job_id)
+            except PlannerUnavailable as exc:
+                if attempt == _SEAL_ATTEMPTS or exc.code == grpc.StatusCode.ABORTED:
+                    raise
+                time.sleep(_RETRY_PAUSE_S * attempt)
+        raise AssertionError("the last attempt returns or raises")
 
     # --- results ------------------------------------------------------------------------------
     def results(
@@ -204,6 +279,12 @@ class PlannerClient:
     def _long(self, floor: float = _RESULTS_TIMEOUT_S) -> float | None:
         """The deadline of a call that moves a whole job: at least `floor`, none without one."""
         return None if self._timeout is None else max(self._timeout, floor)
+
+
+def _file_lines(path: Path) -> Iterator[bytes]:
+    with path.open("rb") as f:
+        for line in f:
+            yield line.rstrip(b"\r\n")
 
 
 def _chunks(job_id: str, lines: Iterable[bytes]) -> Iterator[pb.AddRequestsChunk]:

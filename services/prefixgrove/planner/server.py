@@ -23,6 +23,10 @@ from prefixgrove_proto import planner_pb2, planner_pb2_grpc
 
 log = logging.getLogger(__name__)
 _HEARTBEAT_TTL_S = 30
+_HOUSEKEEPING_S = _HEARTBEAT_TTL_S / 3
+# a replica killed mid-upload: its heartbeat runs out, then the next round of another replica fails
+# the upload (ingest_interrupted)
+UPLOAD_FAILED_WITHIN_S = _HEARTBEAT_TTL_S + _HOUSEKEEPING_S
 _SHORT_CALL_THREADS = 8  # beyond the long-lived streams: calls that end, and the health check
 SERVICE_NAME = planner_pb2.DESCRIPTOR.services_by_name["Planner"].full_name
 
@@ -111,12 +115,18 @@ def _add_services(server: grpc.Server, service: PlannerService) -> None:
 def _start_housekeeping(
     service: PlannerService, stop: threading.Event, upload_idle_s: float
 ) -> threading.Thread:
+    """Every round, on every replica: beats, fails the uploads of replicas that stopped (within
+    UPLOAD_FAILED_WITHIN_S of their death) and those their clients left, forgets the cached
+    uploads others ended, and trims the queues."""
+
     def loop() -> None:
-        while not stop.wait(_HEARTBEAT_TTL_S / 3):
+        while not stop.wait(_HOUSEKEEPING_S):
             try:
                 service.heartbeat(_HEARTBEAT_TTL_S)
-                service.recover()
+                service.fail_orphaned_uploads()
                 service.expire_idle_uploads(upload_idle_s)
+                service.forget_ended_uploads()
+                service.store.trim_queues()
             except Exception as exc:  # Redis away: the next round tries again
                 log.warning("planner housekeeping failed: %s", exc)
 

@@ -10,10 +10,11 @@ from collections.abc import Iterator, Mapping
 
 import grpc
 
-from prefixgrove.jobs.ingest import JobIngestor
+from prefixgrove.jobs.ingest import JobIngestor, JobPlan, UploadClosed, UploadCounts, job_error
 from prefixgrove.jobs.schema import JobRecord, JobState
 from prefixgrove.jobs.store import JobStore
 from prefixgrove.jobs.tokenize import PromptTokenizer
+from prefixgrove.jobs.uploads import Uploads, rebuild_plan
 from prefixgrove.planner.metrics import PlannerMetrics
 from prefixgrove.settings import IngestSettings
 from prefixgrove_proto import planner_pb2 as pb
@@ -21,6 +22,8 @@ from prefixgrove_proto import planner_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.25
+_STORE_WAIT_S = 10.0  # how long a seal waits for lines other streams took and still write
+_SEAL_WAIT_S = 30.0  # how long a second SealJob waits for the seal running elsewhere
 _RESULT_WINDOW = 512
 _MAX_PAGE = 1000  # jobs in one ListJobs answer
 _MAX_METADATA_ENTRIES = 64
@@ -65,24 +68,29 @@ def job_to_pb(job: JobRecord, store: JobStore) -> pb.Job:
 
 
 class _Ingest:
-    """A job being streamed in; one lock so concurrent AddRequests streams take turns."""
+    """This replica's cache of a job streaming in: the prefix index of the lines it took (the
+    whole job's when every stream went through here), and a lock so its streams take turns."""
 
     def __init__(self, ingestor: JobIngestor) -> None:
         self.ingestor = ingestor
         self.lock = threading.Lock()
-        self.touched = time.monotonic()  # when its last lines arrived
 
 
 class PlannerService(pb_grpc.PlannerServicer):
+    """Any replica serves any call of any job: an upload's state is in Redis (jobs/uploads.py), so
+    a job may be created on one replica, take lines through several and be sealed on another."""
+
     def __init__(
         self, store: JobStore, default_model: str, ingest: IngestSettings, metrics: PlannerMetrics
     ) -> None:
         self.store = store
+        self.uploads = Uploads(store.r)
         self.default_model = default_model
         self.ingest_settings = ingest
         self.metrics = metrics
         self._tokenizers: dict[str, PromptTokenizer] = {}
         self._ingests: dict[str, _Ingest] = {}
+        self._sealing: set[str] = set()  # jobs this replica seals right now
         self._lock = threading.Lock()
         self.instance = uuid.uuid4().hex[:12]
 
@@ -90,8 +98,16 @@ class PlannerService(pb_grpc.PlannerServicer):
         self.store.heartbeat(self.instance, ttl_s)
 
     def recover(self) -> None:
-        """A job whose planner stopped while its input streamed in cannot be sealed: the lines it
-        had taken in are gone with it. Other planners' jobs (a rolling update) are left alone."""
+        """At start: fails the uploads of planners that stopped, and indexes and trims the queues."""
+        self.fail_orphaned_uploads()
+        self.store.index_active_jobs()
+        self.store.trim_queues()
+
+    def fail_orphaned_uploads(self) -> list[str]:
+        """Fails the jobs whose planner stopped while it took their input or sealed them: a
+        stream it had open may have lost lines. Other planners' jobs (a rolling update, another
+        replica) are left alone. Returns the jobs failed."""
+        failed = []
         for job_id in self.store.orphaned_ingests():
             if self.store.job_state(job_id) == JobState.VALIDATING:
                 message = (
@@ -99,31 +115,35 @@ class PlannerService(pb_grpc.PlannerServicer):
                 )
                 self.store.fail_ingest(job_id, "ingest_interrupted", message)
                 log.warning("job %s failed: its planner stopped during the upload", job_id)
-            self.store.release_ingest(job_id)
-        self.store.index_active_jobs()
-        self.store.trim_queues()
+                failed.append(job_id)
+            self._end_upload(job_id)
+        return failed
 
     def expire_idle_uploads(self, idle_s: float, now: float | None = None) -> list[str]:
-        """Fails the jobs whose input stopped arriving `idle_s` ago without a seal (the client went
-        away): their lines leave this planner's memory and Redis, their keys free. Returns them."""
-        now = time.monotonic() if now is None else now
-        with self._lock:
-            idle = [j for j, ing in self._ingests.items() if now - ing.touched >= idle_s]
+        """Fails the jobs whose input stopped arriving `idle_s` before `now` (unix seconds)
+        without a seal (the client went away), whichever replica took their lines: their lines
+        leave Redis, their keys free. Returns them."""
+        now = time.time() if now is None else now
         expired = []
-        for job_id in idle:
-            with self._lock:
-                ingest = self._ingests.get(job_id)
-            if ingest is None or not ingest.lock.acquire(blocking=False):
-                continue  # sealed meanwhile, or lines arriving right now
-            try:
-                self._drop_ingest(job_id)
-                message = f"no input arrived for {idle_s:.0f}s and the job was never sealed"
-                self.store.abandon_upload(job_id, message)
-            finally:
-                ingest.lock.release()
+        for job_id in self.uploads.open_jobs():
+            if not self.uploads.claim_idle(job_id, idle_s, now):
+                continue
+            message = f"no input arrived for {idle_s:.0f}s and the job was never sealed"
+            self.store.abandon_upload(job_id, message)
+            self._end_upload(job_id)
             log.warning("job %s failed: its upload was abandoned", job_id)
             expired.append(job_id)
         return expired
+
+    def forget_ended_uploads(self) -> None:
+        """Drops the cached index of each job whose upload another replica ended (sealed,
+        cancelled, failed)."""
+        with self._lock:
+            cached = list(self._ingests)
+        for job_id in cached:
+            if not self.uploads.is_open(job_id):
+                with self._lock:
+                    self._ingests.pop(job_id, None)
 
     # --- jobs -------------------------------------------------------------------------------
     def CreateJob(self, request: pb.CreateJobRequest, context: grpc.ServicerContext) -> pb.Job:
@@ -137,11 +157,10 @@ class PlannerService(pb_grpc.PlannerServicer):
                 f"workers serve {self.default_model!r} (leave the model out to use it)",
             )
         _check_metadata(request.metadata, context)
-        tokenizer = self._tokenizer(model, context)
+        self._tokenizer(model, context)  # refused now rather than at the first lines
         job, created = self.store.create_job(model, request.idempotency_key, dict(request.metadata))
         if created:
-            with self._lock:
-                self._ingests[job.id] = _Ingest(JobIngestor(tokenizer, self.ingest_settings))
+            self.uploads.open(job.id)
             self.store.claim_ingest(job.id, self.instance)
             self.metrics.jobs_created.inc()
             log.info("created job %s for model %s", job.id, model)
@@ -153,19 +172,25 @@ class PlannerService(pb_grpc.PlannerServicer):
         accepted = rejected = 0
         ingest: _Ingest | None = None
         job_id = ""
-        for chunk in request_iterator:
-            if ingest is None:
-                job_id = chunk.job_id
-                ingest = self._open_ingest(job_id, context)
-            with ingest.lock:
-                ingest.touched = time.monotonic()
-                ing = ingest.ingestor
-                batch = ing.add(chunk.lines)
-                self.store.write_requests(job_id, batch, ing.total, ing.prompt_tokens)
-            accepted += len(batch.requests)
-            rejected += len(batch.errors)
-            self.metrics.requests_accepted.inc(len(batch.requests))
-            self.metrics.requests_rejected.inc(len(batch.errors))
+        try:
+            for chunk in request_iterator:
+                if ingest is None:
+                    job_id = chunk.job_id
+                    ingest = self._open_ingest(job_id, context)
+                with ingest.lock:
+                    ing = ingest.ingestor
+                    batch = ing.add(chunk.lines)
+                    self.store.write_requests(job_id, batch, ing.total, ing.prompt_tokens)
+                accepted += len(batch.requests)
+                rejected += len(batch.errors)
+                self.metrics.requests_accepted.inc(len(batch.requests))
+                self.metrics.requests_rejected.inc(len(batch.errors))
+        except UploadClosed as exc:
+            self._forget_ingest(job_id)
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        finally:
+            if job_id:  # lines written after the job ended (cancelled meanwhile) go with it
+                self.uploads.drop_unsealed_requests(job_id)
         total = ingest.ingestor.total if ingest else 0
         return pb.AddRequestsResponse(accepted=accepted, rejected=rejected, total=total)
 
@@ -173,27 +198,20 @@ class PlannerService(pb_grpc.PlannerServicer):
         job = self._job(request.job_id, context)
         if job.state != JobState.VALIDATING:
             return job_to_pb(job, self.store)  # sealing twice is harmless
-        ingest = self._open_ingest(job.id, context)
-        with ingest.lock:
-            error = ingest.ingestor.job_error()
-            if error is not None:
-                self._drop_ingest(job.id)
-                self.store.fail_ingest(job.id, *error)
-                code = (
-                    grpc.StatusCode.FAILED_PRECONDITION
-                    if error[0] == "empty_file"
-                    else grpc.StatusCode.INVALID_ARGUMENT
-                )
-                context.abort(code, f"job {job.id} failed: {error[1]}")
-            start = time.perf_counter()
-            plan = ingest.ingestor.plan()
-            self._drop_ingest(job.id)
-        if self.store.job_state(job.id) == JobState.VALIDATING:
-            self.store.queue_plan(job.id, job.model, plan)
-        else:
-            self.store.cancel(job.id)  # cancelled while streaming in: nothing to queue
-        log.info("sealed job %s: %d units, %d tokens saved, grouped in %.2fs",
-                 job.id, len(plan.units), plan.prefix_tokens_saved, time.perf_counter() - start)  # fmt: skip
+        with self._lock:
+            busy = job.id in self._sealing
+            self._sealing.add(job.id)
+        if busy:
+            return job_to_pb(self._sealed_elsewhere(job.id, self.instance, context), self.store)
+        try:
+            claim = self.uploads.claim_seal(job.id, self.instance)
+            if claim.counts is None:
+                return job_to_pb(self._sealed_elsewhere(job.id, claim.holder, context), self.store)
+            self.store.claim_ingest(job.id, self.instance)  # if we stop now, others fail the job
+            self._seal(job, claim.counts, context)
+        finally:
+            with self._lock:
+                self._sealing.discard(job.id)
         return job_to_pb(self._job(job.id, context), self.store)
 
     def GetJob(self, request: pb.GetJobRequest, context: grpc.ServicerContext) -> pb.Job:
@@ -226,12 +244,16 @@ class PlannerService(pb_grpc.PlannerServicer):
 
     def CancelJob(self, request: pb.CancelJobRequest, context: grpc.ServicerContext) -> pb.Job:
         job = self._job(request.job_id, context)
+        if request.upload_interrupted:
+            return job_to_pb(self._interrupt_upload(job), self.store)
         if job.state.terminal:
             context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION, f"job {job.id} is already {job.state.value}"
             )
         state = self.store.cancel(job.id)
-        self._drop_ingest(job.id)  # a job cancelled while streaming in takes no more lines
+        if job.state == JobState.VALIDATING:  # cancelled while streaming in: no more lines
+            self._end_upload(job.id)
+            self.uploads.drop_unsealed_requests(job.id)
         log.info("cancel requested for job %s: now %s", job.id, state.value)
         return job_to_pb(self._job(job.id, context), self.store)
 
@@ -282,20 +304,115 @@ class PlannerService(pb_grpc.PlannerServicer):
         return job  # type: ignore[return-value]
 
     def _open_ingest(self, job_id: str, context: grpc.ServicerContext) -> _Ingest:
+        """This replica's cache of the job, made on its first lines here; the job is ours now."""
         job = self._job(job_id, context)
-        with self._lock:
-            ingest = self._ingests.get(job_id)
-        if ingest is None or job.state != JobState.VALIDATING:
+        if job.state != JobState.VALIDATING or not self.uploads.is_open(job_id):
             context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"job {job_id} no longer takes requests: it is {job.state.value}",
             )
-        return ingest  # type: ignore[return-value]
+        tokenizer = self._tokenizer(job.model, context)
+        with self._lock:
+            ingest = self._ingests.get(job_id)
+            if ingest is None:
+                ledger = self.uploads.ledger(job_id)
+                ingestor = JobIngestor(tokenizer, self.ingest_settings, ledger)
+                ingest = self._ingests[job_id] = _Ingest(ingestor)
+        self.store.claim_ingest(job_id, self.instance)
+        return ingest
 
-    def _drop_ingest(self, job_id: str) -> None:
+    def _seal(self, job: JobRecord, counts: UploadCounts, context: grpc.ServicerContext) -> None:
+        """Groups the job and queues its groups; fails it (and the call) when its input is not
+        a batch or lost lines."""
+        error = job_error(counts)
+        if error is not None:
+            self.store.fail_ingest(job.id, *error)  # failed before its upload ends: a seal
+            self._end_upload(job.id)  # elsewhere finds the job ended, not an upload gone
+            code = (
+                grpc.StatusCode.FAILED_PRECONDITION
+                if error[0] == "empty_file"
+                else grpc.StatusCode.INVALID_ARGUMENT
+            )
+            context.abort(code, f"job {job.id} failed: {error[1]}")
+        if not self._all_lines_stored(job.id, counts.lines):
+            message = (
+                "lines of the input were taken but never stored (a planner stopped while it "
+                "took them); submit the job again"
+            )
+            self.store.fail_ingest(job.id, "ingest_interrupted", message)
+            self._end_upload(job.id)
+            context.abort(grpc.StatusCode.ABORTED, f"job {job.id} failed: {message}")
+        start = time.perf_counter()
+        plan, path = self._plan(job.id, counts.lines)
+        self.uploads.write_totals(job.id, counts)
+        if self.store.job_state(job.id) == JobState.VALIDATING:
+            self.store.queue_plan(job.id, job.model, plan)
+        else:
+            self.store.cancel(job.id)  # cancelled while streaming in: nothing to queue
+        self._end_upload(job.id)
+        log.info("sealed job %s: %d units, %d tokens saved, grouped (%s) in %.2fs", job.id,
+                 len(plan.units), plan.prefix_tokens_saved, path, time.perf_counter() - start)  # fmt: skip
+
+    def _plan(self, job_id: str, lines: int) -> tuple[JobPlan, str]:
+        """The job's plan, and how it was built: from this replica's index when every request
+        came through here, else from the request records in Redis."""
+        with self._lock:
+            ingest = self._ingests.get(job_id)
+        if ingest is not None:
+            with ingest.lock:
+                if len(ingest.ingestor.index) == self.uploads.request_count(job_id):
+                    return ingest.ingestor.plan(), "cached index"
+        return rebuild_plan(self.uploads, job_id, lines, self.ingest_settings), "rebuilt index"
+
+    def _all_lines_stored(self, job_id: str, lines: int) -> bool:
+        """Waits a little for streams still writing lines they took before the seal."""
+        deadline = time.monotonic() + _STORE_WAIT_S
+        while self.uploads.stored(job_id) < lines:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_POLL_S / 5)
+        return True
+
+    def _sealed_elsewhere(
+        self, job_id: str, holder: str, context: grpc.ServicerContext
+    ) -> JobRecord:
+        """The job once the seal another call runs (here or on `holder`) has ended it."""
+        deadline = time.monotonic() + _SEAL_WAIT_S
+        while context.is_active() and time.monotonic() < deadline:
+            job = self._job(job_id, context)
+            if job.state != JobState.VALIDATING:
+                return job
+            if not holder:  # no upload open and no seal running: nothing will seal it
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"job {job_id} has no upload open to seal (its input is gone)",
+                )
+            time.sleep(_POLL_S)
+        context.abort(
+            grpc.StatusCode.UNAVAILABLE,
+            f"job {job_id} is being sealed by planner {holder}; ask again",
+        )
+        raise AssertionError("abort raises")  # for the type checker
+
+    def _interrupt_upload(self, job: JobRecord) -> JobRecord:
+        """The client's upload broke: a job never sealed fails, freeing its idempotency key for
+        the new job the client makes; a job sealed meanwhile is left as it is."""
+        if job.state == JobState.VALIDATING:
+            message = "the upload broke before the seal; the client submitted the input again"
+            self.store.fail_ingest(job.id, "ingest_interrupted", message)
+            self._end_upload(job.id)
+            self.uploads.drop_unsealed_requests(job.id)
+            log.warning("job %s failed: its client's upload broke", job.id)
+        return self.store.get_job(job.id) or job
+
+    def _end_upload(self, job_id: str) -> None:
+        self._forget_ingest(job_id)
+        self.uploads.close(job_id)
+        self.store.release_ingest(job_id)
+
+    def _forget_ingest(self, job_id: str) -> None:
         with self._lock:
             self._ingests.pop(job_id, None)
-        self.store.release_ingest(job_id)
 
     def _tokenizer(self, model: str, context: grpc.ServicerContext) -> PromptTokenizer:
         with self._lock:
