@@ -353,7 +353,7 @@ def test_an_upload_abandoned_before_its_seal_expires_and_frees_its_key(
         client.add_lines(job.id, lines(3))  # and then the client goes away, never sealing
         service = server.service
         assert service.expire_idle_uploads(900.0) == []  # not idle yet
-        assert service.expire_idle_uploads(900.0, now=time.monotonic() + 901) == [job.id]
+        assert service.expire_idle_uploads(900.0, now=time.time() + 901) == [job.id]
         failed = client.get(job.id)
         assert (failed.state, failed.error.code) == (pb.JOB_STATE_FAILED, "upload_abandoned")
         assert redis_server.client().exists(JobKeys(job.id).requests) == 0  # its lines are gone

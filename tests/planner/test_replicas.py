@@ -1,0 +1,267 @@
+"""Several planner replicas on one Redis serve any call of any job: an upload's state is in Redis,
+so a job is created, streamed and sealed through any replica, and a replica killed mid-upload
+loses only that upload, which the client submits again.
+
+A Kubernetes Service gives its users one name; a reconnect after a pod died may land on another
+pod. The client here gets what a name that resolves to several pods gives gRPC: one target
+(`ipv4:A,B`) whose channel connects to the first address that answers, and reconnects to the next
+one when that one dies.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from services_testbed import (
+    MAX_MODEL_LEN,
+    MODEL,
+    Process,
+    RedisServer,
+    batch_line,
+    free_port,
+    need_redis,
+    shared_prefix_job,
+    start_planner,
+    start_worker,
+    wait_for_port,
+    wait_until,
+)
+
+from prefixgrove.jobs import schema
+from prefixgrove.jobs.ingest import JobIngestor
+from prefixgrove.jobs.store import JobStore
+from prefixgrove.jobs.tokenize import PromptTokenizer
+from prefixgrove.jobs.uploads import UploadKeys, Uploads, rebuild_plan
+from prefixgrove.planner import client as client_module
+from prefixgrove.planner.client import PlannerClient, PlannerError
+from prefixgrove.planner.server import UPLOAD_FAILED_WITHIN_S, build_server
+from prefixgrove.settings import IngestSettings, PlannerSettings, SecuritySettings
+from prefixgrove_proto import planner_pb2 as pb
+
+JOB_TIMEOUT_S = 180
+
+
+# --- the upload ledger in Redis, in process -------------------------------------------------------
+@pytest.fixture(scope="module")
+def tokenizer() -> PromptTokenizer:
+    return PromptTokenizer(MODEL, max_model_len=MAX_MODEL_LEN)
+
+
+def job_lines(path: Path, n: int, with_errors: bool = False) -> list[bytes]:
+    return shared_prefix_job(path, n, with_errors=with_errors).read_bytes().splitlines()
+
+
+def test_a_plan_rebuilt_from_redis_equals_the_plan_of_the_replica_that_took_every_line(
+    redis_server: RedisServer, tokenizer: PromptTokenizer, tmp_path: Path
+) -> None:
+    store, uploads = JobStore(redis_server.client()), Uploads(redis_server.client())
+    settings = IngestSettings(max_model_len=MAX_MODEL_LEN)
+    job, _ = store.create_job(MODEL)
+    uploads.open(job.id)
+    ingestor = JobIngestor(tokenizer, settings, uploads.ledger(job.id))
+    lines = job_lines(tmp_path / "in.jsonl", 300, with_errors=True)
+    for start in range(0, len(lines), 40):
+        batch = ingestor.add(lines[start : start + 40])
+        store.write_requests(job.id, batch, ingestor.total, ingestor.prompt_tokens)
+    rebuilt = rebuild_plan(uploads, job.id, ingestor.total, settings)
+    cached = ingestor.plan()
+    assert cached.num_groups > 1 and cached.prefix_tokens_saved > 0
+    assert rebuilt == cached
+
+
+def test_two_replicas_streaming_one_job_never_give_two_lines_one_index(
+    redis_server: RedisServer, tokenizer: PromptTokenizer, tmp_path: Path
+) -> None:
+    uploads = Uploads(redis_server.client())
+    uploads.open("job_shared")
+    settings = IngestSettings(max_model_len=MAX_MODEL_LEN)
+    replicas = [JobIngestor(tokenizer, settings, uploads.ledger("job_shared")) for _ in range(2)]
+    lines = job_lines(tmp_path / "in.jsonl", 60)
+    lines.append(batch_line("req-3", {"prompt": "taken on the other replica"}).encode())
+    batches = [replicas[k % 2].add(lines[k * 7 : (k + 1) * 7]) for k in range(-(-len(lines) // 7))]
+    indices = [r.index for b in batches for r, _ in b.requests] + [
+        e.index for b in batches for e in b.errors
+    ]
+    assert sorted(indices) == list(range(len(lines)))
+    [duplicate] = [e for b in batches for e in b.errors]
+    assert (duplicate.index, duplicate.code) == (60, "duplicate_custom_id")
+    assert uploads.ledger("job_shared").counts().lines == 61
+
+
+def test_an_upload_left_idle_on_a_live_replica_is_expired_by_another(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    planner = PlannerSettings(redis_url=redis_server.url, host="127.0.0.1", port=0, model=MODEL)
+    servers = [build_server(planner, IngestSettings(), SecuritySettings()) for _ in range(2)]
+    client = PlannerClient(f"127.0.0.1:{servers[0].port}")
+    try:
+        job = client.create_job(idempotency_key="idle-upload")
+        client.add_lines(job.id, job_lines(tmp_path / "in.jsonl", 3))  # then nothing more
+        other = servers[1].service
+        assert other.expire_idle_uploads(900.0) == []
+        assert other.expire_idle_uploads(900.0, now=time.time() + 901) == [job.id]
+        failed = client.get(job.id)
+        assert (failed.state, failed.error.code) == (pb.JOB_STATE_FAILED, "upload_abandoned")
+        assert redis_server.client().exists(*UploadKeys(job.id).all()) == 0
+        servers[0].service.forget_ended_uploads()
+        assert job.id not in servers[0].service._ingests
+        assert client.create_job(idempotency_key="idle-upload").id != job.id
+    finally:
+        client.close()
+        for server in servers:
+            server.stop(0)
+
+
+# --- two planner processes, one worker --------------------------------------------------------
+@dataclass
+class Replicas:
+    dir: Path
+    redis: RedisServer
+    ports: dict[str, int]
+    planners: dict[str, Process]
+    worker: Process
+
+    def start(self, name: str) -> None:
+        log = self.dir / f"planner-{name}.log"
+        self.planners[name] = start_planner(self.redis.url, self.ports[name], log)
+        wait_for_port(self.ports[name], self.planners[name])
+
+    def client(self, *names: str) -> PlannerClient:
+        """A client of one replica, or of several behind one target (a Service's name)."""
+        addresses = [f"127.0.0.1:{self.ports[n]}" for n in names]
+        return PlannerClient(addresses[0] if len(addresses) == 1 else "ipv4:" + ",".join(addresses))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
+    d = tmp_path_factory.mktemp("replicas")
+    redis = RedisServer(need_redis(), d)
+    redis.start()
+    worker = start_worker(redis.url, d / "worker.log", "--consumer", "w1")
+    replicas = Replicas(d, redis, {"a": free_port(), "b": free_port()}, {}, worker)
+    for name in replicas.ports:
+        replicas.start(name)
+    yield replicas
+    for proc in [*replicas.planners.values(), worker]:
+        proc.stop()
+    redis.kill()
+
+
+@pytest.fixture
+def replicas(cluster: Replicas) -> Replicas:
+    """The module's replicas, each of them running (a test may have killed one)."""
+    for name, planner in cluster.planners.items():
+        if planner.proc.poll() is not None:
+            cluster.start(name)
+    return cluster
+
+
+def wait_done(client: PlannerClient, job_id: str) -> pb.Job:
+    wait_until(lambda: client.get(job_id).state == pb.JOB_STATE_COMPLETED, JOB_TIMEOUT_S,
+               f"job {job_id} to complete")  # fmt: skip
+    return client.get(job_id)
+
+
+def custom_ids(client: PlannerClient, job_id: str) -> list[str]:
+    return [json.loads(r.line)["custom_id"] for r in client.results(job_id, 0, pb.RESULT_KIND_ALL)]
+
+
+def test_a_job_streamed_into_one_replica_is_sealed_and_served_by_the_other(
+    replicas: Replicas, tmp_path: Path
+) -> None:
+    a, b = replicas.client("a"), replicas.client("b")
+    job = a.create_job(metadata={"via": "a"})
+    a.add_lines(job.id, job_lines(tmp_path / "in.jsonl", 40))
+    sealed = b.seal(job.id)
+    assert sealed.state == pb.JOB_STATE_IN_PROGRESS and sealed.prefix_tokens_saved > 0
+    assert b.get(job.id).metadata["via"] == "a"
+    assert job.id in {j.id for j in a.list()} & {j.id for j in b.list()}
+    wait_done(a, job.id)
+    assert custom_ids(a, job.id) == custom_ids(b, job.id) == [f"req-{i}" for i in range(40)]
+
+
+def test_a_job_uploaded_half_through_each_replica_runs_every_line_once(
+    replicas: Replicas, tmp_path: Path
+) -> None:
+    a, b = replicas.client("a"), replicas.client("b")
+    lines = job_lines(tmp_path / "in.jsonl", 60)
+    job = b.create_job()
+    a.add_lines(job.id, lines[:30])
+    assert b.add_lines(job.id, lines[30:]).total == 60
+    sealed = a.seal(job.id)  # a took half the lines: it groups the job from Redis
+    assert sealed.request_counts.total == 60 and sealed.groups_total >= 1
+    done = wait_done(b, job.id)
+    assert done.request_counts == pb.RequestCounts(total=60, completed=60, failed=0)
+    assert custom_ids(a, job.id) == [f"req-{i}" for i in range(60)]
+
+
+def test_a_cancel_through_the_other_replica_ends_the_upload(
+    replicas: Replicas, tmp_path: Path
+) -> None:
+    a, b = replicas.client("a"), replicas.client("b")
+    job = a.create_job()
+    a.add_lines(job.id, job_lines(tmp_path / "in.jsonl", 5))
+    assert b.cancel(job.id).state == pb.JOB_STATE_CANCELLED
+    with pytest.raises(PlannerError) as refused:
+        a.add_lines(job.id, job_lines(tmp_path / "more.jsonl", 2))
+    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    r = replicas.redis.client()
+    assert r.exists(*UploadKeys(job.id).all()) == 0 and r.hexists(schema.INGESTING, job.id) == 0
+
+
+class _PausedSource:
+    """Request lines that stop after `pause_after` lines of the first upload until `resume` is set;
+    every later upload gets them all at once."""
+
+    def __init__(self, lines: list[bytes], pause_after: int) -> None:
+        self.lines = lines
+        self.pause_after = pause_after
+        self.resume = threading.Event()
+        self.uploads = 0
+
+    def __call__(self) -> Iterator[bytes]:
+        self.uploads += 1
+        first = self.uploads == 1
+        for n, line in enumerate(self.lines):
+            if first and n == self.pause_after:
+                self.resume.wait()
+            yield line
+
+
+def test_a_replica_killed_mid_upload_loses_only_that_upload(
+    replicas: Replicas, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client_module, "_CHUNK_BYTES", 4096)  # several chunks land before the kill
+    service = replicas.client("a", "b")  # connects to a first; reconnects to b once a is gone
+    source = _PausedSource(job_lines(tmp_path / "in.jsonl", 200), pause_after=100)
+    submitted: list[pb.Job] = []
+    submit = threading.Thread(
+        target=lambda: submitted.append(service.submit_lines(source, idempotency_key="kill-a"))
+    )
+    left_on_a = replicas.client("a").create_job()  # an upload whose client goes away
+    replicas.client("a").add_lines(left_on_a.id, job_lines(tmp_path / "left.jsonl", 5))
+    b = replicas.client("b")
+    submit.start()
+    wait_until(lambda: any(j.idempotency_key == "kill-a" and j.request_counts.total > 0
+                           for j in b.list()), 60, "the upload to reach replica a")  # fmt: skip
+    replicas.planners["a"].kill(signal.SIGKILL)
+    replicas.planners["a"].wait(10)
+    source.resume.set()
+    submit.join(60)
+    [job] = submitted
+    done = wait_done(b, job.id)
+    assert done.request_counts == pb.RequestCounts(total=200, completed=200, failed=0)
+    assert custom_ids(b, job.id) == [f"req-{i}" for i in range(200)]
+    [broken] = [j for j in b.list() if j.idempotency_key == "kill-a" and j.id != job.id]
+    assert (broken.state, broken.error.code) == (pb.JOB_STATE_FAILED, "ingest_interrupted")
+    wait_until(lambda: b.get(left_on_a.id).state == pb.JOB_STATE_FAILED,
+               UPLOAD_FAILED_WITHIN_S + 10, "the upload left on a to fail")  # fmt: skip
+    assert b.get(left_on_a.id).error.code == "ingest_interrupted"
