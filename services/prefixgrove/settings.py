@@ -130,8 +130,14 @@ class WorkerSettings:
     lease_timeout_s: float = 30.0  # a group idle this long in another worker's hands is taken over
     # a group delivered this many times to workers that failed on it fails its requests instead
     max_deliveries: int = 5
-    max_groups_in_flight: int = 8
-    max_num_seqs: int = 256
+    # groups held at most (0: no count; the engine's batch and KV cache decide, see lease_ahead)
+    max_groups_in_flight: int = 0
+    # leased beyond what the engine runs at once (its requests and KV tokens), so the next groups are
+    # ready when running ones finish; more keeps the GPU fuller, less leaves more to other workers
+    lease_ahead: float = 0.25
+    # None: the engine's best measured for the device (engine/batch_defaults.py)
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
     cancel_poll_s: float = 1.0
     drain_timeout_s: float = (
         120.0  # on SIGTERM: finish groups in flight for this long, then give back
@@ -147,7 +153,17 @@ class WorkerSettings:
             raise ValueError(f"device={self.device!r} is invalid: expected auto, cpu or cuda")
         if self.lease_timeout_s < 1.0:
             raise ValueError(f"lease_timeout_s={self.lease_timeout_s} is invalid: expected >= 1")
-        positive(self, "max_groups_in_flight", "max_num_seqs", "stop_timeout_s", "max_deliveries")
+        positive(self, "stop_timeout_s", "max_deliveries")
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) is not None:
+                positive(self, name)
+        if self.max_groups_in_flight < 0:
+            raise ValueError(
+                f"max_groups_in_flight={self.max_groups_in_flight} is invalid: expected >= 0 "
+                "(0: as many as the engine's batch and KV cache hold)"
+            )
+        if not 0 <= self.lease_ahead <= 4:  # NaN fails too
+            raise ValueError(f"lease_ahead={self.lease_ahead} is invalid: expected 0 to 4")
         _port(self, "metrics_port")
 
     @property

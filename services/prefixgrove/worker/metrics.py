@@ -30,5 +30,17 @@ class WorkerMetrics:
             "Prompt tokens taken from a shared prefix instead of computed",
         )
 
+        self.loop_seconds = Counter(
+            "prefixgrove_worker_loop_seconds",
+            "Seconds of the worker's loop by phase: idle (holding nothing, waiting for groups), "
+            "lease (taking and loading groups), step (the engine), write (results to Redis, "
+            "groups acknowledged)",
+            ["phase"],
+            registry=self.registry,
+        )
+        self.requests_held = gauge(
+            "prefixgrove_worker_requests_held", "Leased requests not answered yet"
+        )
+
     def serve(self, port: int) -> None:
         start_http_server(port, registry=self.registry)

@@ -25,6 +25,7 @@ from prefixgrove.jobs.schema import RequestRecord, ResultRecord
 from prefixgrove.jobs.store import JobStore
 from prefixgrove.settings import WorkerSettings
 from prefixgrove.worker.isolation import Isolation
+from prefixgrove.worker.lease_budget import Capacity, Held, LeaseBudget
 from prefixgrove.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,16 @@ class _InFlight:
     lease: Lease
     requests: dict[str, tuple[int, RequestRecord]]  # engine request id -> (line index, record)
     outstanding: set[str] = field(default_factory=set)
+    prefix_len: int = 0  # tokens its requests share (their KV is held once)
+    # request id -> the most KV tokens it holds beyond the shared prefix
+    kv_tokens: dict[str, int] = field(default_factory=dict)
+
+    def held(self) -> tuple[int, int]:
+        """(sequences, KV tokens) of what is still to answer."""
+        if not self.outstanding:
+            return 0, 0
+        tokens = self.prefix_len + sum(self.kv_tokens[r] for r in self.outstanding)
+        return sum(_samples(self.requests[r][1]) for r in self.outstanding), tokens
 
 
 @dataclass
@@ -58,6 +69,9 @@ class Worker:
             self.store.r, settings.model, self.consumer, settings.lease_timeout_s
         )
         self.engine = engine if engine is not None else _make_engine(settings)
+        self.budget = LeaseBudget(
+            _capacity(self.engine), settings.lease_ahead, settings.max_groups_in_flight
+        )
         self.metrics = WorkerMetrics()
         self._inflight: dict[tuple[str, str], _InFlight] = {}
         self._running: set[str] = set()  # request ids the engine holds now
@@ -122,15 +136,25 @@ class Worker:
                         return
 
     def _iteration(self, taking: bool) -> None:
+        clock = time.perf_counter()
+        idle = not (self._inflight or self._pending)  # a lease now may wait for work to come
         self._drop_lost()
         self._poll_cancel()
         if taking and not self._isolation.active:
             self._lease_more()
         if self._isolation.active and not self._running and not self._pending:
             self._next_piece()
+        clock = self._account("idle" if idle else "lease", clock)
         if self.engine.has_unfinished_requests():
             self._step()
+        clock = self._account("step", clock)
         self._flush()
+        self._account("write", clock)
+
+    def _account(self, phase: str, since: float) -> float:
+        now = time.perf_counter()
+        self.metrics.loop_seconds.labels(phase).inc(now - since)
+        return now
 
     def _retry(self, fn: Any) -> None:
         try:
@@ -145,18 +169,28 @@ class Worker:
 
     # --- leasing ----------------------------------------------------------------------------
     def _lease_more(self) -> None:
-        room = self.settings.max_groups_in_flight - len(self._inflight)
-        busy = sum(len(f.outstanding) for f in self._inflight.values())
-        if room <= 0 or busy >= self.settings.max_num_seqs:
-            return
+        """Leases groups until the engine's batch and KV cache (and a little ahead) are spoken
+        for, or the queue has no more: the first groups teach the budget their size."""
         block_ms = 0 if self.engine.has_unfinished_requests() or self._pending else 500
-        for lease in self.queue.take(room, block_ms):
-            try:
-                self._start(lease)
-            except BaseException:
-                # Stop keeping it alive: after the lease timeout a worker takes it over.
-                self.queue.abandon(lease)
-                raise
+        while True:
+            held = self._held()
+            self.metrics.requests_held.set(held.requests)
+            ask = self.budget.groups_to_ask(held)
+            if ask <= 0:
+                return
+            leases = self.queue.take(ask, block_ms)
+            for i, lease in enumerate(leases):
+                try:
+                    self._start(lease)
+                except BaseException:
+                    # Stop keeping it and those not started alive: after the lease timeout a
+                    # worker takes them over.
+                    for left in leases[i:]:
+                        self.queue.abandon(left)
+                    raise
+            if len(leases) < ask:
+                return  # nothing more queued now
+            block_ms = 0
 
     def _start(self, lease: Lease) -> None:
         job_id, group_id = lease.job_id, lease.group_id
@@ -172,6 +206,13 @@ class Worker:
             return
         group, records = loaded
         flight = self._admit(lease, group.indices, records)
+        flight.prefix_len = group.prefix_len if len(flight.requests) >= 2 else 0
+        max_len = self.engine.config.model.max_model_len
+        flight.kv_tokens = {
+            rid: _own_kv_tokens(record, flight.prefix_len, max_len)
+            for rid, (_, record) in flight.requests.items()
+        }
+        self.budget.observe(*flight.held())
         self._inflight[(job_id, group_id)] = flight
         self.metrics.groups_leased.set(len(self._inflight))
         if lease.deliveries > _ALONE_AFTER_FAILURES:
@@ -186,6 +227,14 @@ class Worker:
         else:
             for request_id, record in valid:
                 self.engine.add_request(request_id, record.prompt_token_ids, _params(record))
+
+    def _held(self) -> Held:
+        sequences = tokens = 0
+        for flight in self._inflight.values():
+            n, t = flight.held()
+            sequences += n
+            tokens += t
+        return Held(len(self._inflight), sequences, tokens)
 
     def _admit(self, lease: Lease, indices: list[int], records: list[RequestRecord]) -> _InFlight:
         """The group's requests still to run; those the engine refuses fail here."""
@@ -379,6 +428,27 @@ class Worker:
         self._tokens_window = (start, count)
 
 
+def _samples(record: RequestRecord) -> int:
+    return int(record.params.get("n") or 1)
+
+
+def _own_kv_tokens(record: RequestRecord, prefix_len: int, max_model_len: int) -> int:
+    """The most KV a request holds beyond its group's shared prefix: its own prompt tokens and
+    the tokens it may generate, for each of its samples."""
+    prompt = len(record.prompt_token_ids)
+    limit = max(max_model_len - prompt, 0)
+    new = min(record.params.get("max_tokens") or limit, limit)
+    return (prompt - prefix_len + new) * _samples(record)
+
+
+def _capacity(engine: Any) -> Capacity:
+    config = engine.config
+    return Capacity(
+        requests=config.scheduler.max_num_seqs,
+        kv_tokens=engine.blocks.num_usable * config.cache.block_size,
+    )
+
+
 def _params(record: RequestRecord) -> Any:
     from prefixgrove.engine import SamplingParams
 
@@ -387,13 +457,18 @@ def _params(record: RequestRecord) -> Any:
 
 def _make_engine(settings: WorkerSettings) -> Any:
     from prefixgrove.engine import EngineConfig, LLMEngine
+    from prefixgrove.engine.batch_defaults import best_batch_limits
 
+    best = best_batch_limits(settings.device)
+    max_num_seqs = settings.max_num_seqs or best.max_num_seqs
     config = EngineConfig.create(
         settings.model,
         device=settings.device,
         dtype=settings.dtype,
         seed=settings.seed,
-        max_num_seqs=settings.max_num_seqs,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens
+        or max(best.max_num_batched_tokens, max_num_seqs),
         max_model_len=settings.max_model_len,
     )
     return LLMEngine(config)
