@@ -220,8 +220,12 @@ def _submit(args: argparse.Namespace) -> int:
     _show(job, args.json)
     if not args.wait:
         return 0
+    # The results stream into the files while the job runs; the progress bar follows it meanwhile.
+    download = _Download(client, job.id, args)
+    download.start()
     job = _follow(client, job.id, args.json)
-    return _download(client, job, args)
+    download.join()
+    return download.report(job, args)
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -248,16 +252,41 @@ def _results(args: argparse.Namespace) -> int:
 
 
 def _download(client: Any, job: Any, args: argparse.Namespace) -> int:
-    from prefixgrove_proto import planner_pb2 as pb
+    download = _Download(client, job.id, args)
+    download.run()
+    return download.report(job, args)
 
-    errors = args.errors or args.output.with_name(args.output.stem + ".errors.jsonl")
-    done, failed = client.download(job.id, args.output, errors)
-    if args.json:
-        print(json.dumps({"job": job.id, "output": str(args.output), "errors": str(errors),
-                          "completed": done, "failed": failed}))  # fmt: skip
-    else:
-        print(f"{done} results -> {args.output}, {failed} errors -> {errors}")
-    return 0 if job.state == pb.JOB_STATE_COMPLETED else 1
+
+class _Download(threading.Thread):
+    """A job's results into its output and error files (resumable: see PlannerClient.download),
+    on a thread of its own so that `submit --wait` writes them while the job runs."""
+
+    def __init__(self, client: Any, job_id: str, args: argparse.Namespace) -> None:
+        super().__init__(name="download", daemon=True)
+        self.client, self.job_id, self.output = client, job_id, args.output
+        self.errors = args.errors or args.output.with_name(args.output.stem + ".errors.jsonl")
+        self.counts: tuple[int, int] | None = None
+        self.failure: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.counts = self.client.download(self.job_id, self.output, self.errors)
+        except BaseException as exc:  # raised again on the caller's thread, in report()
+            self.failure = exc
+
+    def report(self, job: Any, args: argparse.Namespace) -> int:
+        from prefixgrove_proto import planner_pb2 as pb
+
+        if self.failure is not None:
+            raise self.failure
+        assert self.counts is not None
+        done, failed = self.counts
+        if args.json:
+            print(json.dumps({"job": job.id, "output": str(self.output), "errors": str(self.errors),
+                              "completed": done, "failed": failed}))  # fmt: skip
+        else:
+            print(f"{done} results -> {self.output}, {failed} errors -> {self.errors}")
+        return 0 if job.state == pb.JOB_STATE_COMPLETED else 1
 
 
 def _follow(client: Any, job_id: str, as_json: bool) -> Any:
