@@ -133,6 +133,8 @@ def test_jobs_on_every_node_are_answered_exactly_once(
     for job_id in jobs:
         ingest(store, job_id)
     assert store.model_queue(MODEL) == QueueDepth(waiting=4 * len(jobs), leased=0)
+    store.r.delete(schema.active_key(MODEL))  # jobs queued before the active sets existed
+    assert store.index_active_jobs() == len(jobs)
     first = GroupQueue(store.r, MODEL, "w1", lease_timeout_s=60)
     given_back = first.take(2, block_ms=0)
     for lease in given_back:
