@@ -4,10 +4,13 @@ its log-probability under transformers' own forward, its rank and the top k; who
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from engine_checkpoints import build_model, engine, greedy, random_prompts, run, save_checkpoint
-from transformers import PreTrainedModel
+from test_trained_model import MODEL, model_file  # noqa: F401 (the fixture that finds the model)
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from prefixgrove import LLM, RequestOutput, SamplingParams
 
@@ -107,6 +110,33 @@ def test_each_logprob_names_its_token(llm: LLM):
         assert entry is not None
         for tid, logprob in entry.items():
             assert logprob.decoded_token == tokenizer.decode([tid])
+
+
+def test_preempted_requests_are_scored_once_and_whole(path: str, hf_model: PreTrainedModel):
+    """Each request ends at 20 + 40 tokens = 4 blocks of 16; four need 16 of 8 usable blocks, so
+    some are preempted and their prompts computed again."""
+    prompts = random_prompts([20] * 4, seed=27)
+    llm = engine(path, num_gpu_blocks=9)
+    outs = run(llm, prompts, greedy(40, ignore_eos=True, prompt_logprobs=K))
+    assert llm.engine.metrics.preemptions > 0
+    for out in outs:
+        assert_matches_transformers(hf_model, out, K)
+
+
+@pytest.mark.slow
+def test_prompt_logprobs_match_transformers_on_the_trained_model(model_file: str):  # noqa: F811
+    """SmolLM2 from its GGUF file on both sides: trained logits, with their close calls (measured
+    at most 2e-5 apart over this prompt)."""
+    gguf = Path(model_file)
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    ).eval()
+    llm = LLM(MODEL, device="cpu", dtype="float32", attention_backend="torch")
+    prompt = llm.get_tokenizer().encode(
+        "The capital of France is Paris, and the capital of Spain is"
+    )
+    [out] = run(llm, [prompt], greedy(1, prompt_logprobs=K))
+    assert_matches_transformers(hf, out, K)
 
 
 @pytest.mark.parametrize("value", [-1, 21, 1.5, True])
