@@ -11,10 +11,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .arch import ModelArch
+from .linear import RowInvariantLinear, row_invariant_linear
 from .ops import ModelOps
 from .rotary import rotary_table
 
@@ -47,10 +47,10 @@ class Attention(nn.Module):
             arch.head_dim,
         )
         self.q_size, self.kv_size = arch.q_size, arch.kv_size
-        self.qkv_proj = nn.Linear(
+        self.qkv_proj = RowInvariantLinear(
             arch.hidden_size, arch.q_size + 2 * arch.kv_size, bias=arch.qkv_bias
         )
-        self.o_proj = nn.Linear(arch.q_size, arch.hidden_size, bias=False)
+        self.o_proj = RowInvariantLinear(arch.q_size, arch.hidden_size, bias=False)
         self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps, ops) if arch.qk_norm else None
         self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps, ops) if arch.qk_norm else None
         self.scale = arch.head_dim**-0.5
@@ -89,8 +89,10 @@ class MLP(nn.Module):
     def __init__(self, arch: ModelArch, ops: ModelOps) -> None:
         super().__init__()
         self.ops = ops
-        self.gate_up_proj = nn.Linear(arch.hidden_size, 2 * arch.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=False)
+        self.gate_up_proj = RowInvariantLinear(
+            arch.hidden_size, 2 * arch.intermediate_size, bias=False
+        )
+        self.down_proj = RowInvariantLinear(arch.intermediate_size, arch.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
@@ -136,7 +138,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = (
             None
             if arch.tie_word_embeddings
-            else nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+            else RowInvariantLinear(arch.hidden_size, arch.vocab_size, bias=False)
         )
         # [max_positions, head_dim] fp32 = [cos | sin], shared by every layer.
         self.register_buffer(
@@ -167,7 +169,7 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 logits [rows, vocab]; into `out` when given (the decode graphs' shared buffer)."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(hidden, weight)
+        logits = row_invariant_linear(hidden, weight)
         return logits.float() if out is None else out.copy_(logits)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
