@@ -120,6 +120,45 @@ def test_an_upload_left_idle_on_a_live_replica_is_expired_by_another(
             server.stop(0)
 
 
+def test_an_upload_whose_sealer_stopped_is_expired_and_one_sealed_by_a_live_planner_is_not(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    planner = PlannerSettings(redis_url=redis_server.url, host="127.0.0.1", port=0, model=MODEL)
+    server = build_server(planner, IngestSettings(), SecuritySettings())
+    client = PlannerClient(f"127.0.0.1:{server.port}")
+    service = server.service
+    try:
+        jobs = [client.create_job() for _ in range(2)]
+        for job, sealer in zip(jobs, ("planner-gone", service.instance), strict=True):
+            client.add_lines(job.id, job_lines(tmp_path / "in.jsonl", 3))
+            assert service.uploads.claim_seal(job.id, sealer).counts is not None
+        assert service.expire_idle_uploads(900.0, now=time.time() + 901) == [jobs[0].id]
+        assert client.get(jobs[1].id).state == pb.JOB_STATE_VALIDATING
+    finally:
+        client.close()
+        server.stop(0)
+
+
+def test_a_seal_that_finds_lines_taken_but_never_stored_fails_the_job_for_a_new_upload(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    planner = PlannerSettings(redis_url=redis_server.url, host="127.0.0.1", port=0, model=MODEL)
+    server = build_server(planner, IngestSettings(), SecuritySettings())
+    client = PlannerClient(f"127.0.0.1:{server.port}")
+    try:
+        job = client.create_job(idempotency_key="lost-lines")
+        client.add_lines(job.id, job_lines(tmp_path / "in.jsonl", 4))
+        server.service.uploads.ledger(job.id).reserve(3)  # a replica that died mid-chunk
+        with pytest.raises(PlannerError) as lost:
+            client.seal(job.id)
+        assert lost.value.code == grpc.StatusCode.ABORTED
+        assert client.get(job.id).error.code == "ingest_interrupted"
+        assert client.create_job(idempotency_key="lost-lines").id != job.id
+    finally:
+        client.close()
+        server.stop(0)
+
+
 # --- two planner processes, one worker --------------------------------------------------------
 @dataclass
 class Replicas:

@@ -70,11 +70,12 @@ local h = redis.call('HMGET', KEYS[1], 'lines', 'json_lines', 'prompt_tokens', '
 return {1, h[1] or '0', h[2] or '0', h[3] or '0', h[4] or ''}
 """
 
-# KEYS: upload. ARGV: cutoff, now. 1 (and touched now, so one replica alone expires it) when no
-# line arrived since `cutoff` and nobody seals the job.
+# KEYS: upload. ARGV: cutoff, now, a sealer known to have stopped ('' for none). 1 (and touched
+# now, so one replica alone expires it) when no line arrived since `cutoff` and no live planner
+# seals the job.
 _CLAIM_IDLE = """
 local h = redis.call('HMGET', KEYS[1], 'touched', 'sealer')
-if not h[1] or h[2] or tonumber(h[1]) > tonumber(ARGV[1]) then return 0 end
+if not h[1] or (h[2] and h[2] ~= ARGV[3]) or tonumber(h[1]) > tonumber(ARGV[1]) then return 0 end
 redis.call('HSET', KEYS[1], 'touched', ARGV[2])
 return 1
 """
@@ -155,7 +156,7 @@ class Uploads:
         reply = self._claim_seal(keys=keys, args=[instance, "", time.time()])
         if reply and int(reply[0]) == 0:
             holder = _s(reply[1])
-            if self.r.exists(schema.planner_key(holder)):
+            if self._alive(holder):
                 return SealClaim(holder=holder)
             reply = self._claim_seal(keys=keys, args=[instance, holder, time.time()])
         if not reply:
@@ -193,10 +194,15 @@ class Uploads:
 
     # --- ending -------------------------------------------------------------------------------
     def claim_idle(self, job_id: str, idle_s: float, now: float) -> bool:
-        """Whether the job's lines stopped arriving `idle_s` before `now` (unix seconds); the
-        first replica to ask is the one told yes."""
-        keys = [UploadKeys(job_id).upload]
-        return bool(self._claim_idle(keys=keys, args=[now - idle_s, time.time()]))
+        """Whether the job's lines stopped arriving `idle_s` before `now` (unix seconds) and no
+        live planner seals it; the first replica to ask is the one told yes."""
+        key = UploadKeys(job_id).upload
+        sealer = self.r.hget(key, "sealer")
+        stopped = _s(sealer) if sealer and not self._alive(_s(sealer)) else ""  # type: ignore[arg-type]
+        return bool(self._claim_idle(keys=[key], args=[now - idle_s, time.time(), stopped]))
+
+    def _alive(self, instance: str) -> bool:
+        return bool(self.r.exists(schema.planner_key(instance)))
 
     def drop_unsealed_requests(self, job_id: str) -> bool:
         keys = JobKeys(job_id)

@@ -160,8 +160,9 @@ class PlannerService(pb_grpc.PlannerServicer):
         self._tokenizer(model, context)  # refused now rather than at the first lines
         job, created = self.store.create_job(model, request.idempotency_key, dict(request.metadata))
         if created:
-            self.uploads.open(job.id)
+            # claimed first: should this planner stop before the upload opens, others fail the job
             self.store.claim_ingest(job.id, self.instance)
+            self.uploads.open(job.id)
             self.metrics.jobs_created.inc()
             log.info("created job %s for model %s", job.id, model)
         return job_to_pb(job, self.store)
