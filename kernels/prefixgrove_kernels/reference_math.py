@@ -1,8 +1,21 @@
-"""Plain torch attention math in fp32 that the reference paths (and the CPU backend) build on."""
+"""Plain torch attention math in fp32 that the reference paths (and the CPU backend) build on.
+
+On the CPU a query row's result must not depend on the other rows of its call, nor on how many keys
+past its own the call holds (a prefill chunk's later positions, masked): the engine's CPU backend is
+these references, and one request must get the same bytes whatever shares its step. CPU matmuls pick
+their kernel, and so their summation order, by shape, and reductions sum in an order set by their
+length; so on the CPU `attend` runs in fixed shapes: query rows in blocks of QUERY_BLOCK, keys in
+tiles of KEY_TILE from the call's first key, the softmax's sums accumulated tile after tile. A tile a
+row may not see adds exact zeros, so the keys past a row's last one change nothing. The max is exact
+in any order. On CUDA the whole call is one masked softmax.
+"""
 
 from __future__ import annotations
 
 import torch
+
+QUERY_BLOCK = 16  # query rows per CPU matmul, the last block zero-padded
+KEY_TILE = 128  # keys per CPU tile, counted from the call's first key
 
 
 def attend(
@@ -12,8 +25,17 @@ def attend(
 
     q: [n_q, num_heads, head_dim]; k, v: [n_k, num_kv_heads, head_dim]; allowed: [n_q, n_k] bool.
     Returns o: [n_q, num_heads, head_dim] and lse: [n_q, num_heads] (natural log); a row with no
-    allowed key gets o = 0 and lse = -inf.
+    allowed key gets o = 0 and lse = -inf. On the CPU each row's bytes depend only on its query, the
+    keys and values up to its last allowed one, and its mask (see the module docstring).
     """
+    if q.device.type == "cpu":
+        return _attend_row_invariant(q, k, v, scale, allowed)
+    return _attend_whole(q, k, v, scale, allowed)
+
+
+def _attend_whole(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, allowed: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     n_q, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads
@@ -26,6 +48,59 @@ def attend(
     probs = torch.exp(scores - torch.where(finite, lse, 0.0).unsqueeze(-1))
     o = torch.einsum("hgqk,khd->qhgd", probs, v.float()).reshape(n_q, num_heads, head_dim)
     return o, lse.permute(2, 0, 1).reshape(n_q, num_heads)
+
+
+def _attend_row_invariant(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, allowed: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`attend` in blocks of QUERY_BLOCK query rows, each over the keys in tiles of KEY_TILE."""
+    n_q, n_k = allowed.shape
+    q_rows = -(-n_q // QUERY_BLOCK) * QUERY_BLOCK
+    k_rows = max(1, -(-n_k // KEY_TILE)) * KEY_TILE
+    q = _pad_rows(q.float(), q_rows)
+    k, v = _pad_rows(k.float(), k_rows), _pad_rows(v.float(), k_rows)
+    allowed = torch.nn.functional.pad(allowed, (0, k_rows - n_k, 0, q_rows - n_q))
+    blocks = [
+        _attend_block(q[b : b + QUERY_BLOCK], k, v, scale, allowed[b : b + QUERY_BLOCK])
+        for b in range(0, q_rows, QUERY_BLOCK)
+    ]
+    o = torch.cat([block[0] for block in blocks])[:n_q]
+    lse = torch.cat([block[1] for block in blocks])[:n_q]
+    return o, lse
+
+
+def _attend_block(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, allowed: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: [QUERY_BLOCK, heads, head_dim]; k, v: [tiles * KEY_TILE, kv_heads, head_dim]; allowed:
+    [QUERY_BLOCK, tiles * KEY_TILE]. Scores tile by tile, then the exact max, then the sums."""
+    rows, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    qg = q.reshape(rows, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    tiles = [slice(t, t + KEY_TILE) for t in range(0, k.shape[0], KEY_TILE)]
+    # each [kv_heads, group, rows, KEY_TILE]
+    scores = [
+        (torch.einsum("qhgd,khd->hgqk", qg, k[t]) * scale).masked_fill(~allowed[:, t], -torch.inf)
+        for t in tiles
+    ]
+    m = torch.stack([s.amax(dim=-1) for s in scores]).amax(dim=0)  # [kv_heads, group, rows]
+    m_safe = torch.where(torch.isfinite(m), m, 0.0).unsqueeze(-1)
+    total = torch.zeros_like(m)
+    acc = q.new_zeros(*m.shape, head_dim)
+    for s, t in zip(scores, tiles, strict=True):
+        p = torch.exp(s - m_safe)
+        total = total + p.sum(dim=-1)
+        acc = acc + torch.einsum("hgqk,khd->hgqd", p, v[t])
+    o = acc / torch.where(total > 0, total, 1.0).unsqueeze(-1)
+    o = o.permute(2, 0, 1, 3).reshape(rows, num_heads, head_dim)
+    return o, (m + torch.log(total)).permute(2, 0, 1).reshape(rows, num_heads)
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """x with zero rows appended up to `rows` along its first dimension."""
+    if x.shape[0] == rows:
+        return x
+    return torch.cat([x, x.new_zeros(rows - x.shape[0], *x.shape[1:])])
 
 
 def merge_states(
