@@ -97,6 +97,10 @@ class InputBuilder:
     ) -> None:
         self.block_size = block_size
         self.use_cascade = use_cascade
+        # NOTE: on the CPU a grouped request takes the cascade even alone in its step, so that
+        # whether its prefix is attended apart (and merged) is the request's own property, not its
+        # batch's: one request, the same bytes in any batch (reference_math's CPU attention).
+        self.cascade_min_seqs = 1 if device.type == "cpu" else CASCADE_MIN_SEQS
         # Whether steps narrow the model's last layer to their sampled rows; off only to measure or test
         # the engine as it computed before (every row to the end).
         self.narrow_last_layer = True
@@ -184,7 +188,7 @@ class InputBuilder:
         for item in batch:
             if item.seq.shared_prefix_len >= CASCADE_MIN_PREFIX:
                 members.setdefault(id(item.seq.group), []).append(item)
-        chosen = [m for m in members.values() if len(m) >= CASCADE_MIN_SEQS]
+        chosen = [m for m in members.values() if len(m) >= self.cascade_min_seqs]
         in_groups = {id(item) for m in chosen for item in m}
         ordered = [item for m in chosen for item in m]
         ordered += [item for item in batch if id(item) not in in_groups]
