@@ -291,9 +291,10 @@ class RedisClusterProcesses:
         joined = subprocess.run(create, capture_output=True, text=True, timeout=60)
         if joined.returncode != 0:
             raise RuntimeError(f"redis-cli --cluster create failed: {joined.stdout}{joined.stderr}")
-        wait_until(self._ok, 30, "every cluster node to report cluster_state:ok")
+        wait_until(self.healthy, 30, "every cluster node to report cluster_state:ok")
 
-    def _ok(self) -> bool:
+    def healthy(self) -> bool:
+        """Every node answers, knows every other and serves every slot."""
         for node in self.nodes:
             info = node.client().execute_command("CLUSTER INFO")  # parsed into a dict
             if info["cluster_state"] != "ok" or int(info["cluster_known_nodes"]) != len(self.nodes):
@@ -367,3 +368,34 @@ class RedisSentinelProcesses:
     def kill(self) -> None:
         for proc in [*self.sentinels, self.replica, self.master]:
             proc.kill()
+
+
+def logprobs_job(path: Path, n: int, *, seed: int = 1, max_tokens: int = 6) -> Path:
+    """n requests that all ask for logprobs: completions (logprobs 0..5) and chats (top_logprobs
+    0..5), two in three over four shared documents (groups), the rest each on its own text, one
+    completion in ten sampled with a seed."""
+    import random
+
+    rng = random.Random(seed)
+    words = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta"]
+    documents = [f"Doc {d}: " + " ".join(rng.choice(words) for _ in range(40)) for d in range(4)]
+    lines = []
+    for i in range(n):
+        if i % 3 == 2:
+            text = f"Lone {i}: " + " ".join(rng.choice(words) for _ in range(10 + i % 17))
+        else:
+            text = documents[i % 4]
+        top = i % 6
+        if i % 2:
+            messages = [{"role": "system", "content": text}, {"role": "user", "content": f"Q{i}?"}]
+            body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0,
+                    "logprobs": True, "top_logprobs": top}  # fmt: skip
+            lines.append(batch_line(f"req-{i}", body, "/v1/chat/completions"))
+            continue
+        body = {"prompt": f"{text}\nQuestion {i}:", "max_tokens": max_tokens, "temperature": 0,
+                "logprobs": top}  # fmt: skip
+        if i % 10 == 4:
+            body.update(temperature=0.8, seed=i)
+        lines.append(batch_line(f"req-{i}", body))
+    path.write_text("\n".join(lines) + "\n")
+    return path

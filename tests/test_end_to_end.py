@@ -22,6 +22,7 @@ from services_testbed import (
     Process,
     RedisServer,
     free_port,
+    logprobs_job,
     need_redis,
     service_env,
     shared_prefix_job,
@@ -130,6 +131,22 @@ def test_planner_and_two_workers_equal_the_local_run(stack: Stack, tmp_path: Pat
     assert out.read_text() == local_out.read_text()
     assert err.read_text() == local_err.read_text()
     assert client.queue_depth(MODEL).depth == 0
+
+
+def test_a_logprobs_job_through_the_services_equals_the_local_run(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """Logprobs are printed to the last bit of their float: the workers batch the job otherwise than
+    the local run (other groups beside each, other step sizes), and every value must still match."""
+    job_file = logprobs_job(tmp_path / "in.jsonl", 90)
+    local_out, _ = local_run(job_file, tmp_path)
+    job = stack.client().submit_file(job_file)
+    assert job.groups_total > 1
+    done, out, _ = finish(stack, job.id, tmp_path)
+    assert done.request_counts == pb.RequestCounts(total=90, completed=90)
+    lines = out.read_text().splitlines()
+    assert all(json.loads(line)["response"]["body"]["choices"][0]["logprobs"] for line in lines)
+    assert lines == local_out.read_text().splitlines()
 
 
 def test_a_worker_killed_mid_group_is_taken_over(
