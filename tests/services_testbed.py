@@ -291,9 +291,10 @@ class RedisClusterProcesses:
         joined = subprocess.run(create, capture_output=True, text=True, timeout=60)
         if joined.returncode != 0:
             raise RuntimeError(f"redis-cli --cluster create failed: {joined.stdout}{joined.stderr}")
-        wait_until(self._ok, 30, "every cluster node to report cluster_state:ok")
+        wait_until(self.healthy, 30, "every cluster node to report cluster_state:ok")
 
-    def _ok(self) -> bool:
+    def healthy(self) -> bool:
+        """Every node answers, knows every other and serves every slot."""
         for node in self.nodes:
             info = node.client().execute_command("CLUSTER INFO")  # parsed into a dict
             if info["cluster_state"] != "ok" or int(info["cluster_known_nodes"]) != len(self.nodes):

@@ -5,6 +5,7 @@ and every request is answered exactly once."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -217,6 +218,22 @@ def test_a_failed_ingest_frees_its_idempotency_key(store: JobStore) -> None:
     assert store.r.exists("pg:idem:retry-me") == 0
     retried, created = store.create_job(MODEL, idempotency_key="retry-me")
     assert created and retried.id != job.id
+
+
+def test_a_command_waits_for_its_node_to_restart(
+    store: JobStore, cluster: RedisClusterProcesses
+) -> None:
+    job_id = jobs_on_every_node(store, len(cluster.nodes))[0]
+    node = next(n for n in cluster.nodes if n.address == node_of(store, job_id))
+    node.kill()
+    restart = threading.Timer(1.5, node.start)
+    restart.start()
+    try:
+        job, created = store.create_job(MODEL, idempotency_key="after-restart")  # waits
+    finally:
+        restart.join()
+    assert created and store.get_job(job.id) == job
+    wait_until(cluster.healthy, 30, "the cluster to be whole again")
 
 
 @pytest.mark.slow
