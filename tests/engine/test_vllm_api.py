@@ -145,7 +145,9 @@ def _assert_metrics_in_order(out: RequestOutput) -> None:
 
 @pytest.mark.parametrize("grouping", [True, False], ids=["grouped", "ungrouped"])
 def test_every_output_carries_its_request_metrics(grouping: bool) -> None:
-    llm = engine("tiny-random-llama", enable_prefix_grouping=grouping)
+    llm = engine(
+        "tiny-random-llama", enable_prefix_grouping=grouping, enable_prefix_caching=grouping
+    )
     shared = random_prompts([40], seed=6)[0]
     prompts = [shared + tail for tail in random_prompts([3, 5, 4], seed=7)]
     outs = run(llm, prompts, greedy(3, ignore_eos=True))
