@@ -27,6 +27,9 @@ class Detokenizer:
         # Ids the model can emit but the tokenizer does not know (random-weight presets) decode to nothing;
         # without a tokenizer (skip_tokenizer_init) no id has text.
         self.known = 0 if tokenizer is None else min(vocab_size, len(tokenizer))
+        self._token_texts: dict[
+            int, str
+        ] = {}  # a logprobs job names the same tokens again and again
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         if self.tokenizer is None:
@@ -36,7 +39,10 @@ class Detokenizer:
 
     def token_text(self, token_id: int) -> str:
         """One token's own text, special tokens included (a logprob's decoded_token)."""
-        return self.decode([token_id], skip_special_tokens=False)
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.decode([token_id], skip_special_tokens=False)
+        return text
 
     def step(
         self, state: DetokState, token_ids: list[int], skip_special_tokens: bool = True
