@@ -27,9 +27,8 @@ class Detokenizer:
         # Ids the model can emit but the tokenizer does not know (random-weight presets) decode to nothing;
         # without a tokenizer (skip_tokenizer_init) no id has text.
         self.known = 0 if tokenizer is None else min(vocab_size, len(tokenizer))
-        self._token_texts: dict[
-            int, str
-        ] = {}  # a logprobs job names the same tokens again and again
+        # token id -> its text alone: a logprobs job names the same tokens again and again
+        self._token_texts: dict[int, str] = {}
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         if self.tokenizer is None:
