@@ -1,0 +1,50 @@
+"""The fault campaign, small: 600 requests with two poison requests through two planner replicas and
+two faulty workers, while a worker is killed twice, a planner replica once and Redis once, at the
+points each seed picks. The campaign script is run as people run it, and its verdict must hold."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from services_testbed import need_redis
+
+pytestmark = pytest.mark.slow
+SCRIPT = Path(__file__).with_name("campaign.py")
+KILLS = {"worker": 2, "planner": 1, "redis": 1}
+
+
+@pytest.fixture(scope="module")
+def reference_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every seed runs the same batch: `prefixgrove run` of it runs once."""
+    return tmp_path_factory.mktemp("reference")
+
+
+def run_campaign(seed: int, workdir: Path, reference_cache: Path) -> dict:
+    args = ["--requests", "600", "--workers", "2", "--planners", "2", "--seed", str(seed),
+            "--poison", "2", "--worker-kills", str(KILLS["worker"]),
+            "--planner-kills", str(KILLS["planner"]), "--redis-kills", str(KILLS["redis"]),
+            "--duration-bound-s", "900", "--workdir", str(workdir),
+            "--reference-cache", str(reference_cache)]  # fmt: skip
+    run = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+                         timeout=1200)  # fmt: skip
+    assert run.stdout.strip(), f"no report; stderr: {run.stderr[-3000:]}"
+    report = json.loads(run.stdout.splitlines()[-1])
+    assert (run.returncode == 0) == report["ok"]
+    return report
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_every_request_is_answered_once_as_locally_through_kills_and_poison(
+    seed: int, tmp_path: Path, reference_cache: Path
+) -> None:
+    need_redis()
+    report = run_campaign(seed, tmp_path, reference_cache)
+    assert report["kills"] == KILLS, report  # every planned fault landed while the job ran
+    assert report["self_deaths"]["worker"] >= report["poison"] == 2, report
+    assert report["duplicates"] == report["missing"] == report["mismatches"] == 0, report
+    assert report["other_failed"] == [] and report["poison_ok"] and report["in_order"], report
+    assert report["ok"], report
