@@ -91,11 +91,10 @@ def test_generation_config_spelling_out_transformers_default_top_k_leaves_it_alo
     assert (defaults.top_k, defaults.top_p) == (SamplingParams().top_k, 0.8)
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("eos")
-    save_checkpoint("llama3", path)
-    return path
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    save_checkpoint("llama3", tmp_path)
+    return tmp_path
 
 
 def _free_run(path: Path) -> tuple[list[int], list[int]]:
@@ -113,12 +112,9 @@ def test_generation_config_eos_token_id_ends_generation(checkpoint: Path, as_lis
     at = next(k for k, t in enumerate(tokens) if k >= 2 and t not in tokens[:k])
     eos = [tokens[at]] if as_list else tokens[at]
     (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
-    try:
-        llm = engine(str(checkpoint))
-        [stopped] = run(llm, [prompt], greedy(10))
-        [ignored] = run(llm, [prompt], greedy(len(tokens), ignore_eos=True))
-    finally:
-        (checkpoint / "generation_config.json").unlink()
+    llm = engine(str(checkpoint))
+    [stopped] = run(llm, [prompt], greedy(10))
+    [ignored] = run(llm, [prompt], greedy(len(tokens), ignore_eos=True))
     assert stopped.outputs[0].token_ids == tokens[: at + 1]
     assert stopped.outputs[0].finish_reason == "stop"
     assert ignored.outputs[0].token_ids == tokens
@@ -126,11 +122,8 @@ def test_generation_config_eos_token_id_ends_generation(checkpoint: Path, as_lis
 
 def test_an_invalid_generation_config_eos_token_id_is_named(checkpoint: Path) -> None:
     (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": "</s>"}))
-    try:
-        with pytest.raises(ValueError, match=r"generation_config.json: eos_token_id='</s>'"):
-            engine(str(checkpoint))
-    finally:
-        (checkpoint / "generation_config.json").unlink()
+    with pytest.raises(ValueError, match=r"generation_config.json: eos_token_id='</s>'"):
+        engine(str(checkpoint))
 
 
 def _assert_metrics_in_order(out: RequestOutput) -> None:
