@@ -91,6 +91,27 @@ def test_generation_config_spelling_out_transformers_default_top_k_leaves_it_alo
     assert (defaults.top_k, defaults.top_p) == (SamplingParams().top_k, 0.8)
 
 
+def test_generation_config_vllm_keeps_sampling_params_defaults_and_overrides_go_on_top(
+    tmp_path: Path,
+) -> None:
+    path = save_checkpoint("llama3", tmp_path)
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({"temperature": 0.6, "top_p": 0.9, "max_new_tokens": 3})
+    )
+    own = LLM(path, generation_config="vllm").get_default_sampling_params()
+    assert (own.temperature, own.top_p, own.max_tokens) == (1.0, 1.0, SamplingParams().max_tokens)
+    override = {"temperature": 0.2, "max_new_tokens": 5}
+    mixed = LLM(path, override_generation_config=override).get_default_sampling_params()
+    assert (mixed.temperature, mixed.top_p, mixed.max_tokens) == (0.2, 0.9, 5)
+
+
+def test_a_generation_config_that_cannot_be_used_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"generation_config='/elsewhere' is not supported"):
+        LLM("tiny-random-llama", generation_config="/elsewhere")
+    with pytest.raises(ValueError, match=r"default sampling .* SamplingParams.temperature=-1"):
+        LLM("tiny-random-llama", override_generation_config={"temperature": -1})
+
+
 @pytest.fixture
 def checkpoint(tmp_path: Path) -> Path:
     save_checkpoint("llama3", tmp_path)

@@ -21,15 +21,22 @@ _FIELDS = {
 _TRANSFORMERS_DEFAULTS = {"top_k": 50}
 
 
-def generation_defaults(model: str) -> dict[str, Any]:
-    """SamplingParams keyword arguments from `model`'s generation_config.json; empty for presets,
-    GGUF files and directories without one."""
-    raw = _read(model)
-    return {
-        ours: raw[theirs]
-        for theirs, ours in _FIELDS.items()
-        if raw.get(theirs) is not None and raw[theirs] != _TRANSFORMERS_DEFAULTS.get(theirs)
-    }
+def generation_defaults(
+    model: str, source: str = "auto", overrides: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """SamplingParams keyword arguments from `model`'s generation_config.json (source "auto"; none
+    for presets, GGUF files and directories without one) or from none of it (source "vllm"), then
+    `overrides` (generation_config names, e.g. max_new_tokens), as vLLM's `generation_config` and
+    `override_generation_config` arguments give them."""
+    if source not in ("auto", "vllm"):
+        raise ValueError(
+            f"generation_config={source!r} is not supported: 'auto' reads the model's "
+            "generation_config.json, 'vllm' keeps SamplingParams' own defaults"
+        )
+    raw = _read(model) if source == "auto" else {}
+    raw = {k: v for k, v in raw.items() if v != _TRANSFORMERS_DEFAULTS.get(k)}
+    raw.update(overrides or {})
+    return {ours: raw[theirs] for theirs, ours in _FIELDS.items() if raw.get(theirs) is not None}
 
 
 def generation_eos_token_ids(model: str) -> tuple[int, ...]:

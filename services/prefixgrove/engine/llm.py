@@ -32,9 +32,25 @@ class LLM:
     planner's, over positions in `prompts`) and uses them as they are.
     """
 
-    def __init__(self, model: str, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        generation_config: str = "auto",
+        override_generation_config: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._generation_defaults = generation_defaults(
+            model, generation_config, override_generation_config
+        )
+        try:
+            SamplingParams(**self._generation_defaults)
+        except ValueError as e:
+            raise ValueError(
+                f"the default sampling of {model} (generation_config={generation_config!r}, "
+                f"override_generation_config={override_generation_config!r}): {e}"
+            ) from None
         self.engine = LLMEngine(EngineConfig.create(model, **engine_kwargs(kwargs)))
-        self._generation_defaults = generation_defaults(model)
         self._batches = 0
 
     @property
