@@ -1,6 +1,7 @@
 """A job through a Sentinel failover: a master, its replica and three Sentinels as real processes;
 the master is killed (SIGKILL) with the job half done and the job is finished through the same
-client, which follows the Sentinels to the promoted replica.
+client, which follows the Sentinels to the promoted replica; a planner and a worker process do the
+same with a job submitted through gRPC.
 
 What is guaranteed (docs/services.md, "Redis Cluster and Sentinel"): the replica receives writes
 asynchronously, so the last moments before the kill may be lost. Each script's writes reach it as
@@ -18,7 +19,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from services_testbed import RedisSentinelProcesses, wait_until
+from services_testbed import (
+    RedisSentinelProcesses,
+    free_port,
+    shared_prefix_job,
+    start_planner,
+    start_worker,
+    wait_for_port,
+    wait_until,
+)
 
 from prefixgrove.jobs.connection import connect
 from prefixgrove.jobs.ingest import IngestedBatch, JobPlan
@@ -105,3 +114,37 @@ def test_a_job_finishes_through_a_failover_with_every_request_answered_once(
     ids = [json.loads(r.line)["custom_id"] for r in results]  # type: ignore[union-attr]
     assert ids == [f"req-{i}" for i in range(REQUESTS)]
     assert store.create_job(MODEL, idempotency_key="through-failover")[0].id == job.id
+
+
+@pytest.mark.slow
+def test_a_planner_and_a_worker_follow_the_failover_and_finish_a_job(
+    sentinel: RedisSentinelProcesses, tmp_path: Path
+) -> None:
+    from prefixgrove.planner.client import PlannerClient
+    from prefixgrove_proto import planner_pb2 as pb
+
+    port = free_port()
+    planner = start_planner(sentinel.url, port, tmp_path / "planner.log")
+    worker = start_worker(sentinel.url, tmp_path / "worker.log", "--consumer", "w1",
+                          "--lease-timeout-s", "2", "--max-groups-in-flight", "2")  # fmt: skip
+    try:
+        wait_for_port(port, planner)
+        client = PlannerClient(f"127.0.0.1:{port}")
+        lines = shared_prefix_job(tmp_path / "in.jsonl", 60, max_tokens=16, with_errors=True)
+        job = client.submit_file(lines)
+        counts = lambda: client.get(job.id).request_counts  # noqa: E731
+        wait_until(lambda: counts().completed > 5, 120, "the worker to answer some requests")
+        assert client.get(job.id).state == pb.JOB_STATE_IN_PROGRESS  # the kill comes mid-job
+        old_master = sentinel.master.port
+        sentinel.master.kill()
+        wait_until(lambda: sentinel.master_port() != old_master, 60, "the replica to be promoted")
+        wait_until(lambda: client.get(job.id).state == pb.JOB_STATE_COMPLETED, 240,
+                   f"job {job.id} to complete after the failover")  # fmt: skip
+        out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
+        client.download(job.id, out, err)
+        ids = [json.loads(line)["custom_id"] for line in out.read_text().splitlines()]
+        assert len(ids) == len(set(ids)) == counts().completed
+        assert len(ids) + len(err.read_text().splitlines()) == counts().total == 63
+    finally:
+        worker.stop()
+        planner.stop()
