@@ -89,6 +89,7 @@ def warm_up(llm: LLM, prompts: list[list[int]], args: argparse.Namespace) -> Non
         warm, SamplingParams(max_tokens=16, ignore_eos=True, detokenize=False), use_tqdm=False
     )
     llm.engine.metrics.__init__()
+    llm.engine.reset_prefix_cache()  # the run's prefixes must not be found from the warm-up
     torch.cuda.reset_peak_memory_stats()
 
 

@@ -126,6 +126,18 @@ def test_registering_an_unheld_or_partial_block_is_an_error():
         blocks.register(block, ROOT_HASH, (1, 2, 3))
 
 
+def test_reset_cache_forgets_every_content_and_frees_cached_blocks():
+    blocks = BlockManager(num_blocks=4, block_size=BS)
+    cached_block(blocks, ROOT_HASH, block_of(1))
+    [held] = blocks.allocate(1)
+    blocks.register(held, ROOT_HASH, block_of(2))
+    blocks.reset_cache()
+    assert blocks.num_cached == 0 and blocks.num_free == blocks.num_usable - 1
+    assert blocks.take_cached(ROOT_HASH, [*block_of(1), *block_of(2)]) == ([], [])
+    blocks.release([held])
+    assert blocks.num_free == blocks.num_usable
+
+
 # -- the engine -------------------------------------------------------------------------------------
 
 
@@ -206,6 +218,15 @@ def test_prefix_caching_off_keeps_nothing_across_calls(llama_dir, system_job, re
     assert llm.engine.blocks.num_cached == 0
 
 
+def test_reset_prefix_cache_makes_the_next_call_start_cold(llama_dir, system_job):
+    llm = engine(llama_dir)
+    first = run(llm, system_job, PARAMS)
+    llm.engine.reset_prefix_cache()
+    second = run(llm, system_job, PARAMS)
+    assert [o.num_cached_tokens for o in second] == [o.num_cached_tokens for o in first]
+    assert_no_leak(llm)
+
+
 def test_a_whole_cached_prompt_recomputes_its_last_block(llama_dir):
     prompt = random_prompts([48], seed=24)[0]
     llm = engine(llama_dir)
@@ -252,10 +273,39 @@ def test_an_aborted_request_leaves_its_computed_blocks_to_the_next(llama_dir):
     assert out.outputs[0].token_ids == alone[0].outputs[0].token_ids
 
 
+def test_a_request_scoring_its_prompt_takes_nothing_from_the_cache(llama_dir):
+    prompt = random_prompts([60], seed=28)[0]
+    llm = engine(llama_dir)
+    run(llm, [prompt], PARAMS)
+    [out] = run(llm, [prompt], greedy(6, ignore_eos=True, prompt_logprobs=1))
+    assert out.num_cached_tokens == 0
+    [again] = run(llm, [prompt], PARAMS)
+    assert again.num_cached_tokens == 48
+
+
 def test_cached_blocks_under_decode_windows_and_async_scheduling(llama_dir, system_job, reference):
     llm = engine(llama_dir, num_scheduler_steps=4, async_scheduling=True)
     for _ in range(2):
         assert token_ids(run(llm, system_job, PARAMS)) == reference
+    assert_no_leak(llm)
+
+
+def test_cached_suffix_blocks_under_the_triton_cascade_kernels(llama_dir):
+    """Small on purpose: the kernels run in Triton's interpreter here. In the second call the
+    members join their cached group prefix and take their own first block from the cache, so their
+    prompt chunks start past the prefix in the fused prefill and one-pass decode kernels."""
+    prefix = random_prompts([64], seed=29)[0]
+    prompts = [prefix + suffix for suffix in random_prompts([20, 22], seed=30)]
+    params = greedy(3, ignore_eos=True)
+    llm = engine(
+        llama_dir, attention_backend="triton", cascade_decode_kernel="one-pass",
+        cascade_prefill_kernel="fused",
+    )  # fmt: skip
+    first = run(llm, prompts, params)
+    second = run(llm, prompts, params)
+    assert [o.num_cached_tokens for o in second] == [80, 80]
+    alone = run(engine(llama_dir, **UNCACHED), prompts, params)
+    assert token_ids(first) == token_ids(second) == token_ids(alone)
     assert_no_leak(llm)
 
 

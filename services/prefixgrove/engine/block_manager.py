@@ -133,6 +133,13 @@ class BlockManager:
         self._content[block] = (key, self._last_hash)
         return self._last_hash
 
+    def reset_cache(self) -> None:
+        """Forgets every registered content: cached blocks become free, held ones stay held."""
+        self._free.extend(self._evictable)
+        self._evictable.clear()
+        self._block_of.clear()
+        self._content.clear()
+
     def take_cached(self, parent_hash: int, token_ids: list[int]) -> tuple[list[int], list[int]]:
         """Takes a reference on each cached block that continues `parent_hash` with the full blocks of
         `token_ids`, in order, up to the first that is not cached; returns the blocks and their hashes."""

@@ -255,6 +255,11 @@ class LLMEngine:
                 seq.finish_reason = "abort"
                 self.scheduler.finish(seq)
 
+    def reset_prefix_cache(self) -> None:
+        """Forgets what the prefix cache holds (vLLM's reset_prefix_cache): the next requests start
+        cold, as a benchmark's timed job must after a warm-up on its own prompts."""
+        self.blocks.reset_cache()
+
     def has_unfinished_requests(self) -> bool:
         return self._ahead is not None or bool(self._ready) or self.scheduler.has_unfinished()
 
@@ -270,13 +275,15 @@ class LLMEngine:
     def _step(self) -> list[RequestOutput]:
         begin = time.perf_counter()
         preemptions = self.scheduler.num_preemptions
+        reused = self.scheduler.num_tokens_reused, self.scheduler.num_blocks_reused
         out = self.scheduler.schedule()
         now = time.time()
         for item in out.batch:
             item.seq.metrics.scheduled(now)
         self.metrics.preemptions = self.scheduler.num_preemptions
-        self.metrics.prefix_tokens_reused = self.scheduler.num_tokens_reused
-        self.metrics.kv_blocks_shared = self.scheduler.num_blocks_reused
+        # added, not assigned: a benchmark zeroes the metrics after its warm-up
+        self.metrics.prefix_tokens_reused += self.scheduler.num_tokens_reused - reused[0]
+        self.metrics.kv_blocks_shared += self.scheduler.num_blocks_reused - reused[1]
         preempted = self.scheduler.num_preemptions != preemptions
         ahead, self._ahead = self._ahead, None
         if out.batch and self._may_go_ahead(out, preempted):

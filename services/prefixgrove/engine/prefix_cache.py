@@ -9,7 +9,9 @@ whose K/V are computed are registered: a decode window runs ahead of the host, a
 request's end.
 
 Sequences whose first blocks are prefilled in the same step cannot share them (neither has them yet),
-so a sequence whose first block another running sequence is computing waits for it to be cached.
+so a sequence whose first block another running sequence is computing waits for it to be cached. A
+request asking for prompt_logprobs takes nothing from the cache (as in vLLM): it must compute every
+prompt position to score it.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ class PrefixCache:
     def waits(self, seq: Sequence, limit: int) -> bool:
         """Whether `seq` (holding no blocks yet) should be admitted later: another running sequence is
         computing the first block `seq` could take from the cache within its first `limit` tokens."""
-        first = self._first_block(seq, limit)
+        first = self._first_block(seq, limit) if _may_take(seq) else None
         owner = self._first_blocks.get(first) if first is not None else None
         if first is None or owner is None:
             return False
@@ -41,7 +43,7 @@ class PrefixCache:
         """Takes the cached blocks that continue `seq`'s block table, up to its first `limit` tokens
         (whole blocks of known tokens only), and counts their tokens as computed; returns how many
         tokens it took. `seq` has computed exactly the blocks it holds (none, or a group's prefix)."""
-        if not self.enabled or len(seq.block_hashes) != len(seq.block_table):
+        if not self.enabled or len(seq.block_hashes) != len(seq.block_table) or not _may_take(seq):
             return 0
         bs = self.blocks.block_size
         start, end = len(seq.block_table), min(limit, _num_known(seq)) // bs
@@ -93,6 +95,10 @@ class PrefixCache:
         first = self._first_block(seq, seq.num_tokens)
         if first is not None and self._first_blocks.get(first) is seq:
             del self._first_blocks[first]
+
+
+def _may_take(seq: Sequence) -> bool:
+    return seq.params.prompt_logprobs is None
 
 
 def _num_known(seq: Sequence) -> int:
