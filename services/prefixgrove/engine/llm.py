@@ -6,7 +6,6 @@ import gc
 import time
 from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 from typing import Any, cast
 
 from tqdm import tqdm
@@ -16,7 +15,8 @@ from prefixgrove.grouping import GroupingConfig, PrefixGroup, group_prompts
 
 from .config import EngineConfig
 from .llm_engine import LLMEngine
-from .outputs import RequestMetrics, RequestOutput
+from .outputs import RequestOutput
+from .samples import Samples
 from .sampling_params import SamplingParams, is_unicode
 from .vllm_args import engine_kwargs
 
@@ -81,7 +81,7 @@ class LLM:
         params = self._params_per_prompt(sampling_params, len(token_ids))
         self._check_job(token_ids, params)
         self._batches += 1
-        jobs = _Samples.of(self._batches, params)
+        jobs = Samples.of(self._batches, params)
         prompt_ids = token_ids
         texts, token_ids, params = jobs.expand(texts), jobs.expand(token_ids), jobs.params(params)
         if groups is None:
@@ -272,78 +272,6 @@ class LLM:
         finally:
             gc.unfreeze()
             bar.close()
-
-
-@dataclass(frozen=True)
-class _Samples:
-    """The requests of one generate call: `n` per prompt, `samples[r]` = (prompt, sample index)."""
-
-    batch: int
-    samples: list[tuple[int, int]]
-
-    @classmethod
-    def of(cls, batch: int, params: list[SamplingParams]) -> _Samples:
-        return cls(batch, [(i, j) for i, sp in enumerate(params) for j in range(sp.n)])
-
-    @property
-    def request_ids(self) -> list[str]:
-        return [f"{self.batch}-{i}" if j == 0 else f"{self.batch}-{i}-{j}" for i, j in self.samples]
-
-    def expand(self, per_prompt: list[Any]) -> list[Any]:
-        if len(self.samples) == len(per_prompt):
-            return per_prompt
-        return [per_prompt[i] for i, _ in self.samples]
-
-    def params(self, per_prompt: list[SamplingParams]) -> list[SamplingParams]:
-        if len(self.samples) == len(per_prompt):
-            return per_prompt
-        return [
-            per_prompt[i] if per_prompt[i].n == 1 else per_prompt[i].sample(j)
-            for i, j in self.samples
-        ]
-
-    def groups(self, given: Seq[PrefixGroup], prompts: list[list[int]]) -> list[PrefixGroup]:
-        """Groups over prompts -> groups over requests: a group holds all samples of its prompts,
-        and a prompt of several samples in no group is a group of its own (whole prompt shared)."""
-        if len(self.samples) == len(prompts):
-            return list(given)  # one sample each: positions are the same
-        rows: dict[int, list[int]] = {}
-        for r, (i, _) in enumerate(self.samples):
-            rows.setdefault(i, []).append(r)
-        for i in (i for g in given for i in g.request_indices if i not in rows):
-            raise ValueError(f"a group names prompt {i}, but only {len(prompts)} prompts came")
-        out = [
-            PrefixGroup(
-                g.prefix_len, tuple(r for i in g.request_indices for r in rows[i]), g.prefix_id
-            )
-            for g in given
-        ]
-        grouped = {i for g in given for i in g.request_indices}
-        out += [
-            PrefixGroup(len(prompts[i]), tuple(rs))
-            for i, rs in rows.items()
-            if len(rs) > 1 and i not in grouped
-        ]
-        return out
-
-    def merge(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
-        """One RequestOutput per prompt, its samples' completions in `outputs` (index 0..n-1), its
-        metrics those of the samples together."""
-        merged: list[RequestOutput] = []
-        samples: list[list[RequestMetrics]] = []
-        for (_, j), out in zip(self.samples, outputs, strict=True):
-            out.outputs[0].index = j
-            if j == 0:
-                merged.append(out)
-                samples.append([])
-            else:
-                merged[-1].outputs.append(out.outputs[0])
-            if out.metrics is not None:
-                samples[-1].append(out.metrics)
-        for out, metrics in zip(merged, samples, strict=True):
-            if len(metrics) > 1:
-                out.metrics = RequestMetrics.of_samples(metrics)
-        return merged
 
 
 def _is_conversation(messages: Any) -> bool:
