@@ -69,6 +69,15 @@ def test_prompt_logprobs_match_transformers_across_chunks(llm: LLM, hf_model: Pr
         assert_matches_transformers(hf_model, out, K)
 
 
+def test_prompt_logprobs_match_transformers_on_the_triton_backend(
+    path: str, hf_model: PreTrainedModel
+):
+    """The kernels in Triton's interpreter here: few, short prompts, one of them over two chunks."""
+    llm = engine(path, attention_backend="triton", max_num_batched_tokens=32, max_num_seqs=8)
+    for out in run(llm, random_prompts([7, 40], seed=28), greedy(1, prompt_logprobs=K)):
+        assert_matches_transformers(hf_model, out, K)
+
+
 def test_prompt_logprobs_zero_gives_the_prompt_tokens_alone(llm: LLM):
     [out] = run(llm, random_prompts([9], seed=22), greedy(1, prompt_logprobs=0))
     assert out.prompt_logprobs is not None
