@@ -2,7 +2,10 @@
 
 Each is taken over where it means something here (under its own name, or renamed), accepted where it
 asks for what prefixgrove does anyway, and refused, by name, where it asks for something prefixgrove
-does not do; a silent no-op would leave a user believing a setting took effect.
+does not do; a silent no-op would leave a user believing a setting took effect. Names the engine
+shares with vLLM (seed, max_model_len, enable_prefix_caching, skip_tokenizer_init, ...) pass through to
+`EngineConfig.create`; `generation_config` and `override_generation_config` are `LLM`'s own (they set
+its default sampling).
 """
 
 from __future__ import annotations
