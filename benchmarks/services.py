@@ -227,16 +227,19 @@ def submit(stack: Stack, job: Path, out: Path, total: int) -> tuple[float, Timel
 
 
 def grouping_seconds(planner_log: Path) -> float:
-    found = re.findall(r"grouped in ([0-9.]+)s", planner_log.read_text())
+    found = re.findall(r"grouped[^\n]* in ([0-9.]+)s", planner_log.read_text())
     return float(found[-1]) if found else float("nan")
 
 
 def run_services(shape: Shape, args: argparse.Namespace, d: Path) -> dict[str, Any]:
     gpus = args.workers or max(torch.cuda.device_count(), 1)
+    progress(f"{shape.name}: starting redis-server, a planner and {gpus} workers")
     stack = start_stack(d, args, gpus)
     try:
+        progress(f"{shape.name}: warm-up job of {len(shape.warm)} requests")
         warm = write_job(d / "warm.jsonl", shape.warm, 16)
         submit(stack, warm, d / "warm.out.jsonl", len(shape.warm))
+        progress(f"{shape.name}: the timed job, {len(shape.prompts)} requests")
         before = [worker_metrics(p) for p in stack.worker_metrics]
         job = write_job(d / "job.jsonl", shape.prompts, shape.output_len)
         seconds, t = submit(stack, job, d / "out.jsonl", len(shape.prompts))
@@ -249,6 +252,10 @@ def run_services(shape: Shape, args: argparse.Namespace, d: Path) -> dict[str, A
     if lines != len(shape.prompts):
         raise SystemExit(f"{lines} results for {len(shape.prompts)} requests")
     return services_report(shape, seconds, t, metrics, grouping_seconds(d / "planner.log"))
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def _since(t: Timeline, moment: float | None) -> float | None:
@@ -296,6 +303,7 @@ def run_engine(shape: Shape, args: argparse.Namespace) -> dict[str, Any]:
     from prefixgrove.engine.batch_defaults import best_batch_limits
 
     limits = best_batch_limits(args.device)
+    progress(f"{shape.name}: LLM.generate on the same prompts")
     llm = LLM(args.model, device=args.device, max_num_seqs=limits.max_num_seqs,
               max_num_batched_tokens=limits.max_num_batched_tokens)  # fmt: skip
     llm.generate([{"prompt_token_ids": p} for p in shape.warm], greedy_params(16), use_tqdm=False)

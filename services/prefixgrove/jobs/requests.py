@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
+
 Endpoint = Literal["completions", "chat"]
 
 URLS: dict[str, Endpoint] = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
@@ -62,7 +64,7 @@ class BatchRequest:
     endpoint: Endpoint
     params: dict[str, Any]  # keyword arguments of SamplingParams, JSON-serialisable
     prompt_text: str | None = None
-    prompt_token_ids: list[int] | None = None
+    prompt_token_ids: np.ndarray | None = None  # int64
     messages: list[dict[str, str]] | None = field(default=None)
 
 
@@ -217,10 +219,14 @@ def _all_ints(values: list[Any]) -> bool:
     return set(map(type, values)) == {int}
 
 
-def _token_ids(prompt: list[int]) -> list[int]:
-    """The prompt itself, once its ids are known to fit in int32 (min and max, in C)."""
-    if -INT32_MAX <= min(prompt) and max(prompt) <= INT32_MAX:
-        return prompt
+def _token_ids(prompt: list[int]) -> np.ndarray:
+    """The prompt as int64, once its ids are known to fit in int32 (checked in numpy)."""
+    try:
+        ids = np.array(prompt, dtype=np.int64)
+        if ids.min() >= -INT32_MAX and ids.max() <= INT32_MAX:
+            return ids
+    except OverflowError:  # beyond int64: found below, by position
+        pass
     i, token = next((i, t) for i, t in enumerate(prompt) if not -INT32_MAX <= t <= INT32_MAX)
     raise _Invalid(
         "invalid_token_id",

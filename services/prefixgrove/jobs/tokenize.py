@@ -97,7 +97,9 @@ class PromptTokenizer:
             return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=special)]
         return list(self.tokenizer(texts, add_special_tokens=special)["input_ids"])
 
-    def _check(self, request: BatchRequest, ids: Sequence[int]) -> np.ndarray | RequestError:
+    def _check(
+        self, request: BatchRequest, ids: Sequence[int] | np.ndarray
+    ) -> np.ndarray | RequestError:
         tokens = np.asarray(ids, dtype=np.int64)
         bad = np.flatnonzero((tokens < 0) | (tokens >= self.vocab_size))
         if bad.size:
