@@ -7,8 +7,9 @@ departures it counts apart), the poison requests failed alone, within the durati
     python tests/faults/campaign.py --requests 10000 --workers 3 --planners 2 --seed 1 \\
         --duration-bound-s 3600
 
-Prints one JSON object and exits 1 when an invariant does not hold. Planner replicas are killed
-only once the upload is sealed: the client does not retry an interrupted upload on another replica.
+Prints one JSON object and exits 1 when an invariant does not hold. The job is submitted as a
+Service's users submit, through one target naming every replica (`ipv4:A,B`): an `upload` kill
+stops the replica taking the upload in the middle of it, and the client submits again.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 # Run as a script: the shared test helpers live one folder up.
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
@@ -33,10 +36,12 @@ from fault_stack import FaultStack
 from fault_verdict import judge
 from services_testbed import MAX_MODEL_LEN, MODEL, service_env
 
-from prefixgrove.planner.client import PlannerUnavailable
+from prefixgrove.planner.client import PlannerClient, PlannerUnavailable
 from prefixgrove_proto import planner_pb2 as pb
 
 _POLL_S = 0.2
+UPLOAD_KEY = "fault-campaign"
+T = TypeVar("T")
 _ENDED = (pb.JOB_STATE_COMPLETED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED)
 
 
@@ -68,6 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="submit to files; over is a violation",
     )
     parser.add_argument("--poison", type=int, default=2, help="poison requests in the job")
+    parser.add_argument("--upload-kills", type=int, choices=[0, 1], default=1)
     parser.add_argument("--worker-kills", type=int, default=2)
     parser.add_argument("--planner-kills", type=int, default=1)
     parser.add_argument("--redis-kills", type=int, default=1)
@@ -114,13 +120,43 @@ def fire(stack: FaultStack, kill: Kill) -> bool:
     return False
 
 
+class UploadSource:
+    """The job's lines for `submit_lines`, read again for each upload; the first upload has the
+    replica taking it (the first address of the target) killed once `kill.mark` of its lines are
+    handed over. gRPC sends them in chunks of about 1 MiB, so the replica holds part of them."""
+
+    def __init__(self, stack: FaultStack, path: Path, kill: Kill | None, run: Run) -> None:
+        self.stack, self.path, self.kill, self.run = stack, path, kill, run
+        self.total = sum(1 for _ in path.open("rb"))
+
+    def __call__(self) -> Iterator[bytes]:
+        kill, self.kill = self.kill, None  # the first upload only
+        at = -1 if kill is None else int(kill.mark * self.total)
+        with self.path.open("rb") as lines:
+            for n, line in enumerate(lines):
+                if n == at and kill is not None:
+                    self.stack.kill_planner(0, kill.down_s)
+                    self.run.kills["upload"] += 1
+                    _log(f"{n} of {self.total} lines sent: kill planner 0, down {kill.down_s} s")
+                yield line.rstrip(b"\r\n")
+
+
+def submit(stack: FaultStack, job: FaultJob, kill: Kill | None, run: Run) -> None:
+    target = "ipv4:" + ",".join(f"127.0.0.1:{s.port}" for s in stack.planners)
+    client = PlannerClient(target)  # no deadline: a busy machine makes a slow planner
+    try:
+        source = UploadSource(stack, job.path, kill, run)
+        run.job_id = client.submit_lines(source, idempotency_key=UPLOAD_KEY).id
+    finally:
+        client.close()
+
+
 def run_job(stack: FaultStack, job: FaultJob, kills: list[Kill], deadline: float, run: Run) -> None:
     """Submits the job, then fires each kill once its mark is reached, until the job ends or the
     deadline passes."""
     started = time.monotonic()
-    # no deadline: nothing is killed before the seal, and a busy machine makes a slow planner
-    run.job_id = stack.call("submit", lambda c: c.submit_file(job.path), timeout_s=None).id
-    pending = list(kills)
+    submit(stack, job, next((k for k in kills if k.kind == "upload"), None), run)
+    pending = [k for k in kills if k.kind != "upload"]
     while time.monotonic() < deadline:
         stack.supervise()
         try:
@@ -137,53 +173,87 @@ def run_job(stack: FaultStack, job: FaultJob, kills: list[Kill], deadline: float
             kill = pending.pop(0)
             fired = fire(stack, kill)
             run.kills[kill.kind] += fired
-            print(f"+{time.monotonic() - started:.1f} s, {progress:.3f} answered: kill "
-                  f"{kill.kind} {kill.target}, down {kill.down_s} s{'' if fired else ': none up'}",
-                  file=sys.stderr)  # fmt: skip
+            _log(f"+{time.monotonic() - started:.1f} s, {progress:.3f} answered: kill {kill.kind} "
+                 f"{kill.target}, down {kill.down_s} s{'' if fired else ': none up'}")  # fmt: skip
         time.sleep(_POLL_S)
 
 
-def download(stack: FaultStack, job_id: str, workdir: Path, deadline: float) -> tuple[Path, Path]:
-    files = (workdir / "out.jsonl", workdir / "out.errors.jsonl")
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def through_planners(stack: FaultStack, what: str, fn: Callable[[PlannerClient], T],
+                     deadline: float) -> T:  # fmt: skip
+    """fn(client) through any replica, asked again while none answers until the deadline."""
     while True:
         stack.supervise()
         try:
-            stack.call("results", lambda c: c.write_results(job_id, *files))
-            return files
+            return stack.call(what, fn)
         except PlannerUnavailable:
             if time.monotonic() > deadline:
                 raise
             time.sleep(_POLL_S)
 
 
+def given_up_uploads(client: PlannerClient, job_id: str) -> list[pb.Job]:
+    """The campaign's other jobs: uploads the client gave up after a kill broke them."""
+    return [j for j in client.list() if j.idempotency_key == UPLOAD_KEY and j.id != job_id]
+
+
+def ran_nothing(job: pb.Job) -> bool:
+    counts = job.request_counts
+    return job.state == pb.JOB_STATE_FAILED and counts.completed == counts.failed == 0
+
+
+def attack(
+    stack: FaultStack, job: FaultJob, kills: list[Kill], bound_s: float, run: Run
+) -> tuple[tuple[Path, Path] | None, list[pb.Job]]:
+    """Runs the job under `kills`; returns its files (None when it did not complete within the
+    bound) and the uploads the client gave up."""
+    start = time.monotonic()
+    deadline = start + bound_s
+    run_job(stack, job, kills, deadline, run)
+    files = (stack.dir / "out.jsonl", stack.dir / "out.errors.jsonl")
+    got = None
+    if run.state == "JOB_STATE_COMPLETED":
+        # the download gets time of its own past the bound, so that a late job is still judged
+        download = lambda c: c.write_results(run.job_id, *files)  # noqa: E731
+        through_planners(stack, "results", download, deadline + 120)
+        got = files
+    run.wall_s = round(time.monotonic() - start, 1)
+    given_up = through_planners(
+        stack, "list", lambda c: given_up_uploads(c, run.job_id), time.monotonic() + 120
+    )
+    return got, given_up
+
+
 def campaign(args: argparse.Namespace, workdir: Path) -> dict:
     job = build_job(workdir / "in.jsonl", args.requests, args.poison, args.job_seed)
     ref = reference(job.path, args.reference_cache, workdir)
-    counts = {"worker": args.worker_kills, "planner": args.planner_kills, "redis": args.redis_kills}
+    counts = {"upload": args.upload_kills, "worker": args.worker_kills,
+              "planner": args.planner_kills, "redis": args.redis_kills}  # fmt: skip
     kills = plan_kills(args.seed, counts, {"worker": args.workers, "planner": args.planners})
     stack = FaultStack.start(workdir, args.planners, args.workers)
     run = Run()
     try:
-        start = time.monotonic()
-        deadline = start + args.duration_bound_s
-        run_job(stack, job, kills, deadline, run)
-        finished = run.state == "JOB_STATE_COMPLETED"
-        # the download gets a little time of its own past the bound, so a late job is still judged
-        got = download(stack, run.job_id, workdir, deadline + 120) if finished else None
-        run.wall_s = round(time.monotonic() - start, 1)
+        got, given_up = attack(stack, job, kills, args.duration_bound_s, run)
     finally:
         stack.stop()
+    finished = got is not None
     report = {"requests": args.requests, "workers": args.workers, "planners": args.planners,
               "seed": args.seed, "job_seed": args.job_seed, "poison": len(job.poison_ids),
               "state": run.state, "kills": run.kills, "kills_planned": len(kills),
               "self_deaths": stack.self_deaths, "wall_s": run.wall_s,
               "req_per_s": round(args.requests / run.wall_s, 1) if run.wall_s else 0.0,
               "bound_s": args.duration_bound_s,
-              "within_bound": finished and run.wall_s <= args.duration_bound_s}  # fmt: skip
+              "within_bound": finished and run.wall_s <= args.duration_bound_s,
+              "uploads_given_up": len(given_up),
+              "given_up_ran_nothing": all(ran_nothing(j) for j in given_up)}  # fmt: skip
     verdict = judge(got, ref, job.poison_ids, run.kills["worker"]) if got else None
     if verdict is not None:
         report.update(asdict(verdict))
-    report["ok"] = verdict is not None and verdict.ok and report["within_bound"]
+    report["ok"] = (verdict is not None and verdict.ok and report["within_bound"]
+                    and report["given_up_ran_nothing"])  # fmt: skip
     return report
 
 

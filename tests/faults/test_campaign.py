@@ -1,6 +1,7 @@
 """The fault campaign, small: 600 requests with two poison requests through two planner replicas and
-two faulty workers, while a worker is killed twice, a planner replica once and Redis once, at the
-points each seed picks. The campaign script is run as people run it, and its verdict must hold."""
+two faulty workers, while the replica taking the upload is killed in the middle of it, a worker is
+killed twice, a planner replica once and Redis once, at the points each seed picks. The campaign
+script is run as people run it, and its verdict must hold."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from services_testbed import need_redis
 
 pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).with_name("campaign.py")
-KILLS = {"worker": 2, "planner": 1, "redis": 1}
+KILLS = {"upload": 1, "worker": 2, "planner": 1, "redis": 1}
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +26,8 @@ def reference_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def run_campaign(seed: int, workdir: Path, reference_cache: Path) -> dict:
     args = ["--requests", "600", "--workers", "2", "--planners", "2", "--seed", str(seed),
-            "--poison", "2", "--worker-kills", str(KILLS["worker"]),
+            "--poison", "2", "--upload-kills", str(KILLS["upload"]),
+            "--worker-kills", str(KILLS["worker"]),
             "--planner-kills", str(KILLS["planner"]), "--redis-kills", str(KILLS["redis"]),
             "--duration-bound-s", "900", "--workdir", str(workdir),
             "--reference-cache", str(reference_cache)]  # fmt: skip
@@ -45,6 +47,7 @@ def test_every_request_is_answered_once_as_locally_through_kills_and_poison(
     report = run_campaign(seed, tmp_path, reference_cache)
     assert report["kills"] == KILLS, report  # every planned fault landed while the job ran
     assert report["self_deaths"]["worker"] >= report["poison"] == 2, report
+    assert report["uploads_given_up"] == 1 and report["given_up_ran_nothing"], report
     assert report["duplicates"] == report["missing"] == report["mismatches"] == 0, report
     assert report["other_failed"] == [] and report["poison_ok"] and report["in_order"], report
     assert report["ok"], report
