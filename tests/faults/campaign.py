@@ -85,7 +85,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def reference(job: Path, cache: Path | None, workdir: Path) -> tuple[Path, Path]:
-    """The output and error files of `prefixgrove run` on `job`, from the cache when it has them."""
+    """The output and error files of `prefixgrove run` on `job`, from the cache when it has them.
+    NOTE: the cache is keyed by the job's content only: empty it when the engine changes."""
     digest = hashlib.sha256(job.read_bytes()).hexdigest()[:16]
     home = (cache or workdir) / f"reference-{digest}"
     home.parent.mkdir(parents=True, exist_ok=True)
