@@ -276,7 +276,10 @@ class _PausedSource:
 
 
 def test_a_replica_killed_mid_upload_loses_only_that_upload(
-    replicas: Replicas, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    replicas: Replicas,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setattr(client_module, "_CHUNK_BYTES", 4096)  # several chunks land before the kill
     service = replicas.client("a", "b")  # connects to a first; reconnects to b once a is gone
@@ -301,6 +304,10 @@ def test_a_replica_killed_mid_upload_loses_only_that_upload(
     assert custom_ids(b, job.id) == [f"req-{i}" for i in range(200)]
     [broken] = [j for j in b.list() if j.idempotency_key == "kill-a" and j.id != job.id]
     assert (broken.state, broken.error.code) == (pb.JOB_STATE_FAILED, "ingest_interrupted")
+    [retry] = [
+        r.getMessage() for r in caplog.records if "submitting the input again" in r.getMessage()
+    ]
+    assert broken.id in retry and "attempt 2 of 3" in retry  # the one line a retry adds to stderr
     wait_until(lambda: b.get(left_on_a.id).state == pb.JOB_STATE_FAILED,
                UPLOAD_FAILED_WITHIN_S + 10, "the upload left on a to fail")  # fmt: skip
     assert b.get(left_on_a.id).error.code == "ingest_interrupted"
