@@ -184,12 +184,17 @@ def watch(stack: Stack, total: int, timeline: Timeline, stop: threading.Event) -
 
     client = PlannerClient(f"127.0.0.1:{stack.planner_port}")
     last_done = [-1.0] * len(stack.worker_metrics)
+    done_before = [
+        worker_metrics(port).get("groups_done_total", 0) for port in stack.worker_metrics
+    ]
     timeline.done_by_worker = [0.0] * len(stack.worker_metrics)
     while not stop.wait(_POLL_S):
         now = time.monotonic()
         for i, port in enumerate(stack.worker_metrics):
             m = worker_metrics(port)
-            if timeline.first_lease is None and m.get("groups_leased", 0) > 0:
+            # a group held, or one finished since the last poll (a small one may fit between)
+            held = m.get("groups_leased", 0) > 0 or m.get("groups_done_total", 0) > done_before[i]
+            if timeline.first_lease is None and held:
                 timeline.first_lease = now
             if m.get("requests_done_total", 0) != last_done[i]:
                 last_done[i] = m.get("requests_done_total", 0)
@@ -270,7 +275,7 @@ def services_report(
     shape: Shape, seconds: float, t: Timeline, metrics: list[tuple[dict, dict]], grouping_s: float
 ) -> dict[str, Any]:
     """`metrics`: each worker's metrics before and after the timed job."""
-    phases = ("lease", "step", "write")
+    phases = ("idle", "lease", "step", "write")
     loops = [
         {p: round(_delta(b, a, f'loop_seconds_total{{phase="{p}"}}'), 2) for p in phases}
         for b, a in metrics
