@@ -5,16 +5,19 @@ past its own the call holds (a prefill chunk's later positions, masked): the eng
 these references, and one request must get the same bytes whatever shares its step. CPU matmuls pick
 their kernel, and so their summation order, by shape, and reductions sum in an order set by their
 length; so on the CPU `attend` runs in fixed shapes: query rows in blocks of QUERY_BLOCK, keys in
-tiles of KEY_TILE from the call's first key, the softmax's sums accumulated tile after tile. A tile a
-row may not see adds exact zeros, so the keys past a row's last one change nothing. The max is exact
-in any order. On CUDA the whole call is one masked softmax.
+tiles of KEY_TILE from the call's first key, each (block, tile, kv head) one batched-matmul entry of
+the same shape, and the softmax's sums taken per tile, then accumulated tile after tile in order.
+A tile a row may not see adds exact zeros, so the keys past a row's last one change nothing. The
+max is exact in any order. On CUDA the whole call is one masked softmax.
 """
 
 from __future__ import annotations
 
 import torch
 
-QUERY_BLOCK = 16  # query rows per CPU matmul, the last block zero-padded
+# Query rows per CPU matmul entry, the last block zero-padded; small, as a decode step attends one
+# row per sequence (4 ran the tiny model's CPU steps faster than 8 or 16).
+QUERY_BLOCK = 4
 KEY_TILE = 128  # keys per CPU tile, counted from the call's first key
 
 
@@ -53,47 +56,38 @@ def _attend_whole(
 def _attend_row_invariant(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, allowed: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`attend` in blocks of QUERY_BLOCK query rows, each over the keys in tiles of KEY_TILE."""
+    """`attend` in blocks of QUERY_BLOCK query rows, each over the keys in tiles of KEY_TILE: every
+    (block, tile, kv head) is one matmul entry of the same shape."""
     n_q, n_k = allowed.shape
-    q_rows = -(-n_q // QUERY_BLOCK) * QUERY_BLOCK
-    k_rows = max(1, -(-n_k // KEY_TILE)) * KEY_TILE
-    q = _pad_rows(q.float(), q_rows)
-    k, v = _pad_rows(k.float(), k_rows), _pad_rows(v.float(), k_rows)
-    allowed = torch.nn.functional.pad(allowed, (0, k_rows - n_k, 0, q_rows - n_q))
-    blocks = [
-        _attend_block(q[b : b + QUERY_BLOCK], k, v, scale, allowed[b : b + QUERY_BLOCK])
-        for b in range(0, q_rows, QUERY_BLOCK)
-    ]
-    o = torch.cat([block[0] for block in blocks])[:n_q]
-    lse = torch.cat([block[1] for block in blocks])[:n_q]
-    return o, lse
-
-
-def _attend_block(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, allowed: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """q: [QUERY_BLOCK, heads, head_dim]; k, v: [tiles * KEY_TILE, kv_heads, head_dim]; allowed:
-    [QUERY_BLOCK, tiles * KEY_TILE]. Scores tile by tile, then the exact max, then the sums."""
-    rows, num_heads, head_dim = q.shape
-    num_kv_heads = k.shape[1]
-    qg = q.reshape(rows, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    tiles = [slice(t, t + KEY_TILE) for t in range(0, k.shape[0], KEY_TILE)]
-    # each [kv_heads, group, rows, KEY_TILE]
-    scores = [
-        (torch.einsum("qhgd,khd->hgqk", qg, k[t]) * scale).masked_fill(~allowed[:, t], -torch.inf)
-        for t in tiles
-    ]
-    m = torch.stack([s.amax(dim=-1) for s in scores]).amax(dim=0)  # [kv_heads, group, rows]
-    m_safe = torch.where(torch.isfinite(m), m, 0.0).unsqueeze(-1)
-    total = torch.zeros_like(m)
-    acc = q.new_zeros(*m.shape, head_dim)
-    for s, t in zip(scores, tiles, strict=True):
-        p = torch.exp(s - m_safe)
-        total = total + p.sum(dim=-1)
-        acc = acc + torch.einsum("hgqk,khd->hgqd", p, v[t])
+    num_heads, head_dim = q.shape[1:]
+    kv_heads = k.shape[1]
+    group = num_heads // kv_heads
+    blocks, tiles = -(-n_q // QUERY_BLOCK), max(1, -(-n_k // KEY_TILE))
+    rows = group * QUERY_BLOCK
+    # qb: [blocks, 1, kv_heads, group * QUERY_BLOCK, head_dim]
+    # kt, vt: [tiles, KEY_TILE, kv_heads, head_dim]
+    qb = _pad_rows(q.float(), blocks * QUERY_BLOCK).view(blocks, QUERY_BLOCK, kv_heads, group, -1)
+    qb = qb.permute(0, 2, 3, 1, 4).reshape(blocks, 1, kv_heads, rows, head_dim)
+    kt = _pad_rows(k.float(), tiles * KEY_TILE).view(tiles, KEY_TILE, kv_heads, head_dim)
+    vt = _pad_rows(v.float(), tiles * KEY_TILE).view(tiles, KEY_TILE, kv_heads, head_dim)
+    mask = torch.nn.functional.pad(
+        allowed, (0, tiles * KEY_TILE - n_k, 0, blocks * QUERY_BLOCK - n_q)
+    )
+    mask = mask.view(blocks, 1, QUERY_BLOCK, tiles, KEY_TILE).permute(0, 3, 1, 2, 4)
+    # scores: [blocks, tiles, kv_heads, group, QUERY_BLOCK, KEY_TILE]
+    scores = torch.matmul(qb, kt.permute(0, 2, 3, 1).unsqueeze(0)) * scale
+    scores = scores.view(blocks, tiles, kv_heads, group, QUERY_BLOCK, KEY_TILE)
+    scores = scores.masked_fill(~mask.unsqueeze(2), -torch.inf)
+    m = scores.amax(dim=(1, 5), keepdim=True)  # exact in any order
+    p = torch.exp(scores - torch.where(torch.isfinite(m), m, 0.0))
+    # Sums of a tile have fixed length; across tiles they accumulate in order (cumsum).
+    total = p.sum(dim=-1).cumsum(dim=1)[:, -1]  # [blocks, kv_heads, group, QUERY_BLOCK]
+    pv = torch.matmul(p.view(blocks, tiles, kv_heads, rows, KEY_TILE), vt.permute(0, 2, 1, 3))
+    acc = pv.cumsum(dim=1)[:, -1].view(blocks, kv_heads, group, QUERY_BLOCK, head_dim)
     o = acc / torch.where(total > 0, total, 1.0).unsqueeze(-1)
-    o = o.permute(2, 0, 1, 3).reshape(rows, num_heads, head_dim)
-    return o, (m + torch.log(total)).permute(2, 0, 1).reshape(rows, num_heads)
+    lse = m.view(blocks, kv_heads, group, QUERY_BLOCK) + torch.log(total)
+    o = o.permute(0, 3, 1, 2, 4).reshape(-1, num_heads, head_dim)[:n_q]
+    return o, lse.permute(0, 3, 1, 2).reshape(-1, num_heads)[:n_q]
 
 
 def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:

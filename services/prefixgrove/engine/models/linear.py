@@ -9,7 +9,7 @@ row goes through the same call shape, the same kernel, the same summation order,
 The cost is the padding and one call per block, small beside the CPU's matmuls themselves.
 
 CUDA tensors take one plain `F.linear`: cuBLAS also chooses kernels by shape, but blocking there would
-cost every step real time, so on the GPU a row's last bits may follow its batch (docs/services.md).
+cost every step real time, so on the GPU a row's last bits may follow its batch (docs/engine-api.md).
 """
 
 from __future__ import annotations
