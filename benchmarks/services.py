@@ -22,6 +22,7 @@ warm-up does. Prints one JSON line per shape.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -128,7 +129,7 @@ def start_stack(d: Path, args: argparse.Namespace, gpus: int) -> Stack:
 
     spawn("redis", [args.redis_server, "--port", str(redis_port), "--save", "", "--appendonly", "no",
                     "--dir", str(d)])  # fmt: skip
-    wait_port(redis_port, 30)
+    wait_port(redis_port, 30, stack)
     spawn("planner", cli("serve", "planner", "--redis-url", stack.redis_url, "--port",
                          str(planner_port), "--model", args.model))  # fmt: skip
     for gpu, metrics in enumerate(stack.worker_metrics):
@@ -136,17 +137,21 @@ def start_stack(d: Path, args: argparse.Namespace, gpus: int) -> Stack:
                                   "--device", args.device, "--consumer", f"w{gpu}", "--metrics-port",
                                   str(metrics), *args.worker_arg),
               CUDA_VISIBLE_DEVICES=str(gpu))  # fmt: skip
-    wait_port(planner_port, 120)
+    wait_port(planner_port, 120, stack)
     for metrics in stack.worker_metrics:
-        wait_port(metrics, 600)  # the worker serves metrics once its engine is up
+        wait_port(metrics, 600, stack)  # the worker serves metrics once its engine is up
     return stack
 
 
-def wait_port(port: int, timeout: float) -> None:
+def wait_port(port: int, timeout: float, stack: Stack) -> None:
+    """Waits for a listener on `port`; a process of the stack that exits meanwhile ends the run."""
     import socket
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if any(proc.poll() is not None for proc in stack.procs):
+            stack.stop()
+            raise SystemExit(f"a process exited while starting: see the logs in {stack.dir}")
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
@@ -352,6 +357,9 @@ def main() -> None:
             engine = run_engine(shape, args)
             result["engine"] = engine
             result["ratio"] = round(services["requests_per_s"] / engine["requests_per_s"], 3)
+            gc.collect()  # the engine's memory goes back before the next shape's workers start
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
         emit(result)
 
 

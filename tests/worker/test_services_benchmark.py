@@ -36,7 +36,7 @@ def test_the_services_benchmark_reports_both_paths_for_every_shape() -> None:
         assert (
             0 < services["upload_and_plan_s"] <= services["first_result_s"] <= services["seconds"]
         )
-        assert services["run_s"] > 0 and engine["requests_per_s"] > 0
+        assert services["run_s"] >= 0 and engine["requests_per_s"] > 0
         assert set(services["worker_loop_s"][0]) == {"idle", "lease", "step", "write"}
         assert report["ratio"] == pytest.approx(
             services["requests_per_s"] / engine["requests_per_s"], abs=0.002
