@@ -35,7 +35,7 @@ class Verdict:
     float_drift: int  # answers equal to the local run's but for float noise in their numbers
     failed_by_kills: list[str]  # ordinary requests failed for running alone when a worker died
     other_failed: list[str]  # any other custom_id failed by the job that the local run answered
-    worker_kills: int
+    worker_kills: int  # the campaign's: each may cost one request in failed_by_kills
     poison_ok: bool  # each poison request: one line, an error, code worker_failed
     in_order: bool  # both files answer the ordinary requests in the local run's order
     byte_equal: bool  # the output file, and the error file less the poison lines, equal the local's
