@@ -77,6 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--worker-kills", type=int, default=2)
     parser.add_argument("--planner-kills", type=int, default=1)
     parser.add_argument("--redis-kills", type=int, default=1)
+    parser.add_argument(
+        "--max-deliveries", type=int, help="the workers' --max-deliveries (default: theirs)"
+    )
     parser.add_argument("--workdir", type=Path, help="logs and files (default: a new temp folder)")
     parser.add_argument(
         "--reference-cache", type=Path, help="`prefixgrove run`'s files by job content, kept"
@@ -106,19 +109,20 @@ def reference(job: Path, cache: Path | None, workdir: Path) -> tuple[Path, Path]
     return files
 
 
-def fire(stack: FaultStack, kill: Kill) -> bool:
-    """Fires `kill` on its target, or on the next one up when it is down; False if none is up."""
+def fire(stack: FaultStack, kill: Kill) -> int | None:
+    """Fires `kill` on its target, or on the next one up when it is down; returns the index of
+    the process killed (0 for Redis), None when none is up."""
     if kill.kind == "redis":
         stack.kill_redis(kill.down_s)
-        return True
+        return 0
     slots = stack.workers if kill.kind == "worker" else stack.planners
     for step in range(len(slots)):
         index = (kill.target + step) % len(slots)
         if slots[index].back_at is None:
             killer = stack.kill_worker if kill.kind == "worker" else stack.kill_planner
             killer(index, kill.down_s)
-            return True
-    return False
+            return index
+    return None
 
 
 class UploadSource:
@@ -172,10 +176,10 @@ def run_job(stack: FaultStack, job: FaultJob, kills: list[Kill], deadline: float
         progress = (counts.completed + counts.failed) / max(counts.total, 1)
         while pending and pending[0].mark <= progress:
             kill = pending.pop(0)
-            fired = fire(stack, kill)
-            run.kills[kill.kind] += fired
+            killed = fire(stack, kill)
+            run.kills[kill.kind] += killed is not None
             _log(f"+{time.monotonic() - started:.1f} s, {progress:.3f} answered: kill {kill.kind} "
-                 f"{kill.target}, down {kill.down_s} s{'' if fired else ': none up'}")  # fmt: skip
+                 f"{'(none up)' if killed is None else killed}, down {kill.down_s} s")  # fmt: skip
         time.sleep(_POLL_S)
 
 
@@ -234,7 +238,8 @@ def campaign(args: argparse.Namespace, workdir: Path) -> dict:
     counts = {"upload": args.upload_kills, "worker": args.worker_kills,
               "planner": args.planner_kills, "redis": args.redis_kills}  # fmt: skip
     kills = plan_kills(args.seed, counts, {"worker": args.workers, "planner": args.planners})
-    stack = FaultStack.start(workdir, args.planners, args.workers)
+    flags = () if args.max_deliveries is None else ("--max-deliveries", str(args.max_deliveries))
+    stack = FaultStack.start(workdir, args.planners, args.workers, flags)
     run = Run()
     try:
         got, given_up = attack(stack, job, kills, args.duration_bound_s, run)

@@ -50,17 +50,20 @@ class FaultStack:
     redis: RedisServer
     planners: list[Slot] = field(default_factory=list)
     workers: list[Slot] = field(default_factory=list)
+    worker_flags: tuple[str, ...] = ()  # more `serve worker` flags, for every worker
     # processes that died by themselves: for workers, the poison requests' doing
     self_deaths: dict[str, int] = field(default_factory=lambda: {"worker": 0, "planner": 0})
 
     @classmethod
-    def start(cls, workdir: Path, planners: int, workers: int) -> FaultStack:
+    def start(
+        cls, workdir: Path, planners: int, workers: int, worker_flags: tuple[str, ...] = ()
+    ) -> FaultStack:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (scripts/ci/install-redis.sh)")
         redis = RedisServer(binary, workdir, aof=True)
         redis.start()
-        stack = cls(workdir, redis)
+        stack = cls(workdir, redis, worker_flags=worker_flags)
         stack.planners = [Slot(f"planner{i}", free_port()) for i in range(planners)]
         stack.workers = [Slot(f"w{i}") for i in range(workers)]
         for slot in stack.planners:
@@ -81,7 +84,8 @@ class FaultStack:
                 "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
                 "--consumer", slot.name, "--lease-timeout-s", LEASE_TIMEOUT_S,
                 "--max-groups-in-flight", "2", "--cancel-poll-s", "0.5",
-                "--poison-token", str(POISON_TOKEN), "--fault", "die"]  # fmt: skip
+                "--poison-token", str(POISON_TOKEN), "--fault", "die",
+                *self.worker_flags]  # fmt: skip
         log = self.dir / f"{slot.name}.log"
         slot.proc = Process(args, log, service_env(), program=(FAULTY_WORKER,))
         slot.back_at = None
