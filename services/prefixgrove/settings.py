@@ -101,6 +101,9 @@ class PlannerSettings:
     max_streams: int = 64
     # a job whose input stops arriving this long before it is sealed fails (`upload_abandoned`)
     upload_idle_timeout_s: float = 900.0
+    # processes that parse uploaded lines (JSON and validation hold the GIL); 0: half the cores,
+    # at most 8; 1: parsed in the planner's own process
+    parse_processes: int = 0
 
     def __post_init__(self) -> None:
         _port(self, "port")
@@ -114,6 +117,10 @@ class PlannerSettings:
             )
         positive(self, "max_streams")
         positive(self, "upload_idle_timeout_s")
+        if self.parse_processes < 0:
+            raise ValueError(
+                f"parse_processes={self.parse_processes} is invalid: expected >= 0 (0: automatic)"
+            )
         if self.job_retention_s < 0:
             raise ValueError(
                 f"job_retention_s={self.job_retention_s} is invalid: expected >= 0 (0 keeps jobs)"

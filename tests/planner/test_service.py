@@ -389,3 +389,30 @@ def test_a_line_over_any_message_limit_fails_alone(client: PlannerClient, tmp_pa
     [error] = list(client.results(job.id, 0, pb.RESULT_KIND_ERROR))
     assert error.index == 2
     assert json.loads(error.line)["error"]["code"] == "line_too_large"
+
+
+def test_lines_parsed_in_worker_processes_make_the_same_job(redis_server: RedisServer) -> None:
+    """A planner parsing uploads in two processes plans and refuses exactly what one that parses
+    in its own does: the same groups, the same error lines at the same indices."""
+    mixed = lines(150)
+    mixed[10:10] = [b"nope", b"[" * 500, batch_line("r3", {"prompt": "dup"}).encode(), b"{}"]
+    mixed += [
+        batch_line(f"t{i}", {"prompt": [1, 2, i], "max_tokens": 2}).encode() for i in range(80)
+    ]
+    jobs = []
+    for processes in (1, 2):
+        planner = PlannerSettings(redis_url=redis_server.url, host="127.0.0.1", port=0,
+                                  model=MODEL, parse_processes=processes)  # fmt: skip
+        server = build_server(planner, IngestSettings(max_model_len=512), SecuritySettings())
+        client = PlannerClient(f"127.0.0.1:{server.port}")
+        job = client.create_job()
+        client.add_lines(job.id, mixed)
+        sealed = client.seal(job.id)
+        client.cancel(job.id)
+        errors = [(e.index, e.line) for e in client.results(job.id, 0, pb.RESULT_KIND_ERROR)]
+        jobs.append((sealed.request_counts.total, sealed.groups_total, sealed.prefix_tokens_saved,
+                     sealed.prompt_tokens, errors))  # fmt: skip
+        client.close()
+        server.stop(0)
+    assert jobs[0] == jobs[1]
+    assert [index for index, _ in jobs[0][4]] == [10, 11, 12, 13]

@@ -16,8 +16,9 @@ from typing import Protocol
 
 import numpy as np
 
+from prefixgrove.jobs.line_parser import LineParser, LineRules
 from prefixgrove.jobs.prefix_index import PrefixIndex
-from prefixgrove.jobs.requests import BatchRequest, RequestError, parse_line
+from prefixgrove.jobs.requests import BatchRequest, RequestError
 from prefixgrove.jobs.schema import GroupRecord
 from prefixgrove.jobs.tokenize import PromptTokenizer
 from prefixgrove.settings import IngestSettings
@@ -184,9 +185,13 @@ class JobIngestor:
         tokenizer: PromptTokenizer,
         settings: IngestSettings,
         ledger: UploadLedger | None = None,
+        parser: LineParser | None = None,
     ) -> None:
+        """`parser`: parses the lines (in several processes, for the planner); default: here."""
         self.tokenizer = tokenizer
         self.settings = settings
+        rules = LineRules(settings.max_line_bytes, settings.default_max_tokens)
+        self.parser = parser if parser is not None else LineParser(rules)
         self.ledger: UploadLedger = ledger if ledger is not None else MemoryLedger()
         self.index = PrefixIndex(settings.block_size)
         self.line_indices = array.array("q")
@@ -234,11 +239,7 @@ class JobIngestor:
         """The valid requests of `lines` (indices from `first`) and how many lines were JSON;
         the invalid ones go to `errors`."""
         s = self.settings
-        items = [
-            parse_line(line, first + k, max_line_bytes=s.max_line_bytes,
-                       default_max_tokens=s.default_max_tokens)
-            for k, line in enumerate(lines)
-        ]  # fmt: skip
+        items = self.parser.parse(lines, first)
         json_lines = sum(
             1 for item in items if isinstance(item, BatchRequest) or item.code not in _NOT_JSON
         )

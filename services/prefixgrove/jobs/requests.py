@@ -13,6 +13,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, Literal
 
 import numpy as np
@@ -36,6 +37,8 @@ INT32_MAX = 2**31 - 1
 MAX_DEPTH = 32  # arrays and objects inside one another; a valid request needs 5
 # A lone surrogate can only come from a \uD800-\uDFFF escape: raw UTF-8 holds none.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"?')  # an unterminated one runs to the end
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # a str holding one cannot be written as UTF-8
 
 
@@ -85,6 +88,12 @@ def parse_line(
                 "line_too_large", f"line is longer than the limit of {max_line_bytes} bytes"
             )
         text = _text(line)
+        if text.count("[") + text.count("{") > MAX_DEPTH and _nesting(text) > MAX_DEPTH:
+            raise _Invalid(
+                "nesting_too_deep",
+                f"line nests arrays and objects too deeply; at most {MAX_DEPTH} levels are "
+                "accepted",
+            )
         obj = _load(text)
         cid = obj.get("custom_id")
         custom_id = cid if isinstance(cid, str) and _is_unicode(cid) else None
@@ -108,6 +117,14 @@ def _text(line: bytes | str) -> str:
             f"line is not UTF-8: byte 0x{line[exc.start]:02x} at offset {exc.start} "
             f"({exc.reason}); the input must be UTF-8 text",
         ) from None
+
+
+def _nesting(text: str) -> int:
+    """How deep the line's arrays and objects nest, strings aside (whether it is valid JSON or
+    not). Measured before parsing: how deep json.loads gets before it raises RecursionError
+    depends on the caller's stack, so a line's error would depend on where it was parsed."""
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    return max(accumulate(1 if c in "[{" else -1 for c in brackets), default=0)
 
 
 def _load(text: str) -> dict[str, Any]:

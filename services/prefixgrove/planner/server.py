@@ -13,6 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from prefixgrove.jobs.connection import connect
+from prefixgrove.jobs.line_parser import LineParser, LineRules, default_processes
 from prefixgrove.jobs.store import JobStore
 from prefixgrove.planner.metrics import PlannerMetrics
 from prefixgrove.planner.security import BearerTokenInterceptor, server_credentials
@@ -48,6 +49,7 @@ class PlannerServer:
         self.grpc_server.stop(grace).wait()
         for thread in self.threads:
             thread.join()
+        self.service.parser.close()
 
 
 def build_server(
@@ -56,7 +58,10 @@ def build_server(
     """A started server (port 0 picks a free one)."""
     metrics = PlannerMetrics()
     store = JobStore(connect(planner.redis_url), retention_s=planner.job_retention_s)
-    service = PlannerService(store, planner.model, ingest, metrics)
+    processes = planner.parse_processes or default_processes()
+    parser = LineParser(LineRules(ingest.max_line_bytes, ingest.default_max_tokens), processes)
+    parser.warm_up()
+    service = PlannerService(store, planner.model, ingest, metrics, parser)
     service.heartbeat(_HEARTBEAT_TTL_S)
     service.recover()
     interceptors: list[grpc.ServerInterceptor] = [StreamLimit(planner.max_streams)]

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping
 import grpc
 
 from prefixgrove.jobs.ingest import JobIngestor, JobPlan, UploadClosed, UploadCounts, job_error
+from prefixgrove.jobs.line_parser import LineParser, LineRules
 from prefixgrove.jobs.schema import JobRecord, JobState
 from prefixgrove.jobs.store import JobStore
 from prefixgrove.jobs.tokenize import PromptTokenizer
@@ -81,9 +82,18 @@ class PlannerService(pb_grpc.PlannerServicer):
     a job may be created on one replica, take lines through several and be sealed on another."""
 
     def __init__(
-        self, store: JobStore, default_model: str, ingest: IngestSettings, metrics: PlannerMetrics
+        self,
+        store: JobStore,
+        default_model: str,
+        ingest: IngestSettings,
+        metrics: PlannerMetrics,
+        parser: LineParser | None = None,
     ) -> None:
+        """`parser`: parses uploaded lines (in processes of its own); default: in this process."""
         self.store = store
+        self.parser = parser or LineParser(
+            LineRules(ingest.max_line_bytes, ingest.default_max_tokens)
+        )
         self.uploads = Uploads(store.r)
         self.default_model = default_model
         self.ingest_settings = ingest
@@ -317,7 +327,7 @@ class PlannerService(pb_grpc.PlannerServicer):
             ingest = self._ingests.get(job_id)
             if ingest is None:
                 ledger = self.uploads.ledger(job_id)
-                ingestor = JobIngestor(tokenizer, self.ingest_settings, ledger)
+                ingestor = JobIngestor(tokenizer, self.ingest_settings, ledger, self.parser)
                 ingest = self._ingests[job_id] = _Ingest(ingestor)
         self.store.claim_ingest(job_id, self.instance)
         return ingest
