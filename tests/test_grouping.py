@@ -273,8 +273,8 @@ def test_invalid_config_names_the_bad_value(kwargs: dict[str, object], field: st
     [
         (0, (0, 1), r"prefix_len must be >= 1, got 0"),
         (16.0, (0, 1), r"prefix_len must be an integer, got 16\.0"),
-        (16, (3,), r"two or more positions, got \(3,\)"),
-        (16, [0, 1], r"a tuple of two or more positions, got \[0, 1\]"),
+        (16, (), r"one or more positions, got \(\)"),
+        (16, [0, 1], r"a tuple of one or more positions, got \[0, 1\]"),
         (16, (2, 2), r"distinct positions >= 0, got \(2, 2\)"),
         (16, (-1, 4), r"distinct positions >= 0, got \(-1, 4\)"),
     ],

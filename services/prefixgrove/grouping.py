@@ -78,9 +78,11 @@ class PrefixGroup:
         if self.prefix_len < 1:
             raise ValueError(f"PrefixGroup.prefix_len must be >= 1, got {self.prefix_len}")
         members = self.request_indices
-        if not isinstance(members, tuple) or len(members) < 2:
+        # One member is a group too: a worker runs a request apart as a group of one, so that it
+        # keeps its group's prefix and the arithmetic of its grouped run.
+        if not isinstance(members, tuple) or not members:
             raise ValueError(
-                f"PrefixGroup.request_indices must be a tuple of two or more positions, got {members!r}"
+                f"PrefixGroup.request_indices must be a tuple of one or more positions, got {members!r}"
             )
         if len(set(members)) != len(members) or min(members) < 0:
             raise ValueError(
