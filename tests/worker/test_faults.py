@@ -1,11 +1,14 @@
 """A request that makes the engine fail is failed alone, and a group that keeps killing workers is
-failed after the configured deliveries: real worker processes (the real engine, wrapped so that one
-poisoned request makes it fail) against a real redis-server."""
+failed after the configured deliveries, while the groups leased beside it spend one delivery on it:
+real worker processes (the real engine, wrapped so that one poisoned request makes it fail) against
+a real redis-server."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,12 +24,15 @@ from services_testbed import (
 
 from prefixgrove.jobs.connection import connect
 from prefixgrove.jobs.ingest import JobPlan
+from prefixgrove.jobs.queue import GroupQueue, Lease
 from prefixgrove.jobs.schema import GroupRecord, JobKeys, JobState, RequestRecord, ResultRecord
 from prefixgrove.jobs.store import JobStore
+from prefixgrove.worker.runner import DIED_ALONE
 
 POISON = 3  # a token id no other prompt here holds
 SCRIPT = str(Path(__file__).with_name("faulty_worker.py"))
 PREFIX_LEN = 32
+PARAMS = {"max_tokens": 3, "temperature": 0.0, "ignore_eos": True}
 
 
 @pytest.fixture
@@ -42,21 +48,25 @@ def start_faulty_worker(redis: RedisServer, log: Path, fault: str, *extra: str) 
 
 
 def queue_job(
-    store: JobStore, groups: int, per_group: int, poisoned: frozenset[int] = frozenset()
+    store: JobStore,
+    groups: int,
+    per_group: int,
+    poisoned: frozenset[int] = frozenset(),
+    params: dict[str, Any] = PARAMS,
+    prefix_len: int = PREFIX_LEN,
 ) -> str:
     """A started job of `groups` groups sharing a prefix each; the requests at `poisoned` line
     indices hold the poison token."""
     job, _ = store.create_job(MODEL)
-    params = {"max_tokens": 3, "temperature": 0.0, "ignore_eos": True}
     records, units = {}, []
     for g in range(groups):
-        prefix = np.arange(10 + g, 10 + g + PREFIX_LEN, dtype=np.int32)
+        prefix = np.arange(10 + g, 10 + g + prefix_len, dtype=np.int32)
         indices = list(range(g * per_group, (g + 1) * per_group))
         for i in indices:
             own = [POISON] if i in poisoned else [100 + i]
-            tokens = np.concatenate([prefix, np.array([*own, 200], dtype=np.int32)])
+            tokens = np.concatenate([prefix, np.array([*own, 200 + i], dtype=np.int32)])
             records[str(i)] = RequestRecord(f"r{i}", "completions", params, tokens).encode()
-        units.append(GroupRecord(PREFIX_LEN, indices))
+        units.append(GroupRecord(prefix_len, indices))
     store.r.hset(JobKeys(job.id).requests, mapping=records)
     store.r.hset(JobKeys(job.id).job, "total", groups * per_group)
     store.queue_plan(job.id, MODEL, JobPlan(units, 0, len(units)))
@@ -125,17 +135,79 @@ def test_a_group_that_keeps_killing_workers_fails_after_max_deliveries(
     assert "stopped 2 workers" in json.loads(got[0].line)["error"]["message"]
 
 
-def test_a_request_that_kills_workers_is_failed_alone_after_two_deliveries(
+def test_a_request_that_kills_workers_alone_twice_is_failed_alone(
     redis_server: RedisServer, store: JobStore, tmp_path: Path, workers: list[Process]
 ) -> None:
     job_id = queue_job(store, groups=1, per_group=4, poisoned=frozenset({1}))
     started = workers_until_done(redis_server, store, job_id, tmp_path, workers)
-    # two die with the whole group, the third alone on request 1, the fourth fails it
-    assert started == 4
+    # two die with the whole group, the third and the fourth alone on request 1, the fifth fails it
+    assert started == 5
     got = results(store, job_id)
     assert sorted(got) == [0, 1, 2, 3]
     assert [i for i, r in got.items() if r.is_error] == [1]
     error = json.loads(got[1].line)["error"]
-    assert (
-        error["code"] == "worker_failed" and "died running this request alone" in error["message"]
-    )
+    assert error["code"] == "worker_failed" and error["message"] == DIED_ALONE
+
+
+def highest_deliveries(workers: list[Process]) -> dict[str, int]:
+    """Group id -> the highest delivery any worker took it over at, from the workers' logs."""
+    highest: dict[str, int] = {}
+    for worker in workers:
+        for group, delivery in re.findall(r"took over group (\S+) of job \S+ \(delivery (\d+)\)",
+                                          worker.text()):  # fmt: skip
+            highest[group] = max(highest.get(group, 0), int(delivery))
+    return highest
+
+
+def test_groups_leased_beside_a_poison_group_spend_one_delivery_on_it(
+    redis_server: RedisServer, store: JobStore, tmp_path: Path, workers: list[Process]
+) -> None:
+    job_id = queue_job(store, groups=4, per_group=3, poisoned=frozenset({1}))
+    workers_until_done(redis_server, store, job_id, tmp_path, workers,
+                       "--max-groups-in-flight", "8")  # fmt: skip
+    got = results(store, job_id)
+    assert sorted(got) == list(range(12))
+    assert [i for i, r in got.items() if r.is_error] == [1]
+    highest = highest_deliveries(workers)
+    assert len(highest) == 4, highest  # the first worker held all four when it died
+    assert sorted(highest.values()) == [2, 2, 2, 5], highest  # only the poison's went on
+
+
+def fail_deliveries(store: JobStore, failures: int) -> Lease:
+    """Takes the only queued group and gives it back as failed, `failures` times."""
+    for attempt in range(failures):
+        queue = GroupQueue(store.r, MODEL, f"failing{attempt}", lease_timeout_s=30)
+        [lease] = queue.take(1, 0)
+        queue.release(lease, failed=True)
+    return lease
+
+
+def test_a_request_running_alone_at_one_death_runs_again_and_answers(
+    redis_server: RedisServer, store: JobStore, tmp_path: Path, workers: list[Process]
+) -> None:
+    job_id = queue_job(store, groups=1, per_group=3)
+    lease = fail_deliveries(store, 3)
+    # as if the third delivery's worker was killed from outside while request 1 ran alone
+    store.mark_alone(job_id, lease.group_id, 1, lease.deliveries)
+    workers.append(start_faulty_worker(redis_server, tmp_path / "worker.log", "die"))
+    wait_until(lambda: completed(store, job_id), 240, "the job to complete")
+    got = results(store, job_id)
+    assert sorted(got) == [0, 1, 2] and not any(r.is_error for r in got.values())
+    assert store.ran_alone(job_id, lease.group_id) == (2, 4, 0)  # the last ran with no strike
+
+
+def test_a_request_run_alone_writes_the_same_bytes_as_in_its_group(
+    redis_server: RedisServer, store: JobStore, tmp_path: Path, workers: list[Process]
+) -> None:
+    params = {**PARAMS, "max_tokens": 6, "logprobs": 3}
+    alone = queue_job(store, groups=1, per_group=4, params=params, prefix_len=96)
+    fail_deliveries(store, 2)  # its next delivery runs it request by request
+    grouped = queue_job(store, groups=1, per_group=4, params=params, prefix_len=96)
+    worker = start_faulty_worker(redis_server, tmp_path / "worker.log", "die")
+    workers.append(worker)
+    wait_until(lambda: completed(store, alone, grouped), 240, "both jobs to complete")
+    assert "running its requests one at a time" in worker.text()
+    got_alone, got_grouped = results(store, alone), results(store, grouped)
+    assert sorted(got_alone) == sorted(got_grouped) == [0, 1, 2, 3]
+    assert all(not r.is_error and "top_logprobs" in r.line for r in got_grouped.values())
+    assert [got_alone[i].line for i in range(4)] == [got_grouped[i].line for i in range(4)]

@@ -2,13 +2,20 @@
 
 A lease is a stream entry delivered to this worker and not yet acknowledged. A thread keeps the
 leases alive (XCLAIM ... JUSTID resets their idle time); an entry left idle past the lease timeout
-belonged to a worker that died, and XAUTOCLAIM hands it to a live one.
+belonged to a worker that died, and a live one claims it (`XCLAIM`).
 
 A group is never queued again as a new entry: its entry stays pending, so its delivery count (what
 the worker's guard against a group that keeps stopping workers reads) survives every hand-back.
 Giving a group back moves the entry to the `schema.GIVEN_BACK` consumer with an idle time past any
-lease timeout, so the next XAUTOCLAIM takes it at once and counts one more delivery; a clean
+lease timeout, so the next claim takes it at once and counts one more delivery; a clean
 give-back (a worker stopping) lowers the count first, so it does not count as a failure.
+
+A group that a worker takes over with one failed delivery or more behind it is a suspect: its worker
+may have died of it, or of a neighbour. The worker takes none beside other groups (`take(...,
+suspects=False)` says when one waits); once it holds nothing it takes one with `take_suspect` and
+runs it with nothing beside it, so that a death then counts against the suspect alone. Both read the claimable entries with
+`XPENDING ... IDLE` (one round trip per take, none more) and claim the chosen ones with
+`XCLAIM` under the same minimum idle time, so that two workers never both take one.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from prefixgrove.jobs.connection import Redis
 
 log = logging.getLogger(__name__)
 _GIVEN_BACK_IDLE_MS = 7 * 24 * 3600 * 1000  # idle past any lease timeout: claimable at once
+_SUSPECT_SCAN = 16  # claimable entries read to find a suspect among groups given back cleanly
 
 
 @dataclass(frozen=True)
@@ -44,11 +52,18 @@ class GroupQueue:
         self._held: dict[str, Lease] = {}
         self._lost: set[str] = set()
         self._lock = threading.Lock()
-        self._cursor = "0-0"  # where the next XAUTOCLAIM goes on scanning the pending entries
+        self.suspect_waiting = False  # the last take(suspects=False) left a suspect waiting
 
-    def take(self, count: int, block_ms: int) -> list[Lease]:
-        """Groups whose worker died first, then new ones (waiting up to block_ms for any)."""
-        leases = self._take_over(count)
+    def take(self, count: int, block_ms: int, *, suspects: bool = True) -> list[Lease]:
+        """Groups idle past the lease timeout first (their worker died, or gave them back), then
+        new ones, waiting up to block_ms for any. With `suspects=False` a suspect is left waiting,
+        and while one waits no group at all is taken: `suspect_waiting` then says so, and the
+        worker empties itself to take it with `take_suspect`."""
+        waiting = self._claimable(count)
+        self.suspect_waiting = not suspects and any(delivered for _, delivered in waiting)
+        if self.suspect_waiting:
+            return []
+        leases = self._claim([eid for eid, _ in waiting])
         if len(leases) < count:
             block = None if leases or block_ms <= 0 else block_ms
             reply: Any = self.r.xreadgroup(
@@ -60,44 +75,57 @@ class GroupQueue:
             )
             for _, entries in reply or []:
                 leases += [_lease(eid, fields) for eid, fields in entries]
-        with self._lock:
-            for lease in leases:
-                self._held[lease.entry_id] = lease
+        self._hold(leases)
         return leases
 
-    def _take_over(self, count: int) -> list[Lease]:
-        reply = self.r.xautoclaim(
-            self.key,
-            schema.CONSUMER_GROUP,
-            self.consumer,
-            self.lease_timeout_ms,
-            self._cursor,
-            count=count,
+    def take_suspect(self) -> Lease | None:
+        """The first group waiting to be taken over after a failed delivery, if another worker
+        has not taken it meanwhile; the worker runs it with nothing beside it."""
+        self.suspect_waiting = False  # taken now, or by another worker: lease as usual
+        suspects = [eid for eid, delivered in self._claimable(_SUSPECT_SCAN) if delivered]
+        leases = self._claim(suspects[:1])
+        self._hold(leases)
+        return leases[0] if leases else None
+
+    def _claimable(self, count: int) -> list[tuple[str, int]]:
+        """(entry id, deliveries so far) of pending entries idle past the lease timeout: their
+        worker died, or gave them back."""
+        pending: Any = self.r.xpending_range(
+            self.key, schema.CONSUMER_GROUP, "-", "+", count, idle=self.lease_timeout_ms
         )
-        self._cursor = _s(reply[0])
-        claimed = [(eid, fields) for eid, fields in reply[1] if fields]
-        if not claimed:
+        return [(_s(p["message_id"]), int(p["times_delivered"])) for p in pending]
+
+    def _claim(self, entry_ids: list[Any]) -> list[Lease]:
+        """Takes these entries over, those still idle past the lease timeout (another worker may
+        have taken one since it was read; a deleted entry drops out of the pending list)."""
+        if not entry_ids:
             return []
+        claimed: Any = self.r.xclaim(
+            self.key, schema.CONSUMER_GROUP, self.consumer, self.lease_timeout_ms, entry_ids
+        )
         leases = []
         for eid, fields in claimed:
+            if not fields:
+                continue
             info = self.r.xpending_range(self.key, schema.CONSUMER_GROUP, eid, eid, 1)
             deliveries = int(info[0]["times_delivered"]) if info else 1
             lease = _lease(eid, fields, deliveries)
-            log.warning(
-                "took over group %s of job %s (delivery %d)",
-                lease.group_id,
-                lease.job_id,
-                deliveries,
-            )
+            log.warning("took over group %s of job %s (delivery %d)",
+                        lease.group_id, lease.job_id, deliveries)  # fmt: skip
             leases.append(lease)
         return leases
+
+    def _hold(self, leases: list[Lease]) -> None:
+        with self._lock:
+            for lease in leases:
+                self._held[lease.entry_id] = lease
 
     def ack(self, lease: Lease) -> None:
         self.r.xack(self.key, schema.CONSUMER_GROUP, lease.entry_id)
         self._forget(lease)
 
     def release(self, lease: Lease, failed: bool) -> None:
-        """Gives a group back at once, its entry still pending: the next XAUTOCLAIM takes it and
+        """Gives a group back at once, its entry still pending: the next claim takes it and
         counts a delivery. `failed=False` (a worker stopping cleanly) takes this delivery off the
         count first, so the group comes back with the count it had; a worker that fails keeps it
         counted, and the guard on deliveries sees it."""

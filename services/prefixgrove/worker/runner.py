@@ -2,6 +2,15 @@
 finish, acknowledge a group once all of its results are written. When the engine raises, the
 requests it held are run apart until the one that raises is alone (isolation.py); the other groups
 stay here and finish.
+
+A group taken over after a failed delivery (a suspect: its worker died, of it or of a neighbour)
+runs with nothing beside it: the worker stops leasing, finishes what it holds, takes the suspect and
+leases nothing else until it is done. A death then counts against the suspect alone, so a group
+that shared a worker with a poison group spends one delivery on it, not all of them. A suspect
+that failed two deliveries runs request by request, each alone; a request that was the one running
+alone at two deaths is failed (one death may be a kill from outside, which a delivery cannot tell
+from a crash). A request run apart keeps its group's prefix (a group of one), so its output is the
+same bytes as in its group.
 """
 
 from __future__ import annotations
@@ -29,9 +38,11 @@ from prefixgrove.worker.lease_budget import Capacity, Held, LeaseBudget
 from prefixgrove.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
+DIED_ALONE = "workers died twice running this request alone"  # the error of a second strike
 # A group that failed this many deliveries runs request by request, alone: a request that was
-# running alone when a worker died is failed by the next delivery instead of killing more workers.
+# running alone at _STRIKES_TO_FAIL worker deaths is failed instead of killing more workers.
 _ALONE_AFTER_FAILURES = 2
+_STRIKES_TO_FAIL = 2
 
 
 @dataclass
@@ -40,6 +51,8 @@ class _InFlight:
     requests: dict[str, tuple[int, RequestRecord]]  # engine request id -> (line index, record)
     outstanding: set[str] = field(default_factory=set)
     prefix_len: int = 0  # tokens its requests share (their KV is held once)
+    # request id -> deaths it was running alone at (kept while it runs alone again)
+    strikes: dict[str, int] = field(default_factory=dict)
     # request id -> the most KV tokens it holds beyond the shared prefix
     kv_tokens: dict[str, int] = field(default_factory=dict)
 
@@ -76,6 +89,7 @@ class Worker:
         self._inflight: dict[tuple[str, str], _InFlight] = {}
         self._running: set[str] = set()  # request ids the engine holds now
         self._isolation = Isolation()
+        self._suspect: Lease | None = None  # runs with nothing beside it
         self._pending: list[_Pending] = []
         self._last_cancel_poll = 0.0
         self._tokens_window = (time.monotonic(), 0)
@@ -170,7 +184,14 @@ class Worker:
     # --- leasing ----------------------------------------------------------------------------
     def _lease_more(self) -> None:
         """Leases groups until the engine's batch and KV cache (and a little ahead) are spoken
-        for, or the queue has no more: the first groups teach the budget their size."""
+        for, or the queue has no more: the first groups teach the budget their size. No group
+        beside a suspect: while one waits, the worker finishes what it holds, then takes it."""
+        if self._suspect is not None:
+            return
+        if self.queue.suspect_waiting:
+            if not self._inflight and not self._pending:
+                self._take_suspect()
+            return
         block_ms = 0 if self.engine.has_unfinished_requests() or self._pending else 500
         while True:
             held = self._held()
@@ -178,7 +199,7 @@ class Worker:
             ask = self.budget.groups_to_ask(held)
             if ask <= 0:
                 return
-            leases = self.queue.take(ask, block_ms)
+            leases = self.queue.take(ask, block_ms, suspects=False)
             for i, lease in enumerate(leases):
                 try:
                     self._start(lease)
@@ -191,6 +212,19 @@ class Worker:
             if len(leases) < ask:
                 return  # nothing more queued now
             block_ms = 0
+
+    def _take_suspect(self) -> None:
+        lease = self.queue.take_suspect()
+        if lease is None:
+            return
+        self._suspect = lease
+        try:
+            self._start(lease)
+        except BaseException:
+            self.queue.abandon(lease)  # taken over again after the lease timeout
+            self._inflight.pop((lease.job_id, lease.group_id), None)
+            self._suspect = None
+            raise
 
     def _start(self, lease: Lease) -> None:
         job_id, group_id = lease.job_id, lease.group_id
@@ -206,7 +240,7 @@ class Worker:
             return
         group, records = loaded
         flight = self._admit(lease, group.indices, records)
-        flight.prefix_len = group.prefix_len if len(flight.requests) >= 2 else 0
+        flight.prefix_len = _shared_prefix(group.prefix_len, records)
         max_len = self.engine.config.model.max_model_len
         flight.kv_tokens = {
             rid: _own_kv_tokens(record, flight.prefix_len, max_len)
@@ -218,15 +252,23 @@ class Worker:
         if lease.deliveries > _ALONE_AFTER_FAILURES:
             self._start_alone(flight)
             return
-        valid = [(rid, flight.requests[rid][1]) for rid in flight.requests]
-        self._running.update(flight.outstanding)
-        if group.prefix_len and len(valid) >= 2:
-            shared = PrefixGroup(group.prefix_len, tuple(range(len(valid))))
-            requests = [(rid, r.prompt_token_ids, _params(r)) for rid, r in valid]
-            self.engine.add_group(f"{job_id}/{group_id}", shared, requests)
-        else:
-            for request_id, record in valid:
-                self.engine.add_request(request_id, record.prompt_token_ids, _params(record))
+        self._add(flight, list(flight.requests))
+
+    def _add(self, flight: _InFlight, request_ids: list[str]) -> None:
+        """Hands these requests of the group to the engine, with the group's prefix when it has
+        one: the same arithmetic whether they run beside all of their group or alone."""
+        self._running.update(request_ids)
+        requests = []
+        for rid in request_ids:
+            record = flight.requests[rid][1]
+            requests.append((rid, record.prompt_token_ids, _params(record)))
+        if flight.prefix_len:
+            shared = PrefixGroup(flight.prefix_len, tuple(range(len(requests))))
+            group_id = f"{flight.lease.job_id}/{flight.lease.group_id}"
+            self.engine.add_group(group_id, shared, requests)
+            return
+        for request in requests:
+            self.engine.add_request(*request)
 
     def _held(self) -> Held:
         sequences = tokens = 0
@@ -252,17 +294,25 @@ class Worker:
         return flight
 
     def _start_alone(self, flight: _InFlight) -> None:
-        """Queues the group's requests to run one at a time with nothing beside them; fails the one
-        that was running alone when the last delivery's worker died."""
+        """Queues the group's requests to run one at a time with nothing beside them. The one that
+        was running alone when the last delivery's worker died takes a strike and runs first; at
+        its second strike it is failed."""
         lease = flight.lease
+        order = [rid for rid in flight.requests if rid in flight.outstanding]
         last = self.store.ran_alone(lease.job_id, lease.group_id)
         if last is not None and last[1] == lease.deliveries - 1:  # counted: that worker failed
-            culprit = f"{lease.job_id}/{lease.group_id}/{last[0]}"
-            if culprit in flight.outstanding:
-                self._fail_culprit(culprit, "a worker died running this request alone")
+            index, _, strikes = last
+            struck = f"{lease.job_id}/{lease.group_id}/{index}"
+            if struck in flight.outstanding:
+                order.remove(struck)
+                if strikes + 1 >= _STRIKES_TO_FAIL:
+                    self._fail_culprit(struck, DIED_ALONE)
+                else:
+                    flight.strikes[struck] = strikes + 1
+                    order.insert(0, struck)
         log.warning("group %s of job %s failed %d deliveries: running its requests one at a time",
                     lease.group_id, lease.job_id, lease.deliveries - 1)  # fmt: skip
-        self._isolation.queue_alone([rid for rid in flight.requests if rid in flight.outstanding])
+        self._isolation.queue_alone(order)
 
     def _check(self, index: int, record: RequestRecord, lease: Lease) -> RequestError | None:
         if lease.deliveries > self.settings.max_deliveries:
@@ -304,21 +354,24 @@ class Worker:
         flight.outstanding.discard(request_id)
 
     def _next_piece(self) -> None:
-        """Runs the next suspects on their own (one request each, no shared prefix). A request
-        about to run alone is noted first, so that the next worker knows whom to blame if this
-        one dies (a failed note leaves the piece queued)."""
+        """Runs the next suspects with nothing beside them, each group's with its prefix. A
+        request about to run alone is noted first, with its strikes, so that the next worker
+        knows whom to blame if this one dies (a failed note leaves the piece queued)."""
         upcoming = self._isolation.pieces[:1]
         if len(upcoming) == 1 and len(upcoming[0]) == 1 and self._outstanding(upcoming[0][0]):
-            job_id, group_id, index = upcoming[0][0].split("/")
-            delivery = self._inflight[(job_id, group_id)].lease.deliveries
-            self.store.mark_alone(job_id, group_id, int(index), delivery)
+            request_id = upcoming[0][0]
+            job_id, group_id, index = request_id.split("/")
+            flight = self._inflight[(job_id, group_id)]
+            strikes = flight.strikes.get(request_id, 0)
+            self.store.mark_alone(job_id, group_id, int(index), flight.lease.deliveries, strikes)
+        by_group: dict[tuple[str, str], list[str]] = {}
         for request_id in self._isolation.next_piece():
-            found = self._outstanding(request_id)
-            if found is None:
+            if self._outstanding(request_id) is None:
                 continue  # cancelled, or taken over by another worker, meanwhile
-            record = found[1]
-            self.engine.add_request(request_id, record.prompt_token_ids, _params(record))
-            self._running.add(request_id)
+            job_id, group_id, _ = request_id.split("/")
+            by_group.setdefault((job_id, group_id), []).append(request_id)
+        for key, request_ids in by_group.items():
+            self._add(self._inflight[key], request_ids)
 
     def _outstanding(self, request_id: str) -> tuple[int, RequestRecord] | None:
         """(line index, record) of a request this worker still has to answer."""
@@ -369,6 +422,7 @@ class Worker:
     def _finish(self, lease: Lease) -> None:
         self.store.finish_group(lease.job_id, lease.group_id)
         self.queue.ack(lease)
+        self._forget_suspect(lease)
         if self._inflight.pop((lease.job_id, lease.group_id), None) is not None:
             self.metrics.groups_done.inc()
         self.metrics.groups_leased.set(len(self._inflight))
@@ -394,6 +448,11 @@ class Worker:
             if flight is not None:
                 log.warning("lost the lease on group %s of job %s", lease.group_id, lease.job_id)
                 self._abort(flight)
+            self._forget_suspect(lease)
+
+    def _forget_suspect(self, lease: Lease) -> None:
+        if self._suspect is not None and self._suspect.entry_id == lease.entry_id:
+            self._suspect = None
 
     def _abort(self, flight: _InFlight) -> None:
         self.engine.abort(list(flight.outstanding))
@@ -426,6 +485,13 @@ class Worker:
             self.metrics.tokens_per_second.set(count / elapsed)
             start, count = time.monotonic(), 0
         self._tokens_window = (start, count)
+
+
+def _shared_prefix(prefix_len: int, records: list[RequestRecord]) -> int:
+    """The group's prefix as the engine shares it among all of its requests (each keeps a token
+    of its own), so that any part of the group run later shares the same prefix."""
+    own_token_after = [len(r.prompt_token_ids) - 1 for r in records if len(r.prompt_token_ids)]
+    return max(0, min(prefix_len, *own_token_after)) if own_token_after else 0
 
 
 def _samples(record: RequestRecord) -> int:
