@@ -1,8 +1,8 @@
 """A fault campaign: one job through Redis (AOF), planner replicas and faulty workers on CPU while
 workers, planner replicas and Redis are killed with SIGKILL at seeded points and started again,
 with poison requests that kill every worker that runs them. The downloaded files must answer every
-custom_id exactly once, as `prefixgrove run` of the same file does (fault_verdict.py names the two
-departures it counts apart), the poison requests failed alone, within the duration bound.
+custom_id exactly once, as `prefixgrove run` of the same file does (fault_verdict.py names the one
+departure it counts apart), the poison requests failed alone, within the duration bound.
 
     python tests/faults/campaign.py --requests 10000 --workers 3 --planners 2 --seed 1 \\
         --duration-bound-s 3600
