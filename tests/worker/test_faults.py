@@ -193,7 +193,23 @@ def test_a_request_running_alone_at_one_death_runs_again_and_answers(
     wait_until(lambda: completed(store, job_id), 240, "the job to complete")
     got = results(store, job_id)
     assert sorted(got) == [0, 1, 2] and not any(r.is_error for r in got.values())
-    assert store.ran_alone(job_id, lease.group_id) == (2, 4, 0)  # the last ran with no strike
+    # the last one noted: request 2, no strike of its own, the group's one death blamed on request 1
+    assert store.ran_alone(job_id, lease.group_id) == (2, 4, 0, 1)
+
+
+def test_deaths_that_caught_a_request_alone_do_not_count_against_max_deliveries(
+    redis_server: RedisServer, store: JobStore, tmp_path: Path, workers: list[Process]
+) -> None:
+    job_id = queue_job(store, groups=1, per_group=4, poisoned=frozenset({2}))
+    lease = fail_deliveries(store, 4)
+    # the fourth delivery's worker was killed from outside while request 0 ran alone
+    store.mark_alone(job_id, lease.group_id, 0, lease.deliveries)
+    started = workers_until_done(redis_server, store, job_id, tmp_path, workers)
+    # deliveries 5 and 6 die on request 2 alone; the 7th (past max_deliveries=5) fails it alone
+    assert started == 3
+    got = results(store, job_id)
+    assert sorted(got) == [0, 1, 2, 3]
+    assert [i for i, r in got.items() if r.is_error] == [2]
 
 
 def test_a_request_run_alone_writes_the_same_bytes_as_in_its_group(

@@ -6,9 +6,9 @@ Layout (prefix `pg:`; `{...}` in a key is a literal Redis Cluster hash tag, `<..
   pg:idem:<key>             job id created under an idempotency key
   pg:job:{<id>}             hash: JobRecord
   pg:job:{<id>}:req         hash: line index -> RequestRecord
-  pg:job:{<id>}:grp         hash: group id -> GroupRecord; `<group id>:alone` -> "index:delivery:strikes"
-                            of the request a worker last ran alone (a worker that dies then blames
-                            it; a second strike fails it)
+  pg:job:{<id>}:grp         hash: group id -> GroupRecord; `<group id>:alone` ->
+                            "index:delivery:strikes:blamed" of the request a worker last ran alone
+                            (a worker that dies then blames it; a second strike fails it)
   pg:job:{<id>}:res         hash: line index -> ResultRecord (first write wins)
   pg:job:{<id>}:leased      set of group ids a worker holds now
   pg:job:{<id>}:done        set of group ids finished (or dropped by a cancel)

@@ -230,20 +230,29 @@ class JobStore:
         return bool(self._run(self._finish_group, job_id, [group_id, time.time()]))
 
     def mark_alone(
-        self, job_id: str, group_id: str, index: int, delivery: int, strikes: int = 0
+        self,
+        job_id: str,
+        group_id: str,
+        index: int,
+        delivery: int,
+        strikes: int = 0,
+        blamed: int = 0,
     ) -> None:
-        """Notes the request a worker now runs alone, in which delivery of its group, and at how
-        many earlier deaths it was the one running alone (its strikes)."""
-        note = f"{index}:{delivery}:{strikes}"
+        """Notes the request a worker now runs alone, in which delivery of its group, at how many
+        earlier deaths it was the one running alone (its strikes), and how many of the group's
+        failed deliveries caught a request running alone (blamed on it, not on the group)."""
+        note = f"{index}:{delivery}:{strikes}:{blamed}"
         self.r.hset(JobKeys(job_id).groups, schema.alone_field(group_id), note)
 
-    def ran_alone(self, job_id: str, group_id: str) -> tuple[int, int, int] | None:
-        """(line index, delivery, strikes) of the request of the group a worker last ran alone."""
+    def ran_alone(self, job_id: str, group_id: str) -> tuple[int, int, int, int] | None:
+        """(line index, delivery, strikes, blamed) of the request of the group a worker last ran
+        alone."""
         raw = self.r.hget(JobKeys(job_id).groups, schema.alone_field(group_id))
         if raw is None:
             return None
-        index, delivery, *strikes = _s(raw).split(":")  # type: ignore[arg-type]
-        return int(index), int(delivery), int(strikes[0]) if strikes else 0
+        index, delivery, *counts = (int(x) for x in _s(raw).split(":"))  # type: ignore[arg-type]
+        strikes, blamed = [*counts, 0, 0][:2]  # a note written before these were kept: none
+        return index, delivery, strikes, blamed
 
     def is_group_done(self, job_id: str, group_id: str) -> bool:
         return bool(self.r.sismember(JobKeys(job_id).done, group_id))

@@ -53,6 +53,7 @@ class _InFlight:
     prefix_len: int = 0  # tokens its requests share (their KV is held once)
     # request id -> deaths it was running alone at (kept while it runs alone again)
     strikes: dict[str, int] = field(default_factory=dict)
+    blamed: int = 0  # failed deliveries that caught one of its requests running alone
     # request id -> the most KV tokens it holds beyond the shared prefix
     kv_tokens: dict[str, int] = field(default_factory=dict)
 
@@ -62,6 +63,14 @@ class _InFlight:
             return 0, 0
         tokens = self.prefix_len + sum(self.kv_tokens[r] for r in self.outstanding)
         return sum(_samples(self.requests[r][1]) for r in self.outstanding), tokens
+
+
+@dataclass(frozen=True)
+class _AloneHistory:
+    """What the group's alone note tells a new delivery of it."""
+
+    blamed: int = 0  # failed deliveries that caught a request running alone (not counted as such)
+    struck: tuple[int, int] | None = None  # (line index, strikes) of the one the last death caught
 
 
 @dataclass
@@ -239,7 +248,9 @@ class Worker:
             self._finish(lease)
             return
         group, records = loaded
-        flight = self._admit(lease, group.indices, records)
+        history = self._alone_history(lease)
+        flight = self._admit(lease, group.indices, records, lease.deliveries - history.blamed)
+        flight.blamed = history.blamed
         flight.prefix_len = _shared_prefix(group.prefix_len, records)
         max_len = self.engine.config.model.max_model_len
         flight.kv_tokens = {
@@ -250,9 +261,22 @@ class Worker:
         self._inflight[(job_id, group_id)] = flight
         self.metrics.groups_leased.set(len(self._inflight))
         if lease.deliveries > _ALONE_AFTER_FAILURES:
-            self._start_alone(flight)
+            self._start_alone(flight, history.struck)
             return
         self._add(flight, list(flight.requests))
+
+    def _alone_history(self, lease: Lease) -> _AloneHistory:
+        """A death that caught a request running alone is that request's strike; it does not
+        count against the group's max_deliveries (each request has at most two)."""
+        if lease.deliveries <= _ALONE_AFTER_FAILURES:
+            return _AloneHistory()
+        last = self.store.ran_alone(lease.job_id, lease.group_id)
+        if last is None:
+            return _AloneHistory()
+        index, delivery, strikes, blamed = last
+        if delivery != lease.deliveries - 1:  # that worker ran on, or stopped cleanly
+            return _AloneHistory(blamed)
+        return _AloneHistory(blamed + 1, (index, strikes + 1))
 
     def _add(self, flight: _InFlight, request_ids: list[str]) -> None:
         """Hands these requests of the group to the engine, with the group's prefix when it has
@@ -278,14 +302,17 @@ class Worker:
             tokens += t
         return Held(len(self._inflight), sequences, tokens)
 
-    def _admit(self, lease: Lease, indices: list[int], records: list[RequestRecord]) -> _InFlight:
-        """The group's requests still to run; those the engine refuses fail here."""
+    def _admit(
+        self, lease: Lease, indices: list[int], records: list[RequestRecord], failures: int
+    ) -> _InFlight:
+        """The group's requests still to run; those the engine refuses fail here, and all of them
+        once `failures` (deliveries less those blamed on a request alone) passes max_deliveries."""
         answered = self.store.read_answered(lease.job_id, indices)
         flight = _InFlight(lease, {})
         for index, record in zip(indices, records, strict=True):
             if index in answered:
                 continue
-            error = self._check(index, record, lease)
+            error = self._check(index, record, failures)
             if error is not None:
                 self._fail(lease.job_id, error)
                 continue
@@ -293,31 +320,28 @@ class Worker:
         flight.outstanding = set(flight.requests)
         return flight
 
-    def _start_alone(self, flight: _InFlight) -> None:
+    def _start_alone(self, flight: _InFlight, struck: tuple[int, int] | None) -> None:
         """Queues the group's requests to run one at a time with nothing beside them. The one that
-        was running alone when the last delivery's worker died takes a strike and runs first; at
-        its second strike it is failed."""
+        was running alone when the last delivery's worker died (`struck`: its line index and
+        strikes now) runs first; at its second strike it is failed."""
         lease = flight.lease
         order = [rid for rid in flight.requests if rid in flight.outstanding]
-        last = self.store.ran_alone(lease.job_id, lease.group_id)
-        if last is not None and last[1] == lease.deliveries - 1:  # counted: that worker failed
-            index, _, strikes = last
-            struck = f"{lease.job_id}/{lease.group_id}/{index}"
-            if struck in flight.outstanding:
-                order.remove(struck)
-                if strikes + 1 >= _STRIKES_TO_FAIL:
-                    self._fail_culprit(struck, DIED_ALONE)
-                else:
-                    flight.strikes[struck] = strikes + 1
-                    order.insert(0, struck)
+        culprit = f"{lease.job_id}/{lease.group_id}/{struck[0]}" if struck else None
+        if struck is not None and culprit in flight.outstanding:
+            order.remove(culprit)
+            if struck[1] >= _STRIKES_TO_FAIL:
+                self._fail_culprit(culprit, DIED_ALONE)
+            else:
+                flight.strikes[culprit] = struck[1]
+                order.insert(0, culprit)
         log.warning("group %s of job %s failed %d deliveries: running its requests one at a time",
                     lease.group_id, lease.job_id, lease.deliveries - 1)  # fmt: skip
         self._isolation.queue_alone(order)
 
-    def _check(self, index: int, record: RequestRecord, lease: Lease) -> RequestError | None:
-        if lease.deliveries > self.settings.max_deliveries:
+    def _check(self, index: int, record: RequestRecord, failures: int) -> RequestError | None:
+        if failures > self.settings.max_deliveries:
             return RequestError(index, record.custom_id, "worker_failed",
-                                f"the request's group stopped {lease.deliveries - 1} workers "
+                                f"the request's group stopped {failures - 1} workers "
                                 f"(max_deliveries={self.settings.max_deliveries})")  # fmt: skip
         try:
             self.engine.validate(record.prompt_token_ids, _params(record))
@@ -363,7 +387,8 @@ class Worker:
             job_id, group_id, index = request_id.split("/")
             flight = self._inflight[(job_id, group_id)]
             strikes = flight.strikes.get(request_id, 0)
-            self.store.mark_alone(job_id, group_id, int(index), flight.lease.deliveries, strikes)
+            delivery = flight.lease.deliveries
+            self.store.mark_alone(job_id, group_id, int(index), delivery, strikes, flight.blamed)
         by_group: dict[tuple[str, str], list[str]] = {}
         for request_id in self._isolation.next_piece():
             if self._outstanding(request_id) is None:
