@@ -92,13 +92,12 @@ def test_a_worker_leases_what_its_engine_holds_and_no_more(
     worker.store.ensure_queue(MODEL)
     worker._lease_more()
     held = worker._held()
-    capacity, ahead = worker.budget.capacity, worker.budget.ahead
+    capacity, scale = worker.budget.capacity, 1 + worker.budget.ahead
+    max_requests, max_tokens_held = capacity.requests * scale, capacity.kv_tokens * scale
     group_tokens = 32 + per_group * (8 + max_tokens)
-    assert held.requests <= capacity.requests * (1 + ahead) + per_group
-    assert held.kv_tokens <= capacity.kv_tokens * (1 + ahead) + group_tokens
+    assert held.requests <= max_requests + per_group
+    assert held.kv_tokens <= max_tokens_held + group_tokens
     # and it is full: one more group would pass one of the limits
-    assert (
-        held.requests + per_group > capacity.requests * (1 + ahead)
-        or held.kv_tokens + group_tokens > capacity.kv_tokens * (1 + ahead)
-    )
+    full_of_requests = held.requests + per_group > max_requests
+    assert full_of_requests or held.kv_tokens + group_tokens > max_tokens_held
     assert 1 < held.groups < 40
