@@ -79,9 +79,20 @@ _VALID: dict[str, st.SearchStrategy[Any]] = {
     "frequency_penalty": st.floats(-2.0, 2.0),
     "repetition_penalty": st.floats(0.01, 10.0),
     "model": st.text(max_size=8),
+    "n": st.integers(1, 3),
+    "logit_bias": st.dictionaries(st.integers(0, 200).map(str), st.floats(-100.0, 100.0), max_size=3),
+    "user": st.text(max_size=8),
+    "metadata": st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=2),
+    "store": st.booleans(),
+    "service_tier": st.sampled_from(["auto", "default", "flex"]),
+    "parallel_tool_calls": st.booleans(),
+    "response_format": st.just({"type": "text"}),
 }  # fmt: skip
 URLS = ["/v1/completions", "/v1/chat/completions"]
-_CHAT_ONLY = {"messages", "top_logprobs", "max_completion_tokens"}
+_CHAT_ONLY = {
+    "messages", "top_logprobs", "max_completion_tokens", "metadata", "store", "service_tier",
+    "parallel_tool_calls", "response_format",
+}  # fmt: skip
 _OPTIONAL = {
     URLS[0]: sorted(set(_VALID) - _CHAT_ONLY - {"prompt"}),
     URLS[1]: sorted(set(_VALID) - {"prompt", "messages"}),

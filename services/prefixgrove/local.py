@@ -19,7 +19,7 @@ from prefixgrove.grouping import PrefixGroup
 from prefixgrove.jobs.ingest import JobIngestor, JobPlan
 from prefixgrove.jobs.ordered_writer import Answered, OrderedWriter, answered_prefix
 from prefixgrove.jobs.output_lines import request_hash, success_line
-from prefixgrove.jobs.requests import BatchRequest, RequestError, engine_error
+from prefixgrove.jobs.requests import BatchRequest, RequestError, engine_error, sampling_kwargs
 from prefixgrove.jobs.tokenize import PromptTokenizer
 from prefixgrove.settings import IngestSettings
 
@@ -178,7 +178,7 @@ def _runnable(
     runnable = []
     for request, tokens in requests:
         try:
-            params = SamplingParams(**request.params)
+            params = SamplingParams(**sampling_kwargs(request.params))
             ids = llm.engine.validate(tokens, params)
         except ValueError as exc:
             errors.append(engine_error(request.index, request.custom_id, exc))
@@ -227,6 +227,7 @@ class _Answer:
                 self.model,
                 out,
                 self.tokenizer,
+                requested_model=request.model,
             )
         except Exception as exc:  # NOTE: one request's output never costs the others theirs
             log.exception("request %r: its output line failed", request.custom_id)

@@ -15,7 +15,7 @@ from prefixgrove.engine.prompt_ids import checked_token_ids
 from prefixgrove.engine.sampling_params import SamplingParams
 from prefixgrove.jobs.ingest import JobIngestor
 from prefixgrove.jobs.output_lines import request_hash
-from prefixgrove.jobs.requests import BatchRequest, RequestError, parse_line
+from prefixgrove.jobs.requests import BatchRequest, RequestError, parse_line, sampling_kwargs
 from prefixgrove.jobs.tokenize import PromptTokenizer
 from prefixgrove.settings import IngestSettings
 
@@ -36,11 +36,13 @@ def tokenizer() -> PromptTokenizer:
 def assert_writable(error: RequestError) -> None:
     line = json.loads(error.to_line().encode("utf-8"))
     assert line["custom_id"] == error.custom_id and line["error"]["code"] == error.code
+    assert line["id"].startswith("batch_req_") and line["response"] is None
     assert error.custom_id is None or isinstance(error.custom_id, str)
 
 
 def assert_engine_can_hold(request: BatchRequest) -> None:
-    SamplingParams(**request.params)  # the engine's own checks: a ValueError would fail the test
+    # the engine's own checks: a ValueError would fail the test
+    SamplingParams(**sampling_kwargs(request.params))
     request_hash(request.index, request.custom_id).encode()
     texts = [request.custom_id, request.prompt_text or ""]
     texts += [m[k] for m in request.messages or [] for k in ("role", "content")]

@@ -8,6 +8,7 @@ import pytest
 from services_testbed import MODEL, batch_line
 
 from prefixgrove.jobs.ingest import JobIngestor
+from prefixgrove.jobs.output_lines import request_hash
 from prefixgrove.jobs.requests import BatchRequest, RequestError, parse_line
 from prefixgrove.jobs.tokenize import PromptTokenizer
 from prefixgrove.settings import IngestSettings
@@ -42,7 +43,9 @@ def test_missing_custom_id_is_named() -> None:
     error = parse({"url": "/v1/completions", "body": {"prompt": "x"}})
     assert isinstance(error, RequestError) and error.code == "missing_custom_id"
     assert json.loads(error.to_line()) == {
+        "id": f"batch_req_{request_hash(error.index, None)}",
         "custom_id": None,
+        "response": None,
         "error": {"code": "missing_custom_id", "message": error.message},
     }
 
@@ -68,8 +71,8 @@ def test_unknown_url_lists_the_accepted_ones() -> None:
             "extra",
         ),
         (
-            {"custom_id": "a", "url": "/v1/completions", "body": {"prompt": "x", "best_of": 2}},
-            "best_of",
+            {"custom_id": "a", "url": "/v1/completions", "body": {"prompt": "x", "guided": 2}},
+            "guided",
         ),
         ({"custom_id": "a", "url": "/v1/chat/completions", "body": {"prompt": "x"}}, "prompt"),
     ],
@@ -125,7 +128,7 @@ def test_line_over_the_size_limit_fails(tokenizer: PromptTokenizer) -> None:
         ({"prompt": "x", "temperature": -1}, "temperature"),
         ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
         ({"prompt": "x", "top_p": 1.5}, "top_p"),
-        ({"prompt": "x", "n": 2}, "n"),
+        ({"prompt": "x", "n": 0}, "n"),
         ({"prompt": "x", "logprobs": 50}, "logprobs"),
         ({"prompt": ""}, "prompt"),
     ],

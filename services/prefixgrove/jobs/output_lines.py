@@ -1,5 +1,15 @@
-"""A finished request -> its OpenAI Batch output line. The worker and the local run both write these,
-so one input gives the same lines either way (no wall-clock fields; ids derive from the request).
+"""A finished request -> its OpenAI Batch output line; a refused one -> its error line. The worker
+and the local run both write these, so one input gives the same lines either way: no wall-clock
+fields, and ids derive from the request's position and custom_id.
+
+A success line is what OpenAI's Batch API writes, its body a ChatCompletion or a Completion that
+the `openai` package's types accept strictly (tests/jobs/test_output_lines.py checks them):
+
+  {"id": "batch_req_<h>", "custom_id": ..., "error": null,
+   "response": {"status_code": 200, "request_id": "<h>", "body": <chat.completion | text_completion>}}
+
+An error line: {"id": "batch_req_<h>", "custom_id": ..., "response": null,
+"error": {"code": ..., "message": ...}}.
 """
 
 from __future__ import annotations
@@ -11,12 +21,33 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the shared job model imports no engine; these are only types
     from prefixgrove.engine.outputs import CompletionOutput, RequestOutput
 
+# NOTE: `created` is part of the byte-equal contract between the services and `prefixgrove run`,
+# so it cannot be a clock reading; the job record keeps when the job was created.
+CREATED = 0
 
-def request_hash(index: int, custom_id: str) -> str:
+
+def request_hash(index: int, custom_id: str | None) -> str:
     # NOTE: "surrogatepass": a custom_id is valid Unicode once validated, yet hashing must not be
     # what fails a request after all its tokens were generated.
-    key = f"{index}:{custom_id}".encode("utf-8", "surrogatepass")
+    key = f"{index}:{custom_id or ''}".encode("utf-8", "surrogatepass")
     return hashlib.blake2b(key, digest_size=12).hexdigest()
+
+
+def served_model_name(model: str) -> str:
+    """The name a response reports: a local checkout is named by its folder, never its path."""
+    if model.startswith(("/", ".", "~")):
+        return model.rstrip("/").rsplit("/", 1)[-1]
+    return model
+
+
+def error_line(index: int, custom_id: str | None, code: str, message: str) -> str:
+    line = {
+        "id": f"batch_req_{request_hash(index, custom_id)}",
+        "custom_id": custom_id,
+        "response": None,
+        "error": {"code": code, "message": message},
+    }
+    return json.dumps(line, ensure_ascii=False)
 
 
 def success_line(
@@ -27,30 +58,28 @@ def success_line(
     model: str,
     out: RequestOutput,
     tokenizer: Any,
+    *,
+    requested_model: str | None,
 ) -> str:
-    """`params` are the request's SamplingParams keyword arguments (for how many top logprobs)."""
+    """`params` are the request's SamplingParams keyword arguments (for how many top logprobs).
+    The body names the request's `model` when it gave one, else the served `model` (named as
+    `served_model_name` says)."""
     h = request_hash(index, custom_id)
-    completion = out.outputs[0]
+    top = int(params.get("logprobs") or 0)
+    choices = [_choice(c, endpoint, tokenizer, top) for c in out.outputs]
     prompt_tokens = len(out.prompt_token_ids)
-    choice: dict[str, Any] = {"index": 0}
-    if endpoint == "chat":
-        choice["message"] = {"role": "assistant", "content": completion.text}
-    choice.update(
-        text=completion.text,
-        token_ids=list(completion.token_ids),
-        logprobs=_logprobs(completion, endpoint, tokenizer, int(params.get("logprobs") or 0)),
-        finish_reason=completion.finish_reason,
-        stop_reason=completion.stop_reason,
-    )
+    completion_tokens = sum(len(c.token_ids) for c in out.outputs)
     body = {
         "id": f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{h}",
         "object": "chat.completion" if endpoint == "chat" else "text_completion",
-        "model": model,
-        "choices": [choice],
+        "created": CREATED,
+        "model": requested_model or served_model_name(model),
+        "choices": choices,
         "usage": {
             "prompt_tokens": prompt_tokens,
-            "completion_tokens": len(completion.token_ids),
-            "total_tokens": prompt_tokens + len(completion.token_ids),
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens},
         },
     }
     line = {
@@ -62,6 +91,28 @@ def success_line(
     return json.dumps(line, ensure_ascii=False)
 
 
+def _choice(completion: CompletionOutput, endpoint: str, tokenizer: Any, k: int) -> dict[str, Any]:
+    """One sample. Beside OpenAI's fields it keeps `token_ids` and `stop_reason` (the stop string
+    or token that ended it), which OpenAI's types allow as extra fields."""
+    if completion.finish_reason not in ("stop", "length"):
+        raise ValueError(
+            f"sample {completion.index} ended with finish_reason {completion.finish_reason!r}; "
+            "a finished request's samples end with 'stop' or 'length'"
+        )
+    choice: dict[str, Any] = {"index": completion.index}
+    if endpoint == "chat":
+        choice["message"] = {"role": "assistant", "content": completion.text}
+    else:
+        choice["text"] = completion.text
+    choice.update(
+        token_ids=list(completion.token_ids),
+        logprobs=_logprobs(completion, endpoint, tokenizer, k),
+        finish_reason=completion.finish_reason,
+        stop_reason=completion.stop_reason,
+    )
+    return choice
+
+
 def _logprobs(
     completion: CompletionOutput, endpoint: str, tokenizer: Any, k: int
 ) -> dict[str, Any] | None:
@@ -70,22 +121,14 @@ def _logprobs(
     tokens, chosen, tops = [], [], []
     for token_id, entry in zip(completion.token_ids, completion.logprobs, strict=False):
         tokens.append(_token_text(token_id, entry, tokenizer))
-        chosen.append(entry[token_id].logprob if token_id in entry else None)
+        chosen.append(entry[token_id].logprob)
         alternatives = sorted(
             ((tid, lp) for tid, lp in entry.items() if lp.rank is not None and 1 <= lp.rank <= k),
             key=lambda item: item[1].rank or 0,
         )
         tops.append([(_token_text(tid, entry, tokenizer), lp.logprob) for tid, lp in alternatives])
     if endpoint == "chat":
-        content = [
-            {
-                "token": token,
-                "logprob": logprob,
-                "top_logprobs": [{"token": t, "logprob": lp} for t, lp in top],
-            }
-            for token, logprob, top in zip(tokens, chosen, tops, strict=True)
-        ]
-        return {"content": content}
+        return {"content": [_chat_token(*each) for each in zip(tokens, chosen, tops, strict=True)]}
     offsets, at = [], 0
     for token in tokens:
         offsets.append(at)
@@ -96,6 +139,20 @@ def _logprobs(
         "top_logprobs": [dict(top) for top in tops],
         "text_offset": offsets,
     }
+
+
+def _chat_token(token: str, logprob: float, top: list[tuple[str, float]]) -> dict[str, Any]:
+    return {
+        "token": token,
+        "logprob": logprob,
+        "bytes": _utf8(token),
+        "top_logprobs": [{"token": t, "logprob": lp, "bytes": _utf8(t)} for t, lp in top],
+    }
+
+
+def _utf8(token: str) -> list[int]:
+    # "surrogatepass": a decoded token is the tokenizer's text, which json.dumps writes either way.
+    return list(token.encode("utf-8", "surrogatepass"))
 
 
 def _token_text(token_id: int, entry: dict[int, Any], tokenizer: Any) -> str:

@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from prefixgrove.jobs.output_lines import error_line
+
 Endpoint = Literal["completions", "chat"]
 
 URLS: dict[str, Endpoint] = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
@@ -25,14 +27,32 @@ _LINE_FIELDS = {"custom_id", "method", "url", "body"}
 _COMMON_BODY_FIELDS = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
     "logprobs", "ignore_eos", "n", "stream", "presence_penalty", "frequency_penalty",
-    "repetition_penalty", "stop_token_ids",
+    "repetition_penalty", "stop_token_ids", "logit_bias", "user", "stream_options",
+}  # fmt: skip
+# Documented OpenAI fields that change nothing in an offline batch: accepted and ignored.
+_IGNORED_CHAT_FIELDS = {
+    "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
+    "safety_identifier",
+}  # fmt: skip
+# Documented OpenAI fields whose feature is not served: a request setting one fails, naming it.
+_UNSERVED_FIELDS: dict[Endpoint, dict[str, str]] = {
+    "completions": {"suffix": "insertion (suffix)"},
+    "chat": {
+        "tools": "tool calling", "tool_choice": "tool calling", "functions": "function calling",
+        "function_call": "function calling", "audio": "audio output",
+        "prediction": "predicted outputs", "web_search_options": "web search",
+        "reasoning_effort": "reasoning models", "verbosity": "reasoning models",
+    },
 }  # fmt: skip
 _BODY_FIELDS: dict[Endpoint, set[str]] = {
-    "completions": _COMMON_BODY_FIELDS | {"prompt"},
-    "chat": _COMMON_BODY_FIELDS | {"messages", "top_logprobs", "max_completion_tokens"},
-}
+    "completions": _COMMON_BODY_FIELDS | set(_UNSERVED_FIELDS["completions"])
+    | {"prompt", "echo", "best_of"},
+    "chat": _COMMON_BODY_FIELDS | _IGNORED_CHAT_FIELDS | set(_UNSERVED_FIELDS["chat"])
+    | {"messages", "top_logprobs", "max_completion_tokens", "response_format", "modalities"},
+}  # fmt: skip
 _MAX_STOP_STRINGS = 16
 _MAX_LOGPROBS = 20
+_MAX_N = 128  # OpenAI's own bound on samples per request
 INT32_MAX = 2**31 - 1
 MAX_DEPTH = 32  # arrays and objects inside one another; a valid request needs 5
 # A lone surrogate can only come from a \uD800-\uDFFF escape: raw UTF-8 holds none.
@@ -52,10 +72,11 @@ class RequestError:
     message: str
 
     def to_line(self) -> str:
-        error = {"code": self.code, "message": self.message}
-        line = json.dumps({"custom_id": self.custom_id, "error": error}, ensure_ascii=False)
+        line = error_line(self.index, self.custom_id, self.code, self.message)
         # A message quoting a tokenizer's or template's words may hold what UTF-8 cannot.
-        return line if _is_unicode(line) else json.dumps({"custom_id": None, "error": error})
+        if _is_unicode(line):
+            return line
+        return json.dumps(json.loads(line) | {"custom_id": None})
 
 
 @dataclass(slots=True)
@@ -69,6 +90,7 @@ class BatchRequest:
     prompt_text: str | None = None
     prompt_token_ids: np.ndarray | None = None  # int64
     messages: list[dict[str, str]] | None = field(default=None)
+    model: str | None = None  # the body's model, which the response names
 
 
 class _Invalid(Exception):
@@ -208,11 +230,18 @@ def _parse_object(obj: dict[str, Any], index: int, default_max_tokens: int) -> B
     request = BatchRequest(
         index, custom_id, endpoint, _sampling(body, endpoint, default_max_tokens)
     )
+    request.model = _model(body.get("model"))
     if endpoint == "completions":
         _set_prompt(request, body.get("prompt"))
     else:
         request.messages = _messages(body.get("messages"))
     return request
+
+
+def _model(model: Any) -> str | None:
+    if model is None or (isinstance(model, str) and model):
+        return model
+    raise _Invalid("invalid_value", f"model must be a non-empty string, got {_short(model)}")
 
 
 def _set_prompt(request: BatchRequest, prompt: Any) -> None:
@@ -292,8 +321,8 @@ def _text_parts(parts: list[Any], i: int) -> str:
 
 
 def _sampling(body: dict[str, Any], endpoint: Endpoint, default_max_tokens: int) -> dict[str, Any]:
-    if body.get("n", 1) != 1:
-        raise _Invalid("invalid_value", f"n must be 1, got {_short(body.get('n'))}")
+    _check_unserved(body, endpoint)
+    _check_samples(body)
     if body.get("stream", False) is not False:
         raise _Invalid(
             "invalid_value", f"stream must be false in a batch, got {_short(body['stream'])}"
@@ -332,7 +361,88 @@ def _sampling(body: dict[str, Any], endpoint: Endpoint, default_max_tokens: int)
     logprobs = _logprobs(body, endpoint)
     if logprobs is not None:
         params["logprobs"] = logprobs
+    if body.get("logit_bias") is not None:
+        params["logit_bias"] = _logit_bias(body["logit_bias"])
     return params
+
+
+def _check_unserved(body: dict[str, Any], endpoint: Endpoint) -> None:
+    """Fails a request that asks for a documented feature this server does not provide."""
+    for name, feature in _UNSERVED_FIELDS[endpoint].items():
+        if body.get(name) is not None:
+            raise _Invalid(
+                "unsupported_field",
+                f"{name} is not supported: {feature} is not served; remove {name} from the body",
+            )
+    if body.get("echo", False) is not False:
+        raise _Invalid("unsupported_field", "echo is not supported: only false is accepted")
+    modalities = body.get("modalities")
+    if modalities is not None and modalities != ["text"]:
+        raise _Invalid(
+            "unsupported_field",
+            f"modalities {_short(modalities)} is not supported: only ['text'] is served",
+        )
+    _check_response_format(body.get("response_format"))
+
+
+def _check_response_format(response_format: Any) -> None:
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if response_format is None or kind == "text":
+        return
+    if kind in ("json_object", "json_schema"):
+        raise _Invalid(
+            "unsupported_field",
+            f"response_format of type {kind!r} is not supported: structured outputs are not "
+            "served yet; only {'type': 'text'} is accepted",
+        )
+    raise _Invalid(
+        "invalid_value",
+        f"response_format must be an object with a type of 'text', 'json_object' or "
+        f"'json_schema', got {_short(response_format)}",
+    )
+
+
+def _check_samples(body: dict[str, Any]) -> None:
+    n = _int(body["n"], "n", 1, _MAX_N) if body.get("n") is not None else 1
+    if n != 1:
+        raise _Invalid(
+            "unsupported_field",
+            f"n={n} is not supported: the batch engine runs one sample per request; send n "
+            "requests with their own custom_id (and seed) instead",
+        )
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != 1:
+        raise _Invalid(
+            "unsupported_field",
+            f"best_of {_short(best_of)} is not supported: every sample is returned, so best_of "
+            "may only be 1",
+        )
+
+
+def _logit_bias(bias: Any) -> dict[str, float]:
+    """OpenAI's map of token id (a decimal string, as JSON keys are) -> bias in [-100, 100]. The
+    keys stay strings so the params survive JSON; `sampling_kwargs` turns them into ids."""
+    if not isinstance(bias, dict):
+        raise _Invalid(
+            "invalid_value",
+            f"logit_bias must be an object of token id -> number in [-100, 100], got {_short(bias)}",
+        )
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit() and len(key) <= 10 and int(key) <= INT32_MAX):
+            raise _Invalid(
+                "invalid_value",
+                f"logit_bias key {_short(key)} is not a token id: keys are integers in "
+                f"[0, {INT32_MAX}] written as strings",
+            )
+        _float(value, f"logit_bias[{key!r}]", -100.0, 100.0)
+    return {key: float(value) for key, value in bias.items()}
+
+
+def sampling_kwargs(params: dict[str, Any]) -> dict[str, Any]:
+    """A request's params -> SamplingParams keyword arguments (logit_bias keyed by token id)."""
+    if "logit_bias" not in params:
+        return params
+    return {**params, "logit_bias": {int(k): v for k, v in params["logit_bias"].items()}}
 
 
 def _stop_token_ids(ids: Any) -> list[int]:

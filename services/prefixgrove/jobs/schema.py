@@ -170,9 +170,13 @@ class RequestRecord:
     endpoint: str  # "completions" | "chat"
     params: dict[str, Any]
     prompt_token_ids: np.ndarray  # int32
+    model: str | None = None  # the body's model, which the output line names
 
     def encode(self) -> bytes:
-        head = json.dumps({"c": self.custom_id, "e": self.endpoint, "p": self.params}).encode()
+        fields = {"c": self.custom_id, "e": self.endpoint, "p": self.params}
+        if self.model is not None:
+            fields["m"] = self.model
+        head = json.dumps(fields).encode()
         tokens = np.ascontiguousarray(self.prompt_token_ids, dtype="<i4").tobytes()
         return struct.pack("<I", len(head)) + head + tokens
 
@@ -181,7 +185,7 @@ class RequestRecord:
         (n,) = struct.unpack_from("<I", blob)
         head = json.loads(blob[4 : 4 + n])
         tokens = np.frombuffer(blob, dtype="<i4", offset=4 + n)
-        return cls(head["c"], head["e"], head["p"], tokens)
+        return cls(head["c"], head["e"], head["p"], tokens, head.get("m"))
 
 
 @dataclass(frozen=True)

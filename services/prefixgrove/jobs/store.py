@@ -159,7 +159,7 @@ class JobStore:
         for start in range(0, len(batch.requests), _BATCH):
             records = {
                 str(request.index): schema.RequestRecord(
-                    request.custom_id, request.endpoint, request.params, tokens
+                    request.custom_id, request.endpoint, request.params, tokens, request.model
                 ).encode()
                 for request, tokens in batch.requests[start : start + _BATCH]
             }

@@ -29,7 +29,7 @@ from prefixgrove.grouping import PrefixGroup
 from prefixgrove.jobs.connection import connect
 from prefixgrove.jobs.output_lines import success_line
 from prefixgrove.jobs.queue import GroupQueue, Lease
-from prefixgrove.jobs.requests import RequestError, engine_error
+from prefixgrove.jobs.requests import RequestError, engine_error, sampling_kwargs
 from prefixgrove.jobs.schema import RequestRecord, ResultRecord
 from prefixgrove.jobs.store import JobStore
 from prefixgrove.settings import WorkerSettings
@@ -423,7 +423,8 @@ class Worker:
             flight = self._inflight[(job_id, group_id)]
             index, record = found
             line = success_line(index, record.custom_id, record.endpoint, record.params,
-                                self.settings.model, out, tokenizer)  # fmt: skip
+                                self.settings.model, out, tokenizer,
+                                requested_model=record.model)  # fmt: skip
             tokens = len(out.outputs[0].token_ids)
             self._pending.append(_Pending(job_id, index, ResultRecord(False, line), tokens))
             flight.outstanding.discard(out.request_id)
@@ -543,7 +544,7 @@ def _capacity(engine: Any) -> Capacity:
 def _params(record: RequestRecord) -> Any:
     from prefixgrove.engine import SamplingParams
 
-    return SamplingParams(**record.params)
+    return SamplingParams(**sampling_kwargs(record.params))
 
 
 def _make_engine(settings: WorkerSettings) -> Any:

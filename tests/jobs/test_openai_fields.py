@@ -1,0 +1,125 @@
+"""Every field OpenAI documents for a batch body is accepted: used (seed, stop, logprobs,
+logit_bias, max_completion_tokens, model), ignored (user, metadata, store, ...), or refused for
+the one request, naming the field, where the feature is not served (tools, n > 1, JSON output)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from prefixgrove.engine import SamplingParams
+from prefixgrove.jobs.requests import BatchRequest, RequestError, parse_line, sampling_kwargs
+from prefixgrove.jobs.schema import RequestRecord
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def parse(extra: dict[str, Any], url: str = CHAT) -> BatchRequest | RequestError:
+    body = {"messages": MESSAGES} if url == CHAT else {"prompt": "hi"}
+    line = json.dumps({"custom_id": "a", "method": "POST", "url": url, "body": body | extra})
+    return parse_line(line, 0, max_line_bytes=1 << 16, default_max_tokens=16)
+
+
+def accepted(extra: dict[str, Any], url: str = CHAT) -> BatchRequest:
+    request = parse(extra, url)
+    assert isinstance(request, BatchRequest), request
+    return request
+
+
+def refused(extra: dict[str, Any], url: str = CHAT) -> RequestError:
+    error = parse(extra, url)
+    assert isinstance(error, RequestError), error
+    return error
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("user", "u1"), ("metadata", {"team": "search"}), ("store", True),
+        ("service_tier", "auto"), ("parallel_tool_calls", False),
+        ("stream_options", {"include_usage": True}), ("prompt_cache_key", "k"),
+        ("safety_identifier", "s"), ("modalities", ["text"]), ("response_format", {"type": "text"}),
+        ("n", 1),
+    ],
+)  # fmt: skip
+def test_a_field_that_changes_nothing_offline_is_accepted_and_ignored(
+    field: str, value: Any
+) -> None:
+    assert accepted({field: value}).params == {"max_tokens": 16}
+
+
+@pytest.mark.parametrize(
+    "field, value", [("user", "u1"), ("n", 1), ("best_of", 1), ("echo", False)]
+)
+def test_a_completions_field_that_changes_nothing_is_accepted(field: str, value: Any) -> None:
+    assert accepted({field: value}, COMPLETIONS).params == {"max_tokens": 16}
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"),
+        ("functions", [{"name": "f"}]), ("function_call", "auto"), ("audio", {"voice": "alloy"}),
+        ("prediction", {"type": "content", "content": "x"}), ("web_search_options", {}),
+        ("reasoning_effort", "low"), ("modalities", ["text", "audio"]),
+        ("response_format", {"type": "json_object"}),
+        ("response_format", {"type": "json_schema", "json_schema": {"name": "s"}}), ("n", 2),
+    ],
+)  # fmt: skip
+def test_an_unserved_feature_fails_the_request_naming_the_field(field: str, value: Any) -> None:
+    error = refused({field: value})
+    assert error.code == "unsupported_field" and field in error.message
+
+
+@pytest.mark.parametrize(
+    "field, value", [("suffix", "end"), ("echo", True), ("best_of", 3), ("n", 4)]
+)
+def test_an_unserved_completions_feature_fails_naming_the_field(field: str, value: Any) -> None:
+    error = refused({field: value}, COMPLETIONS)
+    assert error.code == "unsupported_field" and field in error.message
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("n", 0), ("n", 129), ("response_format", {"type": "xml"}), ("response_format", "text"),
+        ("logit_bias", {"abc": 1}), ("logit_bias", {"-3": 1}), ("logit_bias", {"5": 101}),
+        ("logit_bias", [5, 1]), ("logit_bias", {"9" * 5000: 1}), ("model", 7), ("model", ""),
+    ],
+)  # fmt: skip
+def test_a_bad_value_of_a_new_field_is_named(field: str, value: Any) -> None:
+    error = refused({field: value})
+    assert error.code == "invalid_value" and field in error.message
+
+
+def test_logit_bias_reaches_the_engine_keyed_by_token_id() -> None:
+    request = accepted({"logit_bias": {"5": 1.5, "17": -100}})
+    assert request.params["logit_bias"] == {"5": 1.5, "17": -100.0}
+    assert json.loads(json.dumps(request.params)) == request.params  # survives Redis
+    params = SamplingParams(**sampling_kwargs(request.params))
+    assert params.logit_bias == {5: 1.5, 17: -100.0}
+
+
+def test_sampling_fields_reach_the_engine() -> None:
+    body = {"seed": 7, "stop": "\n", "logprobs": True, "top_logprobs": 3,
+            "max_completion_tokens": 5}  # fmt: skip
+    params = accepted(body).params
+    assert params == {"max_tokens": 5, "seed": 7, "stop": ["\n"], "logprobs": 3}
+    SamplingParams(**sampling_kwargs(params))
+
+
+def test_the_requested_model_is_kept_for_the_response() -> None:
+    assert accepted({"model": "gpt-4o-mini"}).model == "gpt-4o-mini"
+    assert accepted({}).model is None
+
+
+def test_a_request_record_carries_the_requested_model_through_redis() -> None:
+    tokens = np.arange(3, dtype=np.int32)
+    named = RequestRecord.decode(RequestRecord("c", "chat", {}, tokens, "m1").encode())
+    unnamed = RequestRecord.decode(RequestRecord("c", "chat", {}, tokens).encode())
+    assert (named.model, unnamed.model) == ("m1", None)
