@@ -7,8 +7,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import tempfile
 from collections.abc import Mapping
 from dataclasses import Field, dataclass, field, fields
+from pathlib import Path
 from typing import Any, TypeVar
 
 ENV_PREFIX = "PREFIXGROVE_"
@@ -94,6 +96,10 @@ class PlannerSettings:
     port: int = 50051
     model: str = "tiny-random-llama"
     metrics_port: int = 0  # 0: no Prometheus endpoint
+    # the OpenAI Batch API (/v1/files, /v1/batches) over HTTP beside gRPC; 0: not served
+    http_port: int = 0
+    # where files uploaded through the OpenAI Batch API are kept; empty: a folder in the temp dir
+    data_dir: str = ""
     max_message_bytes: int = 64 << 20
     job_retention_s: int = 7 * 24 * 3600  # a finished job's keys expire after this; 0: kept
     # calls that last as long as a job (status --watch, submit --wait's results) served at once;
@@ -108,6 +114,7 @@ class PlannerSettings:
     def __post_init__(self) -> None:
         _port(self, "port")
         _port(self, "metrics_port")
+        _port(self, "http_port")
         positive(self, "max_message_bytes")
         if self.max_message_bytes < MAX_LINE_BYTES_LIMIT + (2 << 20):
             raise ValueError(
@@ -125,6 +132,11 @@ class PlannerSettings:
             raise ValueError(
                 f"job_retention_s={self.job_retention_s} is invalid: expected >= 0 (0 keeps jobs)"
             )
+
+    @property
+    def files_dir(self) -> Path:
+        """The folder of the files uploaded through the OpenAI Batch API."""
+        return Path(self.data_dir or tempfile.gettempdir()) / "prefixgrove-files"
 
 
 @dataclass(frozen=True)

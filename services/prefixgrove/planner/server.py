@@ -1,4 +1,5 @@
-"""Starts the planner: the gRPC service with health checking, reflection, auth and TLS."""
+"""Starts the planner: the gRPC service with health checking, reflection, auth and TLS, and the
+OpenAI Batch API over HTTP beside it when an HTTP port is set."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from prefixgrove.jobs.connection import connect
 from prefixgrove.jobs.line_parser import LineParser, LineRules, default_processes
 from prefixgrove.jobs.store import JobStore
+from prefixgrove.planner.http.runner import HttpApi, start_http_api
 from prefixgrove.planner.metrics import PlannerMetrics
 from prefixgrove.planner.security import BearerTokenInterceptor, server_credentials
 from prefixgrove.planner.service import PlannerService
@@ -42,10 +44,13 @@ class PlannerServer:
         self.service = service
         self.stopping = threading.Event()  # the threads' loops end when it is set
         self.threads: list[threading.Thread] = []
+        self.http: HttpApi | None = None
 
     def stop(self, grace: float | None = None) -> None:
         """Stops taking calls, lets those in flight run for `grace` seconds, joins the threads."""
         self.stopping.set()
+        if self.http is not None:
+            self.http.stop()
         self.grpc_server.stop(grace).wait()
         for thread in self.threads:
             thread.join()
@@ -88,6 +93,8 @@ def build_server(
     )
     if planner.metrics_port:
         running.threads += metrics.serve(planner.metrics_port, store.model_queue, running.stopping)
+    if planner.http_port:
+        running.http = start_http_api(service, planner, security)
     log.info("planner listening on %s:%d (%s)", planner.host, port, "TLS" if creds else "plaintext")
     if not security.auth_token and not _is_loopback(planner.host):
         log.warning(

@@ -1,0 +1,184 @@
+"""The OpenAI Batch API's routes under /v1: files (upload, list, retrieve, content, delete) and
+batches (create, retrieve, cancel, list), behind the planner's bearer token.
+
+The service and Redis calls block: each runs in a thread of the loop's default executor, so
+one slow call never holds the others."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, BinaryIO
+
+from aiohttp import BodyPartReader, web
+
+from prefixgrove.planner.http.batches import Batches, is_result_file
+from prefixgrove.planner.http.errors import ApiError
+from prefixgrove.planner.http.files import READ_CHUNK, FileStore, file_object
+
+_BATCHES = web.AppKey("batches", Batches)
+_FILES = web.AppKey("files", FileStore)
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def build_app(batches: Batches, files: FileStore, token: str | None) -> web.Application:
+    app = web.Application(middlewares=[_errors_middleware(), _token_middleware(token)])
+    app[_BATCHES] = batches
+    app[_FILES] = files
+    app.router.add_post("/v1/files", upload_file)
+    app.router.add_get("/v1/files", list_files)
+    app.router.add_get("/v1/files/{file_id}", retrieve_file)
+    app.router.add_get("/v1/files/{file_id}/content", file_content)
+    app.router.add_delete("/v1/files/{file_id}", delete_file)
+    app.router.add_post("/v1/batches", create_batch)
+    app.router.add_get("/v1/batches", list_batches)
+    app.router.add_get("/v1/batches/{batch_id}", retrieve_batch)
+    app.router.add_post("/v1/batches/{batch_id}/cancel", cancel_batch)
+    return app
+
+
+def _errors_middleware() -> Any:
+    @web.middleware
+    async def errors(request: web.Request, handler: _Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return exc.response()
+        except web.HTTPException as exc:  # no such route, wrong method
+            return ApiError(exc.status, exc.reason).response()
+
+    return errors
+
+
+def _token_middleware(token: str | None) -> Any:
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def check_token(request: web.Request, handler: _Handler) -> web.StreamResponse:
+        sent = request.headers.get("Authorization", "").encode()
+        if token and not hmac.compare_digest(sent, expected):
+            raise ApiError(401, "missing or wrong bearer token (the planner's auth token)",
+                           "invalid_api_key")  # fmt: skip
+        return await handler(request)
+
+    return check_token
+
+
+# --- files ----------------------------------------------------------------------------------
+async def upload_file(request: web.Request) -> web.Response:
+    """Streams the `file` part to disk a chunk at a time: the planner never holds a whole file."""
+    files = request.app[_FILES]
+    purpose, filename, file_id = "", "", ""
+    try:
+        async for part in await request.multipart():
+            if not isinstance(part, BodyPartReader):
+                continue
+            if part.name == "purpose":
+                purpose = await part.text()
+            elif part.name == "file" and not file_id:
+                filename = part.filename or "upload.jsonl"
+                file_id, handle = files.create()
+                await _copy(part, handle)
+        if not file_id:
+            raise ApiError(400, "the upload has no `file` part (multipart/form-data)")
+        if purpose != "batch":
+            raise ApiError(400, f"purpose {purpose!r} is not served: expected 'batch'")
+        return web.json_response(files.finish(file_id, filename, purpose))
+    finally:
+        if file_id:
+            files.discard(file_id)  # a finished file was renamed away: nothing to drop
+
+
+async def _copy(part: BodyPartReader, handle: BinaryIO) -> None:
+    with handle:
+        while chunk := await part.read_chunk(READ_CHUNK):
+            handle.write(chunk)
+
+
+async def list_files(request: web.Request) -> web.Response:
+    objects = await asyncio.to_thread(request.app[_FILES].list)
+    purpose = request.query.get("purpose")
+    data = [o for o in objects if purpose is None or o["purpose"] == purpose]
+    return web.json_response({"object": "list", "data": data, "has_more": False})
+
+
+async def retrieve_file(request: web.Request) -> web.Response:
+    file_id = request.match_info["file_id"]
+    if not is_result_file(file_id):
+        return web.json_response(request.app[_FILES].get(file_id))
+    return web.json_response(await asyncio.to_thread(_result_file_object, request, file_id))
+
+
+def _result_file_object(request: web.Request, file_id: str) -> dict[str, Any]:
+    """A result file's size is that of its lines, counted as they stream from Redis."""
+    job, lines = request.app[_BATCHES].result_lines(file_id)
+    size = sum(len(line.encode()) + 1 for line in lines)
+    name = "output" if file_id.startswith("file-output-") else "errors"
+    return file_object(file_id, size, job.finished_at, f"{job.id}_{name}.jsonl", "batch_output")
+
+
+async def file_content(request: web.Request) -> web.StreamResponse:
+    file_id = request.match_info["file_id"]
+    if is_result_file(file_id):
+        _, lines = await asyncio.to_thread(request.app[_BATCHES].result_lines, file_id)
+        chunks = _joined(lines)
+    else:
+        chunks = request.app[_FILES].chunks(file_id)
+        request.app[_FILES].get(file_id)  # missing: 404 before the answer starts
+    response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+    await response.prepare(request)
+    while chunk := await asyncio.to_thread(next, chunks, b""):
+        await response.write(chunk)
+    await response.write_eof()
+    return response
+
+
+def _joined(lines: Iterator[str]) -> Iterator[bytes]:
+    """Lines, newline-ended, in chunks of about READ_CHUNK bytes."""
+    chunk: list[bytes] = []
+    size = 0
+    for line in lines:
+        chunk.append(line.encode() + b"\n")
+        size += len(chunk[-1])
+        if size >= READ_CHUNK:
+            yield b"".join(chunk)
+            chunk, size = [], 0
+    if chunk:
+        yield b"".join(chunk)
+
+
+async def delete_file(request: web.Request) -> web.Response:
+    file_id = request.match_info["file_id"]
+    if is_result_file(file_id):
+        raise ApiError(400, f"file {file_id} is a batch's results: it goes with its batch")
+    return web.json_response(request.app[_FILES].delete(file_id))
+
+
+# --- batches --------------------------------------------------------------------------------
+async def create_batch(request: web.Request) -> web.Response:
+    body = await request.json()
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    batch = await asyncio.to_thread(request.app[_BATCHES].create, body)
+    return web.json_response(batch)
+
+
+async def retrieve_batch(request: web.Request) -> web.Response:
+    batches = request.app[_BATCHES]
+    return web.json_response(await asyncio.to_thread(batches.get, request.match_info["batch_id"]))
+
+
+async def cancel_batch(request: web.Request) -> web.Response:
+    batches = request.app[_BATCHES]
+    batch_id = request.match_info["batch_id"]
+    return web.json_response(await asyncio.to_thread(batches.cancel, batch_id))
+
+
+async def list_batches(request: web.Request) -> web.Response:
+    limit_text = request.query.get("limit", "20")
+    if not limit_text.isdigit():
+        raise ApiError(400, f"limit {limit_text!r} is invalid: expected a whole number")
+    after = request.query.get("after")
+    page = await asyncio.to_thread(request.app[_BATCHES].list, after, int(limit_text))
+    return web.json_response(page)
