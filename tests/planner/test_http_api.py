@@ -101,6 +101,9 @@ def test_a_batch_through_the_sdk_equals_the_local_run(stack: Stack, tmp_path: Pa
     assert done.request_counts is not None
     assert (done.request_counts.total, done.request_counts.failed) == (63, 4)
     assert done.in_progress_at and done.completed_at and done.completed_at >= done.created_at
+    assert done.model == MODEL and done.usage is not None
+    assert done.usage.input_tokens > done.usage.input_tokens_details.cached_tokens > 0
+    assert done.usage.total_tokens == done.usage.input_tokens + done.usage.output_tokens > 0
     assert done.output_file_id and done.error_file_id
     output = client.files.content(done.output_file_id).content
     assert output == local_out.read_bytes()

@@ -147,6 +147,19 @@ def batch_object(job: JobRecord) -> dict[str, Any]:
         "cancelled_at": finished if job.state == JobState.CANCELLED else None,
         "request_counts": {"total": job.total, "completed": job.completed, "failed": job.failed},
         "metadata": metadata or None,
+        "model": job.model,
+        "usage": _usage(job),
+    }
+
+
+def _usage(job: JobRecord) -> dict[str, Any]:
+    """Tokens so far; the prompt tokens a shared prefix let the engine skip count as cached."""
+    return {
+        "input_tokens": job.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": job.prefix_tokens_saved},
+        "output_tokens": job.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": job.prompt_tokens + job.completion_tokens,
     }
 
 
