@@ -124,8 +124,8 @@ async def file_content(request: web.Request) -> web.StreamResponse:
         _, lines = await asyncio.to_thread(request.app[_BATCHES].result_lines, file_id)
         chunks = _joined(lines)
     else:
-        chunks = request.app[_FILES].chunks(file_id)
         request.app[_FILES].get(file_id)  # missing: 404 before the answer starts
+        chunks = request.app[_FILES].chunks(file_id)
     response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
     await response.prepare(request)
     while chunk := await asyncio.to_thread(next, chunks, b""):
