@@ -8,23 +8,32 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from typing import Any
 
 import kopf
 from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 
 from prefixgrove.planner.client import PlannerClient, PlannerRejected, PlannerUnavailable
 from prefixgrove_operator.autoscaler import Autoscaler, WorkerScaler
+from prefixgrove_operator.results import append_new_results
 from prefixgrove_operator.settings import GROUP, PLURAL, VERSION, OperatorSettings
 from prefixgrove_operator.spec import BatchJobSpec, InvalidSpec, on_volume
 from prefixgrove_operator.status import (
     TERMINAL_PHASES,
     JobView,
+    failed_message,
     failed_status,
     job_status,
     job_view,
     rfc3339,
     with_condition,
+)
+from prefixgrove_operator.verdicts import (
+    stop_verdict,
+    unserved_message,
+    unserved_warning_s,
 )
 
 # NOTE: read at import because kopf takes timer intervals when the decorators run.
@@ -64,6 +73,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         SETTINGS.planner_address, SETTINGS.planner_security, timeout_s=SETTINGS.rpc_timeout_s
     )
     memo.core = client.CoreV1Api()
+    memo.custom = client.CustomObjectsApi()
     memo.autoscaler_stop = asyncio.Event()
     memo.autoscaler_task = None
     if SETTINGS.autoscaling:
@@ -97,6 +107,7 @@ def submit(
     body: kopf.Body,
     patch: kopf.Patch,
     memo: kopf.Memo,
+    logger: Any,
     **_: Any,
 ) -> None:
     """Sends the BatchJob to the planner once: the uid is the idempotency key, so a retry or an
@@ -109,6 +120,7 @@ def submit(
         labels = {"namespace": namespace, "name": name}
         job = job_view(memo.planner.create_job(job_spec.model, uid, labels))
         if not job.sealed:
+            _show_validating(memo, namespace, name, job.id, logger)
             # lines a broken earlier attempt already delivered are skipped, not sent twice
             memo.planner.add_lines(job.id, lines, skip=job.total)
             job = job_view(memo.planner.seal(job.id))
@@ -130,12 +142,27 @@ def submit(
         new.get("conditions", conditions), "Submitted", True, "Submitted", f"planner job {job.id}"
     )
     patch.status.update(new)
+    _warn_of_failed_requests(body, status, new)
     kopf.event(
         body,
         type="Normal",
         reason="Submitted",
         message=f"planner job {job.id}, {job.total} requests",
     )
+    _announce(body, job, new)
+
+
+def _show_validating(memo: kopf.Memo, namespace: str, name: str, job_id: str, logger: Any) -> None:
+    """Status phase Validating while the requests upload. NOTE: written at once, not through
+    kopf's patch, which reaches the API server only when the handler returns."""
+    message = f"uploading the requests to planner job {job_id}"
+    try:
+        memo.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name,
+            {"status": {"phase": "Validating", "message": message}},
+        )  # fmt: skip
+    except ApiException as exc:  # the upload goes on; the phase shows once it ends
+        logger.warning("status.phase Validating not written: %s", exc.reason)
 
 
 def _tracking(status: kopf.Status, **_: Any) -> bool:
@@ -144,12 +171,32 @@ def _tracking(status: kopf.Status, **_: Any) -> bool:
 
 @kopf.timer(*BATCHJOBS, interval=SETTINGS.status_interval_s, when=_tracking)
 def sync(
-    status: kopf.Status, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any
+    spec: kopf.Spec,
+    status: kopf.Status,
+    body: kopf.Body,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
-    """Keeps status in step with the planner; writes the results out when the job has finished."""
+    """Keeps status in step with the planner, appends the results answered since the last round to
+    the output files, and stops a job that was cancelled, is unserved or failed too often."""
     conditions = status.get("conditions")
     try:
+        job_spec = BatchJobSpec.parse(spec, SETTINGS.shared_volume_root)
+    except InvalidSpec as exc:  # e.g. the output folder became a link out of the volume
+        patch.status.update(failed_status(exc.reason, str(exc), conditions))
+        kopf.warn(body, reason=exc.reason, message=str(exc))
+        return
+    try:
         job = job_view(memo.planner.get(status["jobId"]))
+        if job_spec.cancel and job.phase not in (*TERMINAL_PHASES, "Cancelling"):
+            job = job_view(memo.planner.cancel(job.id))
+            kopf.event(body, type="Normal", reason="Cancelling", message="spec.cancel is true")
+        verdict = None
+        if job.phase in ("Queued", "Running", "Succeeded"):  # not one cancelled or failed already
+            verdict = stop_verdict(job, job_spec, SETTINGS, _queued_s(job))
+        if verdict is not None and not job.terminal:
+            job = job_view(memo.planner.cancel(job.id))
     except PlannerUnavailable as exc:
         raise kopf.TemporaryError(str(exc), delay=SETTINGS.retry_delay_s) from None
     except PlannerRejected as exc:
@@ -157,41 +204,88 @@ def sync(
         patch.status.update(failed_status("JobLost", message, conditions))
         kopf.warn(body, reason="JobLost", message=message)
         return
-    new = job_status(job, conditions)
-    if job.phase == "Succeeded":
-        try:
-            new.update(_write_results(job, body, memo, conditions))
-        except InvalidSpec as exc:  # e.g. the output folder became a link out of the volume
-            new.update(failed_status(exc.reason, str(exc), conditions))
+    new = job_status(job, conditions, status.get("firstFailure", ""))
+    if verdict is not None:
+        new.update(failed_status(verdict.reason, verdict.message, new.get("conditions")))
+    else:
+        new["conditions"] = _served_condition(
+            job, job_spec, body, new.get("conditions", conditions)
+        )
+    new.update(_write_results(job, job_spec, body, memo, new))
+    _warn_of_failed_requests(body, status, new)
     if new["phase"] != status.get("phase"):
         _announce(body, job, new)
     patch.status.update(new)
 
 
+def _queued_s(job: JobView) -> float:
+    return time.time() - job.started_at if job.phase == "Queued" and job.started_at else 0.0
+
+
+def _served_condition(
+    job: JobView, job_spec: BatchJobSpec, body: kopf.Body, conditions: Any
+) -> Any:
+    """The Unserved condition: True (with a Warning) once a job has waited for a worker too long,
+    False again once one serves it."""
+    unserved = any(c.get("type") == "Unserved" for c in conditions or ())
+    queued_s = _queued_s(job)
+    if job.phase == "Queued" and queued_s >= unserved_warning_s(job_spec, SETTINGS):
+        message = unserved_message(job_spec, SETTINGS, queued_s)
+        if not unserved:
+            kopf.warn(body, reason="Unserved", message=message)
+        return with_condition(conditions, "Unserved", True, "NoWorkerServing", message)
+    if unserved and job.phase != "Queued":
+        return with_condition(conditions, "Unserved", False, "Served", "a worker serves the job")
+    return conditions
+
+
 def _write_results(
-    job: JobView, body: kopf.Body, memo: kopf.Memo, conditions: Any
+    job: JobView, job_spec: BatchJobSpec, body: kopf.Body, memo: kopf.Memo, new: dict[str, Any]
 ) -> dict[str, Any]:
-    job_spec = BatchJobSpec.parse(body.spec, SETTINGS.shared_volume_root)
+    """Appends new results; a finished job whose files cannot be written stays Finalizing."""
+    finished = new["phase"] in TERMINAL_PHASES
+    output = on_volume(job_spec.volume_root, job_spec.output_path)
     try:
-        outputs, errors = memo.planner.write_results(
-            job.id, job_spec.output_path, job_spec.errors_path
+        written, failure = append_new_results(
+            memo.planner, job.id, job_spec.output_path, job_spec.errors_path, finished
         )
-    except PlannerUnavailable as exc:
-        kopf.warn(body, reason="OutputNotWritten", message=f"retrying: {exc}")
-        return {"phase": "Finalizing", "completionTime": None}
-    except OSError as exc:  # its strerror, not its text: that names the operator's own paths
-        where = on_volume(job_spec.volume_root, job_spec.output_path)
-        kopf.warn(body, reason="OutputNotWritten", message=f"retrying {where}: {exc.strerror}")
-        return {"phase": "Finalizing", "completionTime": None}
-    message = (
-        f"wrote {outputs} outputs to {on_volume(job_spec.volume_root, job_spec.output_path)} and "
-        f"{errors} errors to {on_volume(job_spec.volume_root, job_spec.errors_path)}"
-    )
-    return {
-        "message": message,
-        "completionTime": rfc3339(job.finished_at or None),
-        "conditions": with_condition(conditions, "Complete", True, "Succeeded", message),
-    }
+    except (PlannerUnavailable, OSError) as exc:
+        # an OSError's strerror, not its text: that names the operator's own paths
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+        kopf.warn(body, reason="OutputNotWritten", message=f"retrying {output}: {reason}")
+        if finished and new["phase"] == "Succeeded":
+            return {"phase": "Finalizing", "completionTime": None}
+        return {}
+    update: dict[str, Any] = {}
+    if failure is not None and not new.get("firstFailure"):
+        update["firstFailure"] = str(failure)
+        update["conditions"] = with_condition(
+            new.get("conditions"), "RequestsFailed", True, "RequestsFailed",
+            failed_message(job, str(failure)),
+        )  # fmt: skip
+    if finished:
+        errors = on_volume(job_spec.volume_root, job_spec.errors_path)
+        wrote = (
+            f"wrote {written.outputs} outputs to {output} and {written.errors} errors to {errors}"
+        )
+        update["message"] = f"{new['message']}; {wrote}" if new.get("message") else wrote
+        if new["phase"] == "Succeeded":
+            update["completionTime"] = rfc3339(job.finished_at or None)
+            update["conditions"] = with_condition(
+                update.get("conditions", new.get("conditions")),
+                "Complete",
+                True,
+                "Succeeded",
+                wrote,
+            )
+    return update
+
+
+def _warn_of_failed_requests(body: kopf.Body, status: kopf.Status, new: dict[str, Any]) -> None:
+    before = (status.get("requestCounts") or {}).get("failed", 0)
+    if new["requestCounts"]["failed"] > before:
+        (condition,) = [c for c in new["conditions"] if c["type"] == "RequestsFailed"]
+        kopf.warn(body, reason="RequestsFailed", message=condition["message"])
 
 
 def _announce(body: kopf.Body, job: JobView, new: dict[str, Any]) -> None:
@@ -204,8 +298,13 @@ def _announce(body: kopf.Body, job: JobView, new: dict[str, Any]) -> None:
 
 
 @kopf.on.update(*BATCHJOBS, field="spec")
-def refuse_spec_change(body: kopf.Body, status: kopf.Status, **_: Any) -> None:
-    if status.get("jobId"):
+def refuse_spec_change(body: kopf.Body, status: kopf.Status, old: Any, new: Any, **_: Any) -> None:
+    """Warns of spec changes after submission; spec.cancel is the one change the operator acts on
+    (the status timer reads it)."""
+    changed = {
+        key for key in {*(old or {}), *(new or {})} if (old or {}).get(key) != (new or {}).get(key)
+    }
+    if status.get("jobId") and changed - {"cancel"}:
         kopf.warn(
             body,
             reason="SpecImmutable",

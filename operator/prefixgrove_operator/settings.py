@@ -24,6 +24,11 @@ class OperatorSettings:
     rpc_timeout_s: float = 10.0
     status_interval_s: float = 5.0  # between status refreshes of a running BatchJob
     retry_delay_s: float = 5.0  # before retrying a handler whose planner call failed
+    # a BatchJob Queued this long (no worker has leased a group of it) gets the Unserved condition
+    # and a Warning Event
+    unserved_warning_s: float = 60.0
+    # ... and this long is cancelled and Failed, unless its spec.queueTimeoutSeconds says otherwise
+    queue_timeout_s: float = 1800.0
     # how long a deleted BatchJob waits for its planner job to be cancelled before it is let go
     cancel_timeout_s: float = 600.0
     # root of the volume that BatchJob input/output paths are confined to, as the planner sees it
@@ -53,7 +58,8 @@ class OperatorSettings:
                 f"max_workers={self.max_workers}, min_workers={self.min_workers}"
             )
         positive(self, "rpc_timeout_s", "status_interval_s", "retry_delay_s",
-                 "autoscale_interval_s", "cancel_timeout_s")  # fmt: skip
+                 "autoscale_interval_s", "cancel_timeout_s", "unserved_warning_s",
+             "queue_timeout_s")  # fmt: skip
         if self.scale_down_window_s < 0:
             raise ValueError(f"scale_down_window_s must be >= 0, got {self.scale_down_window_s}")
         if not self.shared_volume_root.startswith("/"):

@@ -69,6 +69,9 @@ class BatchJobSpec:
     input_path: Path | None = None
     sampling: Mapping[str, Any] = field(default_factory=dict)
     volume_root: str = ""
+    cancel: bool = False  # the owner asked for the job to stop
+    max_failed_ratio: float | None = None  # failed / total above which the job is Failed
+    queue_timeout_s: float | None = None  # Queued this long, no worker serving: Failed
 
     @classmethod
     def parse(cls, spec: Mapping[str, Any], volume_root: str) -> BatchJobSpec:
@@ -100,6 +103,9 @@ class BatchJobSpec:
             ),
             sampling=_sampling_defaults(spec.get("sampling") or {}),
             volume_root=volume_root,
+            cancel=bool(spec.get("cancel")),
+            max_failed_ratio=_optional_float(spec, "maxFailedRatio"),
+            queue_timeout_s=_optional_float(spec, "queueTimeoutSeconds"),
         )
 
     def request_lines(self, core: client.CoreV1Api, namespace: str) -> Iterator[bytes]:
@@ -142,6 +148,15 @@ class BatchJobSpec:
             else:
                 body.setdefault(name, value)
         return json.dumps(request, separators=(",", ":")).encode()
+
+
+def _optional_float(spec: Mapping[str, Any], name: str) -> float | None:
+    value = spec.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise InvalidSpec("InvalidSpec", f"spec.{name} must be a number >= 0, got {value!r}")
+    return float(value)
 
 
 def _sampling_defaults(sampling: Mapping[str, Any]) -> dict[str, Any]:

@@ -10,7 +10,8 @@ from typing import Any
 from prefixgrove_proto import planner_pb2 as pb
 
 # planner job state -> BatchJob status.phase. NOTE: the proto's JOB_STATE_FINALIZING is never sent
-# by the planner; the operator's own "Finalizing" means its outputs are not written yet.
+# by the planner; the operator's own "Finalizing" means its outputs are not written yet, and its own
+# "Queued" is an in-progress job that no worker has leased a group of yet.
 PHASES = {
     pb.JOB_STATE_VALIDATING: "Validating",
     pb.JOB_STATE_IN_PROGRESS: "Running",
@@ -34,6 +35,8 @@ class JobView:
     started_at: float  # unix seconds, 0 when not reached
     finished_at: float
     error: str
+    groups_leased: int = 0
+    groups_done: int = 0
 
     @property
     def sealed(self) -> bool:
@@ -43,19 +46,29 @@ class JobView:
     def terminal(self) -> bool:
         return self.phase in TERMINAL_PHASES
 
+    @property
+    def answered(self) -> int:
+        return self.completed + self.failed
+
 
 def job_view(job: pb.Job) -> JobView:
     counts = job.request_counts
     error = f"{job.error.code}: {job.error.message}" if job.error.code else job.error.message
+    phase = PHASES.get(job.state, "Pending")
+    served = job.queue.groups_leased or job.groups_done or counts.completed or counts.failed
+    if phase == "Running" and not served:
+        phase = "Queued"
     return JobView(
         id=job.id,
-        phase=PHASES.get(job.state, "Pending"),
+        phase=phase,
         total=counts.total,
         completed=counts.completed,
         failed=counts.failed,
         started_at=job.in_progress_at,
         finished_at=job.finished_at,
         error=error,
+        groups_leased=job.queue.groups_leased,
+        groups_done=job.groups_done,
     )
 
 
@@ -103,9 +116,12 @@ def with_condition(
     return out
 
 
-def job_status(job: JobView, conditions: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
-    """The status patch for a job as the planner sees it (outputs not yet written for a finished one)."""
-    done = job.completed + job.failed
+def job_status(
+    job: JobView, conditions: Sequence[Mapping[str, Any]] | None, first_failure: str = ""
+) -> dict[str, Any]:
+    """The status patch for a job as the planner sees it (outputs not yet written for a finished
+    one); `first_failure` is the first failed request seen so far, for the RequestsFailed message."""
+    done = job.answered
     status: dict[str, Any] = {
         "jobId": job.id,
         "phase": job.phase,
@@ -116,6 +132,13 @@ def job_status(job: JobView, conditions: Sequence[Mapping[str, Any]] | None) -> 
         status["startTime"] = rfc3339(job.started_at)
     if job.terminal and job.finished_at:
         status["completionTime"] = rfc3339(job.finished_at)
+    if first_failure:
+        status["firstFailure"] = first_failure
+    if job.failed:
+        conditions = with_condition(
+            conditions, "RequestsFailed", True, "RequestsFailed", failed_message(job, first_failure)
+        )
+        status["conditions"] = conditions
     if job.phase == "Failed":
         message = job.error or "the planner marked the job failed"
         status["message"] = message
@@ -126,6 +149,11 @@ def job_status(job: JobView, conditions: Sequence[Mapping[str, Any]] | None) -> 
             conditions, "Cancelled", True, "Cancelled", "cancelled"
         )
     return status
+
+
+def failed_message(job: JobView, first_failure: str = "") -> str:
+    counts = f"{job.failed} of {job.total} requests failed ({job.completed} completed)"
+    return f"{counts}; the first: {first_failure}" if first_failure else counts
 
 
 def failed_status(

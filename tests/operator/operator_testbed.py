@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from k8s_fixtures import REPO, KubeApi, free_port
+from k8s_fixtures import REPO, KubeApi, find_kubectl, free_port
 from polling import terminate, wait_for
 from services_testbed import RedisServer, need_redis
 
@@ -27,6 +27,7 @@ MIN_WORKERS = 1
 MAX_WORKERS = 10
 SCALE_DOWN_WINDOW_S = 6.0
 AUTOSCALE_INTERVAL_S = 0.5
+UNSERVED_WARNING_S = 1.0
 
 
 class Service:
@@ -90,12 +91,73 @@ class BatchJobs:
             timeout,
         )
 
+    def patch(self, name: str, spec: dict[str, Any]) -> None:
+        self.kube.kubectl(
+            "patch", "bj", name, "-n", self.namespace, "--type=merge", "-p",
+            json.dumps({"spec": spec}),
+        )  # fmt: skip
+
     def events(self, name: str) -> list[str]:
         out = self.kube.kubectl(
             "get", "events", "-n", self.namespace, "-o", "json",
             f"--field-selector=involvedObject.name={name}",
         )  # fmt: skip
         return [event["reason"] for event in json.loads(out)["items"]]
+
+    def warnings(self, name: str) -> dict[str, str]:
+        """The Warning Events of a BatchJob: reason -> message."""
+        out = self.kube.kubectl(
+            "get", "events", "-n", self.namespace, "-o", "json",
+            f"--field-selector=involvedObject.name={name},type=Warning",
+        )  # fmt: skip
+        return {event["reason"]: event["message"] for event in json.loads(out)["items"]}
+
+
+class PhaseWatch:
+    """`kubectl get bj -w --output-watch-events -o json` on one BatchJob, as a person would watch
+    it; records every version the API server sends, from before the BatchJob exists."""
+
+    def __init__(self, kube: KubeApi, name: str, log_dir: Path) -> None:
+        self.out = log_dir / f"watch-{name}.json"
+        kubectl = find_kubectl() or "kubectl"
+        args = [
+            kubectl, "--kubeconfig", str(kube.kubeconfig), "get", "bj", "-n", NAMESPACE,
+            f"--field-selector=metadata.name={name}", "-w", "--output-watch-events", "-o", "json",
+        ]  # fmt: skip
+        with self.out.open("wb") as out:
+            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+
+    def __enter__(self) -> PhaseWatch:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        terminate(self.proc)
+
+    def events(self) -> list[dict[str, Any]]:
+        """The watch events so far: {"type": ADDED | MODIFIED | DELETED, "object": ...}."""
+        text, events, decoder, at = self.out.read_text(), [], json.JSONDecoder(), 0
+        while (at := _skip_space(text, at)) < len(text):
+            try:
+                event, at = decoder.raw_decode(text, at)
+            except ValueError:
+                break  # a version still being written
+            events.append(event)
+        return events
+
+    def phases(self) -> list[str]:
+        """Each phase the BatchJob showed, in order, a phase repeated only after another."""
+        seen: list[str] = []
+        for event in self.events():
+            phase = (event["object"].get("status") or {}).get("phase")
+            if phase and (not seen or seen[-1] != phase):
+                seen.append(phase)
+        return seen
+
+
+def _skip_space(text: str, at: int) -> int:
+    while at < len(text) and text[at].isspace():
+        at += 1
+    return at
 
 
 @pytest.fixture(scope="session")
@@ -230,6 +292,7 @@ def operator_env(crd: KubeApi, planner_address: str, volume: Path) -> Iterator[N
         "PREFIXGROVE_SHARED_VOLUME_ROOT": str(volume),
         "PREFIXGROVE_STATUS_INTERVAL_S": "0.5",
         "PREFIXGROVE_RETRY_DELAY_S": "1",
+        "PREFIXGROVE_UNSERVED_WARNING_S": str(UNSERVED_WARNING_S),
         "PREFIXGROVE_WORKER_DEPLOYMENT": WORKER_DEPLOYMENT,
         "PREFIXGROVE_WORKER_NAMESPACE": NAMESPACE,
         "PREFIXGROVE_GROUPS_PER_WORKER": str(GROUPS_PER_WORKER),

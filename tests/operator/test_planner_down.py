@@ -47,14 +47,15 @@ def test_a_batchjob_waits_pending_for_the_planner_then_runs(
     jobs.apply(
         name, {"model": MODEL, "input": {"inline": [request]}, "output": {"path": f"{name}.jsonl"}}
     )
-    pending = jobs.wait_phase(name, "Pending", "Running", timeout=60)
+    pending = jobs.wait_phase(name, "Pending", "Queued", "Running", timeout=60)
     assert pending["phase"] == "Pending"
     assert "waiting for the planner" in pending["message"]
     assert "UNAVAILABLE" in pending["message"]
     planner, _ = start_planner(redis_url, logs_dir, port=late_planner_port)
     try:
-        running = jobs.wait_phase(name, "Running", "Succeeded", "Failed", timeout=60)
-        assert running["phase"] in ("Running", "Succeeded"), running
+        # no worker runs here: the job waits Queued once the planner has it
+        running = jobs.wait_phase(name, "Queued", "Running", "Succeeded", "Failed", timeout=60)
+        assert running["phase"] in ("Queued", "Running", "Succeeded"), running
         assert running["jobId"]
         assert "message" not in running
         jobs.delete(name)

@@ -31,8 +31,14 @@ def batchjob(name: str, **spec: Any) -> str:
         ({"input": {"path": "../etc/passwd"}}, "spec.input.path"),
         ({"input": {"path": "/etc/passwd"}}, "spec.input.path"),
         ({"output": {"path": "a/../../b"}}, "spec.output.path"),
-        ({"input": {}}, "spec.input"),
-        ({"input": {"path": "a", "configMap": {"name": "q", "key": "k"}}}, "spec.input"),
+        ({"input": {}}, "spec.input.* must validate one and only one schema"),
+        (
+            {"input": {"path": "a", "configMap": {"name": "q", "key": "k"}}},
+            "spec.input.* must validate one and only one schema",
+        ),
+        ({"maxFailedRatio": 2}, "spec.maxFailedRatio"),
+        ({"queueTimeoutSeconds": 0}, "spec.queueTimeoutSeconds"),
+        ({"cancel": "yes"}, "spec.cancel"),
         ({"sampling": {"temperature": -1}}, "spec.sampling.temperature"),
         ({"model": ""}, "spec.model"),
     ],
@@ -47,5 +53,9 @@ def test_schema_rejects_nonsense(crd: KubeApi, spec: dict[str, Any], complaint: 
 def test_schema_accepts_a_sound_batchjob(crd: KubeApi) -> None:
     name = f"good-{uuid.uuid4().hex[:8]}"
     crd.kubectl(
-        "apply", "--dry-run=server", "-f", "-", input=batchjob(name, sampling={"topP": 0.5})
+        "apply",
+        "--dry-run=server",
+        "-f",
+        "-",
+        input=batchjob(name, sampling={"topP": 0.5}, maxFailedRatio=0.1, cancel=False),
     )

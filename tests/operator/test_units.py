@@ -8,9 +8,12 @@ from pathlib import Path
 import pytest
 
 from prefixgrove_operator.autoscaler import ScaleDecider, desired_replicas
+from prefixgrove_operator.results import failure_of
 from prefixgrove_operator.settings import OperatorSettings
 from prefixgrove_operator.spec import BatchJobSpec, InvalidSpec, confine, on_volume
-from prefixgrove_operator.status import JobView, job_status, progress, with_condition
+from prefixgrove_operator.status import JobView, job_status, job_view, progress, with_condition
+from prefixgrove_operator.verdicts import stop_verdict
+from prefixgrove_proto import planner_pb2 as pb
 
 
 def test_settings_read_prefixed_env_with_types() -> None:
@@ -189,3 +192,64 @@ def test_messages_users_read_name_no_path_of_the_operators_machine(tmp_path: Pat
         assert str(tmp_path) not in message, message
     assert "'in/missing.jsonl' is absent" in str(missing.value)
     assert on_volume(str(volume), spec.output_path) == "out/o.jsonl"
+
+
+def _running(leased: int = 0, done: int = 0, completed: int = 0) -> pb.Job:
+    return pb.Job(
+        id="j1",
+        state=pb.JOB_STATE_IN_PROGRESS,
+        request_counts=pb.RequestCounts(total=4, completed=completed),
+        queue=pb.QueueDepth(groups_waiting=1, groups_leased=leased),
+        groups_done=done,
+    )
+
+
+def test_a_job_no_worker_has_leased_from_is_queued() -> None:
+    assert job_view(_running()).phase == "Queued"
+    assert job_view(_running(leased=1)).phase == "Running"
+    assert job_view(_running(done=1)).phase == "Running"
+
+
+def _view(failed: int, total: int = 4, phase: str = "Running") -> JobView:
+    return JobView("j1", phase, total, total - failed, failed, 1.0, 0.0, "")
+
+
+def _job_spec(tmp_path: Path, **extra: object) -> BatchJobSpec:
+    return BatchJobSpec.parse(
+        _spec(input={"path": "in.jsonl"}, output={"path": "o.jsonl"}, **extra), str(tmp_path)
+    )
+
+
+def test_failures_above_max_failed_ratio_stop_the_job(tmp_path: Path) -> None:
+    spec = _job_spec(tmp_path, maxFailedRatio=0.25)
+    assert stop_verdict(_view(failed=1), spec, OperatorSettings(), 0.0) is None
+    verdict = stop_verdict(_view(failed=2), spec, OperatorSettings(), 0.0)
+    assert verdict is not None and verdict.reason == "TooManyFailedRequests"
+    assert "2 of 4 requests failed" in verdict.message
+
+
+def test_a_job_queued_past_its_timeout_is_stopped_as_unserved(tmp_path: Path) -> None:
+    spec = _job_spec(tmp_path, queueTimeoutSeconds=30)
+    queued = _view(failed=0, phase="Queued")
+    assert stop_verdict(queued, spec, OperatorSettings(), 29.0) is None
+    verdict = stop_verdict(queued, spec, OperatorSettings(), 30.0)
+    assert verdict is not None and verdict.reason == "Unserved"
+    default = stop_verdict(queued, _job_spec(tmp_path), OperatorSettings(queue_timeout_s=50), 49.0)
+    assert default is None
+
+
+def test_requests_failed_condition_carries_counts_and_the_first_failure() -> None:
+    status = job_status(_view(failed=1), None, "request line 2: invalid_json: not JSON")
+    (condition,) = [c for c in status["conditions"] if c["type"] == "RequestsFailed"]
+    assert condition["message"] == (
+        "1 of 4 requests failed (3 completed); the first: request line 2: invalid_json: not JSON"
+    )
+
+
+def test_a_failure_names_its_one_based_request_line() -> None:
+    line = json.dumps(
+        {"custom_id": "b", "error": {"code": "invalid_json", "message": "line is not valid JSON"}}
+    )
+    assert str(failure_of(1, line)) == (
+        "request line 2 (custom_id 'b'): invalid_json: line is not valid JSON"
+    )

@@ -1,0 +1,123 @@
+"""A BatchJob's results written to the shared volume as they arrive, so a job cancelled or deleted
+half-way leaves every answer it got.
+
+Each call appends the lines answered since the last one, in input order. A marker beside the output,
+`.<output name>.written`, holds `<job id> <next input index> <output size> <errors size> <outputs>
+<errors>`: a call interrupted between writing and updating the marker truncates the files back to
+the sizes it names, so no line is written twice. The marker of another job (a re-created BatchJob
+with the same output path) is ignored and both files start over. The last call, on a finished job,
+removes the marker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from prefixgrove.planner.client import PlannerClient
+from prefixgrove_proto import planner_pb2 as pb
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where the written files stand: the next input index and what the files hold."""
+
+    next_index: int = 0
+    output_size: int = 0
+    errors_size: int = 0
+    outputs: int = 0
+    errors: int = 0
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failed request as people find it in their input: its 1-based request line."""
+
+    line: int
+    custom_id: str
+    code: str
+    message: str
+
+    def __str__(self) -> str:
+        named = f" (custom_id {self.custom_id!r})" if self.custom_id else ""
+        return f"request line {self.line}{named}: {self.code}: {self.message}"
+
+
+def marker_path(output: Path) -> Path:
+    return output.with_name(f".{output.name}.written")
+
+
+def append_new_results(
+    planner: PlannerClient, job_id: str, output: Path, errors: Path, finished: bool
+) -> tuple[Progress, Failure | None]:
+    """Appends the results answered since the last call; returns where the files stand and the
+    first failure among the new lines. `finished`: the job is terminal and this is the last call."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    errors.parent.mkdir(parents=True, exist_ok=True)
+    marker = marker_path(output)
+    start = _read_marker(marker, job_id)
+    first_failure: Failure | None = None
+    counts = [start.outputs, start.errors]
+    index = start.next_index
+    with _open_at(output, start.output_size) as out, _open_at(errors, start.errors_size) as err:
+        for result in planner.results(job_id, start.next_index, pb.RESULT_KIND_ALL):
+            (err if result.is_error else out).write(result.line.encode() + b"\n")
+            counts[result.is_error] += 1
+            index = result.index + 1
+            if result.is_error and first_failure is None:
+                first_failure = failure_of(result.index, result.line)
+        out.flush()
+        err.flush()
+        progress = Progress(index, out.tell(), err.tell(), counts[0], counts[1])
+    if finished:
+        marker.unlink(missing_ok=True)
+    else:
+        _write_marker(marker, job_id, progress)
+    return progress, first_failure
+
+
+def failure_of(index: int, line: str) -> Failure:
+    """The failure an error line reports; `index` is its 0-based position in the job's input."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        record = {}
+    error = record.get("error") if isinstance(record, dict) else None
+    error = error if isinstance(error, dict) else {}
+    return Failure(
+        line=index + 1,
+        custom_id=str(record.get("custom_id") or "") if isinstance(record, dict) else "",
+        code=str(error.get("code") or "error"),
+        message=str(error.get("message") or line),
+    )
+
+
+def _open_at(path: Path, size: int) -> IO[bytes]:
+    """`path` for appending after its first `size` bytes. NOTE: O_NOFOLLOW, so a link planted at
+    the output path is refused (OSError) instead of written through."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    handle = os.fdopen(fd, "wb")
+    handle.truncate(size)
+    handle.seek(size)
+    return handle
+
+
+def _read_marker(marker: Path, job_id: str) -> Progress:
+    try:
+        fields = marker.read_text().split()
+    except FileNotFoundError:
+        return Progress()
+    if len(fields) != 6 or fields[0] != job_id or not all(f.isdigit() for f in fields[1:]):
+        return Progress()  # another job's, or damaged: start both files over
+    return Progress(*(int(f) for f in fields[1:]))
+
+
+def _write_marker(marker: Path, job_id: str, at: Progress) -> None:
+    partial = marker.with_name(marker.name + ".partial")
+    partial.write_text(
+        f"{job_id} {at.next_index} {at.output_size} {at.errors_size} {at.outputs} {at.errors}"
+    )
+    os.replace(partial, marker)
