@@ -124,8 +124,9 @@ class PhaseWatch:
             kubectl, "--kubeconfig", str(kube.kubeconfig), "get", "bj", "-n", NAMESPACE,
             f"--field-selector=metadata.name={name}", "-w", "--output-watch-events", "-o", "json",
         ]  # fmt: skip
-        with self.out.open("wb") as out:
-            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        errors = log_dir / f"watch-{name}.stderr"
+        with self.out.open("wb") as out, errors.open("wb") as err:
+            self.proc = subprocess.Popen(args, stdout=out, stderr=err)
 
     def __enter__(self) -> PhaseWatch:
         return self

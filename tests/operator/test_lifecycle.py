@@ -147,12 +147,9 @@ def test_results_that_cannot_be_written_are_retried_until_they_can(
         "output": {"path": f"{name}/out.jsonl"},
     }
     batchjobs.apply(name, spec)
-    wait_for(
-        "an OutputNotWritten event",
-        lambda: "OutputNotWritten" in batchjobs.events(name),
-        timeout=RUN_TIMEOUT_S,
-    )
-    assert batchjobs.status(name)["phase"] == "Finalizing"
+    status = batchjobs.wait_phase(name, "Finalizing", "Succeeded", "Failed", timeout=RUN_TIMEOUT_S)
+    assert status["phase"] == "Finalizing", status
+    assert "OutputNotWritten" in batchjobs.events(name)
     (volume / name).unlink()
     batchjobs.wait_phase(name, "Succeeded", timeout=30)
     assert [o["custom_id"] for o in lines(volume / name / "out.jsonl")] == ["x"]
