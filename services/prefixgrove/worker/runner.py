@@ -249,9 +249,11 @@ class Worker:
             return
         group, records = loaded
         history = self._alone_history(lease)
-        flight = self._admit(lease, group.indices, records, lease.deliveries - history.blamed)
+        flight, accepted = self._admit(
+            lease, group.indices, records, lease.deliveries - history.blamed
+        )
         flight.blamed = history.blamed
-        flight.prefix_len = _shared_prefix(group.prefix_len, records)
+        flight.prefix_len = _shared_prefix(group.prefix_len, accepted)
         max_len = self.engine.config.model.max_model_len
         flight.kv_tokens = {
             rid: _own_kv_tokens(record, flight.prefix_len, max_len)
@@ -304,21 +306,32 @@ class Worker:
 
     def _admit(
         self, lease: Lease, indices: list[int], records: list[RequestRecord], failures: int
-    ) -> _InFlight:
-        """The group's requests still to run; those the engine refuses fail here, and all of them
-        once `failures` (deliveries less those blamed on a request alone) passes max_deliveries."""
+    ) -> tuple[_InFlight, list[RequestRecord]]:
+        """The group's requests still to run, and every request of it the engine accepts (answered
+        ones too: the group the local run forms). Those the engine refuses fail here, and all of
+        them once `failures` (deliveries less those blamed on a request alone) passes
+        max_deliveries."""
         answered = self.store.read_answered(lease.job_id, indices)
-        flight = _InFlight(lease, {})
+        flight, accepted = _InFlight(lease, {}), []
         for index, record in zip(indices, records, strict=True):
             if index in answered:
+                accepted += [record] if self._accepts(record) else []
                 continue
             error = self._check(index, record, failures)
             if error is not None:
                 self._fail(lease.job_id, error)
                 continue
             flight.requests[f"{lease.job_id}/{lease.group_id}/{index}"] = (index, record)
+            accepted.append(record)
         flight.outstanding = set(flight.requests)
-        return flight
+        return flight, accepted
+
+    def _accepts(self, record: RequestRecord) -> bool:
+        try:
+            self.engine.validate(record.prompt_token_ids, _params(record))
+        except ValueError:
+            return False
+        return True
 
     def _start_alone(self, flight: _InFlight, struck: tuple[int, int] | None) -> None:
         """Queues the group's requests to run one at a time with nothing beside them. The one that
@@ -513,10 +526,15 @@ class Worker:
         self._tokens_window = (start, count)
 
 
-def _shared_prefix(prefix_len: int, records: list[RequestRecord]) -> int:
-    """The group's prefix as the engine shares it among all of its requests (each keeps a token
-    of its own), so that any part of the group run later shares the same prefix."""
-    own_token_after = [len(r.prompt_token_ids) - 1 for r in records if len(r.prompt_token_ids)]
+def _shared_prefix(prefix_len: int, accepted: list[RequestRecord]) -> int:
+    """The prefix the engine shares among all of the group's accepted requests, as the local run
+    groups them (none for a group left with one; each request keeps a token of its own; one asking
+    for prompt logprobs runs outside the group), so that any part of the group run later, even a
+    single request, shares the same prefix."""
+    if len(accepted) < 2:
+        return 0
+    shared = [r for r in accepted if r.params.get("prompt_logprobs") is None]
+    own_token_after = [len(r.prompt_token_ids) - 1 for r in shared]
     return max(0, min(prefix_len, *own_token_after)) if own_token_after else 0
 
 
