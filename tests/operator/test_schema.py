@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 
 import pytest
+import yaml
 from k8s_fixtures import KubeApi
 
 
@@ -59,3 +60,21 @@ def test_schema_accepts_a_sound_batchjob(crd: KubeApi) -> None:
         "-",
         input=batchjob(name, sampling={"topP": 0.5}, maxFailedRatio=0.1, cancel=False),
     )
+
+
+def _undescribed(schema: dict[str, Any], where: str) -> list[str]:
+    missing = [] if schema.get("description") else [where]
+    for name, field in (schema.get("properties") or {}).items():
+        missing += _undescribed(field, f"{where}.{name}")
+    if "items" in schema:
+        missing += _undescribed(schema["items"], f"{where}[]")
+    return missing
+
+
+def test_every_spec_field_says_what_it_is_for() -> None:
+    """`kubectl explain bj.spec...` reads these descriptions."""
+    from operator_testbed import CRD
+
+    (version,) = yaml.safe_load(CRD.read_text())["spec"]["versions"]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert _undescribed(spec, "spec") == []
