@@ -192,9 +192,10 @@ def sync(
         if job_spec.cancel and job.phase not in (*TERMINAL_PHASES, "Cancelling"):
             job = job_view(memo.planner.cancel(job.id))
             kopf.event(body, type="Normal", reason="Cancelling", message="spec.cancel is true")
+        queued_s = _unserved_s(job, job_spec, memo.planner)
         verdict = None
         if job.phase in ("Queued", "Running", "Succeeded"):  # not one cancelled or failed already
-            verdict = stop_verdict(job, job_spec, SETTINGS, _queued_s(job))
+            verdict = stop_verdict(job, job_spec, SETTINGS, queued_s)
         if verdict is not None and not job.terminal:
             job = job_view(memo.planner.cancel(job.id))
     except PlannerUnavailable as exc:
@@ -209,7 +210,7 @@ def sync(
         new.update(failed_status(verdict.reason, verdict.message, new.get("conditions")))
     else:
         new["conditions"] = _served_condition(
-            job, job_spec, body, new.get("conditions", conditions)
+            job, job_spec, body, new.get("conditions", conditions), queued_s
         )
     new.update(_write_results(job, job_spec, body, memo, new))
     _warn_of_failed_requests(body, status, new)
@@ -218,23 +219,30 @@ def sync(
     patch.status.update(new)
 
 
-def _queued_s(job: JobView) -> float:
-    return time.time() - job.started_at if job.phase == "Queued" and job.started_at else 0.0
+def _unserved_s(job: JobView, job_spec: BatchJobSpec, planner: PlannerClient) -> float:
+    """How long `job` has been Queued while no worker works on its model; 0 while one does (it
+    is busy with other jobs: this one waits its turn)."""
+    if job.phase != "Queued" or not job.started_at:
+        return 0.0
+    if planner.queue_depth(job_spec.model).groups_leased:
+        return 0.0
+    return time.time() - job.started_at
 
 
 def _served_condition(
-    job: JobView, job_spec: BatchJobSpec, body: kopf.Body, conditions: Any
+    job: JobView, job_spec: BatchJobSpec, body: kopf.Body, conditions: Any, queued_s: float
 ) -> Any:
     """The Unserved condition: True (with a Warning) once a job has waited for a worker too long,
     False again once one serves it."""
-    unserved = any(c.get("type") == "Unserved" for c in conditions or ())
-    queued_s = _queued_s(job)
+    unserved = any(
+        c.get("type") == "Unserved" and c.get("status") == "True" for c in conditions or ()
+    )
     if job.phase == "Queued" and queued_s >= unserved_warning_s(job_spec, SETTINGS):
         message = unserved_message(job_spec, SETTINGS, queued_s)
         if not unserved:
             kopf.warn(body, reason="Unserved", message=message)
         return with_condition(conditions, "Unserved", True, "NoWorkerServing", message)
-    if unserved and job.phase != "Queued":
+    if unserved and (job.phase != "Queued" or not queued_s):
         return with_condition(conditions, "Unserved", False, "Served", "a worker serves the job")
     return conditions
 
@@ -242,7 +250,8 @@ def _served_condition(
 def _write_results(
     job: JobView, job_spec: BatchJobSpec, body: kopf.Body, memo: kopf.Memo, new: dict[str, Any]
 ) -> dict[str, Any]:
-    """Appends new results; a finished job whose files cannot be written stays Finalizing."""
+    """Appends new results; a succeeded or cancelled job whose files cannot be written is
+    Finalizing until they can."""
     finished = new["phase"] in TERMINAL_PHASES
     output = on_volume(job_spec.volume_root, job_spec.output_path)
     try:
@@ -253,7 +262,7 @@ def _write_results(
         # an OSError's strerror, not its text: that names the operator's own paths
         reason = exc.strerror if isinstance(exc, OSError) else str(exc)
         kopf.warn(body, reason="OutputNotWritten", message=f"retrying {output}: {reason}")
-        if finished and new["phase"] == "Succeeded":
+        if new["phase"] in ("Succeeded", "Cancelled"):  # the planner's answer holds next round
             return {"phase": "Finalizing", "completionTime": None}
         return {}
     update: dict[str, Any] = {}

@@ -48,7 +48,8 @@ def test_a_job_shows_validating_then_running_then_succeeded_to_a_watch(
     name = f"phases-{uuid.uuid4().hex[:8]}"
     spec = {
         "model": MODEL,
-        "input": {"inline": slow_requests(2, step=4)},
+        # long enough to be seen Running by a status round (every 0.5 s here)
+        "input": {"inline": slow_requests(2, step=200)},
         "output": {"path": f"{name}.jsonl"},
     }
     with PhaseWatch(batchjobs.kube, name, logs_dir) as watch:
