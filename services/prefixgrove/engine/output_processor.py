@@ -120,6 +120,7 @@ class OutputProcessor:
             outputs=[completion],
             finished=True,
             num_cached_tokens=seq.num_cached_tokens,
+            num_shared_prefix_tokens=seq.num_shared_prefix_tokens,
             metrics=seq.metrics,
             prompt_logprobs=seq.prompt_logprobs,
         )

@@ -89,6 +89,9 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
-    num_cached_tokens: int = 0  # prompt tokens whose KV came from a shared prefix, not a prefill
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from a shared prefix or the cache
+    # Of them, those of the request's group's shared prefix: the job's plan decides them, whereas
+    # cache hits depend on what ran before in the same engine (batch output lines report these).
+    num_shared_prefix_tokens: int = 0
     metrics: RequestMetrics | None = None
     prompt_logprobs: PromptLogprobs | None = None  # with SamplingParams.prompt_logprobs

@@ -143,6 +143,7 @@ class Scheduler:
             seq.block_table, seq.num_shared_blocks = list(shared), len(shared)
             seq.block_hashes = list(group.prefix_seq.block_hashes)
             seq.num_computed_tokens = group.prefix_len
+            seq.num_shared_prefix_tokens = group.prefix_len
         self.cache.take(seq, seq.num_tokens - 1)
         if not seq.num_generated:  # a recompute after preemption keeps what its prompt took
             seq.num_cached_tokens = seq.num_computed_tokens

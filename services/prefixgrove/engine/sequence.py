@@ -43,6 +43,7 @@ class Sequence:
     num_shared_blocks: int = 0
     block_hashes: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0
+    num_shared_prefix_tokens: int = 0  # of the cached ones, those of its group's shared prefix
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     logprobs: list[dict[int, Logprob]] | None = None

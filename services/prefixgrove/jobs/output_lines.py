@@ -79,7 +79,9 @@ def success_line(
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens},
+            # the group's shared prefix only: prefix-cache hits depend on what else the engine
+            # ran, and a job's lines are the same bytes on every path
+            "prompt_tokens_details": {"cached_tokens": out.num_shared_prefix_tokens},
         },
     }
     line = {
