@@ -373,7 +373,7 @@ class RedisSentinelProcesses:
 def logprobs_job(path: Path, n: int, *, seed: int = 1, max_tokens: int = 6) -> Path:
     """n requests that all ask for logprobs: completions (logprobs 0..5) and chats (top_logprobs
     0..5), two in three over four shared documents (groups), the rest each on its own text, one
-    completion in ten sampled with a seed."""
+    completion in ten sampled with a seed, one request in seven n = 2 or 3 seeded samples."""
     import random
 
     rng = random.Random(seed)
@@ -386,16 +386,18 @@ def logprobs_job(path: Path, n: int, *, seed: int = 1, max_tokens: int = 6) -> P
         else:
             text = documents[i % 4]
         top = i % 6
+        samples = {"n": 2 + i % 2, "temperature": 0.7, "seed": i} if i % 7 == 3 else {}
         if i % 2:
             messages = [{"role": "system", "content": text}, {"role": "user", "content": f"Q{i}?"}]
             body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0,
-                    "logprobs": True, "top_logprobs": top}  # fmt: skip
+                    "logprobs": True, "top_logprobs": top, **samples}  # fmt: skip
             lines.append(batch_line(f"req-{i}", body, "/v1/chat/completions"))
             continue
         body = {"prompt": f"{text}\nQuestion {i}:", "max_tokens": max_tokens, "temperature": 0,
                 "logprobs": top}  # fmt: skip
         if i % 10 == 4:
             body.update(temperature=0.8, seed=i)
+        body.update(samples)
         lines.append(batch_line(f"req-{i}", body))
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -146,6 +146,7 @@ def test_a_logprobs_job_through_the_services_equals_the_local_run(
     assert done.request_counts == pb.RequestCounts(total=90, completed=90)
     lines = out.read_text().splitlines()
     assert all(json.loads(line)["response"]["body"]["choices"][0]["logprobs"] for line in lines)
+    assert {len(json.loads(line)["response"]["body"]["choices"]) for line in lines} == {1, 2, 3}
     assert lines == local_out.read_text().splitlines()
 
 

@@ -203,7 +203,7 @@ def _generate(
     for finished in llm.run_requests(ids, token_ids, params, groups, use_tqdm):
         for out in finished:
             answer(todo[int(out.request_id)][0], out)
-            tokens += len(out.outputs[0].token_ids)
+            tokens += sum(len(c.token_ids) for c in out.outputs)
         answer.writer.flush()
     return tokens
 

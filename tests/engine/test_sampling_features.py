@@ -11,6 +11,7 @@ from engine_checkpoints import EOS_IDS, engine, greedy, random_prompts, record_s
 from prefixgrove import LLM, RequestOutput, SamplingParams
 from prefixgrove.engine.sampler import SamplingBatch
 from prefixgrove.engine.sequence import Sequence
+from prefixgrove.grouping import PrefixGroup
 
 X, Y = ord("x"), ord("y")
 FORCE_X = {X: 100.0}  # greedy then always picks "x"
@@ -208,9 +209,42 @@ def test_best_of_more_than_n_is_refused():
         SamplingParams(n=2, best_of=3)
 
 
-def test_the_engine_takes_one_sample_per_request(llm: LLM):
-    with pytest.raises(ValueError, match=r"n=2: the engine runs one sample per request"):
-        llm.engine.add_request("n2", [1, 2, 3], greedy(2, n=2))
+def test_the_engine_answers_n_samples_added_to_it_as_generate_does(llm: LLM):
+    """The worker's and the local run's path: requests of n > 1 added to the engine itself, alone
+    and in a group beside a request of one sample, come back once each, equal to generate's."""
+    seeded = SamplingParams(n=3, max_tokens=6, temperature=1.0, seed=21)
+    want = [run(llm, [p], seeded)[0] for p in PROMPTS[:2]]
+    prefix = PROMPTS[0][:4]
+    engine_ = llm.engine
+    engine_.add_request("alone", PROMPTS[0], seeded)
+    members = [("g0", PROMPTS[1], seeded), ("g1", prefix + PROMPTS[2], greedy(4))]
+    engine_.add_group("grp", PrefixGroup(4, (0, 1)), members)
+    outs = {out.request_id: out for out in drain(llm)}
+    assert sorted(outs) == ["alone", "g0", "g1"]
+    for rid, expected in (("alone", want[0]), ("g0", want[1])):
+        got = outs[rid].outputs
+        assert [c.index for c in got] == [0, 1, 2]
+        assert [c.token_ids for c in got] == [c.token_ids for c in expected.outputs]
+    assert outs["g1"].outputs[0].token_ids == one(llm, greedy(4), prefix + PROMPTS[2]).token_ids
+
+
+def test_aborting_a_request_of_n_samples_aborts_them_all(llm: LLM):
+    llm.engine.add_request("many", PROMPTS[3], greedy(20, n=4))
+    llm.engine.step()
+    llm.engine.abort(["many"])
+    assert drain(llm) == []
+    assert not llm.engine.has_unfinished_requests()
+    llm.engine.add_request("many", PROMPTS[3], greedy(2, n=2))  # its id is free again
+    assert [len(c.token_ids) for c in drain(llm)[0].outputs] == [2, 2]
+
+
+def test_a_group_with_a_refused_request_of_n_samples_queues_nothing(llm: LLM):
+    members = [("ok", PROMPTS[0], greedy(2, n=2)), ("bad", [10**9], greedy(2, n=2))]
+    with pytest.raises(ValueError, match=r"request 'bad' of group 'refused'"):
+        llm.engine.add_group("refused", PrefixGroup(4, (0, 1)), members)
+    assert not llm.engine.has_unfinished_requests()
+    llm.engine.add_request("ok", PROMPTS[0], greedy(2, n=2))  # nothing of it was left behind
+    assert len(drain(llm)[0].outputs) == 2
 
 
 def test_truncate_prompt_tokens_keeps_the_last_k_prompt_tokens(llm: LLM):

@@ -68,7 +68,7 @@ def test_a_completions_field_that_changes_nothing_is_accepted(field: str, value:
         ("prediction", {"type": "content", "content": "x"}), ("web_search_options", {}),
         ("reasoning_effort", "low"), ("modalities", ["text", "audio"]),
         ("response_format", {"type": "json_object"}),
-        ("response_format", {"type": "json_schema", "json_schema": {"name": "s"}}), ("n", 2),
+        ("response_format", {"type": "json_schema", "json_schema": {"name": "s"}}),
     ],
 )  # fmt: skip
 def test_an_unserved_feature_fails_the_request_naming_the_field(field: str, value: Any) -> None:
@@ -77,11 +77,17 @@ def test_an_unserved_feature_fails_the_request_naming_the_field(field: str, valu
 
 
 @pytest.mark.parametrize(
-    "field, value", [("suffix", "end"), ("echo", True), ("best_of", 3), ("n", 4)]
+    "field, value", [("suffix", "end"), ("echo", True), ("best_of", 3), ("best_of", 2)]
 )
 def test_an_unserved_completions_feature_fails_naming_the_field(field: str, value: Any) -> None:
     error = refused({field: value}, COMPLETIONS)
     assert error.code == "unsupported_field" and field in error.message
+
+
+def test_n_samples_reach_the_engine_and_best_of_may_repeat_n() -> None:
+    assert accepted({"n": 3}).params == {"max_tokens": 16, "n": 3}
+    assert accepted({"n": 2, "best_of": 2}, COMPLETIONS).params == {"max_tokens": 16, "n": 2}
+    assert accepted({"n": 128}).params["n"] == 128
 
 
 @pytest.mark.parametrize(

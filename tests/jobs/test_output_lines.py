@@ -34,8 +34,12 @@ REQUESTS: list[tuple[str, dict[str, Any], str]] = [
                     "metadata": {"k": "v"}, "store": False, "service_tier": "auto",
                     "parallel_tool_calls": True, "response_format": {"type": "text"},
                     "logit_bias": {"5": 1.5}, "stop": ["\n\n"], "seed": 11}, CHAT),
+    ("grouped-samples", {"prompt": f"{SHARED}Answer 7", "max_tokens": 3, "n": 2, "best_of": 2,
+                         "temperature": 1.0, "seed": 5, "logprobs": 1}, "/v1/completions"),
+    ("chat-samples", {"messages": [{"role": "user", "content": "pick"}], "max_tokens": 3, "n": 3,
+                      "temperature": 1.0, "seed": 6, "logprobs": True}, CHAT),
     ("tools", {"messages": [{"role": "user", "content": "x"}], "tools": []}, CHAT),
-    ("two", {"prompt": "x", "n": 2}, "/v1/completions"),
+    ("best-of", {"prompt": "x", "n": 2, "best_of": 3}, "/v1/completions"),
     ("json", {"messages": [{"role": "user", "content": "x"}],
               "response_format": {"type": "json_object"}}, CHAT),
 ]  # fmt: skip
@@ -137,11 +141,23 @@ def test_unserved_features_fail_their_request_naming_the_field(
     answered: tuple[dict, dict],
 ) -> None:
     errors = answered[1]
-    assert sorted(errors) == ["json", "tools", "two"]
+    assert sorted(errors) == ["best-of", "json", "tools"]
     assert {e["error"]["code"] for e in errors.values()} == {"unsupported_field"}
     assert "tools" in errors["tools"]["error"]["message"]
     assert "response_format" in errors["json"]["error"]["message"]
-    assert "n=2" in errors["two"]["error"]["message"]
+    assert "best_of 3" in errors["best-of"]["error"]["message"]
+
+
+@pytest.mark.slow
+def test_n_samples_are_n_choices_indexed_in_order(answered: tuple[dict, dict]) -> None:
+    for custom_id, n in (("grouped-samples", 2), ("chat-samples", 3)):
+        body = _body(answered, custom_id)
+        assert [c["index"] for c in body["choices"]] == list(range(n))
+        assert body["usage"]["completion_tokens"] == sum(
+            len(c["token_ids"]) for c in body["choices"]
+        )
+        assert all(c["logprobs"] is not None for c in body["choices"])
+    assert _body(answered, "grouped-samples")["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
 
 @pytest.mark.slow

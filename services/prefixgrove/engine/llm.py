@@ -265,7 +265,7 @@ class LLM:
                 if not finished:
                     continue
                 yield finished  # the caller takes them in before the bar counts them
-                out_tokens += sum(len(out.outputs[0].token_ids) for out in finished)
+                out_tokens += sum(len(c.token_ids) for out in finished for c in out.outputs)
                 bar.update(len(finished))
                 elapsed = max(time.perf_counter() - start, 1e-9)
                 bar.set_postfix(out_tok_s=f"{out_tokens / elapsed:.0f}", refresh=False)

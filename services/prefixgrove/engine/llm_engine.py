@@ -18,6 +18,7 @@ from .model_runner import DecodeWindow, InFlight, ModelRunner
 from .output_processor import OutputProcessor
 from .outputs import RequestOutput
 from .prompt_ids import checked_token_ids
+from .samples import SampleSets
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import Group, Sequence
@@ -52,6 +53,7 @@ class LLMEngine:
         )
         self.metrics = EngineMetrics()
         self._requests: dict[str, Sequence] = {}
+        self._sample_sets = SampleSets()  # requests of n > 1 samples, answered once all are done
         self._seeds = random.Random(config.model.seed)
         self._next_id = 0
         # A step or window on the device whose tokens the host has not taken in yet (async scheduling),
@@ -115,7 +117,14 @@ class LLMEngine:
     ) -> None:
         """Queues one request; `params` become the engine's own checked copy (`prepare`) unless they
         are one already. validated: its ids are the list `validate` returned for these params
-        (LLM.generate checks a whole job before queuing any of it), not checked or copied again."""
+        (LLM.generate checks a whole job before queuing any of it), not checked or copied again.
+        With params.n = k > 1 its k samples share the whole prompt as a group, and it is answered
+        once, when all k finished (as `LLM.generate` answers it)."""
+        if params.n > 1:
+            group = PrefixGroup(len(prompt_token_ids), (0,))
+            self.add_group(request_id, group, [(request_id, prompt_token_ids, params)],
+                           validated=validated)  # fmt: skip
+            return
         begin = time.perf_counter()
         try:
             params = params if params.is_prepared else self.prepare(params)
@@ -139,7 +148,8 @@ class LLMEngine:
         The prefix is cut to whole KV blocks and to leave every request at least one token of its own.
         If nothing worth sharing is left, or a request does not start with the prefix (the planner
         groups by block hashes), the requests run on their own. Every request is checked before any
-        is queued (validated: as in `add_request`, their ids were checked already).
+        is queued (validated: as in `add_request`, their ids were checked already). A request of
+        n > 1 samples takes part with all of them.
         """
         begin = time.perf_counter()
         members = self._check_group(group_id, group, requests, validated)
@@ -165,12 +175,19 @@ class LLMEngine:
                 f"{len(requests)} requests came with it"
             )
         checked = []
+        samples: list[tuple[str, int]] = []
         for rid, prompt, params in (requests[i] for i in group.request_indices):
             try:
                 params = params if params.is_prepared else self.prepare(params)
-                checked.append((rid, self._check_new(rid, prompt, params, validated), params))
+                ids = self._check_new(rid, prompt, params, validated)
+                for sample in self._sample_sets.expand(rid, ids, params)[1:]:
+                    self._check_new(sample[0], ids, sample[2], validated=True)
             except ValueError as e:
                 raise ValueError(f"request {rid!r} of group {group_id!r}: {e}") from None
+            checked += self._sample_sets.expand(rid, ids, params)
+            samples.append((rid, params.n))
+        for rid, n in samples:  # only once every request of the group is accepted
+            self._sample_sets.open(rid, n)
         return checked
 
     def _shared_prefix_len(
@@ -217,11 +234,6 @@ class LLMEngine:
     ) -> list[int]:
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
-        if params.n != 1:
-            raise ValueError(
-                f"SamplingParams.n={params.n}: the engine runs one sample per request (LLM.generate "
-                "runs n as a group of requests)"
-            )
         if validated:  # a list `validate` returned: the engine takes it over as it is
             return prompt_token_ids  # type: ignore[return-value]
         return self.validate(prompt_token_ids, params)
@@ -249,11 +261,16 @@ class LLMEngine:
         if self._ahead is not None:  # take its tokens in first; the aborted requests' are dropped
             ahead, self._ahead = self._ahead, None
             self._ready += self._finish_in_flight(ahead)
-        for rid in request_ids:
+        samples = {sample for r in request_ids for sample in self._sample_sets.sample_ids(r)}
+        for rid in samples:
             seq = self._requests.pop(rid, None)
             if seq is not None and not seq.finished:
                 seq.finish_reason = "abort"
                 self.scheduler.finish(seq)
+        for rid in request_ids:
+            if len(self._sample_sets.sample_ids(rid)) > 1:  # none of its samples is answered
+                self._ready = [out for out in self._ready if out.request_id not in samples]
+                self._sample_sets.forget(rid)
 
     def reset_prefix_cache(self) -> None:
         """Forgets what the prefix cache holds (vLLM's reset_prefix_cache): the next requests start
@@ -270,7 +287,7 @@ class LLMEngine:
         With async scheduling the step (or window) is enqueued behind the one before, whose tokens
         this call then takes in: a request finishes in the call after the one that ran its last step."""
         ready, self._ready = self._ready, []
-        return ready + self._step()
+        return self._sample_sets.collect(ready + self._step())
 
     def _step(self) -> list[RequestOutput]:
         begin = time.perf_counter()

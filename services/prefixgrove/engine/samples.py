@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from prefixgrove.grouping import PrefixGroup
 
@@ -84,3 +84,70 @@ class Samples:
             if len(metrics) > 1:
                 out.metrics = RequestMetrics.of_samples(metrics)
         return merged
+
+
+class SampleSets:
+    """Requests added to the engine itself with SamplingParams.n = k (the worker's and the local
+    run's path, which hand the engine whole groups): k sequences, sample 0 under the request's own
+    id and sample j under `sample_id(id, j)`, sharing the prompt as `Samples` has them share it,
+    answered as one RequestOutput once all k finished."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, list[RequestOutput | None]] = {}  # request id -> its samples' outputs
+        self._of: dict[str, tuple[str, int]] = {}  # sample id -> (request id, sample index)
+
+    @staticmethod
+    def sample_id(request_id: str, index: int) -> str:
+        return request_id if index == 0 else f"{request_id}#s{index}"
+
+    def expand(
+        self, request_id: str, prompt: Any, params: SamplingParams
+    ) -> list[tuple[str, Any, SamplingParams]]:
+        """The request's samples as engine requests; a request of one sample is itself."""
+        if params.n == 1:
+            return [(request_id, prompt, params)]
+        return [(self.sample_id(request_id, j), prompt, params.sample(j)) for j in range(params.n)]
+
+    def open(self, request_id: str, n: int) -> None:
+        """Called once all samples of the request were accepted by the engine."""
+        if n > 1:
+            self._open[request_id] = [None] * n
+            self._of.update((self.sample_id(request_id, j), (request_id, j)) for j in range(n))
+
+    def sample_ids(self, request_id: str) -> list[str]:
+        """The engine ids of a request (all its samples), for abort."""
+        samples = self._open.get(request_id)
+        if samples is None:
+            return [request_id]
+        return [self.sample_id(request_id, j) for j in range(len(samples))]
+
+    def forget(self, request_id: str) -> None:
+        for j in range(len(self._open.pop(request_id, ()))):
+            self._of.pop(self.sample_id(request_id, j), None)
+
+    def collect(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Finished sequences -> finished requests: a sample waits for its request's others."""
+        done: list[RequestOutput] = []
+        for out in outputs:
+            owner = self._of.pop(out.request_id, None)
+            if owner is None:
+                done.append(out)
+                continue
+            request_id, j = owner
+            samples = self._open[request_id]
+            out.outputs[0].index = j
+            samples[j] = out
+            if all(s is not None for s in samples):
+                del self._open[request_id]
+                done.append(_merged(request_id, cast(list[RequestOutput], samples)))
+        return done
+
+
+def _merged(request_id: str, samples: list[RequestOutput]) -> RequestOutput:
+    merged = samples[0]
+    merged.request_id = request_id
+    merged.outputs = [s.outputs[0] for s in samples]
+    metrics = [s.metrics for s in samples if s.metrics is not None]
+    if len(metrics) > 1:
+        merged.metrics = RequestMetrics.of_samples(metrics)
+    return merged

@@ -322,7 +322,7 @@ def _text_parts(parts: list[Any], i: int) -> str:
 
 def _sampling(body: dict[str, Any], endpoint: Endpoint, default_max_tokens: int) -> dict[str, Any]:
     _check_unserved(body, endpoint)
-    _check_samples(body)
+    n = _samples(body)
     if body.get("stream", False) is not False:
         raise _Invalid(
             "invalid_value", f"stream must be false in a batch, got {_short(body['stream'])}"
@@ -331,6 +331,8 @@ def _sampling(body: dict[str, Any], endpoint: Endpoint, default_max_tokens: int)
     max_tokens = body.get(name)
     max_tokens = default_max_tokens if max_tokens is None else max_tokens
     params: dict[str, Any] = {"max_tokens": _int(max_tokens, name, 1, INT32_MAX)}
+    if n > 1:
+        params["n"] = n
     for name, low, high in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0), ("min_p", 0.0, 1.0)):
         if body.get(name) is not None:
             params[name] = _float(body[name], name, low, high)
@@ -402,21 +404,18 @@ def _check_response_format(response_format: Any) -> None:
     )
 
 
-def _check_samples(body: dict[str, Any]) -> None:
+def _samples(body: dict[str, Any]) -> int:
+    """n, OpenAI's samples per request (each a choice of the response, `index` 0..n-1; seeded
+    sample j uses seed + j, as vLLM's). best_of may only repeat n: every sample is returned."""
     n = _int(body["n"], "n", 1, _MAX_N) if body.get("n") is not None else 1
-    if n != 1:
-        raise _Invalid(
-            "unsupported_field",
-            f"n={n} is not supported: the batch engine runs one sample per request; send n "
-            "requests with their own custom_id (and seed) instead",
-        )
     best_of = body.get("best_of")
-    if best_of is not None and best_of != 1:
+    if best_of is not None and best_of != n:
         raise _Invalid(
             "unsupported_field",
             f"best_of {_short(best_of)} is not supported: every sample is returned, so best_of "
-            "may only be 1",
+            f"may only equal n ({n})",
         )
+    return n
 
 
 def _logit_bias(bias: Any) -> dict[str, float]:

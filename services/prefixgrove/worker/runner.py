@@ -438,7 +438,7 @@ class Worker:
             line = success_line(index, record.custom_id, record.endpoint, record.params,
                                 self.settings.model, out, tokenizer,
                                 requested_model=record.model)  # fmt: skip
-            tokens = len(out.outputs[0].token_ids)
+            tokens = sum(len(c.token_ids) for c in out.outputs)
             self._pending.append(_Pending(job_id, index, ResultRecord(False, line), tokens))
             flight.outstanding.discard(out.request_id)
             self.metrics.requests_done.inc()
