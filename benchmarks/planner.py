@@ -1,14 +1,19 @@
 """How fast the planner takes a job in (parse, validate, tokenize, group) and how much memory it needs.
 
-Two ways, each size in a fresh process so peaks do not mix:
+Three ways, each size in a fresh process so peaks do not mix:
   inproc  the planner's ingest pipeline in one process, no Redis: the compute alone;
   grpc    a real redis-server and `prefixgrove serve planner`; the client streams the lines over
-          gRPC and seals the job: what a user sees, and the planner process's own peak memory.
+          gRPC and seals the job: what a user sees, and the planner process's own peak memory;
+  http    the OpenAI files API with the `openai` SDK: a --file-mb input file uploaded and its
+          content downloaded, then a batch whose output file is --file-mb (its results written
+          into Redis as a worker writes them, 256 KiB lines, so no engine runs) downloaded: the
+          planner's peak memory at each stage, which must not grow with the file.
 
 The job: shared-prefix requests (a few hundred long documents, each asked many questions), made on
 the fly so the benchmark itself holds no file. Prints one JSON line per run.
 
   python benchmarks/planner.py --requests 100000 1000000 --mode inproc grpc
+  python benchmarks/planner.py --mode http --file-mb 1024
 """
 
 from __future__ import annotations
@@ -139,6 +144,115 @@ def run_grpc(n: int) -> dict[str, object]:
             redis.kill()
 
 
+RESULT_LINE_KB = 256
+
+
+def run_http(file_mb: int) -> dict[str, object]:
+    """Peak memory of a planner serving the files API while a file of `file_mb` goes up and
+    comes down, and while a batch's output file of that size comes down."""
+    import openai
+    from redis import Redis
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("redis-server is not installed (scripts/ci/install-redis.sh)")
+    with tempfile.TemporaryDirectory() as tmp:
+        redis_port, planner_port, http_port = _free_port(), _free_port(), _free_port()
+        redis = subprocess.Popen([binary, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                                  "--appendonly", "no", "--dir", tmp], stdout=subprocess.DEVNULL)  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        planner = subprocess.Popen(
+            [sys.executable, "-m", "prefixgrove.cli", "serve", "planner", "--redis-url",
+             f"redis://127.0.0.1:{redis_port}/0", "--host", "127.0.0.1", "--port", str(planner_port),
+             "--http-port", str(http_port), "--data-dir", tmp, "--model", MODEL,
+             "--max-model-len", "2048"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            from prefixgrove.planner.client import PlannerClient
+
+            _wait_ready(PlannerClient(f"127.0.0.1:{planner_port}"), planner, planner_port)
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="none")
+            base = rss_mb(planner.pid)
+            stages: dict[str, object] = {"planner_baseline_rss_mb": round(base)}
+            big = Path(tmp) / "input.jsonl"
+            _write_input(big, file_mb)
+            start = time.perf_counter()
+            with big.open("rb") as handle:
+                uploaded = client.files.create(file=handle, purpose="batch")
+            stages["upload_s"] = round(time.perf_counter() - start, 1)
+            stages["upload_peak_rss_mb"] = round(peak_rss_mb(planner.pid))
+            big.unlink()  # the planner's copy is what comes back
+            start = time.perf_counter()
+            got = _download(client, uploaded.id)
+            stages["download_s"] = round(time.perf_counter() - start, 1)
+            stages["download_peak_rss_mb"] = round(peak_rss_mb(planner.pid))
+            client.files.delete(uploaded.id)
+            output_file = _answered_batch(client, Redis(port=redis_port), tmp, file_mb)
+            stages["answered_batch_peak_rss_mb"] = round(peak_rss_mb(planner.pid))
+            start = time.perf_counter()
+            output_mb = round(_download(client, output_file) / 2**20, 1)
+            stages["output_download_s"] = round(time.perf_counter() - start, 1)
+            stages["output_download_peak_rss_mb"] = round(peak_rss_mb(planner.pid))
+            return {"mode": "http", "file_mb": round(got / 2**20, 1), "output_mb": output_mb, **stages,
+                    "planner_peak_growth_mb": round(peak_rss_mb(planner.pid) - base)}  # fmt: skip
+        finally:
+            planner.kill()
+            redis.kill()
+
+
+def _write_input(path: Path, mb: int) -> None:
+    with path.open("wb") as out:
+        for i, line in enumerate(job_lines(10**9)):
+            out.write(line + b"\n")
+            if i % 1000 == 0 and out.tell() >= mb << 20:
+                return
+
+
+def _download(client: object, file_id: str) -> int:
+    size = 0
+    with client.files.with_streaming_response.content(file_id) as response:  # type: ignore[attr-defined]
+        for chunk in response.iter_bytes(1 << 20):
+            size += len(chunk)
+    return size
+
+
+def _answered_batch(client: object, r: object, tmp: str, mb: int) -> str:
+    """A batch of (mb MiB / 256 KiB) requests, answered by a stand-in worker that writes a
+    256 KiB line per request into Redis through the job store, as workers write. Returns its
+    output file's id."""
+    from prefixgrove.jobs.queue import GroupQueue
+    from prefixgrove.jobs.schema import ResultRecord
+    from prefixgrove.jobs.store import JobStore
+
+    n = max(1, (mb << 10) // RESULT_LINE_KB)
+    path = Path(tmp) / "batch.jsonl"
+    path.write_bytes(b"".join(line + b"\n" for line in job_lines(n)))
+    with path.open("rb") as handle:
+        input_file = client.files.create(file=handle, purpose="batch")  # type: ignore[attr-defined]
+    batch = client.batches.create(  # type: ignore[attr-defined]
+        input_file_id=input_file.id, endpoint="/v1/completions", completion_window="24h"
+    )
+    store, queue = JobStore(r), GroupQueue(r, MODEL, "stand-in", 600)  # type: ignore[arg-type]
+    store.ensure_queue(MODEL)  # as a worker does at its start
+    filler = "x" * (RESULT_LINE_KB * 1024 - 100)
+    answered = 0
+    while answered < n:
+        for lease in queue.take(64, 1000):
+            loaded = store.load_group(lease.job_id, lease.group_id)
+            assert loaded is not None
+            group, records = loaded
+            results = [(i, ResultRecord(False, json.dumps({"custom_id": rec.custom_id, "text": filler})), 1)
+                       for i, rec in zip(group.indices, records, strict=True)]  # fmt: skip
+            store.write_results(lease.job_id, results)
+            store.finish_group(lease.job_id, lease.group_id)
+            queue.ack(lease)
+            answered += len(results)
+    while (done := client.batches.retrieve(batch.id)).status != "completed":  # type: ignore[attr-defined]
+        time.sleep(0.2)
+    return str(done.output_file_id)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -169,15 +283,19 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--requests", type=int, nargs="+", default=[100_000, 1_000_000])
-    parser.add_argument("--mode", nargs="+", choices=["inproc", "grpc"], default=["inproc", "grpc"])
+    parser.add_argument(
+        "--mode", nargs="+", choices=["inproc", "grpc", "http"], default=["inproc", "grpc"]
+    )
+    parser.add_argument("--file-mb", type=int, default=1024, help="http: the file sizes (MiB)")
     parser.add_argument("--one", nargs=2, metavar=("MODE", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         mode, n = args.one[0], int(args.one[1])
-        print(json.dumps(run_inproc(n) if mode == "inproc" else run_grpc(n)), flush=True)
+        runs = {"inproc": run_inproc, "grpc": run_grpc, "http": run_http}
+        print(json.dumps(runs[mode](n)), flush=True)
         return
     for mode in args.mode:
-        for n in args.requests:
+        for n in [args.file_mb] if mode == "http" else args.requests:
             env = {**os.environ, "OMP_NUM_THREADS": "1"}
             subprocess.run([sys.executable, __file__, "--one", mode, str(n)], check=True, env=env)
 

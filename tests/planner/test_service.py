@@ -416,3 +416,19 @@ def test_lines_parsed_in_worker_processes_make_the_same_job(redis_server: RedisS
         server.stop(0)
     assert jobs[0] == jobs[1]
     assert [index for index, _ in jobs[0][4]] == [10, 11, 12, 13]
+
+
+def test_results_stream_in_windows_of_a_few_megabytes_whatever_their_lines() -> None:
+    """A stream holds one window of results: few lines when they are large (logprobs), many when
+    they are small; benchmarks/planner.py --mode http measures the planner's memory for it."""
+    from prefixgrove.jobs.schema import ResultRecord
+    from prefixgrove.planner.service import _RESULT_WINDOW, _RESULT_WINDOW_BYTES, _next_window
+
+    def lines(size: int, n: int) -> list[ResultRecord | None]:
+        return [ResultRecord(False, "x" * size) for _ in range(n)]
+
+    assert _next_window(lines(256 << 10, 16)) * (256 << 10) <= _RESULT_WINDOW_BYTES
+    assert _next_window(lines(256 << 10, 16)) >= 1
+    assert _next_window(lines(64 << 20, 1)) == 1
+    assert _next_window(lines(300, 512)) == _RESULT_WINDOW
+    assert _next_window([None] * 16) == _RESULT_WINDOW  # nothing answered yet: read on

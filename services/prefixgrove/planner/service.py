@@ -12,7 +12,7 @@ import grpc
 
 from prefixgrove.jobs.ingest import JobIngestor, JobPlan, UploadClosed, UploadCounts, job_error
 from prefixgrove.jobs.line_parser import LineParser, LineRules
-from prefixgrove.jobs.schema import JobRecord, JobState
+from prefixgrove.jobs.schema import JobRecord, JobState, ResultRecord
 from prefixgrove.jobs.store import JobStore
 from prefixgrove.jobs.tokenize import PromptTokenizer
 from prefixgrove.jobs.uploads import Uploads, rebuild_plan
@@ -25,7 +25,12 @@ log = logging.getLogger(__name__)
 _POLL_S = 0.25
 _STORE_WAIT_S = 10.0  # how long a seal waits for lines other streams took and still write
 _SEAL_WAIT_S = 30.0  # how long a second SealJob waits for the seal running elsewhere
+# Results are read from Redis a window at a time, sized to about _RESULT_WINDOW_BYTES by the
+# lines of the last window (logprobs lines run to hundreds of KB, plain ones to a few hundred
+# bytes), so a stream holds a few MB whatever the lines, and the first window is small.
 _RESULT_WINDOW = 512
+_FIRST_RESULT_WINDOW = 16
+_RESULT_WINDOW_BYTES = 4 << 20
 _MAX_PAGE = 1000  # jobs in one ListJobs answer
 _MAX_METADATA_ENTRIES = 64
 _MAX_METADATA_BYTES = 16 << 10
@@ -287,11 +292,14 @@ class PlannerService(pb_grpc.PlannerServicer):
             )
         kind = request.kind or pb.RESULT_KIND_OUTPUT
         index = request.offset
+        window = _FIRST_RESULT_WINDOW
         while context.is_active():
             job = self._job(job.id, context)
             if job.state != JobState.VALIDATING and index >= job.total:
                 return
-            for result in self.store.read_results(job.id, index, _RESULT_WINDOW):
+            results = self.store.read_results(job.id, index, window)
+            window = _next_window(results)
+            for result in results:
                 if result is None:
                     if not job.state.terminal:
                         break
@@ -460,3 +468,11 @@ def _check_metadata(metadata: Mapping[str, str], context: grpc.ServicerContext) 
             f"metadata of {len(metadata)} entries and {size} bytes is too large: at most "
             f"{_MAX_METADATA_ENTRIES} entries and {_MAX_METADATA_BYTES} bytes of keys and values",
         )
+
+
+def _next_window(results: list[ResultRecord | None]) -> int:
+    """How many results to read next: about _RESULT_WINDOW_BYTES of lines like these."""
+    lines = [len(r.line) for r in results if r is not None]
+    if not lines:
+        return _RESULT_WINDOW
+    return max(1, min(_RESULT_WINDOW, _RESULT_WINDOW_BYTES * len(lines) // max(sum(lines), 1)))
