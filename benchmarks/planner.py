@@ -77,7 +77,7 @@ def run_inproc(n: int) -> dict[str, object]:
     from prefixgrove.jobs.tokenize import PromptTokenizer
     from prefixgrove.settings import IngestSettings
 
-    ingestor = JobIngestor(PromptTokenizer(MODEL, 2048), IngestSettings())
+    ingestor = JobIngestor({MODEL: PromptTokenizer(MODEL, 2048)}, IngestSettings())
     base = rss_mb()
     start = time.perf_counter()
     chunk: list[bytes] = []
@@ -91,11 +91,11 @@ def run_inproc(n: int) -> dict[str, object]:
     ingestor.add(chunk)
     ingest_s = time.perf_counter() - start
     ingest_peak = peak_rss_mb()
-    plan = ingestor.plan()
+    plan = ingestor.plan()[MODEL]
     total_s = time.perf_counter() - start
     return {
         "mode": "inproc", "requests": n, "input_mb": round(input_bytes / 2**20, 1),
-        "prompt_tokens": ingestor.prompt_tokens, "index_held_mb": round(ingestor.index.nbytes / 2**20, 1),
+        "prompt_tokens": ingestor.prompt_tokens, "index_held_mb": round(ingestor.models[MODEL].index.nbytes / 2**20, 1),
         "ingest_s": round(ingest_s, 2), "group_s": round(total_s - ingest_s, 2),
         "requests_per_s": round(n / total_s), "groups": plan.num_groups, "units": len(plan.units),
         "prefix_tokens_saved": plan.prefix_tokens_saved,

@@ -140,3 +140,24 @@ def test_an_input_in_utf16_is_one_file_error_naming_the_encoding(
     err = capsys.readouterr().err
     assert code == 2 and "invalid_encoding" in err and "UTF-16 (little-endian" in err
     assert err.count("\n") == 1 and not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_a_line_naming_a_model_the_run_does_not_serve_is_model_not_found_and_the_rest_runs(
+    tmp_path: Path,
+) -> None:
+    body = {"prompt": "Say something", "max_tokens": 2, "temperature": 0}
+    lines = [batch_line("by-name", {**body, "model": "graded"}),
+             batch_line("by-source", {**body, "model": MODEL}),
+             batch_line("unnamed", body)]  # fmt: skip
+    done = run(tmp_path, lines, "--served-model-name", "graded")
+    assert done.returncode == 0, done.stderr[-2000:]
+    outputs = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [(o["custom_id"], o["response"]["body"]["model"]) for o in outputs] == [
+        ("by-name", "graded"),
+        ("unnamed", "graded"),
+    ]
+    errors = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
+    assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [
+        ("by-source", "model_not_found")
+    ]

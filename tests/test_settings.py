@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from prefixgrove import settings as cfg
-from prefixgrove.settings import PlannerSettings, SecuritySettings, WorkerSettings
+from prefixgrove.settings import PlannerSettings, SecuritySettings, ServedModel, WorkerSettings
 
 
 def test_flags_win_over_environment_over_defaults() -> None:
@@ -32,3 +32,31 @@ def test_token_never_shows_in_the_settings_repr() -> None:
     settings = cfg.load(SecuritySettings, {}, {"PREFIXGROVE_AUTH_TOKEN": "s3cret"})
     assert settings.auth_token == "s3cret"
     assert "s3cret" not in repr(settings) and "s3cret" not in str(settings)
+
+
+def test_a_planner_serves_every_model_given_the_first_its_default() -> None:
+    parser = argparse.ArgumentParser()
+    cfg.add_arguments(parser, PlannerSettings)
+    args = parser.parse_args(["--model", "tiny-random-llama", "--model", "big=/models/llama-8b"])
+    flagged = cfg.load(PlannerSettings, args, {})
+    from_env = cfg.load(
+        PlannerSettings, {}, {"PREFIXGROVE_MODEL": "tiny-random-llama, big=/models/llama-8b"}
+    )
+    expected = (
+        ServedModel("tiny-random-llama", "tiny-random-llama"),
+        ServedModel("big", "/models/llama-8b"),
+    )
+    assert flagged.models == from_env.models == expected
+
+
+def test_two_models_of_one_name_or_an_empty_source_are_refused() -> None:
+    with pytest.raises(ValueError, match="two models share a name"):
+        PlannerSettings(model="a=tiny-random-llama,a=/models/other")
+    with pytest.raises(ValueError, match="expected SOURCE or NAME=SOURCE"):
+        PlannerSettings(model="a=")
+
+
+def test_a_worker_leases_from_its_served_name_else_its_source() -> None:
+    assert WorkerSettings(model="/models/llama-8b").served_name == "/models/llama-8b"
+    env = {"PREFIXGROVE_SERVED_MODEL_NAME": "big"}
+    assert cfg.load(WorkerSettings, {"model": "/models/llama-8b"}, env).served_name == "big"

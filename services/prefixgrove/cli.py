@@ -87,7 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("input", type=Path, help="OpenAI Batch JSONL")
     run.add_argument("-o", "--output", type=Path, required=True)
     run.add_argument("--errors", type=Path, default=None, help="default: OUTPUT with .errors.jsonl")
-    run.add_argument("--model", required=True)
+    run.add_argument("--model", required=True, help="a preset, a Hugging Face directory or a .gguf")
+    run.add_argument("--served-model-name", default="",
+                     help="the name lines' body.model call the model by; default: --model")  # fmt: skip
     run.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     run.add_argument("--dtype", default="auto")
     run.add_argument("--seed", type=int, default=0)
@@ -160,6 +162,7 @@ def _run(args: argparse.Namespace) -> int:
             engine,
             use_tqdm=not args.json,
             resume=args.resume,
+            served_model_name=args.served_model_name,
         )
     except JobInputError as exc:
         print(f"error: {exc.code}: {exc}", file=sys.stderr)

@@ -75,21 +75,25 @@ def run_local(
     engine_args: dict[str, Any],
     use_tqdm: bool | Callable[..., tqdm] = True,
     resume: bool = False,
+    served_model_name: str = "",
 ) -> RunSummary:
     """Runs the job, appending each answer to its file once every line before it is answered.
     resume: keep what the files already answer of this input (ResumeMismatch if they answer
-    another) and run the rest; otherwise they are overwritten."""
+    another) and run the rest; otherwise they are overwritten. served_model_name: the name
+    lines call the model by (default: `model`); a line naming another model is a
+    `model_not_found` error, as a worker serving this model would answer it."""
     from prefixgrove.engine import LLM, EngineConfig
 
     start = time.perf_counter()
     engine_args = {**engine_args, "max_model_len": ingest.max_model_len}
     limit = EngineConfig.create(model, **engine_args).model.max_model_len  # no weights yet
-    ingestor = JobIngestor(PromptTokenizer(model, limit), ingest)
+    name = served_model_name or model
+    ingestor = JobIngestor({name: PromptTokenizer(model, limit)}, ingest)
     requests, errors = _read_job(ingestor, input_path)
     done = Answered(0, 0, 0)
     if resume:
         done = _resume_point(output_path, errors_path, ingestor.total, requests, errors)
-    plan = ingestor.plan()
+    plan = ingestor.plan()[name]
     llm = LLM(model, **engine_args)
     runnable = _runnable(llm, requests, errors)
     todo = [item for item in runnable if item[0].index >= done.count]
@@ -99,7 +103,7 @@ def run_local(
         for e in failures:
             writer.put(e.index, e.to_line(), failed=True)
         writer.flush()
-        answer = _Answer(model, llm.get_tokenizer(), writer, failures)
+        answer = _Answer(name, llm.get_tokenizer(), writer, failures)
         groups = _engine_groups(plan, [request.index for request, _, _ in todo])
         completion_tokens = _generate(llm, todo, groups, answer, use_tqdm)
     return RunSummary(

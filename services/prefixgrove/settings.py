@@ -17,6 +17,7 @@ ENV_PREFIX = "PREFIXGROVE_"
 T = TypeVar("T")
 _KEEPS_EMPTY = "keeps_empty"
 _HELP = "help"  # field metadata: what --help says of the setting before its default
+_REPEATED = "repeated"  # field metadata: the flag may be given several times, values joined by ","
 REDIS_URL_HELP = (
     "redis://[:password@]host:port/db (rediss:// for TLS, or unix://path); a Redis Cluster: "
     "redis+cluster://host:port[,host:port...]; a master found through Sentinels: "
@@ -90,11 +91,38 @@ class ClientSettings:
 
 
 @dataclass(frozen=True)
+class ServedModel:
+    """A model a planner serves: `name` is what jobs and lines call it (and its Redis queue);
+    `source` loads its tokenizer (a preset, a Hugging Face directory or a .gguf file)."""
+
+    name: str
+    source: str
+
+    @classmethod
+    def parse(cls, value: str) -> ServedModel:
+        """`SOURCE` or `NAME=SOURCE`."""
+        name, _, source = value.partition("=") if "=" in value else ("", "", value)
+        name, source = name.strip() or source.strip(), source.strip()
+        if not source or "," in value:
+            raise ValueError(
+                f"model {value!r} is invalid: expected SOURCE or NAME=SOURCE (a preset, a "
+                "Hugging Face directory or a .gguf file)"
+            )
+        return cls(name, source)
+
+
+MODELS_HELP = (
+    "SOURCE or NAME=SOURCE; give it again (or comma-separate) for several models; NAME (default: "
+    "SOURCE) is what body.model and a job's model name; the first is the default"
+)
+
+
+@dataclass(frozen=True)
 class PlannerSettings:
     redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={_HELP: REDIS_URL_HELP})
     host: str = "127.0.0.1"  # loopback unless told otherwise (a container passes 0.0.0.0)
     port: int = 50051
-    model: str = "tiny-random-llama"
+    model: str = field(default="tiny-random-llama", metadata={_HELP: MODELS_HELP, _REPEATED: True})
     metrics_port: int = 0  # 0: no Prometheus endpoint
     # the OpenAI Batch API (/v1/files, /v1/batches) over HTTP beside gRPC; 0: not served
     http_port: int = 0
@@ -112,6 +140,9 @@ class PlannerSettings:
     parse_processes: int = 0
 
     def __post_init__(self) -> None:
+        names = [m.name for m in self.models]
+        if len(set(names)) < len(names):
+            raise ValueError(f"model={self.model!r} is invalid: two models share a name")
         _port(self, "port")
         _port(self, "metrics_port")
         _port(self, "http_port")
@@ -134,6 +165,13 @@ class PlannerSettings:
             )
 
     @property
+    def models(self) -> tuple[ServedModel, ...]:
+        """The models served, the default first."""
+        return tuple(ServedModel.parse(v) for v in self.model.split(",") if v.strip()) or (
+            ServedModel.parse(""),  # raises: no model at all
+        )
+
+    @property
     def files_dir(self) -> Path:
         """The folder of the files uploaded through the OpenAI Batch API."""
         return Path(self.data_dir or tempfile.gettempdir()) / "prefixgrove-files"
@@ -142,7 +180,9 @@ class PlannerSettings:
 @dataclass(frozen=True)
 class WorkerSettings:
     redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={_HELP: REDIS_URL_HELP})
-    model: str = "tiny-random-llama"
+    model: str = "tiny-random-llama"  # what loads the weights and tokenizer
+    # the name jobs call the model by: the worker leases from its queue; empty: model
+    served_model_name: str = ""
     device: str = "auto"
     dtype: str = "auto"
     consumer: str = ""  # empty: host name and process id
@@ -189,6 +229,10 @@ class WorkerSettings:
     def keepalive_s(self) -> float:
         return self.lease_timeout_s / 3
 
+    @property
+    def served_name(self) -> str:
+        return self.served_model_name or self.model
+
 
 def add_arguments(parser: argparse.ArgumentParser, *classes: type) -> None:
     """Adds one --flag per field of the given settings classes; defaults stay None so the
@@ -200,7 +244,8 @@ def add_arguments(parser: argparse.ArgumentParser, *classes: type) -> None:
                 continue
             seen.add(f.name)
             flag = "--" + f.name.replace("_", "-")
-            parser.add_argument(flag, dest=f.name, default=None, help=_help(f))
+            action = "append" if f.metadata.get(_REPEATED) else "store"
+            parser.add_argument(flag, dest=f.name, default=None, action=action, help=_help(f))
 
 
 def _help(f: Field[Any]) -> str:
@@ -232,6 +277,8 @@ def load(
 
 def _convert(annotation: Any, raw: Any, name: str) -> Any:
     kind = str(annotation)
+    if isinstance(raw, list):  # a flag given several times
+        return ",".join(raw)
     if not isinstance(raw, str):
         return raw
     try:

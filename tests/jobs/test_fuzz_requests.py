@@ -77,7 +77,9 @@ def test_each_line_of_a_batch_is_one_tokenized_request_or_one_error(
     tokenizer: PromptTokenizer, data: st.DataObject
 ) -> None:
     lines = [data.draw(request_lines(f"L{i}"), label=f"line {i}") for i in range(6)]
-    ingestor = JobIngestor(tokenizer, IngestSettings(max_line_bytes=1 << 14, tokenize_batch=4))
+    ingestor = JobIngestor(
+        {MODEL: tokenizer}, IngestSettings(max_line_bytes=1 << 14, tokenize_batch=4)
+    )
     batch = ingestor.add(lines)
     assert ingestor.total == sum(1 for line in lines if line.strip())
     answered = [r.index for r, _ in batch.requests] + [e.index for e in batch.errors]

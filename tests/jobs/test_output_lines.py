@@ -30,7 +30,7 @@ REQUESTS: list[tuple[str, dict[str, Any], str]] = [
     ("chat-grouped-1", {"messages": [SYSTEM, {"role": "user", "content": "b"}], "max_tokens": 3,
                         "logprobs": True, "top_logprobs": 2}, CHAT),
     ("chat-alone", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 2,
-                    "logprobs": True, "n": 1, "model": "my-model", "user": "u1",
+                    "logprobs": True, "n": 1, "model": MODEL, "user": "u1",
                     "metadata": {"k": "v"}, "store": False, "service_tier": "auto",
                     "parallel_tool_calls": True, "response_format": {"type": "text"},
                     "logit_bias": {"5": 1.5}, "stop": ["\n\n"], "seed": 11}, CHAT),
@@ -128,10 +128,10 @@ def test_completion_logprobs_hold_tokens_logprobs_tops_and_offsets(
 
 
 @pytest.mark.slow
-def test_model_is_the_requested_model_else_the_served_model_name(
+def test_model_is_the_served_model_name_whether_the_body_names_it_or_not(
     answered: tuple[dict, dict],
 ) -> None:
-    assert _body(answered, "chat-alone")["model"] == "my-model"
+    assert _body(answered, "chat-alone")["model"] == MODEL  # named in its body
     others = {_body(answered, cid)["model"] for cid in answered[0] if cid != "chat-alone"}
     assert others == {MODEL}
 

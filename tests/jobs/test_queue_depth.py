@@ -141,3 +141,26 @@ def test_jobs_queued_before_the_active_set_existed_are_indexed_again(store: JobS
     assert store.index_active_jobs() == 1
     assert store.r.smembers(f"pg:active:{MODEL}") == {running.encode()}
     assert store.model_queue(MODEL) == QueueDepth(3, 0)
+
+
+def test_a_job_of_two_models_counts_on_each_models_queue_only_its_own_groups(
+    store: JobStore,
+) -> None:
+    job, _ = store.create_job(MODEL)
+    store.r.hset(JobKeys(job.id).job, "total", 5)
+    plans = {
+        MODEL: JobPlan([GroupRecord(0, [i]) for i in range(3)], 0, 3),
+        "other": JobPlan([GroupRecord(0, [i]) for i in range(3, 5)], 0, 2),
+    }
+    assert store.queue_plans(job.id, plans) == JobState.IN_PROGRESS
+    assert int(store.r.xlen(f"pg:queue:{MODEL}")) == 3 and int(store.r.xlen("pg:queue:other")) == 2
+    assert store.model_queue(MODEL) == QueueDepth(3, 0)
+    assert store.model_queue("other") == QueueDepth(2, 0)
+    assert store.model_queue() == QueueDepth(5, 0)
+    [held] = lease(store, GroupQueue(store.r, "other", "w", lease_timeout_s=30), 1)
+    assert held.group_id == "3"  # the second model's groups follow the first's ids
+    assert store.model_queue("other") == QueueDepth(1, 1)
+    assert store.model_queue(MODEL) == QueueDepth(3, 0)
+    store.finish_group(held.job_id, held.group_id)
+    assert store.model_queue("other") == QueueDepth(1, 0)
+    assert store.model_queue(MODEL) == QueueDepth(3, 0)

@@ -20,7 +20,7 @@ def tokenizer() -> PromptTokenizer:
 
 
 def ingest(tokenizer: PromptTokenizer, lines: list[str | bytes], **settings: int) -> tuple[JobIngestor, dict[int, RequestError], list[BatchRequest]]:  # fmt: skip
-    ingestor = JobIngestor(tokenizer, IngestSettings(**settings))
+    ingestor = JobIngestor({MODEL: tokenizer}, IngestSettings(**settings))
     batch = ingestor.add([line.encode() if isinstance(line, str) else line for line in lines])
     return ingestor, {e.index: e for e in batch.errors}, [r for r, _ in batch.requests]
 
@@ -158,7 +158,7 @@ def test_chat_and_sampling_fields_are_carried() -> None:
 def test_chat_prompts_use_the_chat_template(tokenizer: PromptTokenizer) -> None:
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     chat = batch_line("c", body, "/v1/chat/completions")
-    [(_, tokens)] = JobIngestor(tokenizer, IngestSettings()).add([chat.encode()]).requests
+    [(_, tokens)] = JobIngestor({MODEL: tokenizer}, IngestSettings()).add([chat.encode()]).requests
     text = tokenizer.tokenizer.decode(tokens.tolist())
     assert (
         text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
@@ -171,7 +171,7 @@ def test_grouping_plan_covers_every_valid_request_once(tokenizer: PromptTokenize
     lines = [batch_line(f"r{i}", {"prompt": doc + str(i), "max_tokens": 2}) for i in range(20)]
     lines.insert(5, "not json")
     ingestor, _, _ = ingest(tokenizer, lines, ungrouped_chunk=4)
-    plan = ingestor.plan()
+    plan = ingestor.plan()[MODEL]
     covered = sorted(i for unit in plan.units for i in unit.indices)
     assert covered == [i for i in range(21) if i != 5]
     assert plan.num_groups >= 1 and plan.prefix_tokens_saved > 0

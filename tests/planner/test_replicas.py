@@ -66,14 +66,14 @@ def test_a_plan_rebuilt_from_redis_equals_the_plan_of_the_replica_that_took_ever
     settings = IngestSettings(max_model_len=MAX_MODEL_LEN)
     job, _ = store.create_job(MODEL)
     uploads.open(job.id)
-    ingestor = JobIngestor(tokenizer, settings, uploads.ledger(job.id))
+    ingestor = JobIngestor({MODEL: tokenizer}, settings, uploads.ledger(job.id))
     lines = job_lines(tmp_path / "in.jsonl", 300, with_errors=True)
     for start in range(0, len(lines), 40):
         batch = ingestor.add(lines[start : start + 40])
         store.write_requests(job.id, batch, ingestor.total, ingestor.prompt_tokens)
-    rebuilt = rebuild_plan(uploads, job.id, ingestor.total, settings)
+    rebuilt = rebuild_plan(uploads, job.id, ingestor.total, settings, MODEL)
     cached = ingestor.plan()
-    assert cached.num_groups > 1 and cached.prefix_tokens_saved > 0
+    assert cached[MODEL].num_groups > 1 and cached[MODEL].prefix_tokens_saved > 0
     assert rebuilt == cached
 
 
@@ -83,7 +83,9 @@ def test_two_replicas_streaming_one_job_never_give_two_lines_one_index(
     uploads = Uploads(redis_server.client())
     uploads.open("job_shared")
     settings = IngestSettings(max_model_len=MAX_MODEL_LEN)
-    replicas = [JobIngestor(tokenizer, settings, uploads.ledger("job_shared")) for _ in range(2)]
+    replicas = [
+        JobIngestor({MODEL: tokenizer}, settings, uploads.ledger("job_shared")) for _ in range(2)
+    ]
     lines = job_lines(tmp_path / "in.jsonl", 60)
     lines.append(batch_line("req-3", {"prompt": "taken on the other replica"}).encode())
     batches = [replicas[k % 2].add(lines[k * 7 : (k + 1) * 7]) for k in range(-(-len(lines) // 7))]

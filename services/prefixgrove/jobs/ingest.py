@@ -10,7 +10,7 @@ planner (jobs/uploads.py), so that every planner replica can take lines of the s
 from __future__ import annotations
 
 import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -177,25 +177,42 @@ def plan_groups(index: PrefixIndex, line_indices: Sequence[int], settings: Inges
 
 class JobIngestor:
     """Validates and tokenizes one job's lines as they arrive; groups the job when it is sealed.
-    Its prefix index holds the lines this ingestor took, which is the whole job when every stream
-    of the job went through it."""
+
+    A job may mix models: each line goes to the model its body names (`tokenizers` is keyed by
+    served name; a line naming none goes to `default_model`), is tokenized with that model's
+    tokenizer and grouped only with lines of the same model. A line naming a model not in
+    `tokenizers` is a `model_not_found` error. The prefix indexes hold the lines this ingestor
+    took, which is the whole job when every stream of the job went through it."""
 
     def __init__(
         self,
-        tokenizer: PromptTokenizer,
+        tokenizers: Mapping[str, PromptTokenizer],
         settings: IngestSettings,
         ledger: UploadLedger | None = None,
         parser: LineParser | None = None,
+        default_model: str | None = None,
     ) -> None:
-        """`parser`: parses the lines (in several processes, for the planner); default: here."""
-        self.tokenizer = tokenizer
+        """`parser`: parses the lines (in several processes, for the planner); default: here.
+        `default_model`: the model of lines that name none; default: the first of `tokenizers`."""
+        if not tokenizers:
+            raise ValueError("a job needs at least one model to tokenize its lines")
+        self.tokenizers = dict(tokenizers)
+        self.default_model = default_model if default_model is not None else next(iter(tokenizers))
+        if self.default_model not in self.tokenizers:
+            raise ValueError(
+                f"default_model={self.default_model!r} is not among the models "
+                f"{sorted(self.tokenizers)}"
+            )
         self.settings = settings
         rules = LineRules(settings.max_line_bytes, settings.default_max_tokens)
         self.parser = parser if parser is not None else LineParser(rules)
         self.ledger: UploadLedger = ledger if ledger is not None else MemoryLedger()
-        self.index = PrefixIndex(settings.block_size)
-        self.line_indices = array.array("q")
+        self.models: dict[str, ModelLines] = {}  # per served model: the lines it took
         self.last_counts = UploadCounts()  # the whole upload's, as the last `add` saw them
+
+    def __len__(self) -> int:
+        """How many requests this ingestor took (tokenized, over every model)."""
+        return sum(len(lines.index) for lines in self.models.values())
 
     @property
     def total(self) -> int:
@@ -267,26 +284,75 @@ class JobIngestor:
         ], json_lines
 
     def _tokenize(self, parsed: list[BatchRequest], out: IngestedBatch) -> int:
-        """Tokenizes `parsed` into `out` and the prefix index; returns the prompt tokens taken."""
+        """Tokenizes `parsed` into `out` and the prefix indexes, each request with its model's
+        tokenizer; returns the prompt tokens taken."""
+        by_model: dict[str, list[BatchRequest]] = {}
+        for request in parsed:
+            name = self.model_of(request)
+            if name in self.tokenizers:
+                by_model.setdefault(name, []).append(request)
+            else:
+                out.errors.append(self._not_served(request, name))
         prompt_tokens = 0
         step = self.settings.tokenize_batch
-        for start in range(0, len(parsed), step):
-            chunk = parsed[start : start + step]
-            for request, tokens in zip(chunk, self.tokenizer.encode(chunk), strict=True):
-                if isinstance(tokens, RequestError):
-                    out.errors.append(tokens)
-                    continue
-                self.index.add(tokens)
-                self.line_indices.append(request.index)
-                prompt_tokens += len(tokens)
-                out.requests.append((request, tokens))
+        taken: dict[int, np.ndarray] = {}
+        for name, requests in by_model.items():
+            lines = self.models.setdefault(name, ModelLines(self.settings.block_size))
+            for start in range(0, len(requests), step):
+                chunk = requests[start : start + step]
+                encoded = self.tokenizers[name].encode(chunk)
+                for request, tokens in zip(chunk, encoded, strict=True):
+                    if isinstance(tokens, RequestError):
+                        out.errors.append(tokens)
+                        continue
+                    lines.add(request.index, tokens)
+                    prompt_tokens += len(tokens)
+                    taken[request.index] = tokens
+        out.requests.extend((r, taken[r.index]) for r in parsed if r.index in taken)
         return prompt_tokens
+
+    def model_of(self, request: BatchRequest) -> str:
+        """The served name a request goes to: its body's model, else the job's."""
+        return request.model if request.model is not None else self.default_model
+
+    def _not_served(self, request: BatchRequest, name: str) -> RequestError:
+        # NOTE: the message names only the line's model, so the local run and the services (which
+        # may serve more models) write the same bytes.
+        message = f"model {name!r} is not served here: no worker pool serves a model of that name"
+        return RequestError(request.index, request.custom_id, "model_not_found", message)
 
     def job_error(self) -> tuple[str, str] | None:
         """The reason the whole input is not a batch, if it is not one."""
         return job_error(self.ledger.counts())
 
-    def plan(self) -> JobPlan:
-        """Groups the lines this ingestor took (the whole job, when it took every line)."""
+    def plan(self) -> dict[str, JobPlan]:
+        """Groups the lines this ingestor took (the whole job, when it took every line): one plan
+        per model that has lines, the job's own model always among them."""
         self.ledger.forget_custom_ids()
-        return plan_groups(self.index, self.line_indices, self.settings)
+        return plan_models(self.models, self.default_model, self.settings)
+
+
+class ModelLines:
+    """The lines of one model in a job: a prefix index of their prompts, with their line indices
+    in the same order."""
+
+    def __init__(self, block_size: int) -> None:
+        self.index = PrefixIndex(block_size)
+        self.line_indices = array.array("q")
+
+    def add(self, line: int, tokens: np.ndarray) -> None:
+        self.index.add(tokens)
+        self.line_indices.append(line)
+
+
+def plan_models(
+    models: Mapping[str, ModelLines], default_model: str, settings: IngestSettings
+) -> dict[str, JobPlan]:
+    """One plan per model, the default model's first (and present even with no lines, so that a
+    job whose lines all failed still has a model to be queued under), the others by name."""
+    names = [default_model, *sorted(set(models) - {default_model})]
+    plans = {}
+    for name in names:
+        lines = models.get(name) or ModelLines(settings.block_size)
+        plans[name] = plan_groups(lines.index, lines.line_indices, settings)
+    return plans

@@ -4,7 +4,8 @@ Lua scripts that move counters exactly once.
 Layout (prefix `pg:`; `{...}` in a key is a literal Redis Cluster hash tag, `<...>` a value):
   pg:jobs                   sorted set of job ids by creation time
   pg:idem:<key>             job id created under an idempotency key
-  pg:job:{<id>}             hash: JobRecord
+  pg:job:{<id>}             hash: JobRecord, and model_groups: {model: [first, end)}, the run of
+                            group ids each model's queue holds (a job may mix models)
   pg:job:{<id>}:req         hash: line index -> RequestRecord
   pg:job:{<id>}:grp         hash: group id -> GroupRecord; `<group id>:alone` ->
                             "index:delivery:strikes:blamed" of the request a worker last ran alone
@@ -15,7 +16,8 @@ Layout (prefix `pg:`; `{...}` in a key is a literal Redis Cluster hash tag, `<..
   pg:queue:<model>          stream of {job, group}; consumer group `workers`; an entry given back is
                             pending under the consumer `given-back` until a worker claims it
   pg:models                 set of models that have a queue
-  pg:active:<model>         set of job ids of a model queued and not yet known to be finished
+  pg:active:<model>         set of job ids with groups on the model's queue, not yet known to be
+                            finished
   pg:ingesting              hash: job id -> planner instance streaming its input in
   pg:planner:<instance>     a live planner's heartbeat (expires when it stops)
 
@@ -345,12 +347,27 @@ return reply(state)
 """
 )
 
-# KEYS: the job hash, its leased set; read only. Both are read in one call so a group moving
-# between leased and done is never seen in both or neither. Returns {state, groups_total,
-# groups_done, leased}; the state is '' when the job is gone.
-JOB_DEPTH = """
-local h = redis.call('HMGET', KEYS[1], 'state', 'groups_total', 'groups_done')
-return {h[1] or '', h[2] or '0', h[3] or '0', redis.call('SCARD', KEYS[2])}
+# KEYS: the job hash, its leased set, its done set; ARGV: a model; read only. All are read in one
+# call so a group moving between leased and done is never seen in both or neither. Returns {state,
+# groups_total, groups_done, leased} (the state is '' when the job is gone) over the model's own run
+# of group ids when the job's `model_groups` gives the model only part of them (a job of several
+# models), over the whole job otherwise.
+MODEL_DEPTH = """
+local h = redis.call('HMGET', KEYS[1], 'state', 'groups_total', 'groups_done', 'model_groups')
+local ranges = h[4] and cjson.decode(h[4]) or {}
+local r = ranges[ARGV[1]]
+if not r or r[2] - r[1] == tonumber(h[2] or '0') then
+  return {h[1] or '', h[2] or '0', h[3] or '0', redis.call('SCARD', KEYS[2])}
+end
+local function within(set)
+  local n = 0
+  for _, g in ipairs(redis.call('SMEMBERS', set)) do
+    local i = tonumber(g)
+    if i and i >= r[1] and i < r[2] then n = n + 1 end
+  end
+  return n
+end
+return {h[1] or '', tostring(r[2] - r[1]), tostring(within(KEYS[3])), within(KEYS[2])}
 """
 
 # KEYS: the idempotency key; ARGV: the job id, retention. Expires the key only while it still

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,16 +173,34 @@ class JobStore:
         return self.write_results(job_id, results)
 
     def queue_plan(self, job_id: str, model: str, plan: JobPlan) -> JobState:
-        """Writes the groups, queues them, and starts the job."""
+        """Writes the groups of a job of one model, queues them, and starts the job."""
+        return self.queue_plans(job_id, {model: plan})
+
+    def queue_plans(self, job_id: str, plans: Mapping[str, JobPlan]) -> JobState:
+        """Writes the groups of every model of a job, queues each on its model's queue, and
+        starts the job. Each model's groups take one run of group ids, kept in the job hash's
+        `model_groups` ({model: [first, end)}), so a model's queue depth counts only its own."""
+        keys = JobKeys(job_id)
+        ranges, first = {}, 0
+        for model, plan in plans.items():
+            ranges[model] = [first, first + len(plan.units)]
+            first += len(plan.units)
+        self.r.hset(keys.job, mapping={
+            "groups_total": first, "model_groups": json.dumps(ranges),
+            "prefix_tokens_saved": sum(p.prefix_tokens_saved for p in plans.values()),
+        })  # fmt: skip
+        for model, plan in plans.items():
+            self._queue_units(job_id, model, plan.units, ranges[model][0])
+        return JobState(_s(self._run(self._start, job_id, [time.time()])))
+
+    def _queue_units(self, job_id: str, model: str, units: Sequence[GroupRecord], first: int) -> None:  # fmt: skip
         keys = JobKeys(job_id)
         stream = schema.queue_key(model)
         self.ensure_queue(model)
         self.r.sadd(schema.active_key(model), job_id)
-        self.r.hset(keys.job, mapping={"groups_total": len(plan.units),
-                                       "prefix_tokens_saved": plan.prefix_tokens_saved})  # fmt: skip
-        for start in range(0, len(plan.units), _BATCH):
-            chunk = plan.units[start : start + _BATCH]
-            gids = range(start, start + len(chunk))
+        for start in range(0, len(units), _BATCH):
+            chunk = units[start : start + _BATCH]
+            gids = range(first + start, first + start + len(chunk))
             pipe = self.r.pipeline(transaction=False)
             pipe.hset(
                 keys.groups, mapping={str(g): u.encode() for g, u in zip(gids, chunk, strict=True)}
@@ -189,7 +208,6 @@ class JobStore:
             for gid in gids:
                 pipe.xadd(stream, {"job": job_id, "group": str(gid)})
             pipe.execute()
-        return JobState(_s(self._run(self._start, job_id, [time.time()])))
 
     def ensure_queue(self, model: str) -> None:
         self.r.sadd(schema.MODELS, model)
@@ -285,10 +303,11 @@ class JobStore:
             chunk = ids[start : start + _BATCH]
             pipe = self.r.pipeline(transaction=False)
             for job_id in chunk:
-                pipe.hmget(JobKeys(job_id).job, ["state", "model", "groups_total"])
-            for job_id, (state, model, groups) in zip(chunk, pipe.execute(), strict=True):
+                pipe.hmget(JobKeys(job_id).job, ["state", "model", "groups_total", "model_groups"])
+            for job_id, (state, model, groups, ranges) in zip(chunk, pipe.execute(), strict=True):
                 if state is not None and JobState(_s(state)).runnable and int(groups or 0) > 0:
-                    self.r.sadd(schema.active_key(_s(model)), job_id)
+                    for name in json.loads(ranges) if ranges else [_s(model)]:
+                        self.r.sadd(schema.active_key(name), job_id)
                     found += 1
         return found
 
@@ -314,8 +333,8 @@ class JobStore:
     def model_queue(self, model: str | None = None) -> QueueDepth:
         """Groups still to run over every job of a model that will run them: waiting + leased.
 
-        Counted from each queued job's own counters, each job's read in one call (JOB_DEPTH) so
-        it is consistent: groups_total - groups_done (FINISH_GROUP moves it once per group) split by the
+        Counted from each queued job's own counters, each job's read in one call (MODEL_DEPTH) so
+        it is consistent (in a job of several models, over the model's own run of group ids): groups_total - groups_done (FINISH_GROUP moves it once per group) split by the
         job's leased set (added before a worker runs a group, removed when it is finished or given
         back; a group taken over stays in it). A cancelling, cancelled, failed or completed job
         counts nothing, whatever its stream entries still say; terminal jobs leave the model's
@@ -332,7 +351,9 @@ class JobStore:
                 keys = JobKeys(job_id)
                 # EVAL, not a registered script: a cluster pipeline cannot load one on its nodes
                 # (nor take .eval(), so the command goes in as it is)
-                pipe.execute_command("EVAL", schema.JOB_DEPTH, 2, keys.job, keys.leased)
+                pipe.execute_command(
+                    "EVAL", schema.MODEL_DEPTH, 3, keys.job, keys.leased, keys.done, name
+                )
             finished = []
             for job_id, (state, groups, done, leased) in zip(ids, pipe.execute(), strict=True):
                 if not state or JobState(_s(state)).terminal:

@@ -15,7 +15,6 @@ them. The jobs with an upload open are the fields of pg:ingesting (jobs/schema.p
 
 from __future__ import annotations
 
-import array
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -24,8 +23,7 @@ import numpy as np
 
 from prefixgrove.jobs import schema
 from prefixgrove.jobs.connection import Redis
-from prefixgrove.jobs.ingest import JobPlan, UploadClosed, UploadCounts, plan_groups
-from prefixgrove.jobs.prefix_index import PrefixIndex
+from prefixgrove.jobs.ingest import JobPlan, ModelLines, UploadClosed, UploadCounts, plan_models
 from prefixgrove.jobs.schema import JobKeys, RequestRecord
 from prefixgrove.settings import IngestSettings
 
@@ -182,15 +180,17 @@ class Uploads:
         totals = {"total": counts.lines, "prompt_tokens": counts.prompt_tokens}
         self.r.hset(JobKeys(job_id).job, mapping=totals)  # type: ignore[arg-type]
 
-    def prompts(self, job_id: str, lines: int) -> Iterator[tuple[int, np.ndarray]]:
-        """(line index, prompt tokens) of every request record of the job, in line order."""
+    def prompts(self, job_id: str, lines: int) -> Iterator[tuple[int, np.ndarray, str | None]]:
+        """(line index, prompt tokens, body's model or None) of every request record of the job,
+        in line order."""
         key = JobKeys(job_id).requests
         for start in range(0, lines, _READ_BATCH):
             indices = range(start, min(start + _READ_BATCH, lines))
             blobs = self.r.hmget(key, [str(i) for i in indices])
             for index, blob in zip(indices, blobs, strict=True):  # type: ignore[call-overload]
                 if blob is not None:  # a line that failed at ingest has no record
-                    yield index, RequestRecord.decode(blob).prompt_token_ids  # type: ignore[arg-type]
+                    record = RequestRecord.decode(blob)  # type: ignore[arg-type]
+                    yield index, record.prompt_token_ids, record.model
 
     # --- ending -------------------------------------------------------------------------------
     def claim_idle(self, job_id: str, idle_s: float, now: float) -> bool:
@@ -251,15 +251,17 @@ class RedisLedger:
         return _counts(reply)
 
 
-def rebuild_plan(uploads: Uploads, job_id: str, lines: int, settings: IngestSettings) -> JobPlan:
-    """The job's plan from its request records in Redis, built as the replica that took every
-    line builds it (the same prefix index, in line order), so the groups are the same."""
-    index = PrefixIndex(settings.block_size)
-    line_indices = array.array("q")
-    for line, tokens in uploads.prompts(job_id, lines):
-        index.add(tokens)
-        line_indices.append(line)
-    return plan_groups(index, line_indices, settings)
+def rebuild_plan(
+    uploads: Uploads, job_id: str, lines: int, settings: IngestSettings, default_model: str
+) -> dict[str, JobPlan]:
+    """The job's plans (one per model) from its request records in Redis, built as the replica
+    that took every line builds them (the same prefix indexes, in line order), so the groups are
+    the same. A record whose body named no model is `default_model`'s."""
+    models: dict[str, ModelLines] = {}
+    for line, tokens, model in uploads.prompts(job_id, lines):
+        name = model if model is not None else default_model
+        models.setdefault(name, ModelLines(settings.block_size)).add(line, tokens)
+    return plan_models(models, default_model, settings)
 
 
 def _counts(fields: Sequence[bytes | str | None]) -> UploadCounts:

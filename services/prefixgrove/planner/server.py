@@ -66,7 +66,7 @@ def build_server(
     processes = planner.parse_processes or default_processes()
     parser = LineParser(LineRules(ingest.max_line_bytes, ingest.default_max_tokens), processes)
     parser.warm_up()
-    service = PlannerService(store, planner.model, ingest, metrics, parser)
+    service = PlannerService(store, planner.models, ingest, metrics, parser)
     service.heartbeat(_HEARTBEAT_TTL_S)
     service.recover()
     interceptors: list[grpc.ServerInterceptor] = [StreamLimit(planner.max_streams)]

@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import grpc
 
@@ -17,7 +17,7 @@ from prefixgrove.jobs.store import JobStore
 from prefixgrove.jobs.tokenize import PromptTokenizer
 from prefixgrove.jobs.uploads import Uploads, rebuild_plan
 from prefixgrove.planner.metrics import PlannerMetrics
-from prefixgrove.settings import IngestSettings
+from prefixgrove.settings import IngestSettings, ServedModel
 from prefixgrove_proto import planner_pb2 as pb
 from prefixgrove_proto import planner_pb2_grpc as pb_grpc
 
@@ -89,7 +89,7 @@ class PlannerService(pb_grpc.PlannerServicer):
     def __init__(
         self,
         store: JobStore,
-        default_model: str,
+        models: Sequence[ServedModel],
         ingest: IngestSettings,
         metrics: PlannerMetrics,
         parser: LineParser | None = None,
@@ -100,7 +100,8 @@ class PlannerService(pb_grpc.PlannerServicer):
             LineRules(ingest.max_line_bytes, ingest.default_max_tokens)
         )
         self.uploads = Uploads(store.r)
-        self.default_model = default_model
+        self.models = {m.name: m.source for m in models}  # served name -> tokenizer source
+        self.default_model = models[0].name
         self.ingest_settings = ingest
         self.metrics = metrics
         self._tokenizers: dict[str, PromptTokenizer] = {}
@@ -163,16 +164,17 @@ class PlannerService(pb_grpc.PlannerServicer):
     # --- jobs -------------------------------------------------------------------------------
     def CreateJob(self, request: pb.CreateJobRequest, context: grpc.ServicerContext) -> pb.Job:
         model = request.model or self.default_model
-        if model != self.default_model:
+        if model not in self.models:
             # NOTE: refused by name alone, before anything is looked up on disk, so the message
             # says nothing about the planner's files.
+            served = ", ".join(repr(m) for m in self.models)
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"model_not_found: model {model!r} is not served here; this planner and its "
-                f"workers serve {self.default_model!r} (leave the model out to use it)",
+                f"workers serve {served} (leave the model out to use {self.default_model!r})",
             )
         _check_metadata(request.metadata, context)
-        self._tokenizer(model, context)  # refused now rather than at the first lines
+        self._tokenizers_of(context)  # refused now rather than at the first lines
         job, created = self.store.create_job(model, request.idempotency_key, dict(request.metadata))
         if created:
             # claimed first: should this planner stop before the upload opens, others fail the job
@@ -330,12 +332,13 @@ class PlannerService(pb_grpc.PlannerServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"job {job_id} no longer takes requests: it is {job.state.value}",
             )
-        tokenizer = self._tokenizer(job.model, context)
+        tokenizers = self._tokenizers_of(context)
         with self._lock:
             ingest = self._ingests.get(job_id)
             if ingest is None:
                 ledger = self.uploads.ledger(job_id)
-                ingestor = JobIngestor(tokenizer, self.ingest_settings, ledger, self.parser)
+                ingestor = JobIngestor(tokenizers, self.ingest_settings, ledger, self.parser,
+                                       default_model=job.model)  # fmt: skip
                 ingest = self._ingests[job_id] = _Ingest(ingestor)
         self.store.claim_ingest(job_id, self.instance)
         return ingest
@@ -362,26 +365,29 @@ class PlannerService(pb_grpc.PlannerServicer):
             self._end_upload(job.id)
             context.abort(grpc.StatusCode.ABORTED, f"job {job.id} failed: {message}")
         start = time.perf_counter()
-        plan, path = self._plan(job.id, counts.lines)
+        plans, path = self._plan(job, counts.lines)
         self.uploads.write_totals(job.id, counts)
         if self.store.job_state(job.id) == JobState.VALIDATING:
-            self.store.queue_plan(job.id, job.model, plan)
+            self.store.queue_plans(job.id, plans)
         else:
             self.store.cancel(job.id)  # cancelled while streaming in: nothing to queue
         self._end_upload(job.id)
-        log.info("sealed job %s: %d units, %d tokens saved, grouped (%s) in %.2fs", job.id,
-                 len(plan.units), plan.prefix_tokens_saved, path, time.perf_counter() - start)  # fmt: skip
+        units = {model: len(plan.units) for model, plan in plans.items()}
+        saved = sum(plan.prefix_tokens_saved for plan in plans.values())
+        log.info("sealed job %s: units %s, %d tokens saved, grouped (%s) in %.2fs", job.id,
+                 units, saved, path, time.perf_counter() - start)  # fmt: skip
 
-    def _plan(self, job_id: str, lines: int) -> tuple[JobPlan, str]:
-        """The job's plan, and how it was built: from this replica's index when every request
-        came through here, else from the request records in Redis."""
+    def _plan(self, job: JobRecord, lines: int) -> tuple[dict[str, JobPlan], str]:
+        """The job's plan per model, and how it was built: from this replica's indexes when
+        every request came through here, else from the request records in Redis."""
         with self._lock:
-            ingest = self._ingests.get(job_id)
+            ingest = self._ingests.get(job.id)
         if ingest is not None:
             with ingest.lock:
-                if len(ingest.ingestor.index) == self.uploads.request_count(job_id):
+                if len(ingest.ingestor) == self.uploads.request_count(job.id):
                     return ingest.ingestor.plan(), "cached index"
-        return rebuild_plan(self.uploads, job_id, lines, self.ingest_settings), "rebuilt index"
+        settings = self.ingest_settings
+        return rebuild_plan(self.uploads, job.id, lines, settings, job.model), "rebuilt index"
 
     def _all_lines_stored(self, job_id: str, lines: int) -> bool:
         """Waits a little for streams still writing lines they took before the seal."""
@@ -433,21 +439,26 @@ class PlannerService(pb_grpc.PlannerServicer):
         with self._lock:
             self._ingests.pop(job_id, None)
 
-    def _tokenizer(self, model: str, context: grpc.ServicerContext) -> PromptTokenizer:
+    def _tokenizers_of(self, context: grpc.ServicerContext) -> dict[str, PromptTokenizer]:
+        """Every served model's tokenizer by served name (a job's lines may name any of them),
+        each loaded once."""
+        return {name: self._tokenizer(name, source, context) for name, source in self.models.items()}  # fmt: skip
+
+    def _tokenizer(self, name: str, source: str, context: grpc.ServicerContext) -> PromptTokenizer:
         with self._lock:
-            if model not in self._tokenizers:
+            if name not in self._tokenizers:
                 try:
-                    self._tokenizers[model] = PromptTokenizer(
-                        model, self.ingest_settings.max_model_len
+                    self._tokenizers[name] = PromptTokenizer(
+                        source, self.ingest_settings.max_model_len
                     )
                 except (ValueError, OSError):
-                    log.exception("the tokenizer of model %r did not load", model)
+                    log.exception("the tokenizer of model %r (%s) did not load", name, source)
                     context.abort(
                         grpc.StatusCode.FAILED_PRECONDITION,
-                        f"model {model!r} cannot be served: its tokenizer did not load "
+                        f"model {name!r} cannot be served: its tokenizer did not load "
                         "(the planner's log says why)",
                     )
-            return self._tokenizers[model]
+            return self._tokenizers[name]
 
 
 def _page_start(token: str, context: grpc.ServicerContext) -> int:

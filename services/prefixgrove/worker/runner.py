@@ -88,7 +88,7 @@ class Worker:
         self._give_up = threading.Event()  # set: Redis is not waited for any more (stopping)
         self.store = JobStore(connect(settings.redis_url, give_up=self._give_up))
         self.queue = GroupQueue(
-            self.store.r, settings.model, self.consumer, settings.lease_timeout_s
+            self.store.r, settings.served_name, self.consumer, settings.lease_timeout_s
         )
         self.engine = engine if engine is not None else _make_engine(settings)
         self.budget = LeaseBudget(
@@ -113,10 +113,10 @@ class Worker:
             target=self._watch_stop, args=(stop, finished), name="stop-watch", daemon=True
         )
         watcher.start()
-        self._retry(lambda: self.store.ensure_queue(self.settings.model))
+        self._retry(lambda: self.store.ensure_queue(self.settings.served_name))
         keepalive_stop = threading.Event()
         self.queue.start_keepalive(self.settings.keepalive_s, keepalive_stop)
-        log.info("worker %s serving %s", self.consumer, self.settings.model)
+        log.info("worker %s serving %s", self.consumer, self.settings.served_name)
         drain_deadline: float | None = None
         failed = True  # until the loop ends by itself: groups given back count as failed on
         try:
@@ -188,7 +188,7 @@ class Worker:
         except redis.ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
-            self.store.ensure_queue(self.settings.model)  # Redis came back without its data
+            self.store.ensure_queue(self.settings.served_name)  # Redis came back without its data
 
     # --- leasing ----------------------------------------------------------------------------
     def _lease_more(self) -> None:
@@ -436,7 +436,7 @@ class Worker:
             flight = self._inflight[(job_id, group_id)]
             index, record = found
             line = success_line(index, record.custom_id, record.endpoint, record.params,
-                                self.settings.model, out, tokenizer,
+                                self.settings.served_name, out, tokenizer,
                                 requested_model=record.model)  # fmt: skip
             tokens = sum(len(c.token_ids) for c in out.outputs)
             self._pending.append(_Pending(job_id, index, ResultRecord(False, line), tokens))
