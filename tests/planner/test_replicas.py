@@ -77,6 +77,29 @@ def test_a_plan_rebuilt_from_redis_equals_the_plan_of_the_replica_that_took_ever
     assert rebuilt == cached
 
 
+def test_a_mixed_jobs_plans_rebuilt_from_redis_equal_those_of_the_replica_that_took_every_line(
+    redis_server: RedisServer, tokenizer: PromptTokenizer, tmp_path: Path
+) -> None:
+    store, uploads = JobStore(redis_server.client()), Uploads(redis_server.client())
+    settings = IngestSettings(max_model_len=MAX_MODEL_LEN)
+    job, _ = store.create_job(MODEL)
+    uploads.open(job.id)
+    tokenizers = {MODEL: tokenizer, "second": tokenizer}  # one source under two served names
+    ingestor = JobIngestor(tokenizers, settings, uploads.ledger(job.id))
+    lines = job_lines(tmp_path / "in.jsonl", 120, with_errors=True)
+    for i in range(0, len(lines), 3):  # a third of the lines (every document) for the second
+        obj = json.loads(lines[i]) if lines[i].startswith(b'{"custom_id": "req') else None
+        if obj is not None:
+            obj["body"]["model"] = "second"
+            lines[i] = json.dumps(obj).encode()
+    for start in range(0, len(lines), 40):
+        batch = ingestor.add(lines[start : start + 40])
+        store.write_requests(job.id, batch, ingestor.total, ingestor.prompt_tokens)
+    cached = ingestor.plan()
+    assert list(cached) == [MODEL, "second"] and cached["second"].num_groups > 0
+    assert rebuild_plan(uploads, job.id, ingestor.total, settings, MODEL) == cached
+
+
 def test_two_replicas_streaming_one_job_never_give_two_lines_one_index(
     redis_server: RedisServer, tokenizer: PromptTokenizer, tmp_path: Path
 ) -> None:
