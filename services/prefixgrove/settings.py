@@ -141,6 +141,8 @@ class PlannerSettings:
 
     def __post_init__(self) -> None:
         names = [m.name for m in self.models]
+        if not names:
+            raise ValueError(f"model={self.model!r} is invalid: expected SOURCE or NAME=SOURCE")
         if len(set(names)) < len(names):
             raise ValueError(f"model={self.model!r} is invalid: two models share a name")
         _port(self, "port")
@@ -167,9 +169,7 @@ class PlannerSettings:
     @property
     def models(self) -> tuple[ServedModel, ...]:
         """The models served, the default first."""
-        return tuple(ServedModel.parse(v) for v in self.model.split(",") if v.strip()) or (
-            ServedModel.parse(""),  # raises: no model at all
-        )
+        return tuple(ServedModel.parse(v) for v in self.model.split(",") if v.strip())
 
     @property
     def files_dir(self) -> Path:
