@@ -143,9 +143,8 @@ def test_jobs_queued_before_the_active_set_existed_are_indexed_again(store: JobS
     assert store.model_queue(MODEL) == QueueDepth(3, 0)
 
 
-def test_a_job_of_two_models_counts_on_each_models_queue_only_its_own_groups(
-    store: JobStore,
-) -> None:
+def mixed_job(store: JobStore) -> str:
+    """A started job of five one-request groups: three of MODEL, then two of `other`."""
     job, _ = store.create_job(MODEL)
     store.r.hset(JobKeys(job.id).job, "total", 5)
     plans = {
@@ -153,6 +152,13 @@ def test_a_job_of_two_models_counts_on_each_models_queue_only_its_own_groups(
         "other": JobPlan([GroupRecord(0, [i]) for i in range(3, 5)], 0, 2),
     }
     assert store.queue_plans(job.id, plans) == JobState.IN_PROGRESS
+    return job.id
+
+
+def test_a_job_of_two_models_counts_on_each_models_queue_only_its_own_groups(
+    store: JobStore,
+) -> None:
+    mixed_job(store)
     assert int(store.r.xlen(f"pg:queue:{MODEL}")) == 3 and int(store.r.xlen("pg:queue:other")) == 2
     assert store.model_queue(MODEL) == QueueDepth(3, 0)
     assert store.model_queue("other") == QueueDepth(2, 0)
@@ -164,3 +170,21 @@ def test_a_job_of_two_models_counts_on_each_models_queue_only_its_own_groups(
     store.finish_group(held.job_id, held.group_id)
     assert store.model_queue("other") == QueueDepth(1, 0)
     assert store.model_queue(MODEL) == QueueDepth(3, 0)
+
+
+def test_a_cancelled_job_of_two_models_leaves_both_queues_empty(store: JobStore) -> None:
+    job_id = mixed_job(store)
+    [held] = lease(store, GroupQueue(store.r, "other", "w", lease_timeout_s=30), 1)
+    assert store.cancel(job_id) == JobState.CANCELLING
+    assert store.model_queue(MODEL) == store.model_queue("other") == QueueDepth(0, 0)
+    store.finish_group(held.job_id, held.group_id)
+    assert store.job_state(job_id) == JobState.CANCELLED
+
+
+def test_a_job_of_two_models_is_indexed_again_in_both_active_sets(store: JobStore) -> None:
+    job_id = mixed_job(store)
+    store.r.delete(f"pg:active:{MODEL}", "pg:active:other")
+    assert store.index_active_jobs() == 1
+    for model in (MODEL, "other"):
+        assert store.r.smembers(f"pg:active:{model}") == {job_id.encode()}
+    assert store.model_queue("other") == QueueDepth(2, 0)
