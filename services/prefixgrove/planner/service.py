@@ -104,7 +104,7 @@ class PlannerService(pb_grpc.PlannerServicer):
         self.default_model = models[0].name
         self.ingest_settings = ingest
         self.metrics = metrics
-        self._tokenizers: dict[str, PromptTokenizer] = {}
+        self._tokenizers: dict[str, PromptTokenizer] = {}  # by source: two names may share one
         self._ingests: dict[str, _Ingest] = {}
         self._sealing: set[str] = set()  # jobs this replica seals right now
         self._lock = threading.Lock()
@@ -441,14 +441,14 @@ class PlannerService(pb_grpc.PlannerServicer):
 
     def _tokenizers_of(self, context: grpc.ServicerContext) -> dict[str, PromptTokenizer]:
         """Every served model's tokenizer by served name (a job's lines may name any of them),
-        each loaded once."""
+        each source loaded once."""
         return {name: self._tokenizer(name, source, context) for name, source in self.models.items()}  # fmt: skip
 
     def _tokenizer(self, name: str, source: str, context: grpc.ServicerContext) -> PromptTokenizer:
         with self._lock:
-            if name not in self._tokenizers:
+            if source not in self._tokenizers:
                 try:
-                    self._tokenizers[name] = PromptTokenizer(
+                    self._tokenizers[source] = PromptTokenizer(
                         source, self.ingest_settings.max_model_len
                     )
                 except (ValueError, OSError):
@@ -458,7 +458,7 @@ class PlannerService(pb_grpc.PlannerServicer):
                         f"model {name!r} cannot be served: its tokenizer did not load "
                         "(the planner's log says why)",
                     )
-            return self._tokenizers[name]
+            return self._tokenizers[source]
 
 
 def _page_start(token: str, context: grpc.ServicerContext) -> int:
