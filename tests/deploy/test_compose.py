@@ -52,6 +52,17 @@ def test_default_stack_is_redis_planner_and_a_cpu_worker() -> None:
     assert "deploy" not in services["worker"]
 
 
+def test_the_planner_serves_the_model_of_every_worker() -> None:
+    services = resolved("gpu")["services"]
+    planner = load(PlannerSettings, parse_cli(services["planner"]["command"]),
+                   env=services["planner"]["environment"])  # fmt: skip
+    served = [model.name for model in planner.models]
+    for worker in ("worker", "worker-gpu"):
+        command = services[worker]["command"]
+        assert command[command.index("--model") + 1] in served, (worker, served)
+    assert served[0] == "tiny-random-llama"  # a job that names no model runs on the CPU worker
+
+
 def test_every_service_has_a_healthcheck_and_waits_for_its_dependencies() -> None:
     services = resolved("gpu")["services"]
     for name, service in services.items():
