@@ -12,6 +12,7 @@ from prefixgrove.catalog.context import context_limit
 from prefixgrove.catalog.presets import load_hf_config
 
 from .models.arch import ModelArch
+from .models.fp8_linear import check_quantization
 
 _DTYPES = {
     "float32": torch.float32,
@@ -31,8 +32,11 @@ class ModelConfig:
     dtype: torch.dtype
     max_model_len: int
     seed: int = 0
+    # None (weights in `dtype`) or "fp8": W8A8 linear layers (models/fp8_linear.py)
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
+        check_quantization(self.quantization)
         if self.max_model_len < 2:
             raise ValueError(f"max_model_len={self.max_model_len}: must be at least 2")
 
@@ -169,6 +173,7 @@ class EngineConfig:
         enforce_eager: bool = False,
         tokenizer: str | None = None,
         skip_tokenizer_init: bool = False,
+        quantization: str | None = None,
         **unknown: Any,
     ) -> EngineConfig:
         """Builds a config from vLLM-style keyword arguments, resolving the 'auto' choices."""
@@ -177,7 +182,7 @@ class EngineConfig:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         cuda = device.startswith("cuda")
-        model_cfg = _model_config(model, dtype, max_model_len, seed, cuda)
+        model_cfg = _model_config(model, dtype, max_model_len, seed, cuda, quantization)
         if max_num_batched_tokens is None:
             max_num_batched_tokens = max(8192 if cuda else 2048, max_num_seqs)
         if attention_backend == "auto":
@@ -211,7 +216,12 @@ class EngineConfig:
 
 
 def _model_config(
-    model: str, dtype: str | torch.dtype, max_model_len: int | None, seed: int, cuda: bool
+    model: str,
+    dtype: str | torch.dtype,
+    max_model_len: int | None,
+    seed: int,
+    cuda: bool,
+    quantization: str | None = None,
 ) -> ModelConfig:
     hf_config = load_hf_config(model)
     arch = ModelArch.from_hf_config(hf_config)
@@ -226,6 +236,7 @@ def _model_config(
         dtype=_resolve_dtype(dtype, hf_config, cuda),
         max_model_len=max_model_len,
         seed=seed,
+        quantization=quantization,
     )
 
 

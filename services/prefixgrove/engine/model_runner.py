@@ -83,6 +83,7 @@ class ModelRunner:
             max_positions=self.max_positions,
             seed=config.model.seed,
             ops=create_ops(config.attention_backend),
+            quantization=config.model.quantization,
         )
         self.backend = create_backend(
             config.attention_backend,

@@ -14,6 +14,7 @@ from prefixgrove.catalog import gguf
 from prefixgrove.catalog.presets import gguf_path, is_preset
 
 from .arch import ModelArch
+from .fp8_linear import quantize_model
 from .llama import LlamaForCausalLM
 from .ops import ModelOps
 
@@ -27,6 +28,7 @@ def load_model(
     max_positions: int,
     seed: int,
     ops: ModelOps,
+    quantization: str | None = None,
 ) -> LlamaForCausalLM:
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # build in the target dtype: no fp32 copy of an 8B model
@@ -41,6 +43,9 @@ def load_model(
         net.load_weights(gguf.iter_tensors(path, device))
     else:
         net.load_weights(iter_safetensors(model, device))
+    if quantization == "fp8":
+        # Quantized at load time from the checkpoint's own weights (vLLM's quantization="fp8").
+        quantize_model(net)
     return net.eval().requires_grad_(False)
 
 

