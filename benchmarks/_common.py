@@ -51,6 +51,8 @@ def add_engine_args(ap: argparse.ArgumentParser, max_num_seqs: int, batched_toke
     ap.add_argument("--model", default="llama-3.1-8b-random")
     ap.add_argument("--max-num-seqs", type=int, default=max_num_seqs)
     ap.add_argument("--max-num-batched-tokens", type=int, default=batched_tokens)
+    # "fp8": W8A8 linear layers (LLM(quantization="fp8")); unset: the weights' own dtype
+    ap.add_argument("--quantization", choices=["fp8"], default=None)
 
 
 def add_canonical_args(ap: argparse.ArgumentParser, groups: int) -> None:
@@ -82,6 +84,7 @@ def make_llm(args: argparse.Namespace, **options: Any) -> Any:
         dtype="bfloat16",
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        quantization=getattr(args, "quantization", None),
         **options,
     )
 

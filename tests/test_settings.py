@@ -60,3 +60,11 @@ def test_a_worker_leases_from_its_served_name_else_its_source() -> None:
     assert WorkerSettings(model="/models/llama-8b").served_name == "/models/llama-8b"
     env = {"PREFIXGROVE_SERVED_MODEL_NAME": "big"}
     assert cfg.load(WorkerSettings, {"model": "/models/llama-8b"}, env).served_name == "big"
+
+
+def test_a_worker_takes_fp8_quantization_from_the_environment() -> None:
+    settings = cfg.load(WorkerSettings, env={"PREFIXGROVE_QUANTIZATION": "fp8"})
+    assert settings.quantization == "fp8"
+    assert cfg.load(WorkerSettings, env={}).quantization == ""
+    with pytest.raises(ValueError, match="quantization='awq'"):
+        cfg.load(WorkerSettings, env={"PREFIXGROVE_QUANTIZATION": "awq"})

@@ -185,6 +185,8 @@ class WorkerSettings:
     served_model_name: str = ""
     device: str = "auto"
     dtype: str = "auto"
+    # "fp8": W8A8 linear layers quantized at load time (vLLM's quantization); empty: none
+    quantization: str = ""
     consumer: str = ""  # empty: host name and process id
     lease_timeout_s: float = 30.0  # a group idle this long in another worker's hands is taken over
     # a group delivered this many times to workers that failed on it fails its requests instead
@@ -210,6 +212,10 @@ class WorkerSettings:
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device={self.device!r} is invalid: expected auto, cpu or cuda")
+        if self.quantization not in ("", "fp8"):
+            raise ValueError(
+                f"quantization={self.quantization!r} is invalid: expected fp8 or empty"
+            )
         if self.lease_timeout_s < 1.0:
             raise ValueError(f"lease_timeout_s={self.lease_timeout_s} is invalid: expected >= 1")
         positive(self, "stop_timeout_s", "max_deliveries")

@@ -575,6 +575,7 @@ def _make_engine(settings: WorkerSettings) -> Any:
         settings.model,
         device=settings.device,
         dtype=settings.dtype,
+        quantization=settings.quantization or None,
         seed=settings.seed,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens
