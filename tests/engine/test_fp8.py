@@ -4,9 +4,14 @@ still agrees with the unquantized model on most greedy tokens."""
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 from engine_checkpoints import engine, greedy, random_prompts, run, token_ids
+from safetensors.torch import load_file, save_file
 
 from prefixgrove import LLM
 from prefixgrove.catalog.presets import gguf_path
@@ -125,3 +130,99 @@ def test_fp8_grouped_equals_ungrouped(llama_dir: str) -> None:
         run(engine(llama_dir, quantization="fp8", enable_prefix_grouping=False), prompts, params)
     )
     assert grouped == apart
+
+
+def write_compressed_tensors(
+    source: str, dest: Path, per_tensor: tuple[str, ...] = (), static_input: float | None = None
+) -> str:
+    """The tiny checkpoint in compressed-tensors' FP8 layout: each decoder projection stored in e4m3
+    with its `weight_scale` (per output channel, or one per tensor for names in `per_tensor`) and,
+    with `static_input`, an `input_scale`; config.json names the method."""
+    shutil.copytree(source, dest)
+    tensors = load_file(str(dest / "model.safetensors"))
+    out = {}
+    for name, tensor in tensors.items():
+        if "layers." in name and name.endswith("_proj.weight"):
+            if any(part in name for part in per_tensor):
+                scale = (tensor.abs().amax() / 448.0).reshape(1)
+                q = (tensor / scale).to(torch.float8_e4m3fn)
+            else:
+                q, scale = quantize_per_row(tensor)
+            base = name.removesuffix(".weight")
+            out[name], out[base + ".weight_scale"] = q, scale.float()
+            if static_input is not None:
+                out[base + ".input_scale"] = torch.tensor([static_input])
+        else:
+            out[name] = tensor
+    save_file(out, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((dest / "config.json").read_text())
+    strategy = "tensor" if per_tensor else "channel"
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "float", "strategy": strategy},
+                "input_activations": {"num_bits": 8, "type": "float", "strategy": "token"},
+            }
+        },
+        "ignore": ["lm_head"],
+    }
+    (dest / "config.json").write_text(json.dumps(config))
+    return str(dest)
+
+
+def test_compressed_tensors_checkpoint_gives_the_tokens_of_load_time_fp8(
+    llama_dir: str, tmp_path: Path
+) -> None:
+    stored = write_compressed_tensors(llama_dir, tmp_path / "fp8")
+    prompts = random_prompts([12, 30, 45, 7], seed=4)
+    params = greedy(10, ignore_eos=True, logprobs=3)
+    from_checkpoint = engine(stored)  # the checkpoint's config alone makes it run as FP8
+    assert from_checkpoint.engine.config.model.quantization == "fp8"
+    loaded = run(from_checkpoint, prompts, params)
+    quantized = run(engine(llama_dir, quantization="fp8"), prompts, params)
+    assert token_ids(loaded) == token_ids(quantized)
+    assert [o.outputs[0].logprobs for o in loaded] == [o.outputs[0].logprobs for o in quantized]
+
+
+def test_per_tensor_scales_and_static_input_scales_load_as_stored(
+    llama_dir: str, tmp_path: Path
+) -> None:
+    stored = write_compressed_tensors(
+        llama_dir, tmp_path / "fp8", per_tensor=("k_proj", "o_proj"), static_input=0.05
+    )
+    llm = engine(stored)
+    attn = llm.engine.runner.model.layers[0].self_attn
+    tensors = load_file(str(Path(stored) / "model.safetensors"))
+    prefix = "model.layers.0.self_attn"
+    o_scale = tensors[f"{prefix}.o_proj.weight_scale"]
+    assert torch.equal(attn.o_proj.weight, tensors[f"{prefix}.o_proj.weight"])
+    assert torch.equal(attn.o_proj.weight_scale, o_scale.expand(attn.o_proj.out_features))
+    qkv = torch.cat([tensors[f"{prefix}.{p}_proj.weight"] for p in "qkv"])
+    assert torch.equal(attn.qkv_proj.weight.view(torch.uint8), qkv.view(torch.uint8))
+    assert attn.qkv_proj.input_scale == pytest.approx(0.05)
+    assert len(token_ids(run(llm, random_prompts([9], seed=1), greedy(4, ignore_eos=True)))[0]) == 4
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"quant_method": "awq"}, "'awq' is not supported"),
+        ({"strategy": "block"}, "strategy 'block' is not supported"),
+    ],
+)
+def test_unsupported_checkpoint_quantization_is_named(
+    llama_dir: str, tmp_path: Path, change: dict, message: str
+) -> None:
+    stored = Path(write_compressed_tensors(llama_dir, tmp_path / "fp8"))
+    config = json.loads((stored / "config.json").read_text())
+    qc = config["quantization_config"]
+    if "quant_method" in change:
+        qc["quant_method"] = change["quant_method"]
+    else:
+        qc["config_groups"]["group_0"]["weights"]["strategy"] = change["strategy"]
+    (stored / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=message):
+        engine(str(stored))

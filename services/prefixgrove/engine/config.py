@@ -12,7 +12,7 @@ from prefixgrove.catalog.context import context_limit
 from prefixgrove.catalog.presets import load_hf_config
 
 from .models.arch import ModelArch
-from .models.fp8_linear import check_quantization
+from .models.fp8_linear import check_quantization, checkpoint_quantization
 
 _DTYPES = {
     "float32": torch.float32,
@@ -230,6 +230,11 @@ def _model_config(
         max_model_len = min(limit, 8192 if cuda else 2048)
     elif max_model_len > limit:
         raise ValueError(f"max_model_len={max_model_len} exceeds what {model} supports ({limit})")
+    # An FP8 checkpoint (compressed-tensors) runs as FP8 without being asked; None keeps it so.
+    stored = checkpoint_quantization(hf_config)
+    if stored is not None and quantization not in (None, stored):
+        raise ValueError(f"quantization={quantization!r}: {model} is stored as {stored}")
+    quantization = quantization or stored
     return ModelConfig(
         model=model,
         arch=arch,

@@ -9,6 +9,9 @@ result still does not depend on its batch (each row's activation scale is its ow
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -37,6 +40,7 @@ class Fp8Linear(nn.Module):
         weight_scale: torch.Tensor,
         bias: torch.Tensor | None,
         out_dtype: torch.dtype,
+        input_scale: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         if weight.dtype != FP8_DTYPE:
@@ -53,17 +57,37 @@ class Fp8Linear(nn.Module):
         self.weight_scale = nn.Parameter(scale, requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.out_dtype = out_dtype
+        # A checkpoint's static activation scale (one for the layer); None: per token at run time.
+        self.input_scale = None if input_scale is None else float(input_scale)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> Fp8Linear:
-        """Quantizes a loaded linear layer's weight per output channel (load-time quantization)."""
-        q, scale = quantize_per_row(linear.weight.detach())
+    def from_linear(
+        cls,
+        linear: nn.Linear,
+        weight_scale: torch.Tensor | None = None,
+        input_scale: torch.Tensor | None = None,
+    ) -> Fp8Linear:
+        """Quantizes a loaded linear layer's weight per output channel (load-time quantization), or,
+        with `weight_scale`, by a checkpoint's own scales: its dequantized weight divided by the
+        scales it was stored with rounds back to the stored e4m3 values exactly."""
+        weight = linear.weight.detach()
+        if weight_scale is None:
+            q, scale = quantize_per_row(weight)
+        else:
+            scale = weight_scale.float().reshape(-1, 1).to(weight.device)
+            q = (weight.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
         bias = None if linear.bias is None else linear.bias.detach()
-        return cls(q, scale, bias, linear.weight.dtype)
+        return cls(q, scale, bias, weight.dtype, input_scale)
+
+    def _quantize_input(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.input_scale is None:
+            return quantize_per_row(rows)
+        scale = torch.full((rows.shape[0], 1), self.input_scale, device=rows.device)
+        return (rows.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        q, x_scale = quantize_per_row(rows)
+        q, x_scale = self._quantize_input(rows)
         if x.device.type == "cuda":
             out = torch._scaled_mm(
                 q,
@@ -95,18 +119,93 @@ def check_quantization(quantization: str | None) -> None:
         )
 
 
+def checkpoint_quantization(hf_config: Any) -> str | None:
+    """'fp8' for a compressed-tensors FP8 checkpoint, None for an unquantized one; ValueError naming
+    any other method or layout (block-wise scales, other bit widths)."""
+    qc = getattr(hf_config, "quantization_config", None)
+    if qc is None:
+        return None
+    qc = qc if isinstance(qc, dict) else qc.to_dict()
+    method = qc.get("quant_method")
+    if method != "compressed-tensors":
+        raise ValueError(
+            f"checkpoint quantization {method!r} is not supported: only compressed-tensors FP8"
+        )
+    for name, group in (qc.get("config_groups") or {}).items():
+        for role in ("weights", "input_activations"):
+            spec = group.get(role)
+            if spec is None:
+                continue
+            if spec.get("num_bits") != 8 or spec.get("type") != "float":
+                raise ValueError(
+                    f"compressed-tensors group {name!r} {role}: {spec.get('num_bits')}-bit "
+                    f"{spec.get('type')} is not supported (only 8-bit float, e4m3)"
+                )
+            allowed = ("tensor", "channel") if role == "weights" else ("tensor", "token")
+            if spec.get("strategy") not in allowed:
+                raise ValueError(
+                    f"compressed-tensors group {name!r} {role}: strategy "
+                    f"{spec.get('strategy')!r} is not supported (expected {' or '.join(allowed)})"
+                )
+    return "fp8"
+
+
+def dequantize_checkpoint(
+    weights: Iterable[tuple[str, torch.Tensor]],
+    dtype: torch.dtype,
+    scales: dict[str, torch.Tensor],
+    input_scales: dict[str, torch.Tensor],
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """A compressed-tensors checkpoint's tensors with each e4m3 `weight` dequantized (by its
+    `weight_scale`) into `dtype`; the scales are kept in `scales` / `input_scales` by the weight's
+    name, per output channel, for `quantize_model` to store the same e4m3 values again."""
+    tensors = dict(weights)  # the e4m3 weights stay one byte a value until dequantized one by one
+    for name, tensor in tensors.items():
+        if name.endswith((".weight_scale", ".input_scale", ".weight_zero_point")):
+            continue
+        if tensor.dtype == FP8_DTYPE:
+            base = name.removesuffix(".weight")
+            scale = tensors.get(base + ".weight_scale")
+            if scale is None:
+                raise ValueError(f"checkpoint tensor {name!r} is float8 with no weight_scale")
+            scale = scale.float().reshape(-1)
+            if scale.numel() == 1:
+                scale = scale.expand(tensor.shape[0])
+            if scale.numel() != tensor.shape[0]:
+                raise ValueError(
+                    f"{base}.weight_scale has {scale.numel()} values for {tensor.shape[0]} rows "
+                    "(block-wise scales are not supported)"
+                )
+            scales[name] = scale.clone()
+            if (static := tensors.get(base + ".input_scale")) is not None:
+                input_scales[name] = static.float().reshape(-1).max()
+            yield name, (tensor.float() * scale.view(-1, 1)).to(dtype)
+        else:
+            yield name, tensor
+
+
 @torch.no_grad()
-def quantize_model(net: nn.Module) -> None:
+def quantize_model(
+    net: nn.Module,
+    weight_scales: dict[str, torch.Tensor] | None = None,
+    input_scales: dict[str, torch.Tensor] | None = None,
+) -> None:
     """Replaces every decoder-layer `RowInvariantLinear` (qkv, o, gate_up, down) by an `Fp8Linear`.
 
     The embedding and lm_head stay in the model's dtype, as vLLM's fp8 keeps them: the logits set the
-    sampled token directly and cost a small share of the step.
+    sampled token directly and cost a small share of the step. `weight_scales` / `input_scales` (by
+    the model's own parameter name, fused layers' shards concatenated) are a checkpoint's scales.
     """
+    weight_scales, input_scales = weight_scales or {}, input_scales or {}
     layers = getattr(net, "layers", None)
     if layers is None:
         raise ValueError("quantize_model expects a model with decoder `layers`")
-    for layer in layers:
-        for parent in list(layer.modules()):
+    for i, layer in enumerate(layers):
+        for parent_name, parent in list(layer.named_modules()):
             for name, child in list(parent.named_children()):
                 if isinstance(child, RowInvariantLinear):
-                    setattr(parent, name, Fp8Linear.from_linear(child))
+                    key = f"layers.{i}.{parent_name}.{name}.weight"
+                    fp8 = Fp8Linear.from_linear(
+                        child, weight_scales.get(key), input_scales.get(key)
+                    )
+                    setattr(parent, name, fp8)

@@ -14,8 +14,8 @@ from prefixgrove.catalog import gguf
 from prefixgrove.catalog.presets import gguf_path, is_preset
 
 from .arch import ModelArch
-from .fp8_linear import quantize_model
-from .llama import LlamaForCausalLM
+from .fp8_linear import dequantize_checkpoint, quantize_model
+from .llama import LlamaForCausalLM, _map_name
 from .ops import ModelOps
 
 
@@ -37,16 +37,50 @@ def load_model(
             net = LlamaForCausalLM(arch, max_positions, ops)
     finally:
         torch.set_default_dtype(default_dtype)
+    scales: dict[str, torch.Tensor] = {}
+    input_scales: dict[str, torch.Tensor] = {}
     if is_preset(model):
         init_random_weights(net, seed)
     elif (path := gguf_path(model)) is not None:
         net.load_weights(gguf.iter_tensors(path, device))
+    elif quantization == "fp8":
+        # e4m3 tensors of a compressed-tensors checkpoint come in dequantized, their scales kept
+        # so that quantize_model stores the very same e4m3 values again.
+        net.load_weights(
+            dequantize_checkpoint(iter_safetensors(model, device), dtype, scales, input_scales)
+        )
     else:
         net.load_weights(iter_safetensors(model, device))
     if quantization == "fp8":
-        # Quantized at load time from the checkpoint's own weights (vLLM's quantization="fp8").
-        quantize_model(net)
+        # Quantized at load time: from the checkpoint's scales where it has them, else per output
+        # channel from its weights (vLLM's quantization="fp8").
+        quantize_model(net, *_fused_scales(scales, input_scales, net))
     return net.eval().requires_grad_(False)
+
+
+def _fused_scales(
+    scales: dict[str, torch.Tensor], input_scales: dict[str, torch.Tensor], net: LlamaForCausalLM
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Checkpoint scales by Hugging Face name -> by the model's parameter name, the shards of a fused
+    matrix (q, k, v; gate, up) concatenated in the order they sit in it."""
+    shards: dict[str, dict[str, torch.Tensor]] = {}
+    statics: dict[str, list[torch.Tensor]] = {}
+    for hf_name, scale in scales.items():
+        target = _map_name(hf_name)
+        if target is None:
+            continue
+        name, shard = target
+        shards.setdefault(name, {})[shard] = scale
+        if hf_name in input_scales:
+            statics.setdefault(name, []).append(input_scales[hf_name])
+    fused = {}
+    for name, parts in shards.items():
+        order = net._shards_of(name)
+        if set(parts) != set(order):
+            raise ValueError(f"{name}: the checkpoint quantizes shards {sorted(parts)} of {order}")
+        fused[name] = torch.cat([parts[s] for s in order])
+    # a fused layer takes one static activation scale: the largest of its shards', so none clips
+    return fused, {name: torch.stack(v).max() for name, v in statics.items()}
 
 
 @torch.no_grad()
