@@ -2,12 +2,14 @@
 
 replicas = clamp(ceil(depth / groups_per_worker), min, max); up at once, down only to the highest count
 recommended during the last stabilization window, so a short lull never drops workers mid-job.
+Each worker pool (a Deployment serving one model) has its own Autoscaler, fed by its model's queue.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 
 from kubernetes import client
 
-from prefixgrove_operator.settings import OperatorSettings
+from prefixgrove_operator.settings import OperatorSettings, WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -70,16 +72,19 @@ class WorkerScaler:
 
 @dataclass
 class Autoscaler:
+    """Scales one pool's Deployment from its model's queue depth."""
+
     settings: OperatorSettings
+    pool: WorkerPool
     queue_depth: Callable[[], int]
     scaler: WorkerScaler
     clock: Callable[[], float] = time.monotonic
     decider: ScaleDecider = field(init=False)
 
     def __post_init__(self) -> None:
-        s = self.settings
+        p = self.pool
         self.decider = ScaleDecider(
-            s.groups_per_worker, s.min_workers, s.max_workers, s.scale_down_window_s
+            p.groups_per_worker, p.min_workers, p.max_workers, self.settings.scale_down_window_s
         )
 
     def step(self) -> tuple[int, int, int]:
@@ -108,3 +113,22 @@ class Autoscaler:
                 log.warning("autoscaler step failed, retrying next interval: %s", exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopped.wait(), timeout=self.settings.autoscale_interval_s)
+
+
+def pool_autoscalers(
+    settings: OperatorSettings,
+    queue_depth: Callable[[str], int],
+    apps: client.AppsV1Api,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[Autoscaler]:
+    """One Autoscaler for each of settings.pools, fed by queue_depth(the pool's model)."""
+    return [
+        Autoscaler(
+            settings,
+            pool,
+            queue_depth=functools.partial(queue_depth, pool.model),
+            scaler=WorkerScaler(apps, pool.deployment, settings.worker_namespace),
+            clock=clock,
+        )
+        for pool in settings.pools
+    ]

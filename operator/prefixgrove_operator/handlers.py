@@ -16,7 +16,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from prefixgrove.planner.client import PlannerClient, PlannerRejected, PlannerUnavailable
-from prefixgrove_operator.autoscaler import Autoscaler, WorkerScaler
+from prefixgrove_operator.autoscaler import pool_autoscalers
 from prefixgrove_operator.results import append_new_results
 from prefixgrove_operator.settings import GROUP, PLURAL, VERSION, OperatorSettings
 from prefixgrove_operator.spec import BatchJobSpec, InvalidSpec, on_volume
@@ -75,25 +75,20 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     memo.core = client.CoreV1Api()
     memo.custom = client.CustomObjectsApi()
     memo.autoscaler_stop = asyncio.Event()
-    memo.autoscaler_task = None
-    if SETTINGS.autoscaling:
-        autoscaler = Autoscaler(
-            SETTINGS,
-            queue_depth=lambda: memo.planner.queue_depth(SETTINGS.worker_model).depth,
-            scaler=WorkerScaler(
-                client.AppsV1Api(), SETTINGS.worker_deployment, SETTINGS.worker_namespace
-            ),
-        )
-        # NOTE: a loop, not a kopf.timer on the Deployment: timers put a finalizer on their object,
-        # and a Helm-owned Deployment must stay deletable when the operator is gone.
-        memo.autoscaler_task = asyncio.create_task(autoscaler.run(memo.autoscaler_stop))
+    # one per worker pool, each fed by its own model's queue (every model's for the single
+    # Deployment of PREFIXGROVE_WORKER_DEPLOYMENT with no PREFIXGROVE_WORKER_MODEL)
+    autoscalers = pool_autoscalers(
+        SETTINGS, lambda model: memo.planner.queue_depth(model).depth, client.AppsV1Api()
+    )
+    # NOTE: loops, not a kopf.timer on the Deployments: timers put a finalizer on their object,
+    # and a Helm-owned Deployment must stay deletable when the operator is gone.
+    memo.autoscaler_tasks = [asyncio.create_task(a.run(memo.autoscaler_stop)) for a in autoscalers]
 
 
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
     memo.autoscaler_stop.set()
-    if memo.autoscaler_task is not None:
-        await memo.autoscaler_task
+    await asyncio.gather(*memo.autoscaler_tasks)
     memo.planner.close()
 
 
