@@ -21,7 +21,7 @@ from .prompt_ids import checked_token_ids
 from .samples import SampleSets
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
-from .sequence import Group, Sequence
+from .sequence import Group, SeqStatus, Sequence
 
 logger = logging.getLogger(__name__)
 # A request as add_group takes it: (request_id, prompt_token_ids, params).
@@ -449,6 +449,22 @@ class LLMEngine:
             self.metrics.decode_tokens += 1
         else:
             self.metrics.prefill_tokens += item.num_tokens
+
+    # -- what it holds now (read-only; the worker's gauges) ---------------------------------------------
+
+    def kv_cache_usage(self) -> float:
+        """The share of the usable KV blocks that requests hold now (cached blocks nobody holds are
+        free: they are taken back when needed)."""
+        return (self.blocks.num_usable - self.blocks.num_free) / self.blocks.num_usable
+
+    def num_running_requests(self) -> int:
+        """Sequences in the running batch: a request of n samples counts n, a group's prefix none."""
+        return sum(1 for seq in self.scheduler.running if not seq.is_prefix)
+
+    def num_waiting_requests(self) -> int:
+        """Sequences queued and not running (preempted ones included), counted as in
+        `num_running_requests`."""
+        return sum(1 for seq in self._requests.values() if seq.status is SeqStatus.WAITING)
 
 
 def _tokens_left(seq: Sequence) -> int:
