@@ -27,7 +27,10 @@ if TYPE_CHECKING:
     from prefixgrove.engine import LLM, RequestOutput, SamplingParams
 
 log = logging.getLogger(__name__)
+# what the run is doing, phase by phase (the CLI's --log-format and --quiet apply to it)
+progress = logging.getLogger("prefixgrove.run")
 _READ_LINES = 4096
+PROGRESS_EVERY_S = 2.0  # the least time between two progress lines of one phase
 
 
 class JobInputError(ValueError):
@@ -76,25 +79,35 @@ def run_local(
     use_tqdm: bool | Callable[..., tqdm] = True,
     resume: bool = False,
     served_model_name: str = "",
+    progress_every_s: float = PROGRESS_EVERY_S,
 ) -> RunSummary:
     """Runs the job, appending each answer to its file once every line before it is answered.
     resume: keep what the files already answer of this input (ResumeMismatch if they answer
     another) and run the rest; otherwise they are overwritten. served_model_name: the name
     lines call the model by (default: `model`); a line naming another model is a
-    `model_not_found` error, as a worker serving this model would answer it."""
+    `model_not_found` error, as a worker serving this model would answer it.
+
+    Each phase logs its progress on logger prefixgrove.run (at most every progress_every_s) and
+    its end: loading the tokenizer and the model, reading and tokenizing the lines, grouping
+    them, and (when use_tqdm is False: no bar shows it) decoding."""
     from prefixgrove.engine import LLM, EngineConfig
 
     start = time.perf_counter()
     engine_args = {**engine_args, "max_model_len": ingest.max_model_len}
+    progress.info("loading the tokenizer of %s", model)
     limit = EngineConfig.create(model, **engine_args).model.max_model_len  # no weights yet
     name = served_model_name or model
     ingestor = JobIngestor({name: PromptTokenizer(model, limit)}, ingest)
-    requests, errors = _read_job(ingestor, input_path)
+    progress.info("tokenizer loaded in %.1fs", time.perf_counter() - start)
+    requests, errors = _read_job(ingestor, input_path, progress_every_s)
     done = Answered(0, 0, 0)
     if resume:
         done = _resume_point(output_path, errors_path, ingestor.total, requests, errors)
-    plan = ingestor.plan()[name]
+    plan = _plan(ingestor, name)
+    progress.info("loading model %s (%s)", model, _engine_text(engine_args))
+    loading = time.perf_counter()
     llm = LLM(model, **engine_args)
+    progress.info("model %s loaded in %.1fs", model, time.perf_counter() - loading)
     runnable = _runnable(llm, requests, errors)
     todo = [item for item in runnable if item[0].index >= done.count]
     failures = [e for e in errors if e.index >= done.count]
@@ -105,7 +118,7 @@ def run_local(
         writer.flush()
         answer = _Answer(name, llm.get_tokenizer(), writer, failures)
         groups = _engine_groups(plan, [request.index for request, _, _ in todo])
-        completion_tokens = _generate(llm, todo, groups, answer, use_tqdm)
+        completion_tokens = _generate(llm, todo, groups, answer, use_tqdm, progress_every_s)
     return RunSummary(
         total=ingestor.total,
         completed=writer.written[0],
@@ -155,17 +168,47 @@ def _resume_point(
     return done
 
 
+class _Every:
+    """Says yes at most once every `seconds` (the first time `seconds` after it was made)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.last = seconds, time.perf_counter()
+
+    def __call__(self) -> bool:
+        now = time.perf_counter()
+        if now - self.last < self.seconds:
+            return False
+        self.last = now
+        return True
+
+
+def _engine_text(engine_args: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in engine_args.items() if v is not None)
+
+
 def _read_job(
-    ingestor: JobIngestor, path: Path
+    ingestor: JobIngestor, path: Path, every_s: float = PROGRESS_EVERY_S
 ) -> tuple[list[tuple[BatchRequest, Any]], list[RequestError]]:
     """The job's valid requests with their tokens, and the lines that failed; raises JobInputError
     when the whole input is not a batch."""
     requests: list[tuple[BatchRequest, Any]] = []
     errors: list[RequestError] = []
-    for lines in read_lines(path):
+    progress.info("reading and tokenizing %s", path)
+    start, due, count = time.perf_counter(), _Every(every_s), 0
+    for lines in read_lines(path, _READ_LINES):
         batch = ingestor.add(lines)
         requests.extend(batch.requests)
         errors.extend(batch.errors)
+        count += len(lines)
+        if due():
+            rate = count / max(time.perf_counter() - start, 1e-9)
+            progress.info("read %d lines (%.0f lines/s), %d invalid so far", count, rate, len(errors))  # fmt: skip
+    seconds = time.perf_counter() - start
+    progress.info(
+        "read %d lines in %.1fs (%.0f lines/s): %d requests, %d prompt tokens, %d invalid lines",
+        count, seconds, count / max(seconds, 1e-9), len(requests), ingestor.prompt_tokens,
+        len(errors),
+    )  # fmt: skip
     problem = ingestor.job_error()
     if problem is not None:
         raise JobInputError(*problem)
@@ -191,24 +234,51 @@ def _runnable(
     return runnable
 
 
+def _plan(ingestor: JobIngestor, name: str) -> JobPlan:
+    """The job's prefix groups (of model `name`), with what grouping found."""
+    start = time.perf_counter()
+    progress.info("grouping %d requests by shared prefix", ingestor.total)
+    plan = ingestor.plan()[name]
+    tokens = ingestor.prompt_tokens
+    share = 100 * plan.prefix_tokens_saved / tokens if tokens else 0.0
+    progress.info(
+        "grouped in %.1fs: %d groups, %d shared-prefix tokens computed once (%.1f%% of %d prompt "
+        "tokens)", time.perf_counter() - start, plan.num_groups, plan.prefix_tokens_saved, share,
+        tokens,
+    )  # fmt: skip
+    return plan
+
+
 def _generate(
     llm: LLM,
     todo: list[tuple[BatchRequest, list[int], SamplingParams]],
     groups: list[PrefixGroup],
     answer: _Answer,
     use_tqdm: bool | Callable[..., tqdm],
+    every_s: float = PROGRESS_EVERY_S,
 ) -> int:
     """Runs `todo` through the engine, handing each finished request to `answer` and flushing
-    after every step that finished some; returns the completion tokens."""
+    after every step that finished some; returns the completion tokens. Without a bar
+    (use_tqdm False), logs the requests done every `every_s`."""
     ids = [str(pos) for pos in range(len(todo))]
     token_ids = [tokens for _, tokens, _ in todo]
     params = [sp for _, _, sp in todo]
-    tokens = 0
+    tokens, done, due = 0, 0, _Every(every_s)
+    progress.info("decoding %d requests in %d prefix groups", len(todo), len(groups))
+    start = time.perf_counter()
     for finished in llm.run_requests(ids, token_ids, params, groups, use_tqdm):
         for out in finished:
             answer(todo[int(out.request_id)][0], out)
             tokens += sum(len(c.token_ids) for c in out.outputs)
         answer.writer.flush()
+        done += len(finished)
+        if not use_tqdm and done < len(todo) and due():
+            elapsed = max(time.perf_counter() - start, 1e-9)
+            progress.info("decoded %d/%d requests (%.1f req/s, %.0f tokens/s)", done, len(todo),
+                          done / elapsed, tokens / elapsed)  # fmt: skip
+    elapsed = max(time.perf_counter() - start, 1e-9)
+    progress.info("decoded %d/%d requests in %.1fs (%.1f req/s, %.0f tokens/s)", done, len(todo),
+                  elapsed, done / elapsed, tokens / elapsed)  # fmt: skip
     return tokens
 
 

@@ -87,7 +87,20 @@ class SecuritySettings:
 class ClientSettings:
     """Where the command-line client finds the planner (`--planner`, PREFIXGROVE_PLANNER)."""
 
-    planner: str = "127.0.0.1:50051"
+    planner: str = field(default="127.0.0.1:50051", metadata={_HELP: "the planner's HOST:PORT"})
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    """How every `prefixgrove` command writes its logs and progress on stderr."""
+
+    log_format: str = field(
+        default="text", metadata={_HELP: "text, or json: one JSON object a line"}
+    )
+
+    def __post_init__(self) -> None:
+        if self.log_format not in ("text", "json"):
+            raise ValueError(f"log_format={self.log_format!r} is invalid: expected text or json")
 
 
 @dataclass(frozen=True)
@@ -240,9 +253,17 @@ class WorkerSettings:
         return self.served_model_name or self.model
 
 
-def add_arguments(parser: argparse.ArgumentParser, *classes: type) -> None:
+def env_name(field_name: str) -> str:
+    """The variable that sets a field (load reads it, --help names it)."""
+    return ENV_PREFIX + field_name.upper()
+
+
+def add_arguments(parser: argparse.ArgumentParser, *classes: type, suppress: bool = False) -> None:
     """Adds one --flag per field of the given settings classes; defaults stay None so the
-    environment and the dataclass default can fill what the command line leaves out."""
+    environment and the dataclass default can fill what the command line leaves out (suppress:
+    a flag left out leaves no attribute at all, for a subcommand's copy of a global flag that
+    must not overwrite what was given before the subcommand)."""
+    unset = argparse.SUPPRESS if suppress else None
     seen: set[str] = set()
     for cls in classes:
         for f in fields(cls):
@@ -251,15 +272,15 @@ def add_arguments(parser: argparse.ArgumentParser, *classes: type) -> None:
             seen.add(f.name)
             flag = "--" + f.name.replace("_", "-")
             action = "append" if f.metadata.get(_REPEATED) else "store"
-            parser.add_argument(flag, dest=f.name, default=None, action=action, help=_help(f))
+            parser.add_argument(flag, dest=f.name, default=unset, action=action, help=field_help(f))
 
 
-def _help(f: Field[Any]) -> str:
+def field_help(f: Field[Any]) -> str:
     """What --help says of a setting: its default and the variable that sets it."""
-    secret = "token" in f.name or f.name.endswith("_key")
+    secret = f.name.endswith(("_token", "_key"))  # not default_max_tokens, tokenize_batch
     default = "unset" if f.default in (None, "") or secret else f"{f.default}"
     described = f"{f.metadata[_HELP]}; " if _HELP in f.metadata else ""
-    return f"{described}default: {default}; environment: {ENV_PREFIX}{f.name.upper()}"
+    return f"{described}default: {default}; environment: {env_name(f.name)}"
 
 
 def load(
@@ -272,7 +293,7 @@ def load(
     env = os.environ if env is None else env
     kwargs: dict[str, Any] = {}
     for f in fields(cls):  # type: ignore[arg-type]
-        variable = ENV_PREFIX + f.name.upper()
+        variable = env_name(f.name)
         raw = env.get(variable)
         if values.get(f.name) is not None:
             kwargs[f.name] = _convert(f.type, values[f.name], f.name)
