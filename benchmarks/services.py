@@ -165,6 +165,7 @@ def worker_metrics(port: int) -> dict[str, float]:
     for line in text.splitlines():
         if line.startswith("prefixgrove_worker_"):
             name, value = line.rsplit(" ", 1)
+            name = re.sub(r'model="[^"]*",?', "", name).replace("{}", "")  # one model a worker
             out[name.removeprefix("prefixgrove_worker_")] = float(value)
     return out
 

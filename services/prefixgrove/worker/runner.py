@@ -56,6 +56,7 @@ class _InFlight:
     blamed: int = 0  # failed deliveries that caught one of its requests running alone
     # request id -> the most KV tokens it holds beyond the shared prefix
     kv_tokens: dict[str, int] = field(default_factory=dict)
+    leased_at: float = 0.0  # time.monotonic() at the lease
 
     def held(self) -> tuple[int, int]:
         """(sequences, KV tokens) of what is still to answer."""
@@ -94,7 +95,7 @@ class Worker:
         self.budget = LeaseBudget(
             _capacity(self.engine), settings.lease_ahead, settings.max_groups_in_flight
         )
-        self.metrics = WorkerMetrics()
+        self.metrics = WorkerMetrics(model=settings.served_name)
         self._inflight: dict[tuple[str, str], _InFlight] = {}
         self._running: set[str] = set()  # request ids the engine holds now
         self._isolation = Isolation()
@@ -103,6 +104,7 @@ class Worker:
         self._last_cancel_poll = 0.0
         self._tokens_window = (time.monotonic(), 0)
         self._reused_seen = 0
+        self._prefill_seen = 0
 
     # --- the loop ---------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -170,13 +172,14 @@ class Worker:
         clock = self._account("idle" if idle else "lease", clock)
         if self.engine.has_unfinished_requests():
             self._step()
+        self._engine_gauges()
         clock = self._account("step", clock)
         self._flush()
         self._account("write", clock)
 
     def _account(self, phase: str, since: float) -> float:
         now = time.perf_counter()
-        self.metrics.loop_seconds.labels(phase).inc(now - since)
+        self.metrics.loop_seconds[phase].inc(now - since)
         return now
 
     def _retry(self, fn: Any) -> None:
@@ -236,9 +239,12 @@ class Worker:
             raise
 
     def _start(self, lease: Lease) -> None:
+        leased_at = time.monotonic()
         job_id, group_id = lease.job_id, lease.group_id
         if lease.deliveries > 1:
             self.metrics.groups_taken_over.inc()
+        else:
+            self.metrics.queue_wait.observe(_queue_wait(lease.entry_id))
         self.store.mark_leased(job_id, group_id)  # before the state check: see schema.CANCEL
         state = self.store.job_state(job_id)
         loaded = None
@@ -252,7 +258,7 @@ class Worker:
         flight, accepted = self._admit(
             lease, group.indices, records, lease.deliveries - history.blamed
         )
-        flight.blamed = history.blamed
+        flight.blamed, flight.leased_at = history.blamed, leased_at
         flight.prefix_len = _shared_prefix(group.prefix_len, accepted)
         max_len = self.engine.config.model.max_model_len
         flight.kv_tokens = {
@@ -444,9 +450,17 @@ class Worker:
             self.metrics.requests_done.inc()
             self.metrics.output_tokens.inc(tokens)
             self._count_tokens(tokens)
-        reused = self.engine.metrics.prefix_tokens_reused
-        self.metrics.prefix_tokens_reused.inc(max(reused - self._reused_seen, 0))
-        self._reused_seen = reused
+
+    def _engine_gauges(self) -> None:
+        """The engine's prompt tokens (computed, reused) since the last call, and what it holds."""
+        engine, metrics = self.engine, self.metrics
+        reused, prefill = engine.metrics.prefix_tokens_reused, engine.metrics.prefill_tokens
+        metrics.prefix_tokens_reused.inc(max(reused - self._reused_seen, 0))
+        metrics.prompt_tokens.inc(max(prefill - self._prefill_seen, 0))
+        self._reused_seen, self._prefill_seen = reused, prefill
+        metrics.kv_cache_usage.set(engine.kv_cache_usage())
+        metrics.requests_running.set(engine.num_running_requests())
+        metrics.requests_waiting.set(engine.num_waiting_requests())
 
     def _flush(self) -> None:
         by_job: dict[str, list[tuple[int, ResultRecord, int]]] = {}
@@ -462,8 +476,10 @@ class Worker:
         self.store.finish_group(lease.job_id, lease.group_id)
         self.queue.ack(lease)
         self._forget_suspect(lease)
-        if self._inflight.pop((lease.job_id, lease.group_id), None) is not None:
+        flight = self._inflight.pop((lease.job_id, lease.group_id), None)
+        if flight is not None:
             self.metrics.groups_done.inc()
+            self.metrics.group_run.observe(time.monotonic() - flight.leased_at)
         self.metrics.groups_leased.set(len(self._inflight))
 
     # --- cancel, takeover, shutdown ---------------------------------------------------------
@@ -524,6 +540,13 @@ class Worker:
             self.metrics.tokens_per_second.set(count / elapsed)
             start, count = time.monotonic(), 0
         self._tokens_window = (start, count)
+
+
+def _queue_wait(entry_id: str) -> float:
+    """Seconds since the group's stream entry was added: its id starts with Redis's clock in
+    milliseconds at the XADD (0 where this host's clock is behind Redis's)."""
+    queued_ms = int(entry_id.split("-", 1)[0])
+    return max(time.time() - queued_ms / 1000, 0.0)
 
 
 def _shared_prefix(prefix_len: int, accepted: list[RequestRecord]) -> int:
