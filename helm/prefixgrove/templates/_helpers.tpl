@@ -173,3 +173,59 @@ TLS on the planner's API: the values must name the Secrets they need.
 {{- fail "tls.mutual needs tls.enabled" }}
 {{- end }}
 {{- end }}
+
+{{/*
+The worker pools, as JSON {"pools": [...]}: one per entry of models, or, with models empty, the one
+pool of worker.* serving worker.model (name "": no --served-model-name, no pool label). Each pool
+has its served name, source, Deployment name, pool label (the name as a DNS label) and every
+per-pool setting, from the entry or else from worker.* and autoscaling.*.
+Read it with (fromJson (include "prefixgrove.workerPools" .)).pools.
+*/}}
+{{- define "prefixgrove.workerPools" -}}
+{{- $w := .Values.worker }}
+{{- $a := .Values.autoscaling }}
+{{- $defaults := dict "replicas" $w.replicas "minReplicas" $a.minReplicas "maxReplicas" $a.maxReplicas
+      "groupsPerWorker" $a.groupsPerWorker "gpus" $w.gpus "device" $w.device "extraArgs" $w.extraArgs
+      "resources" $w.resources "nodeSelector" $w.nodeSelector "tolerations" $w.tolerations }}
+{{- $worker := include "prefixgrove.worker.fullname" . }}
+{{- $pools := list }}
+{{- if not .Values.models }}
+{{- $pools = append $pools (merge (dict "name" "" "source" $w.model "pool" "" "deployment" $worker "where" "worker") $defaults) }}
+{{- else }}
+{{- $seen := dict }}
+{{- range $i, $m := .Values.models }}
+{{- $where := printf "models[%d]" $i }}
+{{- $name := toString (default "" $m.name) }}
+{{- if or (not $name) (regexMatch "[[:space:],=]" $name) }}
+{{- fail (printf "%s.name %q is invalid: a served model name, without spaces, ',' or '='" $where $name) }}
+{{- end }}
+{{- $pool := regexReplaceAll "[^a-z0-9-]+" (lower $name) "-" | trimAll "-" }}
+{{- $deployment := printf "%s-%s" $worker $pool }}
+{{- if not $pool }}
+{{- fail (printf "%s.name %q can't form a DNS label for its worker Deployment: it needs a letter or digit" $where $name) }}
+{{- end }}
+{{- if gt (len $deployment) 63 }}
+{{- fail (printf "%s.name %q makes the worker Deployment name %s longer than 63 characters: shorten the name (or fullnameOverride)" $where $name $deployment) }}
+{{- end }}
+{{- if hasKey $seen $pool }}
+{{- if eq (index $seen $pool) $name }}
+{{- fail (printf "%s.name %q is a duplicate: every model is served by one pool" $where $name) }}
+{{- end }}
+{{- fail (printf "%s.name %q and %q both become the worker Deployment %s: rename one" $where (index $seen $pool) $name $deployment) }}
+{{- end }}
+{{- $_ := set $seen $pool $name }}
+{{- if not $m.source }}
+{{- fail (printf "%s.source is required: a preset, or a path under worker.modelVolume.mountPath" $where) }}
+{{- end }}
+{{- $entry := dict "name" $name "source" (toString $m.source) "pool" $pool "deployment" $deployment "where" $where }}
+{{- range $key, $default := $defaults }}
+{{- $_ := set $entry $key (ternary (index $m $key) $default (hasKey $m $key)) }}
+{{- end }}
+{{- if lt (int $entry.maxReplicas) (int $entry.minReplicas) }}
+{{- fail (printf "%s.maxReplicas (%v) must be >= %s.minReplicas (%v) (each falls back to autoscaling.*)" $where $entry.maxReplicas $where $entry.minReplicas) }}
+{{- end }}
+{{- $pools = append $pools $entry }}
+{{- end }}
+{{- end }}
+{{- toJson (dict "pools" $pools) }}
+{{- end }}
