@@ -104,6 +104,8 @@ class PlannerService(pb_grpc.PlannerServicer):
         self.default_model = models[0].name
         self.ingest_settings = ingest
         self.metrics = metrics
+        metrics.declare_models(self.models)
+        metrics.follow_jobs(store.get_job)
         self._tokenizers: dict[str, PromptTokenizer] = {}  # by source: two names may share one
         self._ingests: dict[str, _Ingest] = {}
         self._sealing: set[str] = set()  # jobs this replica seals right now
@@ -180,7 +182,7 @@ class PlannerService(pb_grpc.PlannerServicer):
             # claimed first: should this planner stop before the upload opens, others fail the job
             self.store.claim_ingest(job.id, self.instance)
             self.uploads.open(job.id)
-            self.metrics.jobs_created.inc()
+            self.metrics.jobs_created.labels(model).inc()
             log.info("created job %s for model %s", job.id, model)
         return job_to_pb(job, self.store)
 
@@ -201,8 +203,7 @@ class PlannerService(pb_grpc.PlannerServicer):
                     self.store.write_requests(job_id, batch, ing.total, ing.prompt_tokens)
                 accepted += len(batch.requests)
                 rejected += len(batch.errors)
-                self.metrics.requests_accepted.inc(len(batch.requests))
-                self.metrics.requests_rejected.inc(len(batch.errors))
+                self.metrics.count_lines(batch, ing.model_of, ing.default_model)
         except UploadClosed as exc:
             self._forget_ingest(job_id)
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
@@ -226,6 +227,7 @@ class PlannerService(pb_grpc.PlannerServicer):
             if claim.counts is None:
                 return job_to_pb(self._sealed_elsewhere(job.id, claim.holder, context), self.store)
             self.store.claim_ingest(job.id, self.instance)  # if we stop now, others fail the job
+            self.metrics.job_sealed(job.id)
             self._seal(job, claim.counts, context)
         finally:
             with self._lock:
