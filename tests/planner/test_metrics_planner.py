@@ -15,7 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from services_testbed import MODEL, RedisServer, batch_line, free_port
 
 from prefixgrove.engine import EngineConfig, LLMEngine
+from prefixgrove.jobs.schema import JobRecord, JobState
 from prefixgrove.planner.client import PlannerClient
+from prefixgrove.planner.metrics import PlannerMetrics
 from prefixgrove.planner.server import PlannerServer, build_server
 from prefixgrove.settings import IngestSettings, PlannerSettings, SecuritySettings, WorkerSettings
 from prefixgrove.worker.runner import Worker
@@ -150,3 +152,11 @@ def test_a_job_a_worker_completes_is_observed_as_completed(
     )
     # buckets are cumulative; nothing took two days
     assert planner.value(f"{DURATION}_bucket", model=MODEL, state="completed", le="172800.0") == 1
+
+
+def test_a_planner_serving_no_metrics_follows_no_jobs() -> None:
+    metrics = PlannerMetrics()
+    ended = JobRecord("job_x", MODEL, JobState.COMPLETED, created_at=1.0, finished_at=2.0)
+    metrics.follow_jobs(lambda job_id: ended)
+    metrics.job_sealed(ended.id)  # nothing would ever read it back: not kept
+    assert metrics.observe_ended_jobs() == 0

@@ -65,6 +65,7 @@ class PlannerMetrics:
         )
         self._read_job: Callable[[str], JobRecord | None] | None = None
         self._followed: dict[str, None] = {}  # job ids, oldest first
+        self._serving = False
         self._lock = threading.Lock()
 
     def declare_models(self, models: Iterable[str]) -> None:
@@ -97,7 +98,10 @@ class PlannerMetrics:
         self._read_job = read_job
 
     def job_sealed(self, job_id: str) -> None:
-        """This replica seals the job: its duration is observed here once it has ended."""
+        """This replica seals the job: its duration is observed here once it has ended (only
+        while the metrics are served: nothing else would read the jobs back)."""
+        if not self._serving:
+            return
         with self._lock:
             self._followed[job_id] = None
             if len(self._followed) > _MAX_FOLLOWED:
@@ -129,6 +133,7 @@ class PlannerMetrics:
         """Serves /metrics and, every few seconds until `stop` is set, refreshes the queue gauges
         and observes the jobs that ended; returns the threads doing it."""
         httpd, http_thread = start_http_server(port, registry=self.registry)
+        self._serving = True
 
         def refresh() -> None:
             while True:
