@@ -29,6 +29,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -106,42 +108,22 @@ def run_inproc(n: int) -> dict[str, object]:
 
 
 def run_grpc(n: int) -> dict[str, object]:
-    from prefixgrove.planner.client import PlannerClient
-
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is not installed (scripts/ci/install-redis.sh)")
-    with tempfile.TemporaryDirectory() as tmp:
-        redis_port, planner_port = _free_port(), _free_port()
-        redis = subprocess.Popen([binary, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-                                  "--appendonly", "no", "--dir", tmp], stdout=subprocess.DEVNULL)  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        planner = subprocess.Popen(
-            [sys.executable, "-m", "prefixgrove.cli", "serve", "planner", "--redis-url",
-             f"redis://127.0.0.1:{redis_port}/0", "--host", "127.0.0.1", "--port", str(planner_port),
-             "--model", MODEL, "--max-model-len", "2048"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            client = PlannerClient(f"127.0.0.1:{planner_port}")
-            _wait_ready(client, planner, planner_port)
-            job = client.create_job()
-            base = rss_mb(planner.pid)
-            start = time.perf_counter()
-            reply = client.add_lines(job.id, job_lines(n))
-            ingest_s = time.perf_counter() - start
-            sealed = client.seal(job.id)
-            total_s = time.perf_counter() - start
-            return {
-                "mode": "grpc", "requests": n, "accepted": reply.accepted, "ingest_s": round(ingest_s, 2),
-                "seal_s": round(total_s - ingest_s, 2), "requests_per_s": round(n / total_s),
-                "groups_total": sealed.groups_total, "prefix_tokens_saved": sealed.prefix_tokens_saved,
-                "planner_baseline_rss_mb": round(base), "planner_peak_rss_mb": round(peak_rss_mb(planner.pid)),
-                "planner_peak_growth_mb": round(peak_rss_mb(planner.pid) - base),
-            }  # fmt: skip
-        finally:
-            planner.kill()
-            redis.kill()
+    with _served_planner() as served:
+        client, pid = served.client, served.planner.pid
+        job = client.create_job()
+        base = rss_mb(pid)
+        start = time.perf_counter()
+        reply = client.add_lines(job.id, job_lines(n))
+        ingest_s = time.perf_counter() - start
+        sealed = client.seal(job.id)
+        total_s = time.perf_counter() - start
+        return {
+            "mode": "grpc", "requests": n, "accepted": reply.accepted, "ingest_s": round(ingest_s, 2),
+            "seal_s": round(total_s - ingest_s, 2), "requests_per_s": round(n / total_s),
+            "groups_total": sealed.groups_total, "prefix_tokens_saved": sealed.prefix_tokens_saved,
+            "planner_baseline_rss_mb": round(base), "planner_peak_rss_mb": round(peak_rss_mb(pid)),
+            "planner_peak_growth_mb": round(peak_rss_mb(pid) - base),
+        }  # fmt: skip
 
 
 RESULT_LINE_KB = 256
@@ -153,49 +135,69 @@ def run_http(file_mb: int) -> dict[str, object]:
     import openai
     from redis import Redis
 
+    http_port = _free_port()
+    with _served_planner("--http-port", str(http_port), data_dir=True) as served:
+        pid, tmp = served.planner.pid, served.dir
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="none")
+        base = rss_mb(pid)
+        stages: dict[str, object] = {"planner_baseline_rss_mb": round(base)}
+        big = Path(tmp) / "input.jsonl"
+        _write_input(big, file_mb)
+        start = time.perf_counter()
+        with big.open("rb") as handle:
+            uploaded = client.files.create(file=handle, purpose="batch")
+        stages["upload_s"] = round(time.perf_counter() - start, 1)
+        stages["upload_peak_rss_mb"] = round(peak_rss_mb(pid))
+        big.unlink()  # the planner's copy is what comes back
+        start = time.perf_counter()
+        got = _download(client, uploaded.id)
+        stages["download_s"] = round(time.perf_counter() - start, 1)
+        stages["download_peak_rss_mb"] = round(peak_rss_mb(pid))
+        client.files.delete(uploaded.id)
+        output_file = _answered_batch(client, Redis(port=served.redis_port), tmp, file_mb)
+        stages["answered_batch_peak_rss_mb"] = round(peak_rss_mb(pid))
+        start = time.perf_counter()
+        output_mb = round(_download(client, output_file) / 2**20, 1)
+        stages["output_download_s"] = round(time.perf_counter() - start, 1)
+        stages["output_download_peak_rss_mb"] = round(peak_rss_mb(pid))
+        return {"mode": "http", "file_mb": round(got / 2**20, 1), "output_mb": output_mb, **stages,
+                "planner_peak_growth_mb": round(peak_rss_mb(pid) - base)}  # fmt: skip
+
+
+@dataclass
+class _Served:
+    dir: str  # a temporary folder: Redis's, and the planner's --data-dir where asked
+    redis_port: int
+    planner: subprocess.Popen[bytes]
+    client: PlannerClient  # of the planner's gRPC port, ready
+
+
+@contextmanager
+def _served_planner(*extra: str, data_dir: bool = False) -> Iterator[_Served]:
+    """A redis-server and `prefixgrove serve planner` (one math thread, MODEL, `extra` flags; with
+    `data_dir`, its --data-dir the temporary folder) whose gRPC channel is ready; kills both at the
+    end."""
+    from prefixgrove.planner.client import PlannerClient
+
     binary = shutil.which("redis-server")
     if binary is None:
         raise SystemExit("redis-server is not installed (scripts/ci/install-redis.sh)")
     with tempfile.TemporaryDirectory() as tmp:
-        redis_port, planner_port, http_port = _free_port(), _free_port(), _free_port()
+        redis_port, planner_port = _free_port(), _free_port()
         redis = subprocess.Popen([binary, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
                                   "--appendonly", "no", "--dir", tmp], stdout=subprocess.DEVNULL)  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        flags = [*extra, *(["--data-dir", tmp] if data_dir else [])]
         planner = subprocess.Popen(
             [sys.executable, "-m", "prefixgrove.cli", "serve", "planner", "--redis-url",
              f"redis://127.0.0.1:{redis_port}/0", "--host", "127.0.0.1", "--port", str(planner_port),
-             "--http-port", str(http_port), "--data-dir", tmp, "--model", MODEL,
-             "--max-model-len", "2048"],
+             *flags, "--model", MODEL, "--max-model-len", "2048"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         try:
-            from prefixgrove.planner.client import PlannerClient
-
-            _wait_ready(PlannerClient(f"127.0.0.1:{planner_port}"), planner, planner_port)
-            client = openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="none")
-            base = rss_mb(planner.pid)
-            stages: dict[str, object] = {"planner_baseline_rss_mb": round(base)}
-            big = Path(tmp) / "input.jsonl"
-            _write_input(big, file_mb)
-            start = time.perf_counter()
-            with big.open("rb") as handle:
-                uploaded = client.files.create(file=handle, purpose="batch")
-            stages["upload_s"] = round(time.perf_counter() - start, 1)
-            stages["upload_peak_rss_mb"] = round(peak_rss_mb(planner.pid))
-            big.unlink()  # the planner's copy is what comes back
-            start = time.perf_counter()
-            got = _download(client, uploaded.id)
-            stages["download_s"] = round(time.perf_counter() - start, 1)
-            stages["download_peak_rss_mb"] = round(peak_rss_mb(planner.pid))
-            client.files.delete(uploaded.id)
-            output_file = _answered_batch(client, Redis(port=redis_port), tmp, file_mb)
-            stages["answered_batch_peak_rss_mb"] = round(peak_rss_mb(planner.pid))
-            start = time.perf_counter()
-            output_mb = round(_download(client, output_file) / 2**20, 1)
-            stages["output_download_s"] = round(time.perf_counter() - start, 1)
-            stages["output_download_peak_rss_mb"] = round(peak_rss_mb(planner.pid))
-            return {"mode": "http", "file_mb": round(got / 2**20, 1), "output_mb": output_mb, **stages,
-                    "planner_peak_growth_mb": round(peak_rss_mb(planner.pid) - base)}  # fmt: skip
+            client = PlannerClient(f"127.0.0.1:{planner_port}")
+            _wait_ready(client, planner, planner_port)
+            yield _Served(tmp, redis_port, planner, client)
         finally:
             planner.kill()
             redis.kill()
