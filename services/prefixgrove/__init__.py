@@ -7,7 +7,14 @@ on first use, so the planner and the operator load without torch.
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "CompletionOutput", "LLMEngine", "RequestOutput", "SamplingParams"]
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "LLMEngine",
+    "RequestOutput",
+    "SamplingParams",
+    "StructuredOutputsParams",
+]
 
 
 def __getattr__(name: str) -> Any:

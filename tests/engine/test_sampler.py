@@ -203,3 +203,26 @@ def test_top_k_beyond_the_vocabulary_samples_as_if_it_were_off(llm):
         llm, PROMPTS[0], sampled(seed=5, top_k=0, top_p=0.99)
     )
     assert one(llm, PROMPTS[0], sampled(seed=5, top_k=2**31 - 1)) == off
+
+
+def test_the_top_noise_draw_stays_below_one_so_a_masked_token_never_wins() -> None:
+    from prefixgrove.engine.sampler import Sampler, SamplingBatch, hash32, uniform
+
+    # (2**24 - 0.5) / 2**24 rounds to 1.0 in fp32: -log(1) = 0 made p / 0 = inf (or NaN for p = 0)
+    top = torch.tensor([0xFFFFFFFF, 0xFFFFFF00, 0], dtype=torch.int64)
+    u = uniform(top)
+    assert bool((u < 1).all()) and bool((u > 0).all())
+    # a (key, token) whose draw is the top one: the token is masked off and must not be sampled
+    vocab = 64
+    sampler = Sampler(vocab, torch.device("cpu"))
+    token = 5
+    key = 13708878  # the first key from 0 on that draws the top value for the token
+    assert int(hash32(torch.tensor(key) ^ sampler._vocab_keys[token])) >> 8 == 0xFFFFFF
+    logits = torch.zeros(1, vocab)
+    logits[0, token] = float("-inf")
+    batch = SamplingBatch(
+        temperature=torch.ones(1), top_k=torch.zeros(1, dtype=torch.int64), top_p=torch.ones(1),
+        min_p=torch.zeros(1), keys=torch.tensor([[key]]), all_greedy=False, need_sort=False,
+        need_min_p=False, num_logprobs=-1, penalties=None,
+    )  # fmt: skip
+    assert int(sampler(logits, batch)[0, 0]) != token

@@ -1,6 +1,7 @@
 """Every field OpenAI documents for a batch body is accepted: used (seed, stop, logprobs,
 logit_bias, max_completion_tokens, model), ignored (user, metadata, store, ...), or refused for
-the one request, naming the field, where the feature is not served (tools, n > 1, JSON output)."""
+the one request, naming the field, where the feature is not served (tools, audio, ...); output
+constraints (response_format, vLLM's structured_outputs and guided_*) reach the engine."""
 
 from __future__ import annotations
 
@@ -67,8 +68,6 @@ def test_a_completions_field_that_changes_nothing_is_accepted(field: str, value:
         ("functions", [{"name": "f"}]), ("function_call", "auto"), ("audio", {"voice": "alloy"}),
         ("prediction", {"type": "content", "content": "x"}), ("web_search_options", {}),
         ("reasoning_effort", "low"), ("modalities", ["text", "audio"]),
-        ("response_format", {"type": "json_object"}),
-        ("response_format", {"type": "json_schema", "json_schema": {"name": "s"}}),
     ],
 )  # fmt: skip
 def test_an_unserved_feature_fails_the_request_naming_the_field(field: str, value: Any) -> None:
@@ -82,6 +81,49 @@ def test_an_unserved_feature_fails_the_request_naming_the_field(field: str, valu
 def test_an_unserved_completions_feature_fails_naming_the_field(field: str, value: Any) -> None:
     error = refused({field: value}, COMPLETIONS)
     assert error.code == "unsupported_field" and field in error.message
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize(
+    "extra, constraint",
+    [
+        ({"response_format": {"type": "json_object"}}, {"json_object": True}),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA,
+                                                                    "strict": True}}},
+         {"json": SCHEMA}),
+        ({"structured_outputs": {"regex": "[a-z]+"}}, {"regex": "[a-z]+"}),
+        ({"structured_outputs": {"choice": ["yes", "no"]}}, {"choice": ["yes", "no"]}),
+        ({"guided_json": json.dumps(SCHEMA)}, {"json": json.dumps(SCHEMA)}),
+        ({"guided_grammar": 'root ::= "a"'}, {"grammar": 'root ::= "a"'}),
+        ({"guided_choice": ["x"], "response_format": {"type": "text"}}, {"choice": ["x"]}),
+    ],
+)  # fmt: skip
+def test_an_output_constraint_reaches_the_engine(
+    extra: dict[str, Any], constraint: dict[str, Any]
+) -> None:
+    for url in (CHAT, COMPLETIONS):
+        assert accepted(extra, url).params["structured_outputs"] == constraint
+
+
+@pytest.mark.parametrize(
+    "extra, named",
+    [
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "s"}}}, "schema"),
+        ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex"),
+        ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "exactly one"),
+        ({"structured_outputs": {"pattern": "a"}}, "exactly one"),
+        ({"structured_outputs": {"choice": []}}, "choice"),
+        ({"structured_outputs": {"json_object": False}}, "json_object"),
+        ({"guided_regex": 7}, "regex"),
+    ],
+)  # fmt: skip
+def test_a_malformed_output_constraint_fails_its_request_naming_it(
+    extra: dict[str, Any], named: str
+) -> None:
+    error = refused(extra)
+    assert error.code == "invalid_value" and named in error.message
 
 
 def test_n_samples_reach_the_engine_and_best_of_may_repeat_n() -> None:

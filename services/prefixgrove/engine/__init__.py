@@ -5,6 +5,7 @@ from .llm import LLM
 from .llm_engine import LLMEngine
 from .outputs import CompletionOutput, Logprob, RequestOutput
 from .sampling_params import SamplingParams
+from .structured import StructuredOutputsParams
 
 __all__ = [
     "LLM",
@@ -17,4 +18,5 @@ __all__ = [
     "RequestOutput",
     "SamplingParams",
     "SchedulerConfig",
+    "StructuredOutputsParams",
 ]

@@ -22,6 +22,8 @@ from .samples import SampleSets
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import Group, SeqStatus, Sequence
+from .structured.grammars import GrammarCompiler
+from .structured.masks import GrammarState
 
 logger = logging.getLogger(__name__)
 # A request as add_group takes it: (request_id, prompt_token_ids, params).
@@ -50,6 +52,9 @@ class LLMEngine:
             arch,
             config.model.max_model_len,
             generation_eos_token_ids(config.model.model),
+        )
+        self.grammars = GrammarCompiler(
+            self.tokenizer, arch.vocab_size, self.output_processor.eos_token_ids
         )
         self.metrics = EngineMetrics()
         self._requests: dict[str, Sequence] = {}
@@ -80,11 +85,15 @@ class LLMEngine:
                     f"SamplingParams.{name} names token id {outside[0]}, outside the "
                     f"vocabulary [0, {vocab})"
                 )
+        if prepared.structured_outputs is not None:  # a constraint that does not compile fails here
+            self.grammars.compile(prepared.structured_outputs)
         return prepared
 
     def validate(self, prompt_token_ids: Seq[int], params: SamplingParams) -> list[int]:
         """Raises ValueError naming the problem (nothing is queued); returns the ids as Python ints."""
         ids = checked_token_ids(prompt_token_ids, self.config.model.arch.vocab_size)
+        if params.structured_outputs is not None:  # compiled once per constraint, then cached
+            self.grammars.compile(params.structured_outputs)
         limit = self.config.model.max_model_len
         if params.truncate_prompt_tokens is not None:
             keep = limit if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
@@ -244,6 +253,10 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
         max_tokens = self._max_tokens(len(ids), params)
         seq = Sequence(self._take_id(), request_id, ids, params, seed, prompt, max_tokens)
+        if params.structured_outputs is not None:
+            grammar = self.grammars.compile(params.structured_outputs)
+            eos = () if params.ignore_eos else self.output_processor.eos_token_ids
+            seq.grammar = GrammarState(self.grammars.matcher(grammar), frozenset(eos))
         self._requests[request_id] = seq
         return seq
 

@@ -25,6 +25,7 @@ from .prompt_logprobs import PromptSpan, prompt_spans, record_prompt_logprobs
 from .sampler import Sampler, SamplingBatch, to_device
 from .scheduler import ScheduledSeq
 from .sequence import Sequence
+from .structured.masks import StepMasker, TokenMask
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +100,7 @@ class ModelRunner:
             max_blocks_per_seq=-(-self.max_positions // config.cache.block_size),
         )
         self.sampler = Sampler(arch.vocab_size, self.device)
+        self.masker = StepMasker(arch.vocab_size, self.device)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.graphs: DecodeGraphs | None = None
         self._copy_stream = torch.cuda.Stream(self.device) if cuda else None
@@ -239,7 +241,7 @@ class ModelRunner:
         if not sampling:
             return PendingStep(inputs.order, None, None, None, {})
         params = SamplingBatch.build(sampling, self.device, self.config.model.arch.vocab_size)
-        packed = self.sampler(logits, params)
+        packed = self.sampler(logits, params, mask=self._masks(sampling, feed))
         host, done = self._copy_to_host(packed)
         rows = {seq.seq_id: i for i, seq in enumerate(sampling)}
         return PendingStep(inputs.order, host, done, packed[:, 0], rows)
@@ -277,23 +279,69 @@ class ModelRunner:
         inputs, logits = self._forward(batch, feed)
         seqs = [item.seq for item in inputs.order]
         params = SamplingBatch.build(seqs, self.device, self.config.model.arch.vocab_size, steps)
-        return self._run_steps(inputs, logits, params, steps)
+        return self._run_steps(inputs, logits, params, steps, feed)
 
     def _run_steps(
-        self, inputs: StepInputs, logits: torch.Tensor, params: SamplingBatch, steps: int
+        self,
+        inputs: StepInputs,
+        logits: torch.Tensor,
+        params: SamplingBatch,
+        steps: int,
+        feed: InFlight | None,
     ) -> DecodeWindow:
         n = len(inputs.order)
-        copies = []
+        seqs = [item.seq for item in inputs.order]
+        constrained = any(seq.grammar is not None for seq in seqs)
+        copies: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []
         tokens = logits.new_empty(0)
         for j in range(steps):
             if j:
                 logits = self._replay_next(inputs, n)
-            packed = self.sampler(logits, params, step=j)
+            # A constrained row's mask needs the window's earlier tokens: waiting for them here
+            # leaves the GPU on this step's forward pass, enqueued just above.
+            mask = self._masks(seqs, feed, copies) if constrained else None
+            packed = self.sampler(logits, params, step=j, mask=mask)
             copies.append(self._copy_to_host(packed))  # streams back while the next steps run
             tokens = packed[:, 0]
             if j + 1 < steps:
                 self._advance(inputs, tokens, n)
         return DecodeWindow(inputs, copies, tokens)
+
+    def _masks(
+        self,
+        seqs: list[Sequence],
+        feed: InFlight | None,
+        window: list[tuple[torch.Tensor, torch.cuda.Event | None]] | None = None,
+    ) -> TokenMask | None:
+        """Token masks of the constrained rows among `seqs` (a step's sampling rows in order), whose
+        tokens before this step are the host's, those `feed` sampled (pending), then this window's
+        (one row per seq in each of `window`'s host copies)."""
+        states = [seq.grammar for seq in seqs]
+        if not any(states):
+            return None
+        window = window or []
+        produced = [seq.num_generated + len(window) for seq in seqs]
+        hosts: list[np.ndarray] = []
+
+        def tokens_from(r: int, start: int) -> list[int]:
+            seq = seqs[r]
+            out = seq.output_token_ids
+            later = self._pending_tokens(seq, feed) if seq.num_pending_tokens else []
+            if window and not hosts:
+                hosts.extend(self._wait(host, done) for host, done in window)
+            later += [int(h[r, 0]) for h in hosts]
+            return out[start:] + later[max(0, start - len(out)) :]
+
+        return self.masker.masks(states, tokens_from, produced)
+
+    def _pending_tokens(self, seq: Sequence, feed: InFlight | None) -> list[int]:
+        """The tokens `feed` sampled for `seq` that the host has not taken in, in order."""
+        assert feed is not None, "a sequence with pending tokens was sampled by the step in flight"
+        row = feed.sampled_rows[seq.seq_id]
+        if isinstance(feed, DecodeWindow):
+            return [int(self._wait(host, done)[row, 0]) for host, done in feed.copies]
+        assert feed.host is not None
+        return [int(self._wait(feed.host, feed.done)[row, 0])]
 
     def window_results(self, window: DecodeWindow) -> Iterator[StepResult]:
         """Each step's batch order and host rows, as the step's copy lands."""

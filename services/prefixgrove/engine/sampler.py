@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from .sequence import Sequence
 
+if TYPE_CHECKING:
+    from .structured.masks import TokenMask
+
 _MASK32 = 0xFFFFFFFF
+_BELOW_ONE = 1.0 - 2.0**-24  # the largest fp32 below 1
 
 
 def hash32(x: Any) -> Any:
@@ -24,6 +28,13 @@ def hash32(x: Any) -> Any:
     x = (((x >> 16) ^ x) * 0x45D9F3B) & _MASK32
     x = (((x >> 16) ^ x) * 0x45D9F3B) & _MASK32
     return (x >> 16) ^ x
+
+
+def uniform(x: torch.Tensor) -> torch.Tensor:
+    """32-bit hashes -> fp32 draws in (0, 1) from their top 24 bits."""
+    # NOTE: the top draw, (2**24 - 0.5) / 2**24, rounds to 1.0 in fp32, where -log(u) = 0 would make
+    # any token with p > 0 win the race (p / 0 = inf) and a masked one NaN: u stays below 1.
+    return (((x >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))).clamp_(max=_BELOW_ONE)
 
 
 def row_key(seed: Any, step: Any) -> Any:
@@ -213,8 +224,17 @@ class Sampler:
         mixed = (torch.arange(vocab_size, dtype=torch.int64, device=device) * 0x27D4EB2F) & _MASK32
         self._vocab_keys = mixed  # [vocab]
 
-    def __call__(self, logits: torch.Tensor, batch: SamplingBatch, step: int = 0) -> torch.Tensor:
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        batch: SamplingBatch,
+        step: int = 0,
+        mask: TokenMask | None = None,
+    ) -> torch.Tensor:
         raw = logits
+        if mask is not None:  # structured outputs; logprobs stay those of the model's own logits
+            logits = logits.clone() if batch.num_logprobs >= 0 else logits
+            apply_token_mask(logits, mask)
         if batch.adjust is not None:
             logits = batch.adjust.apply(logits)
         if batch.penalties is not None:
@@ -237,8 +257,7 @@ class Sampler:
             keep = probs >= batch.min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
             probs = torch.where(keep, probs, 0.0)
         # Exponential race (Gumbel-max): argmax p_i / E_i with E_i ~ Exp(1) draws i with probability p_i.
-        x = hash32(keys.unsqueeze(1) ^ self._vocab_keys.unsqueeze(0))
-        u = ((x >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+        u = uniform(hash32(keys.unsqueeze(1) ^ self._vocab_keys.unsqueeze(0)))
         return (probs / -torch.log(u)).argmax(dim=-1)
 
     def _pack(self, raw: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.Tensor:
@@ -253,6 +272,18 @@ class Sampler:
             top = logprobs.topk(k, dim=-1)
             cols += [top.indices.to(torch.float32), top.values]
         return torch.cat(cols, dim=1)
+
+
+def apply_token_mask(logits: torch.Tensor, mask: TokenMask) -> None:
+    """-inf, in place, for the tokens a constrained row may not take: one kernel on the GPU."""
+    if logits.is_cuda:
+        from prefixgrove_kernels.token_mask import apply_token_bitmask
+
+        apply_token_bitmask(logits, mask.bitmask, mask.rows)
+    else:
+        from prefixgrove_kernels.token_mask import apply_token_bitmask_ref
+
+        apply_token_bitmask_ref(logits, mask.bitmask, mask.rows)
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .structured.params import StructuredOutputsParams
+
 _MAX_LOGPROBS = 20
 _MAX_N = 1024
 _INT32_MAX = 2**31 - 1  # top_k, max_tokens and token ids live in int32/int64 tensors
@@ -54,6 +56,8 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None  # only these may be sampled
     bad_words: list[str] | None = None  # never produced (their token sequences are banned)
     truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: max_model_len)
+    # the output matches a JSON schema, regex, choice or grammar (a dict of its fields is taken too)
+    structured_outputs: StructuredOutputsParams | None = None
     # Set by `prepared`: the token sequences of bad_words, and the ids min_tokens holds back.
     bad_words_token_ids: tuple[tuple[int, ...], ...] = _derived(())
     min_tokens_stop_ids: tuple[int, ...] = _derived(())
@@ -71,6 +75,8 @@ class SamplingParams:
         self._check_stops_and_logprobs()
         self._check_penalties()
         self._check_logit_controls()
+        if self.structured_outputs is not None:
+            self.structured_outputs = StructuredOutputsParams.of(self.structured_outputs)
 
     def prepared(self, tokenizer: Any, eos_token_ids: Iterable[int]) -> SamplingParams:
         """A checked copy for the engine to keep (later changes to this object do not reach it), with

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .outputs import Logprob, PromptLogprobs, RequestMetrics
 from .sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from .structured.masks import GrammarState
 
 
 class SeqStatus(enum.Enum):
@@ -52,6 +56,7 @@ class Sequence:
     # With params.prompt_logprobs: entry p for prompt token p, filled as the prompt's chunks run
     prompt_logprobs: PromptLogprobs | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics.arriving)
+    grammar: GrammarState | None = None  # with params.structured_outputs: its matcher
 
     def __post_init__(self) -> None:
         if not self.max_tokens:

@@ -24,10 +24,17 @@ Endpoint = Literal["completions", "chat"]
 
 URLS: dict[str, Endpoint] = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 _LINE_FIELDS = {"custom_id", "method", "url", "body"}
+# Output constraints: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields.
+_STRUCTURED_FIELDS = (
+    "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+    "guided_grammar",
+)  # fmt: skip
+_STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 _COMMON_BODY_FIELDS = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
     "logprobs", "ignore_eos", "n", "stream", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "stop_token_ids", "logit_bias", "user", "stream_options",
+    *_STRUCTURED_FIELDS,
 }  # fmt: skip
 # Documented OpenAI fields that change nothing in an offline batch: accepted and ignored.
 _IGNORED_CHAT_FIELDS = {
@@ -48,7 +55,7 @@ _BODY_FIELDS: dict[Endpoint, set[str]] = {
     "completions": _COMMON_BODY_FIELDS | set(_UNSERVED_FIELDS["completions"])
     | {"prompt", "echo", "best_of"},
     "chat": _COMMON_BODY_FIELDS | _IGNORED_CHAT_FIELDS | set(_UNSERVED_FIELDS["chat"])
-    | {"messages", "top_logprobs", "max_completion_tokens", "response_format", "modalities"},
+    | {"messages", "top_logprobs", "max_completion_tokens", "modalities"},
 }  # fmt: skip
 _MAX_STOP_STRINGS = 16
 _MAX_LOGPROBS = 20
@@ -365,6 +372,9 @@ def _sampling(body: dict[str, Any], endpoint: Endpoint, default_max_tokens: int)
         params["logprobs"] = logprobs
     if body.get("logit_bias") is not None:
         params["logit_bias"] = _logit_bias(body["logit_bias"])
+    structured = _structured(body)
+    if structured is not None:
+        params["structured_outputs"] = structured
     return params
 
 
@@ -384,24 +394,92 @@ def _check_unserved(body: dict[str, Any], endpoint: Endpoint) -> None:
             "unsupported_field",
             f"modalities {_short(modalities)} is not supported: only ['text'] is served",
         )
-    _check_response_format(body.get("response_format"))
 
 
-def _check_response_format(response_format: Any) -> None:
-    kind = response_format.get("type") if isinstance(response_format, dict) else None
-    if response_format is None or kind == "text":
-        return
-    if kind in ("json_object", "json_schema"):
+def _structured(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The request's output constraint as StructuredOutputsParams keyword arguments, from OpenAI's
+    `response_format` (json_object, json_schema) or vLLM's `structured_outputs` object and
+    `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar` fields; at most one of
+    them. Whether a schema, regex or grammar compiles is the engine's check (a per-request error)."""
+    given = {name: body[name] for name in _STRUCTURED_FIELDS if body.get(name) is not None}
+    response_format = given.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") == "text":
+        del given["response_format"]
+    if len(given) > 1:
         raise _Invalid(
-            "unsupported_field",
-            f"response_format of type {kind!r} is not supported: structured outputs are not "
-            "served yet; only {'type': 'text'} is accepted",
+            "invalid_value",
+            f"{' and '.join(sorted(given))} both constrain the output: give at most one",
         )
+    if not given:
+        return None
+    ((name, value),) = given.items()
+    if name == "response_format":
+        return _response_format(value)
+    if name == "structured_outputs":
+        return _structured_outputs(value)
+    kind = name.removeprefix("guided_")
+    return _structured_outputs({kind: value})
+
+
+def _response_format(response_format: Any) -> dict[str, Any]:
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise _Invalid(
+                "invalid_value",
+                "response_format.json_schema must be an object with a `schema` object (and a "
+                f"`name`), got {_short(spec)}",
+            )
+        return {"json": schema}
     raise _Invalid(
         "invalid_value",
         f"response_format must be an object with a type of 'text', 'json_object' or "
         f"'json_schema', got {_short(response_format)}",
     )
+
+
+def _structured_outputs(spec: Any) -> dict[str, Any]:
+    """vLLM's structured_outputs object: exactly one of json, regex, choice, grammar, json_object."""
+    kinds = [k for k in _STRUCTURED_KINDS if isinstance(spec, dict) and spec.get(k) is not None]
+    known = {*_STRUCTURED_KINDS, "disable_any_whitespace"}
+    unknown = sorted(set(spec) - known) if isinstance(spec, dict) else []
+    if not isinstance(spec, dict) or len(kinds) != 1 or unknown:
+        raise _Invalid(
+            "invalid_value",
+            "structured_outputs must be an object with exactly one of "
+            f"{', '.join(_STRUCTURED_KINDS)}, got {_short(spec)}",
+        )
+    kind = kinds[0]
+    value = spec[kind]
+    checks = {
+        "json": isinstance(value, (dict, str)) and bool(value),
+        "regex": isinstance(value, str) and bool(value),
+        "grammar": isinstance(value, str) and bool(value),
+        "choice": isinstance(value, list)
+        and bool(value)
+        and all(isinstance(c, str) for c in value),
+        "json_object": value is True,
+    }
+    if not checks[kind]:
+        expected = {
+            "json": "a JSON schema (an object, or a string holding one)",
+            "regex": "a regular expression (a non-empty string)",
+            "grammar": "an EBNF / GBNF grammar (a non-empty string)",
+            "choice": "a non-empty list of strings",
+            "json_object": "true",
+        }[kind]
+        raise _Invalid("invalid_value", f"{kind} must be {expected}, got {_short(value)}")
+    compact = spec.get("disable_any_whitespace", False)
+    if not isinstance(compact, bool):
+        raise _Invalid(
+            "invalid_value",
+            f"structured_outputs.disable_any_whitespace must be a boolean, got {_short(compact)}",
+        )
+    return {kind: value, "disable_any_whitespace": True} if compact else {kind: value}
 
 
 def _samples(body: dict[str, Any]) -> int:

@@ -1,0 +1,107 @@
+"""Each constrained sequence's matcher, and the token masks of a step's constrained rows.
+
+A step's masks are built on the host from every token sampled before it, including tokens the host has
+not taken in yet (a step launched ahead, earlier steps of a decode window): the model runner waits for
+those, which the GPU has produced while it runs this step's forward pass, so building the masks overlaps
+the GPU's work and unconstrained rows keep their decode windows. The matchers of a step's rows are
+advanced and their masks filled on llguidance's threads, without the GIL.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import llguidance
+import llguidance.numpy as llnp
+import numpy as np
+import torch
+
+from ..sampler import to_device
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GrammarState:
+    """A sequence's matcher and how many of its output tokens it has consumed (it may run ahead of the
+    tokens the host has taken in, never behind what a step samples after)."""
+
+    matcher: llguidance.LLMatcher
+    eos_token_ids: frozenset[int]
+    consumed: int = 0
+    ended: bool = False  # EOS consumed, or a token the grammar refused: nothing is masked any more
+
+    def consume(self, token: int) -> None:
+        self.consumed += 1
+        if self.ended:
+            return
+        if token in self.eos_token_ids and self.matcher.is_accepting():
+            self.ended = True  # any of the model's EOS ids ends a complete output
+            return
+        if not self.matcher.consume_token(token):
+            # Only a token the step did not mask gets here: one past a request's end in a window.
+            logger.warning("grammar refused token %d: %s", token, self.matcher.get_error())
+            self.ended = True
+
+    @property
+    def constrains(self) -> bool:
+        return not self.ended and not self.matcher.is_error()
+
+
+@dataclass
+class TokenMask:
+    """The rows a step constrains and their allowed tokens, one bit per token id, on the device."""
+
+    rows: torch.Tensor  # [k] int64 rows of the step's logits
+    bitmask: torch.Tensor  # [k, ceil(vocab / 32)] int32
+
+
+class StepMasker:
+    """Builds the token masks of a step's constrained rows."""
+
+    def __init__(self, vocab_size: int, device: torch.device) -> None:
+        self.vocab_size = vocab_size
+        self.device = device
+        self._executor: llguidance.LLExecutor | None = None
+
+    def masks(
+        self,
+        states: Seq[GrammarState | None],
+        tokens_from: Callable[[int, int], Seq[int]],
+        produced: Seq[int],
+    ) -> TokenMask | None:
+        """The masks for rows whose state constrains. `produced[r]` is how many output tokens row r
+        sampled before this step; `tokens_from(r, i)` returns those from the i-th on (called only
+        for rows whose matcher has not consumed them all)."""
+        rows: list[int] = []
+        for r, state in enumerate(states):
+            if state is None:
+                continue
+            if state.consumed < produced[r]:
+                for token in tokens_from(r, state.consumed)[: produced[r] - state.consumed]:
+                    state.consume(int(token))
+            if state.constrains:
+                rows.append(r)
+        if not rows:
+            return None
+        bitmask = llnp.allocate_token_bitmask(len(rows), self.vocab_size)
+        if self._executor is None:
+            self._executor = llguidance.LLExecutor()
+        llnp.fill_next_token_bitmask_par(
+            self._executor,
+            [(states[r].matcher, i) for i, r in enumerate(rows)],  # type: ignore[union-attr]
+            bitmask,
+        )
+        bits = bitmask.view(np.uint32)
+        for i, r in enumerate(rows):
+            state = states[r]
+            assert state is not None
+            if state.matcher.is_accepting():
+                for eos in state.eos_token_ids:  # every EOS of the model ends a complete output
+                    if eos < self.vocab_size:
+                        bits[i, eos >> 5] |= np.uint32(1 << (eos & 31))
+        rows_at = to_device(np.array(rows, dtype=np.int64), self.device)
+        return TokenMask(rows_at, to_device(bitmask, self.device))

