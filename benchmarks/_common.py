@@ -9,7 +9,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +183,64 @@ def allocator_counts() -> dict[str, int]:
 def emit(record: dict[str, Any]) -> None:
     print(json.dumps(record), flush=True)
     sys.stdout.flush()
+
+
+# --- the agreement benchmarks (trained_agreement.py, fp8_agreement.py) ----------------------------
+SYSTEMS = [
+    "You are a concise assistant for a botanical garden. It opens at 9:00 and closes at 18:00, "
+    "Tuesday to Sunday. Tickets cost 12 euros for adults and 6 euros for children.",
+    "You are a helpful tutor. Explain things simply, in two or three sentences.",
+    "You answer questions about cooking. Be practical and brief.",
+    "You are a travel guide for Lisbon. Mention one place to visit when it fits.",
+]
+QUESTIONS = [
+    "What is the capital of France?", "Write a haiku about the sea.", "When does the garden open?",
+    "How much is a child ticket?", "Name three colours.", "What is two plus two?",
+    "Why is the sky blue?", "Say hello in Spanish.", "What do bees make?",
+    "Give me a word that rhymes with cat.", "What is the largest planet?", "Who wrote Hamlet?",
+    "What season comes after winter?", "How many legs does a spider have?",
+    "What is water made of?", "Suggest a name for a cat.",
+]  # fmt: skip
+
+
+def chat_prompts(tokenizer: Any, n: int) -> list[list[int]]:
+    """`n` chat prompts (a system message of SYSTEMS, a question of QUESTIONS) as token ids, with the
+    generation prompt, through `tokenizer`'s chat template."""
+    conversations = [
+        [{"role": "system", "content": SYSTEMS[i % len(SYSTEMS)]},
+         {"role": "user", "content": QUESTIONS[(i // len(SYSTEMS) + i) % len(QUESTIONS)]}]
+        for i in range(n)
+    ]  # fmt: skip
+    return [
+        list(tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True,
+                                           return_dict=False))
+        for c in conversations
+    ]  # fmt: skip
+
+
+def prompt_scores(llm: Any, sequences: list[list[int]]) -> list[Any]:
+    """The engine's prompt logprobs of each whole sequence: per position, the token's logprob and
+    the engine's top-1 token."""
+    from prefixgrove import SamplingParams
+
+    params = SamplingParams(max_tokens=1, prompt_logprobs=1, temperature=0.0)
+    outs = llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
+    return [out.prompt_logprobs for out in outs]
+
+
+def top1(entry: Any) -> int:
+    """The top-1 token of one position of prompt_scores."""
+    return int(next(tok for tok, lp in entry.items() if lp.rank == 1))
+
+
+def teacher_forced(
+    prompts: list[list[int]], sequences: list[list[int]], ref: list[Any], ours: list[Any]
+) -> Iterator[tuple[int, int, Any, Any]]:
+    """Every position i of every continuation (sequence[len(prompt):], the token at i predicted from
+    the tokens before it): i, the token at i, and the two sides' scores of that sequence."""
+    for prompt, seq, ref_lp, our_lp in zip(prompts, sequences, ref, ours, strict=True):
+        for i in range(len(prompt), len(seq)):
+            yield i, seq[i], ref_lp, our_lp
 
 
 # The checkout's source roots, each holding one package (scripts/gpu-pythonpath.sh prints the same).

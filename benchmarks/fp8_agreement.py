@@ -17,9 +17,7 @@ import os
 import sys
 from typing import Any
 
-from trained_agreement import QUESTIONS, SYSTEMS
-
-from _common import ROOT, device_name, emit
+from _common import ROOT, chat_prompts, device_name, emit, prompt_scores, teacher_forced, top1
 
 VARIANTS = {
     "weights": {"quantization": "fp8"},
@@ -28,25 +26,14 @@ VARIANTS = {
 }
 
 
-def score(llm: Any, sequences: list[list[int]]) -> list[Any]:
-    """Each sequence's prompt logprobs: per position the token's logprob and the top-1 token."""
-    from prefixgrove import SamplingParams
-
-    params = SamplingParams(max_tokens=1, prompt_logprobs=1, temperature=0.0)
-    outs = llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
-    return [out.prompt_logprobs for out in outs]
-
-
 def compare(prompts: list[list[int]], sequences: list[list[int]], ref: list[Any],
             ours: list[Any]) -> dict[str, Any]:  # fmt: skip
     agree = total = 0
     kl = 0.0
-    for prompt, seq, ref_lp, our_lp in zip(prompts, sequences, ref, ours, strict=True):
-        for i in range(len(prompt), len(seq)):
-            top = [next(t for t, lp in e.items() if lp.rank == 1) for e in (ref_lp[i], our_lp[i])]
-            agree += int(top[0] == top[1])
-            kl += ref_lp[i][seq[i]].logprob - our_lp[i][seq[i]].logprob
-            total += 1
+    for i, token, ref_lp, our_lp in teacher_forced(prompts, sequences, ref, ours):
+        agree += int(top1(ref_lp[i]) == top1(our_lp[i]))
+        kl += ref_lp[i][token].logprob - our_lp[i][token].logprob
+        total += 1
     return {
         "positions": total,
         "top1_agreement": round(agree / total, 5),
@@ -67,28 +54,18 @@ def main() -> None:
     from prefixgrove import LLM, SamplingParams
 
     base = LLM(args.model, dtype=args.dtype, enable_prefix_caching=False)
-    tokenizer = base.get_tokenizer()
-    conversations = [
-        [{"role": "system", "content": SYSTEMS[i % len(SYSTEMS)]},
-         {"role": "user", "content": QUESTIONS[(i // len(SYSTEMS) + i) % len(QUESTIONS)]}]
-        for i in range(args.prompts)
-    ]  # fmt: skip
-    prompts = [
-        list(tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True,
-                                           return_dict=False))
-        for c in conversations
-    ]  # fmt: skip
+    prompts = chat_prompts(base.get_tokenizer(), args.prompts)
     sample = SamplingParams(max_tokens=args.tokens, temperature=1.0, seed=0, ignore_eos=True)
     outs = base.generate([{"prompt_token_ids": p} for p in prompts], sample, use_tqdm=False)
     sequences = [p + list(o.outputs[0].token_ids) for p, o in zip(prompts, outs, strict=True)]
-    ref = score(base, sequences)
+    ref = prompt_scores(base, sequences)
     dtype = str(base.engine.config.model.dtype).removeprefix("torch.")
     del base
     for variant in ["weights", "kv", "both"] if args.kv else ["weights"]:
         llm = LLM(args.model, dtype=args.dtype, enable_prefix_caching=False, **VARIANTS[variant])
         emit({"benchmark": "fp8_agreement", "model": args.model, "device": device_name(),
               "variant": variant, "dtype": dtype, "prompts": len(prompts), "tokens": args.tokens,
-              **compare(prompts, sequences, ref, score(llm, sequences))})  # fmt: skip
+              **compare(prompts, sequences, ref, prompt_scores(llm, sequences))})  # fmt: skip
         del llm
 
 

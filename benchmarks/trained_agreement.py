@@ -19,23 +19,7 @@ from typing import Any
 
 import torch
 
-from _common import ROOT, device_name, emit
-
-SYSTEMS = [
-    "You are a concise assistant for a botanical garden. It opens at 9:00 and closes at 18:00, "
-    "Tuesday to Sunday. Tickets cost 12 euros for adults and 6 euros for children.",
-    "You are a helpful tutor. Explain things simply, in two or three sentences.",
-    "You answer questions about cooking. Be practical and brief.",
-    "You are a travel guide for Lisbon. Mention one place to visit when it fits.",
-]
-QUESTIONS = [
-    "What is the capital of France?", "Write a haiku about the sea.", "When does the garden open?",
-    "How much is a child ticket?", "Name three colours.", "What is two plus two?",
-    "Why is the sky blue?", "Say hello in Spanish.", "What do bees make?",
-    "Give me a word that rhymes with cat.", "What is the largest planet?", "Who wrote Hamlet?",
-    "What season comes after winter?", "How many legs does a spider have?",
-    "What is water made of?", "Suggest a name for a cat.",
-]  # fmt: skip
+from _common import ROOT, chat_prompts, device_name, emit, prompt_scores, teacher_forced, top1
 
 
 def reference(model_file: Path, prompts: list[list[int]], tokens: int, device: str) -> Any:
@@ -59,14 +43,10 @@ def reference(model_file: Path, prompts: list[list[int]], tokens: int, device: s
 
 
 def engine_scores(model_file: Path, sequences: list[list[int]], dtype: str) -> list[Any]:
-    """The engine's prompt logprobs of each whole sequence: per position, the token's logprob and
-    the engine's top-1 token."""
-    from prefixgrove import LLM, SamplingParams
+    """The engine's prompt logprobs of each whole sequence (_common.prompt_scores)."""
+    from prefixgrove import LLM
 
-    llm = LLM(str(model_file), dtype=dtype, enable_prefix_caching=False)
-    params = SamplingParams(max_tokens=1, prompt_logprobs=1, temperature=0.0)
-    outs = llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
-    return [out.prompt_logprobs for out in outs]
+    return prompt_scores(LLM(str(model_file), dtype=dtype, enable_prefix_caching=False), sequences)
 
 
 def compare(prompts: list[list[int]], sequences: list[list[int]], ref: list[Any],
@@ -74,14 +54,11 @@ def compare(prompts: list[list[int]], sequences: list[list[int]], ref: list[Any]
     """Over each continuation's positions i (the token at i predicted from the tokens before it)."""
     agree = total = 0
     diffs: list[float] = []
-    for prompt, seq, ref_lp, our_lp in zip(prompts, sequences, ref, ours, strict=True):
-        for i in range(len(prompt), len(seq)):
-            row = ref_lp[i - 1]
-            entry = our_lp[i]
-            top1 = next(tok for tok, lp in entry.items() if lp.rank == 1)
-            agree += int(top1 == int(row.argmax()))
-            total += 1
-            diffs.append(abs(entry[seq[i]].logprob - float(row[seq[i]])))
+    for i, token, ref_lp, our_lp in teacher_forced(prompts, sequences, ref, ours):
+        row = ref_lp[i - 1]  # transformers' logits at i - 1 predict the token at i
+        agree += int(top1(our_lp[i]) == int(row.argmax()))
+        total += 1
+        diffs.append(abs(our_lp[i][token].logprob - float(row[token])))
     diffs.sort()
     return {
         "positions": total,
@@ -107,16 +84,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_file.parent), gguf_file=model_file.name)
-    conversations = [
-        [{"role": "system", "content": SYSTEMS[i % len(SYSTEMS)]},
-         {"role": "user", "content": QUESTIONS[(i // len(SYSTEMS) + i) % len(QUESTIONS)]}]
-        for i in range(args.prompts)
-    ]  # fmt: skip
-    prompts = [
-        list(tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True,
-                                           return_dict=False))
-        for c in conversations
-    ]  # fmt: skip
+    prompts = chat_prompts(tokenizer, args.prompts)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sequences, ref = reference(model_file, prompts, args.tokens, device)
     ours = engine_scores(model_file, sequences, args.dtype)
