@@ -37,6 +37,7 @@ from prefixgrove_kernels.paged_attention import (
     is_suffix_chunk,
     is_suffix_chunk_host,
     load_keys,
+    load_kv_scales,
     online_softmax_step,
     paged_attention_ref,
     score_masked_tile,
@@ -122,7 +123,7 @@ def find_owner(cu_ptr, token, num_seqs):
 
 @triton.jit
 def attend_suffix_chunks(
-    q, k_ptr, v_ptr, cu_q_ptr, seq_lens_ptr, kv_start_ptr, seq_tables_ptr, num_seqs,
+    q, k_ptr, v_ptr, k_scale, v_scale, cu_q_ptr, seq_lens_ptr, kv_start_ptr, seq_tables_ptr, num_seqs,
     first, end, token, row_valid, kv_head, dims, scale_log2, m_i, l_i, acc,
     stride_kb, stride_ks, stride_kh, stride_st,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -155,7 +156,7 @@ def attend_suffix_chunks(
             rows_of_s = (row_seq == s) & chunk_rows
             for tile in range(kv_lo // BLOCK_N, tl.cdiv(kv_hi, BLOCK_N)):
                 sc, keys, key_valid, kv_offs = score_masked_tile(
-                    q, k_ptr, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks,
+                    q, k_ptr, k_scale, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks,
                     stride_kh, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
                 )  # fmt: skip
                 allowed = (
@@ -163,8 +164,8 @@ def attend_suffix_chunks(
                 )
                 sc = tl.where(allowed, sc, float("-inf"))
                 m_i, l_i, acc = online_softmax_step(
-                    sc, scale_log2, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc, True,
-                    DOT_PRECISION,
+                    sc, scale_log2, v_ptr, v_scale, kv_offs, dims, key_valid, m_i, l_i, acc, True,
+                    DOT_PRECISION, q.dtype,
                 )  # fmt: skip
     return m_i, l_i, acc, chunk_rows
 
@@ -176,6 +177,8 @@ def _prefix_attention_kernel(
     q_ptr,  # [num_tokens, num_heads, HEAD_DIM] (token, head strides free)
     k_ptr,  # k_cache, v_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
     v_ptr,
+    k_scale_ptr,  # an FP8 cache's scales: [1] fp32 each (not read for other caches)
+    v_scale_ptr,
     o_ptr,  # [num_splits, num_tokens, num_heads, HEAD_DIM] fp32 (split dim absent if 1: out's dtype)
     lse_ptr,  # [num_splits, num_tokens, num_heads] fp32
     group_cu_ptr,  # [num_groups + 1]
@@ -232,6 +235,7 @@ def _prefix_attention_kernel(
     dims = tl.arange(0, HEAD_DIM)
     q_offs = token * stride_qt + head * stride_qh
     q = tl.load(q_ptr + q_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
+    k_scale, v_scale = load_kv_scales(k_scale_ptr, v_scale_ptr, k_ptr)
 
     num_tiles = tl.cdiv(prefix_len, BLOCK_N)
     tiles_per_split = tl.cdiv(num_tiles, num_splits)
@@ -247,7 +251,7 @@ def _prefix_attention_kernel(
     # that one tile to the masked step after the loop.
     full_hi = tl.minimum(tile_hi, prefix_len // BLOCK_N)
     m_i, l_i, acc = attend_whole_tiles(
-        q, k_ptr, v_ptr, table_row, tile_lo, full_hi, prefix_blocks, kv_head, dims, scale_log2,
+        q, k_ptr, v_ptr, k_scale, v_scale, table_row, tile_lo, full_hi, prefix_blocks, kv_head, dims, scale_log2,
         m_i, l_i, acc, stride_kb, stride_ks, stride_kh,
         BLOCK_SIZE, BLOCK_N, TABLE_CHUNK, DOT_PRECISION,
     )  # fmt: skip
@@ -257,11 +261,12 @@ def _prefix_attention_kernel(
         block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0)
         kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
         kv_offs += kv_head * stride_kh
-        k = load_keys(k_ptr, kv_offs, dims, key_valid, True)
+        k = load_keys(k_ptr, k_scale, kv_offs, dims, key_valid, True, q.dtype)
         s = tl.where(key_valid[None, :], tl.dot(q, k, input_precision=DOT_PRECISION), float("-inf"))
         m_i, l_i, acc = online_softmax_step(
-            s, scale_log2, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc, True, DOT_PRECISION
-        )
+            s, scale_log2, v_ptr, v_scale, kv_offs, dims, key_valid, m_i, l_i, acc, True,
+            DOT_PRECISION, q.dtype,
+        )  # fmt: skip
 
     state_rows = row_valid
     if SUFFIX_CHUNKS:
@@ -270,7 +275,7 @@ def _prefix_attention_kernel(
         first = seg_begin + q_tile * BLOCK_Q
         end = seg_begin + tl.minimum((q_tile + 1) * BLOCK_Q, seg_len)  # one past the tile's last
         m_i, l_i, acc, chunk_rows = attend_suffix_chunks(
-            q, k_ptr, v_ptr, cu_q_ptr, seq_lens_ptr, kv_start_ptr, seq_tables_ptr, num_seqs,
+            q, k_ptr, v_ptr, k_scale, v_scale, cu_q_ptr, seq_lens_ptr, kv_start_ptr, seq_tables_ptr, num_seqs,
             first, end, token, row_valid, kv_head, dims, scale_log2, m_i, l_i, acc,
             stride_kb, stride_ks, stride_kh, stride_st, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
         )  # fmt: skip
@@ -348,11 +353,14 @@ def _check_prefix_args(
     scale: float,
     suffix_chunks: SuffixChunks | None,
     kernel: bool = True,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> tuple[int, int, int]:
     """Validates on the host; returns (num_groups, GQA ratio, suffix chunks' sequences or 0).
     kernel: as `checks.check_queries`."""
     checks.check_queries(q, kernel)
     group = checks.check_kv_cache(q, k_cache, v_cache)
+    checks.kv_scale_args(q.device, k_cache, k_scale, v_scale)
     checks.check_scale(scale)
     num_groups = checks.check_segments(
         q, "group_cu_q", groups.group_cu_q, {"group_prefix_lens": groups.group_prefix_lens},
@@ -412,12 +420,14 @@ def prefix_attention_launches(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, groups: CascadeMetadata, *,
     scale: float, out: torch.Tensor | None = None, out_lse: torch.Tensor | None = None,
     num_splits: int | None = None, suffix_chunks: SuffixChunks | None = None,
-    tile_rows: int | None = None,
+    tile_rows: int | None = None, k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> tuple[list[KernelLaunch], torch.Tensor, torch.Tensor]:  # fmt: skip
     """Checks the arguments and plans the launches `prefix_attention` makes, with its outputs."""
     num_groups, group, num_seqs = _check_prefix_args(
-        q, k_cache, v_cache, groups, scale, suffix_chunks
+        q, k_cache, v_cache, groups, scale, suffix_chunks, True, k_scale, v_scale
     )
+    scales = checks.kv_scale_args(q.device, k_cache, k_scale, v_scale)
     out, out_lse = _outputs(q, out, out_lse)
     if suffix_chunks is not None:
         # A suffix chunk's own keys follow its prefix in one program's online softmax.
@@ -443,7 +453,7 @@ def prefix_attention_launches(
     # Without suffix chunks their pointers are never read: tensors of the call stand in.
     chunks_out, chunks = suffix_chunks or (part_o, _stand_in_seqs(groups))
     args = (
-        q, k_cache, v_cache, part_o, part_lse,
+        q, k_cache, v_cache, *scales, part_o, part_lse,
         groups.group_cu_q, groups.group_prefix_lens, groups.group_block_tables,
         chunks_out, chunks.cu_seqlens_q, chunks.seq_lens, chunks.kv_start, chunks.block_tables,
         num_groups, num_tokens, num_heads, num_splits, num_seqs, scale * LOG2E,
@@ -472,12 +482,14 @@ def prefix_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, groups: CascadeMetadata, *,
     scale: float, out: torch.Tensor | None = None, out_lse: torch.Tensor | None = None,
     num_splits: int | None = None, suffix_chunks: SuffixChunks | None = None,
-    tile_rows: int | None = None,
+    tile_rows: int | None = None, k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Non-causal attention of every group's query rows over the group's whole prefix.
 
     q: [num_tokens, num_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size,
-    num_kv_heads, head_dim]; groups: the step's prefix groups (index tensors int32). Its
+    num_kv_heads, head_dim] (q's dtype, or float8_e4m3fn with k_scale and v_scale, as
+    `paged_attention` takes them); groups: the step's prefix groups (index tensors int32). Its
     max_group_q, the largest group's row count, only picks the tile shape and the default split
     count: a group with more rows is still computed whole. Returns (o_p, lse_p): [num_tokens,
     num_heads, head_dim] and [num_tokens, num_heads], written into `out` / `out_lse` when given;
@@ -497,7 +509,8 @@ def prefix_attention(
     """
     launches, out, out_lse = prefix_attention_launches(
         q, k_cache, v_cache, groups, scale=scale, out=out, out_lse=out_lse,
-        num_splits=num_splits, suffix_chunks=suffix_chunks, tile_rows=tile_rows,
+        num_splits=num_splits, suffix_chunks=suffix_chunks, tile_rows=tile_rows, k_scale=k_scale,
+        v_scale=v_scale,
     )  # fmt: skip
     for launch in launches:
         launch.run()
@@ -508,13 +521,14 @@ def prefix_attention_ref(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, groups: CascadeMetadata, *,
     scale: float, out: torch.Tensor | None = None, out_lse: torch.Tensor | None = None,
     num_splits: int | None = None, suffix_chunks: SuffixChunks | None = None,
-    tile_rows: int | None = None,
+    tile_rows: int | None = None, k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Torch version of `prefix_attention` (same contract), one group at a time in fp32; suffix
     chunks are finished by the paged kernel's reference over the prefix state (the merge the
     kernel's one online softmax is equal to)."""
     num_groups, _, _ = _check_prefix_args(
-        q, k_cache, v_cache, groups, scale, suffix_chunks, kernel=False
+        q, k_cache, v_cache, groups, scale, suffix_chunks, False, k_scale, v_scale
     )
     out, out_lse = _outputs(q, out, out_lse)
     cu = groups.group_cu_q.tolist()
@@ -522,13 +536,16 @@ def prefix_attention_ref(
     for g in range(num_groups):
         if cu[g + 1] == cu[g] or prefix_lens[g] == 0:
             continue
-        k, v = gather_keys(k_cache, v_cache, groups.group_block_tables[g], 0, prefix_lens[g])
+        table = groups.group_block_tables[g]
+        k, v = gather_keys(k_cache, v_cache, table, 0, prefix_lens[g], k_scale, v_scale)
         allowed = torch.ones(cu[g + 1] - cu[g], k.shape[0], dtype=torch.bool, device=q.device)
         out[cu[g] : cu[g + 1]], out_lse[cu[g] : cu[g + 1]] = attend(
             q[cu[g] : cu[g + 1]], k, v, scale, allowed
         )
     if suffix_chunks is not None:
-        _finish_suffix_chunks_ref(q, k_cache, v_cache, scale, suffix_chunks, out, out_lse)
+        _finish_suffix_chunks_ref(
+            q, k_cache, v_cache, scale, suffix_chunks, out, out_lse, k_scale, v_scale
+        )
     return out, out_lse
 
 
@@ -540,6 +557,8 @@ def _finish_suffix_chunks_ref(
     chunks: SuffixChunks,
     prefix_out: torch.Tensor,
     prefix_lse: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
 ) -> None:
     """The suffix chunks' rows of chunks.out: the suffix pass over their own keys, merged with
     their prefix state, one suffix chunk at a time."""
@@ -561,5 +580,6 @@ def _finish_suffix_chunks_ref(
         )
         paged_attention_ref(
             q[rows], k_cache, v_cache, chunks.out[rows], one, scale=scale,
-            prefix_out=prefix_out[rows], prefix_lse=prefix_lse[rows],
+            prefix_out=prefix_out[rows], prefix_lse=prefix_lse[rows], k_scale=k_scale,
+            v_scale=v_scale,
         )  # fmt: skip

@@ -37,6 +37,7 @@ from prefixgrove_kernels.paged_attention import (
     LOG2E,
     cache_strides,
     load_keys,
+    load_kv_scales,
     online_softmax_step,
     tile_options,
     tile_tier,
@@ -73,6 +74,8 @@ def _cascade_decode_kernel(
     q_ptr,  # q, out: [num_seqs, num_heads, HEAD_DIM] (token, head strides free)
     k_ptr,  # k_cache, v_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
     v_ptr,
+    k_scale_ptr,  # an FP8 cache's scales: [1] fp32 each (not read for other caches)
+    v_scale_ptr,
     out_ptr,
     part_o_ptr,  # [num_splits, num_seqs, num_heads, HEAD_DIM] fp32 (SPLIT only)
     part_lse_ptr,  # [num_splits, num_seqs, num_heads] fp32 (SPLIT only)
@@ -149,6 +152,7 @@ def _cascade_decode_kernel(
     dims = tl.arange(0, HEAD_DIM)
     q_offs = token * stride_qt + head * stride_qh
     q = tl.load(q_ptr + q_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
+    k_scale, v_scale = load_kv_scales(k_scale_ptr, v_scale_ptr, k_ptr)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -198,7 +202,7 @@ def _cascade_decode_kernel(
             key_valid = (key_in_unit >= ((code >> _LO_SHIFT) & 127)) & (key_in_unit < (code & 127))
             in_block = ((code >> _SUB_SHIFT) & 1023) * UNIT + key_in_unit
             kv_offs = block.to(tl.int64) * stride_kb + in_block * stride_ks + kv_head * stride_kh
-            k = load_keys(k_ptr, kv_offs, dims, key_valid, True)
+            k = load_keys(k_ptr, k_scale, kv_offs, dims, key_valid, True, q.dtype)
             s = tl.dot(q, k, input_precision=DOT_PRECISION)
             # Prefix keys count for every row; a request's own keys for its own rows only.
             allowed = key_valid[None, :] & (
@@ -206,8 +210,9 @@ def _cascade_decode_kernel(
             )
             s = tl.where(allowed, s, float("-inf"))
             m_i, l_i, acc = online_softmax_step(
-                s, scale_log2, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc, True, DOT_PRECISION
-            )
+                s, scale_log2, v_ptr, v_scale, kv_offs, dims, key_valid, m_i, l_i, acc, True,
+                DOT_PRECISION, q.dtype,
+            )  # fmt: skip
 
     has_keys = l_i > 0.0
     o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
@@ -235,11 +240,14 @@ def _check_args(
     groups: CascadeMetadata,
     scale: float,
     kernel: bool = True,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> tuple[int, int, torch.Tensor]:
     """Validates on the host; returns (num_groups, GQA ratio, kv_start). kernel: as
     `checks.check_queries`."""
     checks.check_queries(q, kernel)
     group = checks.check_kv_cache(q, k_cache, v_cache)
+    checks.kv_scale_args(q.device, k_cache, k_scale, v_scale)
     checks.check_output("out", out, q, q.dtype, contiguous=False)
     checks.check_scale(scale)
     if meta.kv_start is None:
@@ -291,9 +299,13 @@ def _default_num_splits(q: torch.Tensor, programs: int, block_m: int) -> int:
 def cascade_decode_attention_launches(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
     meta: PagedMetadata, groups: CascadeMetadata, *, scale: float, num_splits: int | None = None,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> list[KernelLaunch]:  # fmt: skip
     """Checks the arguments and plans the launches `cascade_decode_attention` makes."""
-    num_groups, group, kv_start = _check_args(q, k_cache, v_cache, out, meta, groups, scale)
+    num_groups, group, kv_start = _check_args(
+        q, k_cache, v_cache, out, meta, groups, scale, True, k_scale, v_scale
+    )
+    scales = checks.kv_scale_args(q.device, k_cache, k_scale, v_scale)
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     block_q, block_m, block_n = _tile_shape(head_dim, q.element_size(), group, groups.max_group_q)
@@ -309,7 +321,7 @@ def cascade_decode_attention_launches(
     else:
         part_o, part_lse = out, meta.seq_lens  # unused
     args = (
-        q, k_cache, v_cache, out, part_o, part_lse, meta.seq_lens, kv_start, meta.block_tables,
+        q, k_cache, v_cache, *scales, out, part_o, part_lse, meta.seq_lens, kv_start, meta.block_tables,
         groups.group_cu_q, groups.group_prefix_lens, groups.group_block_tables,
         num_groups, num_seqs, num_heads, num_splits, scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), *cache_strides(k_cache),
@@ -332,11 +344,13 @@ def cascade_decode_attention_launches(
 def cascade_decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
     meta: PagedMetadata, groups: CascadeMetadata, *, scale: float, num_splits: int | None = None,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
     """Decode attention with shared prefixes, in one pass; writes `out`.
 
     q, out: [num_seqs, num_heads, head_dim], one query row per sequence, at position
-    seq_lens[s] - 1; k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]. Sequence s
+    seq_lens[s] - 1; k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim] (q's dtype,
+    or float8_e4m3fn with k_scale and v_scale, as `paged_attention` takes them). Sequence s
     of meta attends its own keys [kv_start[s], seq_lens[s]) through block_tables[s] (cu_seqlens_q
     is not read) and, when row s lies in group g of groups (group_cu_q[g] <= s <
     group_cu_q[g + 1]), that group's prefix keys [0, group_prefix_lens[g]) through
@@ -346,8 +360,9 @@ def cascade_decode_attention(
     on host ints only, so the call can be captured in a CUDA graph.
     """
     launches = cascade_decode_attention_launches(
-        q, k_cache, v_cache, out, meta, groups, scale=scale, num_splits=num_splits
-    )
+        q, k_cache, v_cache, out, meta, groups, scale=scale, num_splits=num_splits,
+        k_scale=k_scale, v_scale=v_scale,
+    )  # fmt: skip
     for launch in launches:
         launch.run()
 
@@ -355,21 +370,24 @@ def cascade_decode_attention(
 def cascade_decode_attention_ref(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
     meta: PagedMetadata, groups: CascadeMetadata, *, scale: float, num_splits: int | None = None,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
     """Torch version of `cascade_decode_attention` (same contract), one sequence at a time in fp32:
     softmax attention over [prefix keys ; own keys]."""
     num_groups, _, kv_start = _check_args(
-        q, k_cache, v_cache, out, meta, groups, scale, kernel=False
+        q, k_cache, v_cache, out, meta, groups, scale, False, k_scale, v_scale
     )
     cu = groups.group_cu_q.tolist()
     prefix_lens = groups.group_prefix_lens.tolist()
     lens, starts = meta.seq_lens.tolist(), kv_start.tolist()
     for s in range(q.shape[0]):
-        k, v = gather_keys(k_cache, v_cache, meta.block_tables[s], starts[s], lens[s])
+        k, v = gather_keys(
+            k_cache, v_cache, meta.block_tables[s], starts[s], lens[s], k_scale, v_scale
+        )
         g = next((g for g in range(num_groups) if cu[g] <= s < cu[g + 1]), None)
         if g is not None and prefix_lens[g] > 0:
             table = groups.group_block_tables[g]
-            k_p, v_p = gather_keys(k_cache, v_cache, table, 0, prefix_lens[g])
+            k_p, v_p = gather_keys(k_cache, v_cache, table, 0, prefix_lens[g], k_scale, v_scale)
             k, v = torch.cat([k_p, k]), torch.cat([v_p, v])
         allowed = torch.ones(1, k.shape[0], dtype=torch.bool, device=q.device)
         o, _ = attend(q[s : s + 1], k, v, scale, allowed)

@@ -9,6 +9,10 @@ from __future__ import annotations
 import torch
 
 ATTENTION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# A paged cache is in the queries' dtype, or in FP8 e4m3 with one float32 scale per cache (a stored code
+# c stands for c * scale; |c| <= FP8_MAX)
+FP8_KV_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0
 MIN_HEAD_DIM = 32
 MAX_HEAD_DIM = 256
 MIN_BLOCK_SIZE = 8
@@ -73,7 +77,9 @@ def check_queries(q: torch.Tensor, kernel: bool = True) -> None:
 def check_kv_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> int:
     """Checks the paged cache against q and returns the GQA ratio (query heads per kv head)."""
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
-        check_tensor(name, cache, ndim=4, dtypes=(q.dtype,), device=q.device)
+        check_tensor(name, cache, ndim=4, dtypes=(q.dtype, FP8_KV_DTYPE), device=q.device)
+    if v_cache.dtype != k_cache.dtype:
+        raise TypeError(f"v_cache is {v_cache.dtype} but k_cache is {k_cache.dtype}")
     if k_cache.shape != v_cache.shape:
         raise ValueError(
             f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ in shape"
@@ -89,6 +95,30 @@ def check_kv_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
             f"num_heads {num_heads} must be a multiple of the cache's num_kv_heads {num_kv_heads}"
         )
     return num_heads // num_kv_heads
+
+
+def kv_scale_args(
+    device: torch.device,
+    k_cache: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (k_scale, v_scale) tensors a kernel takes for this cache: an FP8 cache's own (float32, one
+    value each, on `device`; required), or, for a cache in the compute dtype (which takes none), the
+    cache itself standing in for pointers the kernel never reads."""
+    if k_cache.dtype != FP8_KV_DTYPE:
+        if k_scale is not None or v_scale is not None:
+            raise ValueError(f"k_scale and v_scale are for an FP8 cache, not {k_cache.dtype}")
+        return k_cache, k_cache
+    if k_scale is None or v_scale is None:
+        raise ValueError("an FP8 cache (float8_e4m3fn) needs k_scale and v_scale")
+    for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+        check_tensor(name, t, ndim=t.dim(), dtypes=(torch.float32,), device=device)
+        if t.numel() != 1:
+            raise ValueError(
+                f"{name} must hold one value (a per-tensor scale), got {tuple(t.shape)}"
+            )
+    return k_scale, v_scale
 
 
 def check_output(

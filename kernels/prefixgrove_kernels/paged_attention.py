@@ -4,6 +4,10 @@ One program handles BLOCK_Q query tokens of one sequence times the G query heads
 head, so the M dimension of tl.dot is BLOCK_Q * G even in decode (tensor cores with GQA). Keys come
 from the paged cache through the block table in tiles of BLOCK_N, with an online softmax. With a
 prefix result (o, lse) given, this is the suffix pass of cascade attention and the merge is fused.
+
+An FP8 cache (float8_e4m3fn, one fp32 scale for the keys and one for the values) is read as e4m3 and
+dequantized on load, each tile times its scale into q's dtype (`from_cache`); the rest of the math is
+the same, fp32 accumulation included. Caches in q's dtype compile to the kernels they always were.
 """
 
 from __future__ import annotations
@@ -51,15 +55,36 @@ def is_suffix_chunk_host(kv_start: int, q_len: int) -> bool:
 
 
 @triton.jit
+def load_kv_scales(k_scale_ptr, v_scale_ptr, k_ptr):
+    """The cache's (k_scale, v_scale): loaded for an FP8 cache, 1.0 (never used) otherwise."""
+    k_scale = 1.0
+    v_scale = 1.0
+    if k_ptr.dtype.element_ty == tl.float8e4nv:
+        k_scale = tl.load(k_scale_ptr)
+        v_scale = tl.load(v_scale_ptr)
+    return k_scale, v_scale
+
+
+@triton.jit
+def from_cache(x, scale, DTYPE: tl.constexpr):
+    """A tile loaded from the cache, in the compute dtype: e4m3 codes times the cache's scale (in
+    fp32, rounded once to DTYPE); a tile of a cache in DTYPE as it is."""
+    if x.dtype == tl.float8e4nv:
+        x = (x.to(tl.float32) * scale).to(DTYPE)
+    return x
+
+
+@triton.jit
 def online_softmax_step(
-    s, scale_log2, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc,
-    MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    s, scale_log2, v_ptr, v_scale, kv_offs, dims, key_valid, m_i, l_i, acc,
+    MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, DTYPE: tl.constexpr,
 ):  # fmt: skip
     """Folds one key tile into an online softmax (log2 domain). s holds the rows' raw scores q.k
     over the tile; scaling them by scale_log2 rides on the exponent's multiply-add, which saves a
     pass over the tile. MASKED: s is -inf where a key is not allowed and key_valid masks the value
-    load; otherwise every key of the tile counts for every row (and key_valid is not read).
-    Returns the updated (m, l, acc); rows with nothing allowed yet keep m = -inf."""
+    load; otherwise every key of the tile counts for every row (and key_valid is not read). DTYPE:
+    the queries' dtype, that of the p @ v product's inputs. Returns the updated (m, l, acc); rows
+    with nothing allowed yet keep m = -inf."""
     m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2)
     # v: [BLOCK_N, HEAD_DIM]
     v_ptrs = v_ptr + kv_offs[:, None] + dims[None, :]
@@ -70,6 +95,7 @@ def online_softmax_step(
     else:
         m_shift = m_new
         v = tl.load(v_ptrs)
+    v = from_cache(v, v_scale, DTYPE)
     alpha = tl.exp2(m_i - m_shift)
     p = tl.exp2(s * scale_log2 - m_shift[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
@@ -78,17 +104,17 @@ def online_softmax_step(
 
 
 @triton.jit
-def load_keys(k_ptr, kv_offs, dims, key_valid, MASKED: tl.constexpr):
-    """A key tile as [HEAD_DIM, BLOCK_N] (masked loads read zeros for keys outside key_valid)."""
+def load_keys(k_ptr, k_scale, kv_offs, dims, key_valid, MASKED: tl.constexpr, DTYPE: tl.constexpr):
+    """A key tile as [HEAD_DIM, BLOCK_N] in DTYPE (masked loads read zeros for keys outside
+    key_valid)."""
     k_ptrs = k_ptr + kv_offs[None, :] + dims[:, None]
-    if MASKED:
-        return tl.load(k_ptrs, mask=key_valid[None, :], other=0.0)
-    return tl.load(k_ptrs)
+    k = tl.load(k_ptrs, mask=key_valid[None, :], other=0.0) if MASKED else tl.load(k_ptrs)
+    return from_cache(k, k_scale, DTYPE)
 
 
 @triton.jit
 def score_masked_tile(
-    q, k_ptr, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks, stride_kh,
+    q, k_ptr, k_scale, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks, stride_kh,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Key tile `tile` of one block-table row with the keys outside [kv_lo, kv_hi) masked off: the
@@ -100,13 +126,13 @@ def score_masked_tile(
     block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0)
     kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
     kv_offs += kv_head * stride_kh
-    k = load_keys(k_ptr, kv_offs, dims, key_valid, True)
+    k = load_keys(k_ptr, k_scale, kv_offs, dims, key_valid, True, q.dtype)
     return tl.dot(q, k, input_precision=DOT_PRECISION), keys, key_valid, kv_offs
 
 
 @triton.jit
 def attend_whole_tiles(
-    q, k_ptr, v_ptr, table_row, tile_lo, tile_hi, num_blocks, kv_head, dims, scale_log2,
+    q, k_ptr, v_ptr, k_scale, v_scale, table_row, tile_lo, tile_hi, num_blocks, kv_head, dims, scale_log2,
     m_i, l_i, acc, stride_kb, stride_ks, stride_kh,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TABLE_CHUNK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -134,11 +160,12 @@ def attend_whole_tiles(
             block = tl.gather(table, entry, 0)
             kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
             kv_offs += kv_head * stride_kh
-            k = load_keys(k_ptr, kv_offs, dims, keys, False)
+            k = load_keys(k_ptr, k_scale, kv_offs, dims, keys, False, q.dtype)
             s = tl.dot(q, k, input_precision=DOT_PRECISION)
             m_i, l_i, acc = online_softmax_step(
-                s, scale_log2, v_ptr, kv_offs, dims, keys, m_i, l_i, acc, False, DOT_PRECISION
-            )
+                s, scale_log2, v_ptr, v_scale, kv_offs, dims, keys, m_i, l_i, acc, False,
+                DOT_PRECISION, q.dtype,
+            )  # fmt: skip
     return m_i, l_i, acc
 
 
@@ -150,6 +177,8 @@ def _paged_attention_kernel(
     q_ptr,  # q, out: [num_tokens, num_heads, HEAD_DIM] (token, head strides free)
     k_ptr,  # k_cache, v_cache: [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
     v_ptr,
+    k_scale_ptr,  # an FP8 cache's scales: [1] fp32 each (not read for other caches)
+    v_scale_ptr,
     out_ptr,
     prefix_o_ptr,  # [num_tokens, num_heads, HEAD_DIM] fp32 or q's dtype
     prefix_lse_ptr,  # [num_tokens, num_heads] fp32
@@ -216,6 +245,7 @@ def _paged_attention_kernel(
     token = (q_begin + q_idx).to(tl.int64)
     q_offs = token * stride_qt + head * stride_qh
     q = tl.load(q_ptr + q_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
+    k_scale, v_scale = load_kv_scales(k_scale_ptr, v_scale_ptr, k_ptr)
 
     kv_hi = context + tl.minimum((q_tile + 1) * BLOCK_Q, q_len)  # one past the last key needed
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -234,7 +264,7 @@ def _paged_attention_kernel(
         full_lo = tl.minimum(tl.cdiv(kv_lo, BLOCK_N), t_end)
         full_hi = tl.maximum(full_lo, (context + q_tile * BLOCK_Q + 1) // BLOCK_N)
         m_i, l_i, acc = attend_whole_tiles(
-            q, k_ptr, v_ptr, table_row, full_lo, full_hi, tl.cdiv(kv_hi, BLOCK_SIZE), kv_head,
+            q, k_ptr, v_ptr, k_scale, v_scale, table_row, full_lo, full_hi, tl.cdiv(kv_hi, BLOCK_SIZE), kv_head,
             dims, scale_log2, m_i, l_i, acc, stride_kb, stride_ks, stride_kh,
             BLOCK_SIZE, BLOCK_N, TABLE_CHUNK, DOT_PRECISION,
         )  # fmt: skip
@@ -243,14 +273,15 @@ def _paged_attention_kernel(
     for i in range(0, num_head_tiles + t_end - full_hi):
         tile = t_begin + i + tl.where(i < num_head_tiles, 0, full_hi - full_lo)
         s, keys, key_valid, kv_offs = score_masked_tile(
-            q, k_ptr, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks,
+            q, k_ptr, k_scale, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks,
             stride_kh, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
         )  # fmt: skip
         allowed = key_valid[None, :] & (keys[None, :] <= pos[:, None])
         s = tl.where(allowed, s, float("-inf"))
         m_i, l_i, acc = online_softmax_step(
-            s, scale_log2, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc, True, DOT_PRECISION
-        )
+            s, scale_log2, v_ptr, v_scale, kv_offs, dims, key_valid, m_i, l_i, acc, True,
+            DOT_PRECISION, q.dtype,
+        )  # fmt: skip
 
     has_keys = l_i > 0.0
     o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
@@ -315,11 +346,14 @@ def check_paged_attention_args(
     prefix_out: torch.Tensor | None,
     prefix_lse: torch.Tensor | None,
     kernel: bool = True,
-) -> tuple[int, int]:
-    """Validates everything on the host; returns (num_seqs, GQA ratio). kernel: as
-    `checks.check_queries`."""
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> tuple[int, int, tuple[torch.Tensor, torch.Tensor]]:
+    """Validates everything on the host; returns (num_seqs, GQA ratio, the launch's scale
+    arguments: `checks.kv_scale_args`). kernel: as `checks.check_queries`."""
     checks.check_queries(q, kernel)
     group = checks.check_kv_cache(q, k_cache, v_cache)
+    scales = checks.kv_scale_args(q.device, k_cache, k_scale, v_scale)
     checks.check_output("out", out, q, q.dtype, contiguous=False)
     checks.check_scale(scale)
     num_seqs = checks.check_segments(
@@ -327,7 +361,7 @@ def check_paged_attention_args(
         "block_tables", meta.block_tables, "max_query_len", meta.max_query_len,
     )  # fmt: skip
     checks.check_state(q, "prefix_out", prefix_out, "prefix_lse", prefix_lse)
-    return num_seqs, group
+    return num_seqs, group, scales
 
 
 def tile_options(
@@ -355,10 +389,11 @@ def paged_attention_launch(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
     meta: PagedMetadata, *, scale: float, prefix_out: torch.Tensor | None = None,
     prefix_lse: torch.Tensor | None = None, skip_suffix_chunks: bool = False,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> KernelLaunch | None:  # fmt: skip
     """Checks the arguments and plans the launch `paged_attention` makes (None: nothing to do)."""
-    num_seqs, group = check_paged_attention_args(
-        q, k_cache, v_cache, out, meta, scale, prefix_out, prefix_lse
+    num_seqs, group, scales = check_paged_attention_args(
+        q, k_cache, v_cache, out, meta, scale, prefix_out, prefix_lse, True, k_scale, v_scale
     )
     kv_start = meta.kv_start
     if prefix_out is not None and kv_start is None:
@@ -377,7 +412,7 @@ def paged_attention_launch(
     direct = num_seqs * tiles_per_seq <= searched_tiles
     grid = (num_seqs * tiles_per_seq if direct else searched_tiles, k_cache.shape[2])
     args = (
-        q, k_cache, v_cache, out,
+        q, k_cache, v_cache, *scales, out,
         prefix_out if prefix_out is not None else out,
         prefix_lse if prefix_lse is not None else meta.seq_lens,
         meta.cu_seqlens_q, meta.seq_lens,
@@ -407,11 +442,13 @@ def paged_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
     meta: PagedMetadata, *, scale: float, prefix_out: torch.Tensor | None = None,
     prefix_lse: torch.Tensor | None = None, skip_suffix_chunks: bool = False,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
     """Causal attention of each sequence's new queries over its paged keys; writes `out`.
 
     q, out: [num_tokens, num_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size,
-    num_kv_heads, head_dim]; meta: the step's sequences (index tensors int32). Query i of sequence s
+    num_kv_heads, head_dim], in q's dtype, or float8_e4m3fn with k_scale and v_scale (fp32 tensors
+    of one value: a code c stands for c * scale); meta: the step's sequences (index tensors int32). Query i of sequence s
     sits at position seq_lens[s] - q_len_s + i and attends keys [kv_start[s], position].
     prefix_out (fp32 or q's dtype) and prefix_lse (fp32) are merged in by log-sum-exp into the rows
     of sequences with kv_start > 0 (grouped ones, whose own keys start after their group's prefix;
@@ -421,7 +458,8 @@ def paged_attention(
     """
     launch = paged_attention_launch(
         q, k_cache, v_cache, out, meta, scale=scale, prefix_out=prefix_out,
-        prefix_lse=prefix_lse, skip_suffix_chunks=skip_suffix_chunks,
+        prefix_lse=prefix_lse, skip_suffix_chunks=skip_suffix_chunks, k_scale=k_scale,
+        v_scale=v_scale,
     )  # fmt: skip
     if launch is not None:
         launch.run()
@@ -431,10 +469,12 @@ def paged_attention_ref(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
     meta: PagedMetadata, *, scale: float, prefix_out: torch.Tensor | None = None,
     prefix_lse: torch.Tensor | None = None, skip_suffix_chunks: bool = False,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
-    """Torch version of `paged_attention` (same contract), one sequence at a time in fp32."""
-    num_seqs, _ = check_paged_attention_args(
-        q, k_cache, v_cache, out, meta, scale, prefix_out, prefix_lse, kernel=False
+    """Torch version of `paged_attention` (same contract), one sequence at a time in fp32 (an FP8
+    cache dequantized: `reference_math.dequantize_kv`)."""
+    num_seqs, _, _ = check_paged_attention_args(
+        q, k_cache, v_cache, out, meta, scale, prefix_out, prefix_lse, False, k_scale, v_scale
     )
     cu = meta.cu_seqlens_q.tolist()
     lens = meta.seq_lens.tolist()
@@ -444,7 +484,7 @@ def paged_attention_ref(
         if q_len == 0 or (skip_suffix_chunks and is_suffix_chunk_host(starts[s], q_len)):
             continue
         seq_len, lo = lens[s], starts[s]
-        k, v = gather_keys(k_cache, v_cache, meta.block_tables[s], lo, seq_len)
+        k, v = gather_keys(k_cache, v_cache, meta.block_tables[s], lo, seq_len, k_scale, v_scale)
         positions = torch.arange(seq_len - q_len, seq_len, device=q.device)
         key_pos = torch.arange(lo, seq_len, device=q.device)
         allowed = key_pos[None, :] <= positions[:, None]

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from prefixgrove_kernels.checks import FP8_KV_DTYPE, FP8_MAX
+
 # Query rows per CPU matmul entry, the last block zero-padded; small, as a decode step attends one
 # row per sequence (4 ran the tiny model's CPU steps faster than 8 or 16).
 QUERY_BLOCK = 4
@@ -116,11 +118,32 @@ def merge_states(
 
 
 def gather_keys(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor, lo: int, hi: int
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    table: torch.Tensor,
+    lo: int,
+    hi: int,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys and values [lo, hi) of one block-table row: each [hi - lo, num_kv_heads, head_dim].
 
-    k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]; table: [max_blocks].
+    k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]; table: [max_blocks]. An FP8
+    cache's keys and values come back dequantized, in fp32 (`dequantize_kv`).
     """
     blocks = table[: -(-hi // k_cache.shape[1])].long()
-    return k_cache[blocks].flatten(0, 1)[lo:hi], v_cache[blocks].flatten(0, 1)[lo:hi]
+    k, v = k_cache[blocks].flatten(0, 1)[lo:hi], v_cache[blocks].flatten(0, 1)[lo:hi]
+    if k_scale is not None and v_scale is not None:
+        return dequantize_kv(k, k_scale), dequantize_kv(v, v_scale)
+    return k, v
+
+
+def quantize_kv(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Keys or values (any float dtype) as FP8 cache codes: x / scale in fp32, saturated to
+    +-FP8_MAX, rounded to the nearest e4m3 value (ties to even)."""
+    return (x.float() / scale.float().reshape(())).clamp(-FP8_MAX, FP8_MAX).to(FP8_KV_DTYPE)
+
+
+def dequantize_kv(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """FP8 cache codes back to what they stand for, in fp32: codes * scale."""
+    return codes.to(torch.float32) * scale.float().reshape(())

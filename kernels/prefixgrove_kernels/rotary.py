@@ -6,7 +6,9 @@ and k in place when they are passed as the outputs.
 
 `apply_rotary_to_cache` is the attention layer's form: the rotated keys go straight to their slots of
 the paged KV cache and the values are copied next to them in the same launch, instead of a rotated
-k tensor that two more kernels (index_copy_ of k, then of v) would write into the cache.
+k tensor that two more kernels (index_copy_ of k, then of v) would write into the cache. An FP8 cache
+(float8_e4m3fn) gets k / k_scale and v / v_scale, saturated to +-448 and rounded to nearest (ties to
+even), after the rotated key is rounded to k's dtype as the unfused path rounds it.
 """
 
 from __future__ import annotations
@@ -19,12 +21,39 @@ import triton.language as tl
 
 from prefixgrove_kernels import checks
 from prefixgrove_kernels.launch import KernelLaunch
+from prefixgrove_kernels.reference_math import quantize_kv
 
 ROTARY_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+CACHE_DTYPES = (*ROTARY_DTYPES, checks.FP8_KV_DTYPE)
 POSITION_DTYPES = (torch.int32, torch.int64)
 MIN_HEAD_DIM = 8
 # Elements (heads x half head_dim) one tile holds.
 TILE_ELEMENTS = 2048
+
+
+@triton.jit
+def to_e4m3(x, scale):
+    """x / scale (fp32) as e4m3: saturated to +-448 and rounded to nearest, ties to even, in fp32
+    arithmetic (as torch's cast rounds), so that the cast at the end is exact on every target."""
+    y = tl.div_rn(x, scale)
+    a = tl.minimum(tl.abs(y), 448.0)
+    # a's e4m3 binade (the subnormals share the lowest, -6), whose values are multiples of
+    # 2^(binade - 3): adding 2^(binade + 20), whose fp32 ulp is that step, rounds a to one (a is below
+    # 2^(binade + 1), so the sum stays in that power's binade); subtracting it back is exact.
+    binade = tl.maximum((a.to(tl.int32, bitcast=True) >> 23) - 127, -6)
+    magic = ((binade + 20 + 127) << 23).to(tl.float32, bitcast=True)
+    r = (a + magic) - magic
+    return tl.where(y.to(tl.int32, bitcast=True) < 0, -r, r).to(tl.float8e4nv)
+
+
+@triton.jit
+def _to_dst(x, like, scale, dst_ptr):
+    """x (fp32) as dst_ptr stores it: rounded to `like`'s dtype, then, for an FP8 cache, divided by
+    scale and quantized (the unfused path's index_copy_ of the rounded tensor, then the cast)."""
+    x = x.to(like.dtype)
+    if dst_ptr.dtype.element_ty == tl.float8e4nv:
+        return to_e4m3(x.to(tl.float32), scale)
+    return x.to(dst_ptr.dtype.element_ty)
 
 
 @triton.jit
@@ -36,6 +65,7 @@ def _rotate_heads(
     dst_stride_h,
     cos,  # [HALF] fp32
     sin,
+    scale,  # with an FP8 dst: what it stores is x / scale
     BLOCK_H: tl.constexpr,
     HALF: tl.constexpr,
 ):
@@ -44,13 +74,14 @@ def _rotate_heads(
         heads = h0 + tl.arange(0, BLOCK_H)
         mask = (heads < num_heads)[:, None]
         src = src_ptr + heads[:, None] * src_stride_h + dims[None, :]
-        x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+        x1_in = tl.load(src, mask=mask, other=0.0)
+        x1 = x1_in.to(tl.float32)
         x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
         o1 = x1 * cos[None, :] - x2 * sin[None, :]
         o2 = x2 * cos[None, :] + x1 * sin[None, :]
         dst = dst_ptr + heads[:, None] * dst_stride_h + dims[None, :]
-        tl.store(dst, o1.to(dst_ptr.dtype.element_ty), mask=mask)
-        tl.store(dst + HALF, o2.to(dst_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst, _to_dst(o1, x1_in, scale, dst_ptr), mask=mask)
+        tl.store(dst + HALF, _to_dst(o2, x1_in, scale, dst_ptr), mask=mask)
 
 
 @triton.jit
@@ -60,6 +91,7 @@ def _copy_heads(
     num_heads,
     src_stride_h,
     dst_stride_h,
+    scale,  # with an FP8 dst: what it stores is x / scale
     BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr,
 ):
@@ -69,7 +101,10 @@ def _copy_heads(
         mask = (heads < num_heads)[:, None]
         x = tl.load(src_ptr + heads[:, None] * src_stride_h + dims[None, :], mask=mask)
         dst = dst_ptr + heads[:, None] * dst_stride_h + dims[None, :]
-        tl.store(dst, x.to(dst_ptr.dtype.element_ty), mask=mask)
+        if dst_ptr.dtype.element_ty == tl.float8e4nv:
+            tl.store(dst, to_e4m3(x.to(tl.float32), scale), mask=mask)
+        else:
+            tl.store(dst, x.to(dst_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -83,6 +118,8 @@ def _rotary_kernel(
     pos_ptr,  # positions: [tokens] int32/int64
     slots_ptr,  # with TO_CACHE: [tokens] int32/int64, the cache slot of each token's key and value
     cos_sin_ptr,  # cos_sin: [max_positions, HEAD_DIM] fp32 = [cos | sin]
+    k_scale_ptr,  # with TO_CACHE into an FP8 cache: [1] fp32 each, the cache stores k / k_scale
+    v_scale_ptr,
     num_heads,
     num_kv_heads,
     q_stride_t,
@@ -108,8 +145,13 @@ def _rotary_kernel(
     sin = tl.load(cos_sin_ptr + pos * HEAD_DIM + HALF + dims)
     # The key (and value) row this token writes: its own, or its cache slot.
     k_row = token
+    k_scale = 1.0
+    v_scale = 1.0
     if TO_CACHE:
         k_row = tl.load(slots_ptr + token).to(tl.int64)
+        if k_out_ptr.dtype.element_ty == tl.float8e4nv:
+            k_scale = tl.load(k_scale_ptr)
+            v_scale = tl.load(v_scale_ptr)
     _rotate_heads(
         q_ptr + token * q_stride_t,
         q_out_ptr + token * q_out_stride_t,
@@ -118,6 +160,7 @@ def _rotary_kernel(
         q_out_stride_h,
         cos,
         sin,
+        1.0,
         BLOCK_HQ,
         HALF,
     )
@@ -129,6 +172,7 @@ def _rotary_kernel(
         k_out_stride_h,
         cos,
         sin,
+        k_scale,
         BLOCK_HK,
         HALF,
     )
@@ -139,6 +183,7 @@ def _rotary_kernel(
             num_kv_heads,
             v_stride_h,
             k_out_stride_h,
+            v_scale,
             BLOCK_HK,
             HEAD_DIM,
         )
@@ -208,8 +253,9 @@ def apply_rotary_launch(
     _check_like("k_out", k_out, k)
     if q.shape[0] == 0:
         return None, q_out, k_out
-    # Without a cache the value and slot arguments are never read (TO_CACHE is off): k stands in.
-    args = _launch_args(q, k, k, q_out, k_out, k_out, positions, positions, cos_sin)
+    # Without a cache the value, slot and scale arguments are never read (TO_CACHE is off): k and
+    # positions stand in.
+    args = _launch_args(q, k, k, q_out, k_out, k_out, positions, positions, cos_sin, (k, k))
     return _launch(args, q, k, to_cache=False), q_out, k_out
 
 
@@ -223,8 +269,9 @@ def _launch_args(
     positions: torch.Tensor,
     slots: torch.Tensor,
     cos_sin: torch.Tensor,
+    scales: tuple[torch.Tensor, torch.Tensor],
 ) -> tuple[Any, ...]:
-    args: tuple[Any, ...] = (q, k, v, q_out, k_out, v_out, positions, slots, cos_sin)
+    args: tuple[Any, ...] = (q, k, v, q_out, k_out, v_out, positions, slots, cos_sin, *scales)
     args += (q.shape[1], k.shape[1], q.stride(0), q.stride(1), k.stride(0), k.stride(1))
     args += (v.stride(0), v.stride(1), q_out.stride(0), q_out.stride(1))
     return (*args, k_out.stride(0), k_out.stride(1))
@@ -274,11 +321,14 @@ def _check_cache_args(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slots: torch.Tensor,
-) -> None:
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns the scale arguments of the launch (see `checks.kv_scale_args`)."""
     _check_like("v", v, k)
     cache_shape = (k_cache.shape[0], k_cache.shape[1], *k.shape[1:]) if k_cache.ndim == 4 else None
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
-        checks.check_tensor(name, cache, ndim=4, dtypes=ROTARY_DTYPES, device=k.device)
+        checks.check_tensor(name, cache, ndim=4, dtypes=CACHE_DTYPES, device=k.device)
         if cache_shape is None or tuple(cache.shape) != cache_shape:
             raise ValueError(
                 f"{name} must be [num_blocks, block_size, {k.shape[1]}, {k.shape[2]}] like "
@@ -288,6 +338,7 @@ def _check_cache_args(
         raise ValueError(f"v_cache is {v_cache.dtype} but k_cache is {k_cache.dtype}")
     checks.check_tensor("slots", slots, ndim=1, dtypes=POSITION_DTYPES, device=k.device)
     checks.check_shape("slots", slots, (k.shape[0],))
+    return checks.kv_scale_args(k.device, k_cache, k_scale, v_scale)
 
 
 def apply_rotary_to_cache_launch(
@@ -301,17 +352,19 @@ def apply_rotary_to_cache_launch(
     slots: torch.Tensor,
     *,
     q_out: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> tuple[KernelLaunch | None, torch.Tensor]:
     """Checks the arguments and plans the launch `apply_rotary_to_cache` makes."""
     _check_inputs(q, k, positions, cos_sin)
-    _check_cache_args(k, v, k_cache, v_cache, slots)
+    scales = _check_cache_args(k, v, k_cache, v_cache, slots, k_scale, v_scale)
     q_out = torch.empty_like(q, memory_format=torch.contiguous_format) if q_out is None else q_out
     _check_like("q_out", q_out, q)
     if q.shape[0] == 0:
         return None, q_out
     k_slots = k_cache.view(-1, *k_cache.shape[2:])
     v_slots = v_cache.view(-1, *v_cache.shape[2:])
-    args = _launch_args(q, k, v, q_out, k_slots, v_slots, positions, slots, cos_sin)
+    args = _launch_args(q, k, v, q_out, k_slots, v_slots, positions, slots, cos_sin, scales)
     return _launch(args, q, k, to_cache=True), q_out
 
 
@@ -326,18 +379,24 @@ def apply_rotary_to_cache(
     slots: torch.Tensor,
     *,
     q_out: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rotates q (into q_out, or q_out=q in place) and writes each token's rotated key and its
     value into its slot of the paged cache; returns q_out. k is left as it was.
 
     q, k, positions and cos_sin as for `apply_rotary`; v like k; k_cache, v_cache: [num_blocks,
-    block_size, num_kv_heads, head_dim] (contiguous, one dtype); slots: [tokens] int32/int64, token
-    i's slot = block * block_size + offset, each in range and distinct (not checked: that would sync
-    with the device; a token whose slot is shared with another may leave either one's key there).
+    block_size, num_kv_heads, head_dim] (contiguous, one dtype: k's, another float dtype, or
+    float8_e4m3fn with k_scale and v_scale, fp32 tensors of one value: the cache then holds
+    k / k_scale and v / v_scale as e4m3, see `reference_math.quantize_kv`); slots: [tokens]
+    int32/int64, token i's slot = block * block_size + offset, each in range and distinct (not
+    checked: that would sync with the device; a token whose slot is shared with another may leave
+    either one's key there).
     """
     launch, q_out = apply_rotary_to_cache_launch(
-        q, k, v, positions, cos_sin, k_cache, v_cache, slots, q_out=q_out
-    )
+        q, k, v, positions, cos_sin, k_cache, v_cache, slots, q_out=q_out, k_scale=k_scale,
+        v_scale=v_scale,
+    )  # fmt: skip
     if launch is not None:
         launch.run()
     return q_out
@@ -367,11 +426,22 @@ def apply_rotary_to_cache_ref(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slots: torch.Tensor,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Torch version of `apply_rotary_to_cache`: rotary, then index_copy_ of k and v into the cache."""
-    _check_cache_args(k, v, k_cache, v_cache, slots)
+    """Torch version of `apply_rotary_to_cache`: rotary, then index_copy_ of k and v into the cache
+    (quantized for an FP8 cache)."""
+    _check_cache_args(k, v, k_cache, v_cache, slots, k_scale, v_scale)
     q, k = apply_rotary_ref(q, k, positions, cos_sin)
     index = slots.long()
+    if k_scale is not None and v_scale is not None:
+        # The codes copied as bytes (index_copy_ has no float8 kernel on the CPU).
+        for cache, x in ((k_cache, quantize_kv(k, k_scale)), (v_cache, quantize_kv(v, v_scale))):
+            cache.view(torch.uint8).view(-1, *x.shape[1:]).index_copy_(
+                0, index, x.view(torch.uint8)
+            )
+        return q
     k_cache.view(-1, *k.shape[1:]).index_copy_(0, index, k.to(k_cache.dtype))
     v_cache.view(-1, *v.shape[1:]).index_copy_(0, index, v.to(v_cache.dtype))
     return q
