@@ -256,7 +256,9 @@ class LLMEngine:
         if params.structured_outputs is not None:
             grammar = self.grammars.compile(params.structured_outputs)
             eos = () if params.ignore_eos else self.output_processor.eos_token_ids
-            seq.grammar = GrammarState(self.grammars.matcher(grammar), frozenset(eos))
+            seq.grammar = GrammarState(
+                self.grammars.matcher(grammar), frozenset(eos), self.grammars.tokenizer.vocab_size
+            )
         self._requests[request_id] = seq
         return seq
 

@@ -8,6 +8,7 @@ and cache slots advance there too, and each step's tokens stream back on a side 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -100,7 +101,7 @@ class ModelRunner:
             max_blocks_per_seq=-(-self.max_positions // config.cache.block_size),
         )
         self.sampler = Sampler(arch.vocab_size, self.device)
-        self.masker = StepMasker(arch.vocab_size, self.device)
+        self.masker = StepMasker(self.device)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.graphs: DecodeGraphs | None = None
         self._copy_stream = torch.cuda.Stream(self.device) if cuda else None
@@ -322,17 +323,31 @@ class ModelRunner:
         window = window or []
         produced = [seq.num_generated + len(window) for seq in seqs]
         hosts: list[np.ndarray] = []
+        stats = self.masker.stats
 
         def tokens_from(r: int, start: int) -> list[int]:
             seq = seqs[r]
             out = seq.output_token_ids
+            waited = time.perf_counter()
             later = self._pending_tokens(seq, feed) if seq.num_pending_tokens else []
             if window and not hosts:
                 hosts.extend(self._wait(host, done) for host, done in window)
+            stats.wait_seconds += time.perf_counter() - waited
             later += [int(h[r, 0]) for h in hosts]
             return out[start:] + later[max(0, start - len(out)) :]
 
-        return self.masker.masks(states, tokens_from, produced)
+        forward_done = self._event() if stats.measure_idle else None
+        mask = self.masker.masks(states, tokens_from, produced)
+        if forward_done is not None:
+            stats.idle_events.append((forward_done, self._event()))  # type: ignore[arg-type]
+        return mask
+
+    def _event(self) -> torch.cuda.Event | None:
+        if self.device.type != "cuda":
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def _pending_tokens(self, seq: Sequence, feed: InFlight | None) -> list[int]:
         """The tokens `feed` sampled for `seq` that the host has not taken in, in order."""

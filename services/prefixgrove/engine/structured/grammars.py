@@ -54,7 +54,10 @@ class GrammarCompiler:
         # EOS as the model's generation config ends a turn; the others are allowed beside it where
         # the grammar may end (masks.py).
         eos = self.eos_token_ids[0] if self.eos_token_ids else self._hf.eos_token_id
-        return llguidance.hf.from_tokenizer(self._hf, n_vocab=self.vocab_size, eos_token=eos)
+        # A tokenizer may know more ids than the model has logits for (an added pad): masks then
+        # have bits past the logits, which nothing reads.
+        vocab = max(self.vocab_size, len(self._hf))
+        return llguidance.hf.from_tokenizer(self._hf, n_vocab=vocab, eos_token=eos)
 
     def compile(self, params: StructuredOutputsParams) -> str:
         """The checked grammar for `params`; ValueError naming what does not compile."""

@@ -10,9 +10,10 @@ advanced and their masks filled on llguidance's threads, without the GIL.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import llguidance
 import llguidance.numpy as llnp
@@ -31,6 +32,7 @@ class GrammarState:
 
     matcher: llguidance.LLMatcher
     eos_token_ids: frozenset[int]
+    matcher_vocab: int  # token ids the matcher's masks cover
     consumed: int = 0
     ended: bool = False  # EOS consumed, or a token the grammar refused: nothing is masked any more
 
@@ -52,6 +54,30 @@ class GrammarState:
 
 
 @dataclass
+class MaskStats:
+    """What building masks cost: host seconds (catching matchers up and filling masks, waiting for
+    tokens included), the part spent waiting for tokens from the device, steps and rows masked, and
+    on CUDA the device's idle gaps between a step's forward pass and its sampling (it waits for the
+    mask), as event pairs read by gpu_idle_seconds, while measure_idle is set (benchmarks)."""
+
+    seconds: float = 0.0
+    wait_seconds: float = 0.0
+    steps: int = 0
+    rows: int = 0
+    measure_idle: bool = False
+    idle_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list)
+
+    def gpu_idle_seconds(self) -> float:
+        """Sums (and forgets) the recorded gaps; waits for their events."""
+        total = 0.0
+        for start, end in self.idle_events:
+            end.synchronize()
+            total += start.elapsed_time(end) / 1000
+        self.idle_events.clear()
+        return total
+
+
+@dataclass
 class TokenMask:
     """The rows a step constrains and their allowed tokens, one bit per token id, on the device."""
 
@@ -62,10 +88,10 @@ class TokenMask:
 class StepMasker:
     """Builds the token masks of a step's constrained rows."""
 
-    def __init__(self, vocab_size: int, device: torch.device) -> None:
-        self.vocab_size = vocab_size
+    def __init__(self, device: torch.device) -> None:
         self.device = device
         self._executor: llguidance.LLExecutor | None = None
+        self.stats = MaskStats()
 
     def masks(
         self,
@@ -76,6 +102,7 @@ class StepMasker:
         """The masks for rows whose state constrains. `produced[r]` is how many output tokens row r
         sampled before this step; `tokens_from(r, i)` returns those from the i-th on (called only
         for rows whose matcher has not consumed them all)."""
+        start = time.perf_counter()
         rows: list[int] = []
         for r, state in enumerate(states):
             if state is None:
@@ -86,8 +113,10 @@ class StepMasker:
             if state.constrains:
                 rows.append(r)
         if not rows:
+            self.stats.seconds += time.perf_counter() - start
             return None
-        bitmask = llnp.allocate_token_bitmask(len(rows), self.vocab_size)
+        vocab = states[rows[0]].matcher_vocab  # type: ignore[union-attr]
+        bitmask = llnp.allocate_token_bitmask(len(rows), vocab)
         if self._executor is None:
             self._executor = llguidance.LLExecutor()
         llnp.fill_next_token_bitmask_par(
@@ -101,7 +130,11 @@ class StepMasker:
             assert state is not None
             if state.matcher.is_accepting():
                 for eos in state.eos_token_ids:  # every EOS of the model ends a complete output
-                    if eos < self.vocab_size:
+                    if eos < vocab:
                         bits[i, eos >> 5] |= np.uint32(1 << (eos & 31))
         rows_at = to_device(np.array(rows, dtype=np.int64), self.device)
-        return TokenMask(rows_at, to_device(bitmask, self.device))
+        mask = TokenMask(rows_at, to_device(bitmask, self.device))
+        self.stats.seconds += time.perf_counter() - start
+        self.stats.steps += 1
+        self.stats.rows += len(rows)
+        return mask

@@ -1,0 +1,159 @@
+"""Structured outputs at batch scale: an extraction job, constrained against unconstrained, side by side
+in one process (issue: constrained >= 0.9x unconstrained).
+
+The job: Llama-3.1-8B shapes (random weights, bf16) with the real Llama 3 tokenizer (128k vocabulary:
+a mask is as costly as on the real model); N requests sharing one instruction block of --prefix-len
+tokens, each with its own --doc-len-token document, answered as a 6-field JSON object (SCHEMA, compact)
+in at most --max-tokens tokens, greedy.
+
+Modes, each on a fresh engine:
+  constrained    json=SCHEMA
+  unconstrained  no constraint, each request generating exactly the tokens its constrained run
+                 produced (EOS ignored): the same work without the grammar, so wall times compare
+The constrained mode runs first and fixes the lengths. Each mode's timed job follows a warm-up on a
+small job of the same shape. Prints one JSON line per mode (with the host time spent on masks per
+masked step, and the GPU's idle time waiting for masks), then the ratio.
+
+  python benchmarks/structured.py --tokenizer /path/ggml-vocab-llama-bpe.gguf [--requests 6400]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from typing import Any
+
+from _common import add_engine_args, device_name, emit, ensure_prefixgrove, make_llm, timed
+
+ensure_prefixgrove()
+
+from prefixgrove import SamplingParams, StructuredOutputsParams  # noqa: E402
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "company": {"type": "string", "maxLength": 24},
+        "contact": {"type": "string", "maxLength": 24},
+        "category": {"enum": ["invoice", "complaint", "order", "refund", "question"]},
+        "priority": {"type": "integer", "minimum": 1, "maximum": 5},
+        "urgent": {"type": "boolean"},
+        "country": {"enum": ["US", "DE", "FR", "JP", "BR", "IN", "other"]},
+    },
+    "required": ["company", "contact", "category", "priority", "urgent", "country"],
+    "additionalProperties": False,
+}
+MODES = ("constrained", "unconstrained")
+
+
+def prompts(n: int, prefix_len: int, doc_len: int, vocab: int, seed: int) -> list[list[int]]:
+    """One instruction block shared by all, then each request's own document (random token ids of
+    ordinary text tokens: the first 128,000 of Llama 3's vocabulary)."""
+    rng = random.Random(seed)
+    block = [rng.randrange(vocab) for _ in range(prefix_len)]
+    return [block + [rng.randrange(vocab) for _ in range(doc_len)] for _ in range(n)]
+
+
+def constrained_params(max_tokens: int) -> SamplingParams:
+    # Compact JSON: on random weights, free whitespace would let outputs run on to max_tokens.
+    constraint = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, structured_outputs=constraint)
+
+
+def exact_params(tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, detokenize=False)
+
+
+def run_mode(
+    mode: str, jobs: list[list[int]], lengths: list[int] | None, args: argparse.Namespace
+) -> tuple[dict[str, Any], list[int]]:
+    llm = make_llm(args, tokenizer=args.tokenizer)
+    llm.engine.runner.masker.stats.measure_idle = True
+    if mode == "unconstrained":
+        assert lengths is not None, "a constrained mode runs first: it fixes the lengths"
+        params: list[SamplingParams] = [exact_params(n) for n in lengths]
+        warm = [exact_params(n) for n in lengths[: args.warmup]]
+    else:
+        params = [constrained_params(args.max_tokens)] * len(jobs)
+        warm = params[: args.warmup]
+    llm.generate([{"prompt_token_ids": p} for p in jobs[: args.warmup]], warm, use_tqdm=False)
+    before = _metrics(llm)
+    outputs, seconds = timed(
+        lambda: llm.generate([{"prompt_token_ids": p} for p in jobs], params, use_tqdm=False)
+    )
+    after = _metrics(llm)
+    if after["mask_steps"]:
+        after["mask_ms_per_step"] = 1000 * after["mask_host_seconds"] / after["mask_steps"]
+    produced = [len(o.outputs[0].token_ids) for o in outputs]
+    record: dict[str, Any] = {
+        "mode": mode,
+        "gpu": device_name(),
+        "requests": len(jobs),
+        "seconds": round(seconds, 2),
+        "requests_per_s": round(len(jobs) / seconds, 2),
+        "output_tokens": sum(produced),
+        "output_tokens_per_s": round(sum(produced) / seconds),
+        "mean_output_tokens": round(sum(produced) / len(jobs), 1),
+        **{k: round(after[k] - before.get(k, 0.0), 4) for k in after},
+    }
+    if mode != "unconstrained":
+        record.update(_validity(outputs))
+    del llm
+    return record, produced
+
+
+def _metrics(llm: Any) -> dict[str, float]:
+    """Steps, and what building masks cost (engine/structured/masks.py MaskStats)."""
+    m, masks = llm.engine.metrics, llm.engine.runner.masker.stats
+    return {
+        "steps": m.steps,
+        "decode_steps": m.decode_steps,
+        "mask_steps": masks.steps,
+        "mask_rows": masks.rows,
+        "mask_host_seconds": masks.seconds,
+        "mask_token_wait_seconds": masks.wait_seconds,
+        "gpu_idle_for_masks_seconds": masks.gpu_idle_seconds(),
+    }
+
+
+def _validity(outputs: list[Any]) -> dict[str, Any]:
+    valid = stopped = 0
+    for out in outputs:
+        choice = out.outputs[0]
+        stopped += choice.finish_reason == "stop"
+        try:
+            value = json.loads(choice.text)
+        except ValueError:
+            continue
+        valid += isinstance(value, dict) and set(value) == set(SCHEMA["required"])
+    return {"valid_json_fraction": round(valid / len(outputs), 4),
+            "finished_by_grammar_fraction": round(stopped / len(outputs), 4)}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_engine_args(ap, max_num_seqs=512, batched_tokens=16384)
+    ap.add_argument("--tokenizer", required=True, help="Llama 3's tokenizer (a directory or a vocab .gguf)")
+    ap.add_argument("--requests", type=int, default=6400)
+    ap.add_argument("--prefix-len", type=int, default=1500)
+    ap.add_argument("--doc-len", type=int, default=300)
+    ap.add_argument("--max-tokens", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=256)
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    jobs = prompts(args.requests, args.prefix_len, args.doc_len, 128_000, args.seed)
+    lengths: list[int] | None = None
+    results: dict[str, dict[str, Any]] = {}
+    for mode in args.modes.split(","):
+        record, produced = run_mode(mode, jobs, lengths, args)
+        lengths = lengths or (produced if mode != "unconstrained" else None)
+        results[mode] = record
+        emit(record)
+    if "unconstrained" in results:
+        base = results["unconstrained"]["seconds"]
+        emit({"ratios_vs_unconstrained": {m: round(base / r["seconds"], 3) for m, r in results.items()}})
+
+
+if __name__ == "__main__":
+    main()
