@@ -1,5 +1,7 @@
-"""Real components for the services tests: a redis-server per test, planner and worker processes,
-and batch files. A test that needs redis-server fails without it under CI=true, skips otherwise."""
+"""Real components for the services tests: a redis-server per test, planner and worker processes (a
+module's whole stack: service_stack), a planner in process, batch files and the local run whose
+answers the services must give. A test that needs redis-server fails without it under CI=true,
+skips otherwise."""
 
 from __future__ import annotations
 
@@ -11,12 +13,19 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from polling import wait_for
+
+if TYPE_CHECKING:
+    from prefixgrove.planner.client import PlannerClient
+    from prefixgrove.planner.server import PlannerServer
+    from prefixgrove.settings import IngestSettings, SecuritySettings
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "tiny-random-llama"
@@ -154,6 +163,132 @@ def wait_for_port(port: int, proc: Process, timeout: float = 60.0) -> None:
         except OSError:
             time.sleep(0.1)
     raise RuntimeError(f"nothing listens on {port} after {timeout}s: {proc.text()[-3000:]}")
+
+
+@dataclass
+class ServiceStack:
+    """A redis-server with planner and worker processes, each logging to `dir`/NAME.log: what the
+    services tests run for a module (service_stack starts one). Every planner is started with
+    `planner_args`, every worker with `worker_args`."""
+
+    dir: Path
+    redis: RedisServer
+    planner_args: tuple[str, ...] = ()
+    worker_args: tuple[str, ...] = ()
+    ports: dict[str, int] = field(default_factory=dict)  # each planner's gRPC port, by name
+    planners: dict[str, Process] = field(default_factory=dict)
+    workers: dict[str, Process] = field(default_factory=dict)
+
+    @property
+    def port(self) -> int:
+        """The first planner's gRPC port."""
+        return next(iter(self.ports.values()))
+
+    @property
+    def planner(self) -> Process:
+        """The first planner."""
+        return next(iter(self.planners.values()))
+
+    def start_planner(self, name: str = "planner", wait: bool = True) -> Process:
+        """Starts planner `name` on its port (a free one the first time it starts)."""
+        port = self.ports.setdefault(name, free_port())
+        log = self.dir / f"{name}.log"
+        planner = self.planners[name] = start_planner(self.redis.url, port, log, *self.planner_args)
+        if wait:
+            wait_for_port(port, planner)
+        return planner
+
+    def restart_planner(self, name: str = "planner") -> None:
+        """Kills planner `name` (SIGKILL) and starts it again on its port."""
+        self.planners[name].kill()
+        self.planners[name].wait(10)
+        self.start_planner(name)
+
+    def add_worker(self, name: str, *extra: str) -> Process:
+        """Starts worker `name` (its consumer name too) with `worker_args` and `extra`."""
+        worker = start_worker(self.redis.url, self.dir / f"{name}.log", "--consumer", name,
+                              *self.worker_args, *extra)  # fmt: skip
+        self.workers[name] = worker
+        return worker
+
+    def client(self, *names: str) -> PlannerClient:
+        """A client of the first planner, of planner `name`, or of several planners behind one
+        target (`ipv4:A,B`, what a Service's name that resolves to several pods gives gRPC)."""
+        from prefixgrove.planner.client import PlannerClient
+
+        addresses = [f"127.0.0.1:{self.ports[n]}" for n in names or [next(iter(self.ports))]]
+        return PlannerClient(addresses[0] if len(addresses) == 1 else "ipv4:" + ",".join(addresses))
+
+    def stop(self) -> None:
+        for proc in [*self.planners.values(), *self.workers.values()]:
+            proc.stop()
+        self.redis.kill()
+
+
+@contextmanager
+def service_stack(
+    d: Path,
+    *,
+    planners: tuple[str, ...] = ("planner",),
+    workers: dict[str, tuple[str, ...]] | None = None,
+    planner_args: tuple[str, ...] = (),
+    worker_args: tuple[str, ...] = (),
+    aof: bool = False,
+) -> Iterator[ServiceStack]:
+    """A redis-server in `d` (`aof`: fsync on every write), the planners named and the workers
+    named (each with its own extra flags), once every planner's gRPC port answers; everything is
+    stopped at the end."""
+    redis = RedisServer(need_redis(), d, aof=aof)
+    redis.start()
+    stack = ServiceStack(d, redis, planner_args, worker_args)
+    try:
+        for name in planners:
+            stack.start_planner(name, wait=False)
+        for name, extra in (workers or {}).items():
+            stack.add_worker(name, *extra)
+        for name in planners:
+            wait_for_port(stack.ports[name], stack.planners[name])
+        yield stack
+    finally:
+        stack.stop()
+
+
+@contextmanager
+def planner_in_process(
+    redis_url: str,
+    ingest: IngestSettings | None = None,
+    security: SecuritySettings | None = None,
+    **settings: Any,
+) -> Iterator[tuple[PlannerServer, PlannerClient]]:
+    """A planner server in this process on a free gRPC port, serving MODEL unless `settings` (more
+    PlannerSettings fields) name other models, and a client of it; both closed at the end."""
+    from prefixgrove.planner.client import PlannerClient
+    from prefixgrove.planner.server import build_server
+    from prefixgrove.settings import IngestSettings, PlannerSettings, SecuritySettings
+
+    planner = PlannerSettings(redis_url=redis_url, port=0, **{"model": MODEL, **settings})
+    server = build_server(planner, ingest or IngestSettings(), security or SecuritySettings())
+    client = PlannerClient(f"127.0.0.1:{server.port}")
+    try:
+        yield server, client
+    finally:
+        client.close()
+        server.stop(0)
+
+
+def local_run(job: Path, d: Path, *extra: str) -> tuple[Path, Path]:
+    """`prefixgrove run` of `job` on the services' model (CPU, float32) with `extra` flags: the
+    answers the services must give, in `d` (made where missing) as its output and error files."""
+    d.mkdir(parents=True, exist_ok=True)
+    out, err = d / "local.jsonl", d / "local.errors.jsonl"
+    args = ["run", str(job), "-o", str(out), "--errors", str(err), "--model", MODEL, "--device", "cpu",
+            "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--json", *extra]  # fmt: skip
+    # A process of its own, with one math thread like the workers: 2 busy cores oversubscribed
+    # by torch's default threads run ten times slower.
+    run = subprocess.run([sys.executable, "-m", "prefixgrove.cli", *args], env=service_env(),
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    return out, err
 
 
 def batch_line(custom_id: str, body: dict, url: str = "/v1/completions") -> str:

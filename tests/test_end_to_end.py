@@ -12,77 +12,47 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from services_testbed import (
-    MAX_MODEL_LEN,
     MODEL,
-    Process,
-    RedisServer,
+    ServiceStack,
     free_port,
+    local_run,
     logprobs_job,
-    need_redis,
     service_env,
+    service_stack,
     shared_prefix_job,
-    start_planner,
-    start_worker,
-    wait_for_port,
     wait_until,
 )
 
-from prefixgrove.planner.client import PlannerClient
 from prefixgrove_proto import planner_pb2 as pb
 
 pytestmark = pytest.mark.slow
 LEASE_TIMEOUT_S = "3"
 
 
-@dataclass
-class Stack:
-    dir: Path
-    redis: RedisServer
-    port: int
-    planner: Process
-    workers: dict[str, Process]
-    planner_metrics: int
-    worker_metrics: int
-
-    def client(self) -> PlannerClient:
-        return PlannerClient(f"127.0.0.1:{self.port}")
-
-    def add_worker(self, name: str, *extra: str) -> Process:
-        worker = start_worker(self.redis.url, self.dir / f"{name}.log", "--consumer", name,
-                              "--lease-timeout-s", LEASE_TIMEOUT_S, "--max-groups-in-flight", "2",
-                              "--cancel-poll-s", "0.5", *extra)  # fmt: skip
-        self.workers[name] = worker
-        return worker
-
-    def restart_planner(self) -> None:
-        self.planner.kill()
-        self.planner.wait(10)
-        self.planner = start_planner(self.redis.url, self.port, self.dir / "planner.log",
-                                     "--metrics-port", str(self.planner_metrics))  # fmt: skip
-        wait_for_port(self.port, self.planner)
+@pytest.fixture(scope="module")
+def metrics_ports() -> tuple[int, int]:
+    """The planner's and worker w2's metrics ports."""
+    return free_port(), free_port()
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    d = tmp_path_factory.mktemp("stack")
-    redis = RedisServer(need_redis(), d, aof=True)
-    redis.start()
-    port = free_port()
-    metrics = free_port()
-    planner = start_planner(redis.url, port, d / "planner.log", "--metrics-port", str(metrics))
-    s = Stack(d, redis, port, planner, {}, metrics, free_port())
-    s.add_worker("w1")
-    s.add_worker("w2", "--metrics-port", str(s.worker_metrics))
-    wait_for_port(port, s.planner)
-    yield s
-    for proc in [s.planner, *s.workers.values()]:
-        proc.stop()
-    redis.kill()
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, metrics_ports: tuple[int, int]
+) -> Iterator[ServiceStack]:
+    planner_metrics, worker_metrics = metrics_ports
+    with service_stack(
+        tmp_path_factory.mktemp("stack"),
+        workers={"w1": (), "w2": ("--metrics-port", str(worker_metrics))},
+        planner_args=("--metrics-port", str(planner_metrics)),
+        worker_args=("--lease-timeout-s", LEASE_TIMEOUT_S, "--max-groups-in-flight", "2",
+                     "--cancel-poll-s", "0.5"),
+        aof=True,
+    ) as stack:  # fmt: skip
+        yield stack
 
 
 @pytest.fixture(scope="module")
@@ -93,19 +63,9 @@ def long_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path
     return job, *local_run(job, d)
 
 
-def local_run(job: Path, d: Path) -> tuple[Path, Path]:
-    out, err = d / "local.jsonl", d / "local.errors.jsonl"
-    args = ["run", str(job), "-o", str(out), "--errors", str(err), "--model", MODEL, "--device", "cpu",
-            "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--json"]  # fmt: skip
-    # A process of its own, with one math thread like the workers: 2 busy cores oversubscribed
-    # by torch's default threads run ten times slower.
-    run = subprocess.run([sys.executable, "-m", "prefixgrove.cli", *args], env=service_env(),
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    return out, err
-
-
-def finish(stack: Stack, job_id: str, d: Path, timeout: float = 120) -> tuple[pb.Job, Path, Path]:
+def finish(
+    stack: ServiceStack, job_id: str, d: Path, timeout: float = 120
+) -> tuple[pb.Job, Path, Path]:
     client = stack.client()
     wait_until(lambda: client.get(job_id).state in (pb.JOB_STATE_COMPLETED, pb.JOB_STATE_CANCELLED),
                timeout, f"job {job_id} to end")  # fmt: skip
@@ -114,12 +74,12 @@ def finish(stack: Stack, job_id: str, d: Path, timeout: float = 120) -> tuple[pb
     return client.get(job_id), out, err
 
 
-def answered(stack: Stack, job_id: str) -> int:
+def answered(stack: ServiceStack, job_id: str) -> int:
     counts = stack.client().get(job_id).request_counts
     return counts.completed + counts.failed
 
 
-def test_planner_and_two_workers_equal_the_local_run(stack: Stack, tmp_path: Path) -> None:
+def test_planner_and_two_workers_equal_the_local_run(stack: ServiceStack, tmp_path: Path) -> None:
     job_file = shared_prefix_job(tmp_path / "in.jsonl", 300, with_errors=True)
     local_out, local_err = local_run(job_file, tmp_path)
     client = stack.client()
@@ -134,7 +94,7 @@ def test_planner_and_two_workers_equal_the_local_run(stack: Stack, tmp_path: Pat
 
 
 def test_a_logprobs_job_through_the_services_equals_the_local_run(
-    stack: Stack, tmp_path: Path
+    stack: ServiceStack, tmp_path: Path
 ) -> None:
     """Logprobs are printed to the last bit of their float: the workers batch the job otherwise than
     the local run (other groups beside each, other step sizes), and every value must still match."""
@@ -151,7 +111,7 @@ def test_a_logprobs_job_through_the_services_equals_the_local_run(
 
 
 def test_a_worker_killed_mid_group_is_taken_over(
-    stack: Stack, long_job: tuple[Path, Path, Path], tmp_path: Path
+    stack: ServiceStack, long_job: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
     job_file, local_out, local_err = long_job
     r = stack.redis.client()
@@ -174,7 +134,7 @@ def test_a_worker_killed_mid_group_is_taken_over(
 
 
 def test_a_stopped_worker_gives_its_groups_back(
-    stack: Stack, long_job: tuple[Path, Path, Path], tmp_path: Path
+    stack: ServiceStack, long_job: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
     job_file, local_out, _ = long_job
     r = stack.redis.client()
@@ -196,7 +156,9 @@ def test_a_stopped_worker_gives_its_groups_back(
     stack.add_worker("w4")
 
 
-def test_cli_submits_waits_downloads_and_metrics_are_served(stack: Stack, tmp_path: Path) -> None:
+def test_cli_submits_waits_downloads_and_metrics_are_served(
+    stack: ServiceStack, metrics_ports: tuple[int, int], tmp_path: Path
+) -> None:
     job_file = shared_prefix_job(tmp_path / "in.jsonl", 40, seed=3)
     out = tmp_path / "out.jsonl"
     cli = [sys.executable, "-m", "prefixgrove.cli"]
@@ -210,13 +172,14 @@ def test_cli_submits_waits_downloads_and_metrics_are_served(stack: Stack, tmp_pa
     status = subprocess.run([*cli, "status", first["id"], *target], capture_output=True, text=True,
                             timeout=60, env=service_env())  # fmt: skip
     assert json.loads(status.stdout)["state"] == "JOB_STATE_COMPLETED"
+    planner_port, worker_port = metrics_ports
     planner_metrics = (
-        urllib.request.urlopen(f"http://127.0.0.1:{stack.planner_metrics}/metrics").read().decode()
+        urllib.request.urlopen(f"http://127.0.0.1:{planner_port}/metrics").read().decode()
     )
     assert "prefixgrove_queue_depth" in planner_metrics
     assert "prefixgrove_planner_requests_accepted_total" in planner_metrics
     worker_metrics = (
-        urllib.request.urlopen(f"http://127.0.0.1:{stack.worker_metrics}/metrics").read().decode()
+        urllib.request.urlopen(f"http://127.0.0.1:{worker_port}/metrics").read().decode()
     )
     done = [
         line
@@ -226,7 +189,7 @@ def test_cli_submits_waits_downloads_and_metrics_are_served(stack: Stack, tmp_pa
     assert done and float(done[0].split()[-1]) > 0
 
 
-def submit_and_wait_for_results(stack: Stack, job_file: Path) -> pb.Job:
+def submit_and_wait_for_results(stack: ServiceStack, job_file: Path) -> pb.Job:
     """A job under way: some results written, more to come."""
     job = stack.client().submit_file(job_file)
     wait_until(lambda: answered(stack, job.id) > 10, 60, "first results")
@@ -235,7 +198,7 @@ def submit_and_wait_for_results(stack: Stack, job_file: Path) -> pb.Job:
 
 
 def test_the_job_completes_across_a_planner_restart(
-    stack: Stack, long_job: tuple[Path, Path, Path], tmp_path: Path
+    stack: ServiceStack, long_job: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
     job_file, local_out, _ = long_job
     job = submit_and_wait_for_results(stack, job_file)
@@ -246,7 +209,7 @@ def test_the_job_completes_across_a_planner_restart(
 
 
 def test_the_job_completes_across_a_redis_restart(
-    stack: Stack, long_job: tuple[Path, Path, Path], tmp_path: Path
+    stack: ServiceStack, long_job: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
     job_file, local_out, local_err = long_job
     job = submit_and_wait_for_results(stack, job_file)
@@ -260,7 +223,7 @@ def test_the_job_completes_across_a_redis_restart(
 
 
 def test_cancel_mid_job_keeps_partial_results(
-    stack: Stack, long_job: tuple[Path, Path, Path], tmp_path: Path
+    stack: ServiceStack, long_job: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
     job_file, local_out, _ = long_job
     client = stack.client()

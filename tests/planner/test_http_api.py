@@ -18,30 +18,27 @@ from openai import OpenAI
 from openai.types import Batch
 from services_testbed import (
     MODEL,
-    Process,
     RedisServer,
+    ServiceStack,
     batch_line,
     free_port,
-    need_redis,
+    local_run,
+    planner_in_process,
+    service_stack,
     shared_prefix_job,
-    start_planner,
-    start_worker,
     wait_for_port,
     wait_until,
 )
-from test_end_to_end import local_run
 from test_service import make_certs
 
-from prefixgrove.planner.server import build_server
-from prefixgrove.settings import IngestSettings, PlannerSettings, SecuritySettings
+from prefixgrove.settings import SecuritySettings
 
 TOKEN = "http-api-test-token"
 
 
 @dataclass
 class Stack:
-    dir: Path
-    planner: Process
+    services: ServiceStack
     http_port: int
 
     def client(self, token: str = TOKEN) -> OpenAI:
@@ -52,18 +49,12 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     d = tmp_path_factory.mktemp("http")
-    redis = RedisServer(need_redis(), d)
-    redis.start()
     http_port = free_port()
-    planner = start_planner(redis.url, free_port(), d / "planner.log", "--http-port",
-                            str(http_port), "--auth-token", TOKEN, "--data-dir",
-                            str(d / "data"), "--parse-processes", "1")  # fmt: skip
-    worker = start_worker(redis.url, d / "worker.log", "--consumer", "w1")
-    wait_for_port(http_port, planner)
-    yield Stack(d, planner, http_port)
-    for proc in (planner, worker):
-        proc.stop()
-    redis.kill()
+    planner_args = ("--http-port", str(http_port), "--auth-token", TOKEN, "--data-dir",
+                    str(d / "data"), "--parse-processes", "1")  # fmt: skip
+    with service_stack(d, workers={"w1": ()}, planner_args=planner_args) as services:
+        wait_for_port(http_port, services.planner)
+        yield Stack(services, http_port)
 
 
 def upload(client: OpenAI, path: Path) -> str:
@@ -202,8 +193,9 @@ def test_a_5mb_upload_streams_to_disk(stack: Stack, tmp_path: Path) -> None:
     line = batch_line("x" * 8, {"prompt": "y" * 1000, "max_tokens": 1})
     big = tmp_path / "big.jsonl"
     big.write_text("\n".join([line] * (5_000_000 // len(line) + 1)) + "\n")
-    status = Path(f"/proc/{stack.planner.proc.pid}/status")
-    Path(f"/proc/{stack.planner.proc.pid}/clear_refs").write_text("5")  # peak := current
+    pid = stack.services.planner.proc.pid
+    status = Path(f"/proc/{pid}/status")
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # peak := current
     before = _kib(status, "VmHWM")
     file_id = upload(stack.client(), big)
     grown = (_kib(status, "VmHWM") - before) * 1024
@@ -226,17 +218,14 @@ def test_the_http_api_takes_the_planners_mutual_tls(
     security = SecuritySettings(
         tls_cert=f"{p}/server.pem", tls_key=f"{p}/server.key", tls_ca=f"{p}/ca.pem"
     )
-    planner = PlannerSettings(redis_url=redis_server.url, port=0, http_port=free_port(),
-                              model=MODEL, data_dir=str(tmp_path / "data"))  # fmt: skip
-    server = build_server(planner, IngestSettings(), security)
-    url = f"https://127.0.0.1:{planner.http_port}/v1/files"
+    http_port = free_port()
+    url = f"https://127.0.0.1:{http_port}/v1/files"
     trusting = ssl.create_default_context(cafile=f"{p}/ca.pem")
-    try:
+    with planner_in_process(redis_server.url, security=security, http_port=http_port,
+                            data_dir=str(tmp_path / "data")):  # fmt: skip
         # no client certificate: refused in the handshake (TLS 1.3: at the first read)
         with pytest.raises(OSError):
             urllib.request.urlopen(url, context=trusting, timeout=10)
         trusting.load_cert_chain(f"{p}/client.pem", f"{p}/client.key")
         with urllib.request.urlopen(url, context=trusting, timeout=10) as answer:
             assert json.loads(answer.read()) == {"object": "list", "data": [], "has_more": False}
-    finally:
-        server.stop(0)

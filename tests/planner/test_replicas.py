@@ -15,7 +15,6 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -23,27 +22,24 @@ import pytest
 from services_testbed import (
     MAX_MODEL_LEN,
     MODEL,
-    Process,
     RedisServer,
+    ServiceStack,
     batch_line,
-    free_port,
-    need_redis,
+    planner_in_process,
+    service_stack,
     shared_prefix_job,
-    start_planner,
-    start_worker,
-    wait_for_port,
     wait_until,
 )
 
 from prefixgrove.jobs import schema
-from prefixgrove.jobs.ingest import JobIngestor
+from prefixgrove.jobs.ingest import JobIngestor, JobPlan
 from prefixgrove.jobs.store import JobStore
 from prefixgrove.jobs.tokenize import PromptTokenizer
 from prefixgrove.jobs.uploads import UploadKeys, Uploads, rebuild_plan
 from prefixgrove.planner import client as client_module
 from prefixgrove.planner.client import PlannerClient, PlannerError
-from prefixgrove.planner.server import UPLOAD_FAILED_WITHIN_S, build_server
-from prefixgrove.settings import IngestSettings, PlannerSettings, SecuritySettings
+from prefixgrove.planner.server import UPLOAD_FAILED_WITHIN_S
+from prefixgrove.settings import IngestSettings
 from prefixgrove_proto import planner_pb2 as pb
 
 JOB_TIMEOUT_S = 180
@@ -59,20 +55,27 @@ def job_lines(path: Path, n: int, with_errors: bool = False) -> list[bytes]:
     return shared_prefix_job(path, n, with_errors=with_errors).read_bytes().splitlines()
 
 
-def test_a_plan_rebuilt_from_redis_equals_the_plan_of_the_replica_that_took_every_line(
-    redis_server: RedisServer, tokenizer: PromptTokenizer, tmp_path: Path
-) -> None:
+def plans_of_one_replica(
+    redis_server: RedisServer, tokenizers: dict[str, PromptTokenizer], lines: list[bytes]
+) -> tuple[dict[str, JobPlan], dict[str, JobPlan]]:
+    """A job whose `lines` one replica took, 40 at a time, writing them to Redis as the planner
+    does: its plans rebuilt from Redis alone, and the plans that replica holds."""
     store, uploads = JobStore(redis_server.client()), Uploads(redis_server.client())
     settings = IngestSettings(max_model_len=MAX_MODEL_LEN)
     job, _ = store.create_job(MODEL)
     uploads.open(job.id)
-    ingestor = JobIngestor({MODEL: tokenizer}, settings, uploads.ledger(job.id))
-    lines = job_lines(tmp_path / "in.jsonl", 300, with_errors=True)
+    ingestor = JobIngestor(tokenizers, settings, uploads.ledger(job.id))
     for start in range(0, len(lines), 40):
         batch = ingestor.add(lines[start : start + 40])
         store.write_requests(job.id, batch, ingestor.total, ingestor.prompt_tokens)
-    rebuilt = rebuild_plan(uploads, job.id, ingestor.total, settings, MODEL)
-    cached = ingestor.plan()
+    return rebuild_plan(uploads, job.id, ingestor.total, settings, MODEL), ingestor.plan()
+
+
+def test_a_plan_rebuilt_from_redis_equals_the_plan_of_the_replica_that_took_every_line(
+    redis_server: RedisServer, tokenizer: PromptTokenizer, tmp_path: Path
+) -> None:
+    lines = job_lines(tmp_path / "in.jsonl", 300, with_errors=True)
+    rebuilt, cached = plans_of_one_replica(redis_server, {MODEL: tokenizer}, lines)
     assert cached[MODEL].num_groups > 1 and cached[MODEL].prefix_tokens_saved > 0
     assert rebuilt == cached
 
@@ -80,24 +83,16 @@ def test_a_plan_rebuilt_from_redis_equals_the_plan_of_the_replica_that_took_ever
 def test_a_mixed_jobs_plans_rebuilt_from_redis_equal_those_of_the_replica_that_took_every_line(
     redis_server: RedisServer, tokenizer: PromptTokenizer, tmp_path: Path
 ) -> None:
-    store, uploads = JobStore(redis_server.client()), Uploads(redis_server.client())
-    settings = IngestSettings(max_model_len=MAX_MODEL_LEN)
-    job, _ = store.create_job(MODEL)
-    uploads.open(job.id)
-    tokenizers = {MODEL: tokenizer, "second": tokenizer}  # one source under two served names
-    ingestor = JobIngestor(tokenizers, settings, uploads.ledger(job.id))
     lines = job_lines(tmp_path / "in.jsonl", 120, with_errors=True)
     for i in range(0, len(lines), 3):  # a third of the lines (every document) for the second
         obj = json.loads(lines[i]) if lines[i].startswith(b'{"custom_id": "req') else None
         if obj is not None:
             obj["body"]["model"] = "second"
             lines[i] = json.dumps(obj).encode()
-    for start in range(0, len(lines), 40):
-        batch = ingestor.add(lines[start : start + 40])
-        store.write_requests(job.id, batch, ingestor.total, ingestor.prompt_tokens)
-    cached = ingestor.plan()
+    tokenizers = {MODEL: tokenizer, "second": tokenizer}  # one source under two served names
+    rebuilt, cached = plans_of_one_replica(redis_server, tokenizers, lines)
     assert list(cached) == [MODEL, "second"] and cached["second"].num_groups > 0
-    assert rebuild_plan(uploads, job.id, ingestor.total, settings, MODEL) == cached
+    assert rebuilt == cached
 
 
 def test_two_replicas_streaming_one_job_never_give_two_lines_one_index(
@@ -124,53 +119,40 @@ def test_two_replicas_streaming_one_job_never_give_two_lines_one_index(
 def test_an_upload_left_idle_on_a_live_replica_is_expired_by_another(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    planner = PlannerSettings(redis_url=redis_server.url, host="127.0.0.1", port=0, model=MODEL)
-    servers = [build_server(planner, IngestSettings(), SecuritySettings()) for _ in range(2)]
-    client = PlannerClient(f"127.0.0.1:{servers[0].port}")
-    try:
+    with (
+        planner_in_process(redis_server.url) as (server, client),
+        planner_in_process(redis_server.url) as (other_server, _),
+    ):
         job = client.create_job(idempotency_key="idle-upload")
         client.add_lines(job.id, job_lines(tmp_path / "in.jsonl", 3))  # then nothing more
-        other = servers[1].service
+        other = other_server.service
         assert other.expire_idle_uploads(900.0) == []
         assert other.expire_idle_uploads(900.0, now=time.time() + 901) == [job.id]
         failed = client.get(job.id)
         assert (failed.state, failed.error.code) == (pb.JOB_STATE_FAILED, "upload_abandoned")
         assert redis_server.client().exists(*UploadKeys(job.id).all()) == 0
-        servers[0].service.forget_ended_uploads()
-        assert job.id not in servers[0].service._ingests
+        server.service.forget_ended_uploads()
+        assert job.id not in server.service._ingests
         assert client.create_job(idempotency_key="idle-upload").id != job.id
-    finally:
-        client.close()
-        for server in servers:
-            server.stop(0)
 
 
 def test_an_upload_whose_sealer_stopped_is_expired_and_one_sealed_by_a_live_planner_is_not(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    planner = PlannerSettings(redis_url=redis_server.url, host="127.0.0.1", port=0, model=MODEL)
-    server = build_server(planner, IngestSettings(), SecuritySettings())
-    client = PlannerClient(f"127.0.0.1:{server.port}")
-    service = server.service
-    try:
+    with planner_in_process(redis_server.url) as (server, client):
+        service = server.service
         jobs = [client.create_job() for _ in range(2)]
         for job, sealer in zip(jobs, ("planner-gone", service.instance), strict=True):
             client.add_lines(job.id, job_lines(tmp_path / "in.jsonl", 3))
             assert service.uploads.claim_seal(job.id, sealer).counts is not None
         assert service.expire_idle_uploads(900.0, now=time.time() + 901) == [jobs[0].id]
         assert client.get(jobs[1].id).state == pb.JOB_STATE_VALIDATING
-    finally:
-        client.close()
-        server.stop(0)
 
 
 def test_a_seal_that_finds_lines_taken_but_never_stored_fails_the_job_for_a_new_upload(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    planner = PlannerSettings(redis_url=redis_server.url, host="127.0.0.1", port=0, model=MODEL)
-    server = build_server(planner, IngestSettings(), SecuritySettings())
-    client = PlannerClient(f"127.0.0.1:{server.port}")
-    try:
+    with planner_in_process(redis_server.url) as (server, client):
         job = client.create_job(idempotency_key="lost-lines")
         client.add_lines(job.id, job_lines(tmp_path / "in.jsonl", 4))
         server.service.uploads.ledger(job.id).reserve(3)  # a replica that died mid-chunk
@@ -179,52 +161,22 @@ def test_a_seal_that_finds_lines_taken_but_never_stored_fails_the_job_for_a_new_
         assert lost.value.code == grpc.StatusCode.ABORTED
         assert client.get(job.id).error.code == "ingest_interrupted"
         assert client.create_job(idempotency_key="lost-lines").id != job.id
-    finally:
-        client.close()
-        server.stop(0)
 
 
 # --- two planner processes, one worker --------------------------------------------------------
-@dataclass
-class Replicas:
-    dir: Path
-    redis: RedisServer
-    ports: dict[str, int]
-    planners: dict[str, Process]
-    worker: Process
-
-    def start(self, name: str) -> None:
-        log = self.dir / f"planner-{name}.log"
-        self.planners[name] = start_planner(self.redis.url, self.ports[name], log)
-        wait_for_port(self.ports[name], self.planners[name])
-
-    def client(self, *names: str) -> PlannerClient:
-        """A client of one replica, or of several behind one target (a Service's name)."""
-        addresses = [f"127.0.0.1:{self.ports[n]}" for n in names]
-        return PlannerClient(addresses[0] if len(addresses) == 1 else "ipv4:" + ",".join(addresses))
-
-
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceStack]:
     d = tmp_path_factory.mktemp("replicas")
-    redis = RedisServer(need_redis(), d)
-    redis.start()
-    worker = start_worker(redis.url, d / "worker.log", "--consumer", "w1")
-    replicas = Replicas(d, redis, {"a": free_port(), "b": free_port()}, {}, worker)
-    for name in replicas.ports:
-        replicas.start(name)
-    yield replicas
-    for proc in [*replicas.planners.values(), worker]:
-        proc.stop()
-    redis.kill()
+    with service_stack(d, planners=("a", "b"), workers={"w1": ()}) as stack:
+        yield stack
 
 
 @pytest.fixture
-def replicas(cluster: Replicas) -> Replicas:
+def replicas(cluster: ServiceStack) -> ServiceStack:
     """The module's replicas, each of them running (a test may have killed one)."""
     for name, planner in cluster.planners.items():
         if planner.proc.poll() is not None:
-            cluster.start(name)
+            cluster.start_planner(name)
     return cluster
 
 
@@ -239,7 +191,7 @@ def custom_ids(client: PlannerClient, job_id: str) -> list[str]:
 
 
 def test_a_job_streamed_into_one_replica_is_sealed_and_served_by_the_other(
-    replicas: Replicas, tmp_path: Path
+    replicas: ServiceStack, tmp_path: Path
 ) -> None:
     a, b = replicas.client("a"), replicas.client("b")
     job = a.create_job(metadata={"via": "a"})
@@ -253,7 +205,7 @@ def test_a_job_streamed_into_one_replica_is_sealed_and_served_by_the_other(
 
 
 def test_a_job_uploaded_half_through_each_replica_runs_every_line_once(
-    replicas: Replicas, tmp_path: Path
+    replicas: ServiceStack, tmp_path: Path
 ) -> None:
     a, b = replicas.client("a"), replicas.client("b")
     lines = job_lines(tmp_path / "in.jsonl", 60)
@@ -268,7 +220,7 @@ def test_a_job_uploaded_half_through_each_replica_runs_every_line_once(
 
 
 def test_a_cancel_through_the_other_replica_ends_the_upload(
-    replicas: Replicas, tmp_path: Path
+    replicas: ServiceStack, tmp_path: Path
 ) -> None:
     a, b = replicas.client("a"), replicas.client("b")
     job = a.create_job()
@@ -301,7 +253,7 @@ class _PausedSource:
 
 
 def test_a_replica_killed_mid_upload_loses_only_that_upload(
-    replicas: Replicas,
+    replicas: ServiceStack,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,

@@ -6,68 +6,38 @@ line of a mixed job runs on the worker pool of the model its body names, and the
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from services_testbed import (
-    MAX_MODEL_LEN,
     MODEL,
-    Process,
     RedisServer,
+    ServiceStack,
     batch_line,
-    free_port,
-    need_redis,
-    service_env,
+    local_run,
+    planner_in_process,
+    service_stack,
     shared_prefix_job,
-    start_planner,
-    start_worker,
-    wait_for_port,
     wait_until,
 )
 
 from prefixgrove.jobs import schema
 from prefixgrove.jobs.schema import JobKeys
 from prefixgrove.planner.client import PlannerClient, PlannerError
-from prefixgrove.planner.server import build_server
-from prefixgrove.settings import IngestSettings, PlannerSettings, SecuritySettings
+from prefixgrove.settings import IngestSettings
 from prefixgrove_proto import planner_pb2 as pb
 
 SECOND = "second"  # the same source served under a second name: its own queue and workers
 UNKNOWN = "nobody-serves-this"
 
 
-@dataclass
-class Stack:
-    redis: RedisServer
-    port: int
-    processes: list[Process]
-
-    def client(self) -> PlannerClient:
-        return PlannerClient(f"127.0.0.1:{self.port}")
-
-
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    d = tmp_path_factory.mktemp("models")
-    redis = RedisServer(need_redis(), d)
-    redis.start()
-    port = free_port()
-    planner = start_planner(redis.url, port, d / "planner.log", "--model", f"{SECOND}={MODEL}")
-    workers = [
-        start_worker(redis.url, d / "first.log", "--consumer", "first"),
-        start_worker(
-            redis.url, d / "second.log", "--consumer", "second", "--served-model-name", SECOND
-        ),
-    ]
-    wait_for_port(port, planner)
-    yield Stack(redis, port, [planner, *workers])
-    for proc in (planner, *workers):
-        proc.stop()
-    redis.kill()
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceStack]:
+    workers = {"first": (), "second": ("--served-model-name", SECOND)}
+    with service_stack(tmp_path_factory.mktemp("models"), workers=workers,
+                       planner_args=("--model", f"{SECOND}={MODEL}")) as stack:  # fmt: skip
+        yield stack
 
 
 def mixed_job(path: Path, n: int) -> tuple[Path, dict[str, str]]:
@@ -85,14 +55,8 @@ def mixed_job(path: Path, n: int) -> tuple[Path, dict[str, str]]:
     return path, models
 
 
-def local_run(job: Path, d: Path, *extra: str) -> tuple[list[str], list[str]]:
-    out, err = d / "out.jsonl", d / "err.jsonl"
-    d.mkdir()
-    args = ["run", str(job), "-o", str(out), "--errors", str(err), "--model", MODEL, "--device",
-            "cpu", "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--json", *extra]  # fmt: skip
-    run = subprocess.run([sys.executable, "-m", "prefixgrove.cli", *args], env=service_env(),
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
+def local_lines(job: Path, d: Path, *extra: str) -> tuple[list[str], list[str]]:
+    out, err = local_run(job, d, *extra)
     return out.read_text().splitlines(), err.read_text().splitlines()
 
 
@@ -102,11 +66,13 @@ def by_custom_id(lines: list[str]) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_a_mixed_job_runs_each_line_on_its_models_workers_as_the_local_run_does(
-    stack: Stack, tmp_path: Path
+    stack: ServiceStack, tmp_path: Path
 ) -> None:
     job_file, models = mixed_job(tmp_path / "in.jsonl", 48)
-    first_out, first_err = local_run(job_file, tmp_path / "first")
-    second_out, second_err = local_run(job_file, tmp_path / "second", "--served-model-name", SECOND)
+    first_out, first_err = local_lines(job_file, tmp_path / "first")
+    second_out, second_err = local_lines(
+        job_file, tmp_path / "second", "--served-model-name", SECOND
+    )
     client = stack.client()
     job = client.submit_file(job_file)
     wait_until(lambda: client.get(job.id).state == pb.JOB_STATE_COMPLETED, 180, "the job to end")
@@ -130,7 +96,7 @@ def test_a_mixed_job_runs_each_line_on_its_models_workers_as_the_local_run_does(
 
 @pytest.mark.slow
 def test_each_models_groups_go_to_its_own_queue_and_only_its_worker_reads_them(
-    stack: Stack, tmp_path: Path
+    stack: ServiceStack, tmp_path: Path
 ) -> None:
     job_file, models = mixed_job(tmp_path / "in.jsonl", 36)
     client = stack.client()
@@ -154,14 +120,10 @@ def test_each_models_groups_go_to_its_own_queue_and_only_its_worker_reads_them(
 @pytest.fixture
 def planner(redis_server: RedisServer) -> Iterator[PlannerClient]:
     """A planner serving MODEL (its default) and SECOND, given as PREFIXGROVE_MODEL gives them."""
-    settings = PlannerSettings(
-        redis_url=redis_server.url, port=0, model=f"{MODEL}, {SECOND}={MODEL}"
-    )
-    server = build_server(settings, IngestSettings(max_model_len=512), SecuritySettings())
-    client = PlannerClient(f"127.0.0.1:{server.port}")
-    yield client
-    client.close()
-    server.stop(0)
+    models = f"{MODEL}, {SECOND}={MODEL}"
+    ingest = IngestSettings(max_model_len=512)
+    with planner_in_process(redis_server.url, ingest, model=models) as (_, client):
+        yield client
 
 
 def test_a_job_model_no_one_serves_is_refused_naming_every_served_model(
