@@ -53,6 +53,8 @@ def add_engine_args(ap: argparse.ArgumentParser, max_num_seqs: int, batched_toke
     ap.add_argument("--max-num-batched-tokens", type=int, default=batched_tokens)
     # "fp8": W8A8 linear layers (LLM(quantization="fp8")); unset: the weights' own dtype
     ap.add_argument("--quantization", choices=["fp8"], default=None)
+    # "fp8": keys and values cached in FP8 e4m3 (LLM(kv_cache_dtype="fp8")); "auto": the model's dtype
+    ap.add_argument("--kv-cache-dtype", choices=["auto", "fp8", "fp8_e4m3"], default="auto")
 
 
 def add_canonical_args(ap: argparse.ArgumentParser, groups: int) -> None:
@@ -85,6 +87,7 @@ def make_llm(args: argparse.Namespace, **options: Any) -> Any:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         quantization=getattr(args, "quantization", None),
+        kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
         **options,
     )
 

@@ -200,6 +200,9 @@ class WorkerSettings:
     dtype: str = "auto"
     # "fp8": W8A8 linear layers quantized at load time (vLLM's quantization); empty: none
     quantization: str = ""
+    # "fp8" (or "fp8_e4m3"): keys and values cached in FP8, twice the blocks in the same memory
+    # (vLLM's kv_cache_dtype); "auto": in the model's dtype (the engine refuses other values)
+    kv_cache_dtype: str = "auto"
     consumer: str = ""  # empty: host name and process id
     lease_timeout_s: float = 30.0  # a group idle this long in another worker's hands is taken over
     # a group delivered this many times to workers that failed on it fails its requests instead

@@ -11,6 +11,7 @@ import torch
 from prefixgrove.catalog.context import context_limit
 from prefixgrove.catalog.presets import load_hf_config
 
+from .attention.kv_cache import FP8_KV_DTYPE, cache_torch_dtype, check_kv_cache_dtype
 from .models.arch import ModelArch
 from .models.fp8_linear import check_quantization, checkpoint_quantization
 
@@ -46,8 +47,12 @@ class CacheConfig:
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
     num_blocks: int | None = None  # explicit size; otherwise measured from free device memory
+    # "auto": keys and values in the model's dtype; "fp8" (or "fp8_e4m3"): float8_e4m3fn with a
+    # scale per layer for K and for V, half the bytes of bf16 (attention/kv_cache.py)
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
+        check_kv_cache_dtype(self.kv_cache_dtype)
         if self.block_size < 8 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size={self.block_size}: must be a power of two >= 8")
         if not 0.05 <= self.gpu_memory_utilization <= 0.99:
@@ -138,6 +143,18 @@ class EngineConfig:
                 "attention_backend='triton' on the CPU runs only under Triton's interpreter: "
                 "set TRITON_INTERPRET=1, or use attention_backend='torch'"
             )
+        if (
+            self.attention_backend == "triton"
+            and self.is_cuda
+            and cache_torch_dtype(self.cache.kv_cache_dtype, self.model.dtype) == FP8_KV_DTYPE
+            and torch.cuda.is_available()
+            and torch.cuda.get_device_capability(self.device) < (8, 9)
+        ):
+            raise ValueError(
+                f"kv_cache_dtype={self.cache.kv_cache_dtype!r} on the Triton kernels needs a GPU "
+                "of compute capability 8.9 or newer (Ada, Hopper: FP8 conversions); use "
+                "kv_cache_dtype='auto'"
+            )
         if self.scheduler.max_num_batched_tokens < self.scheduler.max_num_seqs:
             raise ValueError(
                 f"max_num_batched_tokens={self.scheduler.max_num_batched_tokens} is below "
@@ -174,6 +191,7 @@ class EngineConfig:
         tokenizer: str | None = None,
         skip_tokenizer_init: bool = False,
         quantization: str | None = None,
+        kv_cache_dtype: str = "auto",
         **unknown: Any,
     ) -> EngineConfig:
         """Builds a config from vLLM-style keyword arguments, resolving the 'auto' choices."""
@@ -194,7 +212,9 @@ class EngineConfig:
         )
         return cls(
             model=model_cfg,
-            cache=CacheConfig(block_size, gpu_memory_utilization, num_gpu_blocks),
+            cache=CacheConfig(
+                block_size, gpu_memory_utilization, num_gpu_blocks, kv_cache_dtype=kv_cache_dtype
+            ),
             scheduler=SchedulerConfig(
                 max_num_seqs,
                 max_num_batched_tokens,

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from .attention.backend import ForwardContext, create_backend
+from .attention.kv_cache import LayerCache, allocate, cache_torch_dtype
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs
 from .input_builder import InputBuilder, StepInputs
@@ -102,7 +103,7 @@ class ModelRunner:
         )
         self.sampler = Sampler(arch.vocab_size, self.device)
         self.masker = StepMasker(self.device)
-        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.kv_caches: list[tuple[LayerCache, LayerCache]] = []
         self.graphs: DecodeGraphs | None = None
         self._copy_stream = torch.cuda.Stream(self.device) if cuda else None
 
@@ -111,7 +112,8 @@ class ModelRunner:
     @property
     def bytes_per_block(self) -> int:
         a, c = self.config.model.arch, self.config.cache
-        elem = torch.empty((), dtype=self.config.model.dtype).element_size()
+        dtype = cache_torch_dtype(c.kv_cache_dtype, self.config.model.dtype)
+        elem = torch.empty((), dtype=dtype).element_size()
         return 2 * a.num_layers * c.block_size * a.num_kv_heads * a.head_dim * elem
 
     def num_blocks_to_allocate(self) -> int:
@@ -173,14 +175,9 @@ class ModelRunner:
     def allocate_kv_cache(self, num_blocks: int) -> None:
         a, c = self.config.model.arch, self.config.cache
         shape = (num_blocks, c.block_size, a.num_kv_heads, a.head_dim)
-        dtype = self.config.model.dtype
-        self.kv_caches = [
-            (
-                torch.zeros(shape, dtype=dtype, device=self.device),
-                torch.zeros(shape, dtype=dtype, device=self.device),
-            )
-            for _ in range(a.num_layers)
-        ]
+        self.kv_caches = allocate(
+            a.num_layers, shape, self.config.model.dtype, c.kv_cache_dtype, self.device
+        )
 
     @torch.inference_mode()
     def capture_graphs(self) -> None:

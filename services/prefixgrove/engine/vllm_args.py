@@ -3,7 +3,8 @@
 Each is taken over where it means something here (under its own name, or renamed), accepted where it
 asks for what prefixgrove does anyway, and refused, by name, where it asks for something prefixgrove
 does not do; a silent no-op would leave a user believing a setting took effect. Names the engine
-shares with vLLM (seed, max_model_len, enable_prefix_caching, skip_tokenizer_init, ...) pass through to
+shares with vLLM (seed, max_model_len, enable_prefix_caching, skip_tokenizer_init, kv_cache_dtype
+("auto", "fp8", "fp8_e4m3"), ...) pass through to
 `EngineConfig.create`; `generation_config` and `override_generation_config` are `LLM`'s own (they set
 its default sampling).
 """
@@ -22,7 +23,6 @@ _ONLY = {
     "tensor_parallel_size": (1,),
     "pipeline_parallel_size": (1,),
     "trust_remote_code": (False,),
-    "kv_cache_dtype": ("auto",),
     "tokenizer_mode": ("auto",),
     "load_format": ("auto",),
     "revision": (None,),
@@ -36,7 +36,6 @@ _WHY = {
     "tensor_parallel_size": "the engine runs on one GPU",
     "pipeline_parallel_size": "the engine runs on one GPU",
     "trust_remote_code": "only the built-in Llama-family code runs",
-    "kv_cache_dtype": "the KV cache is kept in the model's dtype",
     "tokenizer_mode": "the tokenizer is the one transformers' AutoTokenizer loads",
     "load_format": "safetensors and GGUF are found by the model path",
     "revision": "nothing is downloaded: pass a local path",

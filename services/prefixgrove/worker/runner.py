@@ -599,6 +599,7 @@ def _make_engine(settings: WorkerSettings) -> Any:
         device=settings.device,
         dtype=settings.dtype,
         quantization=settings.quantization or None,
+        kv_cache_dtype=settings.kv_cache_dtype,
         seed=settings.seed,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens

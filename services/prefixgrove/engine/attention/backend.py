@@ -10,6 +10,8 @@ decode kernel instead, which streams a group's prefix and its requests' own keys
 fuse_suffix_chunks, the prefix pass of a step with prefill rows also finishes the suffix chunks (grouped
 sequences with several queries: their own keys follow the prefix in the same online softmax), and the
 suffix pass takes only the other rows.
+
+With an FP8 KV cache (kv_cache.py) every kernel takes the layer's k_scale and v_scale beside the cache.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 
 from prefixgrove_kernels.launch import CascadeMetadata, SuffixChunks
 
+from .kv_cache import LayerCache, unpack
 from .metadata import AttentionMetadata, SampledRows
 
 # A prefix-pass tile hint (rows of the largest group) at or above the pass's widest tile.
@@ -45,18 +48,22 @@ class AttentionBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         # q: [num_tokens, num_heads, head_dim]; caches: [num_blocks, block_size, num_kv_heads, head_dim]
+        # in q's dtype, or FP8 with k_scale and v_scale
         out = torch.empty_like(q)
         if q.shape[0] == 0:  # a last layer whose step samples nothing (prefix-only chunks)
             return out
+        scales = {"k_scale": k_scale, "v_scale": v_scale}
         groups = meta.cascade
         if groups is None:
-            self.paged(q, k_cache, v_cache, out, meta, scale=scale)
+            self.paged(q, k_cache, v_cache, out, meta, scale=scale, **scales)
         elif self.decode is not None and meta.kv_start is not None and _is_decode(q, meta):
-            self.decode(q, k_cache, v_cache, out, meta, groups, scale=scale)
+            self.decode(q, k_cache, v_cache, out, meta, groups, scale=scale, **scales)
         else:
-            self._two_passes(q, k_cache, v_cache, out, meta, groups, scale)
+            self._two_passes(q, k_cache, v_cache, out, meta, groups, scale, scales)
         return out
 
     def _two_passes(
@@ -68,6 +75,7 @@ class AttentionBackend:
         meta: AttentionMetadata,
         groups: CascadeMetadata,
         scale: float,
+        scales: dict[str, torch.Tensor | None],
     ) -> None:
         """The prefix pass, then the suffix pass that merges its state (writes `out`)."""
         # With the fused form (Triton on CUDA), every step with prefill rows runs the prefix pass in
@@ -87,11 +95,11 @@ class AttentionBackend:
         prefix_out, prefix_lse = self.prefix(
             q, k_cache, v_cache, groups, scale=scale, out=torch.empty_like(q),
             num_splits=1 if one_shape else None, suffix_chunks=chunks,
-            tile_rows=max(groups.max_group_q, WIDEST_TILE_HINT) if one_shape else None,
+            tile_rows=max(groups.max_group_q, WIDEST_TILE_HINT) if one_shape else None, **scales,
         )  # fmt: skip
         self.paged(
             q, k_cache, v_cache, out, meta, scale=scale, prefix_out=prefix_out,
-            prefix_lse=prefix_lse, skip_suffix_chunks=chunks is not None,
+            prefix_lse=prefix_lse, skip_suffix_chunks=chunks is not None, **scales,
         )  # fmt: skip
 
 
@@ -104,7 +112,7 @@ def _is_decode(q: torch.Tensor, meta: AttentionMetadata) -> bool:
 class ForwardContext:
     """What every attention layer needs in one step: the cache, the step's metadata and the backend."""
 
-    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (k, v)
+    kv_caches: list[tuple[LayerCache, LayerCache]]  # per layer (k, v)
     metadata: AttentionMetadata
     backend: AttentionBackend
     # The rows the last layer narrows to; None: every row is sampled (decode) or the step keeps all
@@ -123,8 +131,9 @@ class ForwardContext:
         """q's attention over the layer's cache, which already holds this step's keys and values
         (written to `slots` by the model's rotary kernel); q's rows are the step's, or those that
         `metadata` describes (the sampled rows' decode-shaped metadata)."""
-        k_cache, v_cache = self.kv_caches[layer]
-        return self.backend.forward(q, k_cache, v_cache, metadata or self.metadata, scale)
+        (k_cache, k_scale), (v_cache, v_scale) = map(unpack, self.kv_caches[layer])
+        meta = metadata or self.metadata
+        return self.backend.forward(q, k_cache, v_cache, meta, scale, k_scale, v_scale)
 
 
 def create_backend(

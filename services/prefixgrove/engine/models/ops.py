@@ -8,36 +8,68 @@ from typing import Any
 
 import torch
 
+from ..attention.kv_cache import LayerCache, unpack
+
 
 @dataclass(frozen=True)
 class ModelOps:
     name: str
     rms_norm: Any  # (x, weight, eps[, residual]) -> out | (out, x + residual)
     # (q, k, v, positions, cos_sin, k_cache, v_cache, slots) -> q rotated; the rotated keys and the
-    # values are written to their slots of the paged cache
+    # values are written to their slots of the paged cache (a layer's caches as the model runner
+    # allocates them: tensors, or FP8 caches with their scales, see attention/kv_cache.py)
     rotary_to_cache: Any
     silu_and_mul: Any  # [n, 2d] (gate | up) -> [n, d]
 
 
 def create_ops(name: str) -> ModelOps:
-    from prefixgrove_kernels import activation, rmsnorm, rotary
+    from prefixgrove_kernels import activation, rmsnorm
 
     if name == "triton":
         return ModelOps("triton", rmsnorm.rms_norm, _rotary_to_cache, activation.silu_and_mul)
     if name == "torch":
         return ModelOps(
-            "torch",
-            rmsnorm.rms_norm_ref,
-            rotary.apply_rotary_to_cache_ref,
-            activation.silu_and_mul_ref,
+            "torch", rmsnorm.rms_norm_ref, _rotary_to_cache_ref, activation.silu_and_mul_ref
         )
     raise ValueError(f"model ops {name!r} are unknown; expected 'triton' or 'torch'")
 
 
-def _rotary_to_cache(q: torch.Tensor, *k_v_and_cache: torch.Tensor) -> torch.Tensor:
+def _rotary_to_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    k_cache: LayerCache,
+    v_cache: LayerCache,
+    slots: torch.Tensor,
+) -> torch.Tensor:
     """`apply_rotary_to_cache` (arguments as in ModelOps.rotary_to_cache) rotating q where it is."""
     from prefixgrove_kernels.rotary import apply_rotary_to_cache
 
+    (k_cache_t, k_scale), (v_cache_t, v_scale) = unpack(k_cache), unpack(v_cache)
     # q is a view of the fused qkv output: rotating it where it is saves a copy; the keys go to the
     # cache rotated in the same launch (no rotated k tensor, no index_copy_ of k and v).
-    return apply_rotary_to_cache(q, *k_v_and_cache, q_out=q)
+    return apply_rotary_to_cache(
+        q, k, v, positions, cos_sin, k_cache_t, v_cache_t, slots, q_out=q, k_scale=k_scale,
+        v_scale=v_scale,
+    )  # fmt: skip
+
+
+def _rotary_to_cache_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    k_cache: LayerCache,
+    v_cache: LayerCache,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """`apply_rotary_to_cache_ref` (arguments as in ModelOps.rotary_to_cache)."""
+    from prefixgrove_kernels.rotary import apply_rotary_to_cache_ref
+
+    (k_cache_t, k_scale), (v_cache_t, v_scale) = unpack(k_cache), unpack(v_cache)
+    return apply_rotary_to_cache_ref(
+        q, k, v, positions, cos_sin, k_cache_t, v_cache_t, slots, k_scale=k_scale, v_scale=v_scale
+    )
