@@ -20,9 +20,12 @@ masked step, and the GPU's idle time waiting for masks), then the ratio.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 from typing import Any
+
+import torch
 
 from _common import add_engine_args, device_name, emit, ensure_prefixgrove, make_llm, timed
 
@@ -99,6 +102,9 @@ def run_mode(
     if mode != "unconstrained":
         record.update(_validity(outputs))
     del llm
+    gc.collect()  # the mode's engine is gone: give its memory back before the next one
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return record, produced
 
 
@@ -118,22 +124,29 @@ def _metrics(llm: Any) -> dict[str, float]:
 
 def _validity(outputs: list[Any]) -> dict[str, Any]:
     valid = stopped = 0
+    invalid: list[str] = []
     for out in outputs:
         choice = out.outputs[0]
         stopped += choice.finish_reason == "stop"
         try:
             value = json.loads(choice.text)
-        except ValueError:
+        except ValueError as e:
+            invalid.append(f"{e}: {choice.text!r}")
             continue
         valid += isinstance(value, dict) and set(value) == set(SCHEMA["required"])
     return {"valid_json_fraction": round(valid / len(outputs), 4),
-            "finished_by_grammar_fraction": round(stopped / len(outputs), 4)}  # fmt: skip
+            "finished_by_grammar_fraction": round(stopped / len(outputs), 4),
+            "invalid_examples": invalid[:3]}  # fmt: skip
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_engine_args(ap, max_num_seqs=512, batched_tokens=16384)
-    ap.add_argument("--tokenizer", required=True, help="Llama 3's tokenizer (a directory or a vocab .gguf)")
+    ap.add_argument(
+        "--tokenizer", required=True, help="Llama 3's tokenizer (a directory or a vocab .gguf)"
+    )
     ap.add_argument("--requests", type=int, default=6400)
     ap.add_argument("--prefix-len", type=int, default=1500)
     ap.add_argument("--doc-len", type=int, default=300)
@@ -152,7 +165,13 @@ def main() -> None:
         emit(record)
     if "unconstrained" in results:
         base = results["unconstrained"]["seconds"]
-        emit({"ratios_vs_unconstrained": {m: round(base / r["seconds"], 3) for m, r in results.items()}})
+        emit(
+            {
+                "ratios_vs_unconstrained": {
+                    m: round(base / r["seconds"], 3) for m, r in results.items()
+                }
+            }
+        )
 
 
 if __name__ == "__main__":
