@@ -81,9 +81,8 @@ def run_mode(
         warm = params[: args.warmup]
     llm.generate([{"prompt_token_ids": p} for p in jobs[: args.warmup]], warm, use_tqdm=False)
     before = _metrics(llm)
-    outputs, seconds = timed(
-        lambda: llm.generate([{"prompt_token_ids": p} for p in jobs], params, use_tqdm=False)
-    )
+    requests = [{"prompt_token_ids": p} for p in jobs]
+    outputs, seconds = timed(lambda: llm.generate(requests, params, use_tqdm=False))
     after = _metrics(llm)
     if after["mask_steps"]:
         after["mask_ms_per_step"] = 1000 * after["mask_host_seconds"] / after["mask_steps"]
@@ -101,10 +100,6 @@ def run_mode(
     }
     if mode != "unconstrained":
         record.update(_validity(outputs))
-    del llm
-    gc.collect()  # the mode's engine is gone: give its memory back before the next one
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
     return record, produced
 
 
@@ -160,6 +155,9 @@ def main() -> None:
     results: dict[str, dict[str, Any]] = {}
     for mode in args.modes.split(","):
         record, produced = run_mode(mode, jobs, lengths, args)
+        gc.collect()  # the mode's engine is gone: give its memory back before the next one
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         lengths = lengths or (produced if mode != "unconstrained" else None)
         results[mode] = record
         emit(record)
