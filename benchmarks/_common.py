@@ -78,18 +78,19 @@ def add_random_workload_args(
 
 
 def make_llm(args: argparse.Namespace, **options: Any) -> Any:
-    """An engine in bf16 on the model and batch limits of add_engine_args, plus `options`."""
+    """An engine in bf16 on the model and batch limits of add_engine_args, plus `options` (which may
+    override any of them, as a benchmark mode running FP8 beside bf16 does)."""
     from prefixgrove import LLM
 
-    return LLM(
-        args.model,
-        dtype="bfloat16",
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        quantization=getattr(args, "quantization", None),
-        kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
+    settings = {
+        "dtype": "bfloat16",
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "quantization": getattr(args, "quantization", None),
+        "kv_cache_dtype": getattr(args, "kv_cache_dtype", "auto"),
         **options,
-    )
+    }
+    return LLM(args.model, **settings)
 
 
 def greedy_params(max_tokens: int) -> Any:

@@ -16,6 +16,9 @@ Modes, each on a fresh engine in this one process (so their ratios are measured 
                     before it is scheduled (async_scheduling=False)
   group-cascade-unfused  group-cascade with prefill steps' suffix chunks taking the two passes
                     instead of being finished in the prefix pass (cascade_prefill_kernel="two-pass")
+  group-cascade-fp8  group-cascade with FP8 W8A8 linear layers (quantization="fp8"), whatever
+                    --quantization says, so that bf16 and FP8 run side by side
+  group-cascade-fp8-kv  group-cascade-fp8 with an FP8 KV cache as well (kv_cache_dtype="fp8")
 A mode may be named more than once (alternating runs in one process share its warm kernel caches).
 Prints one JSON line per mode. Usage: python benchmarks/batchllm.py [--groups 400] [--modes a,b]
 """
@@ -56,6 +59,8 @@ MODES = (
     "group-cascade-all-rows",
     "group-cascade-sync",
     "group-cascade-unfused",
+    "group-cascade-fp8",
+    "group-cascade-fp8-kv",
 )
 
 
@@ -65,8 +70,14 @@ WARM_EXTRA_GROUPS = 8
 
 
 def make_engine(mode: str, args: argparse.Namespace) -> LLM:
+    fp8: dict[str, Any] = {}
+    if mode.startswith("group-cascade-fp8"):
+        fp8["quantization"] = "fp8"
+    if mode == "group-cascade-fp8-kv":
+        fp8["kv_cache_dtype"] = "fp8"
     llm = make_llm(
         args,
+        **fp8,
         enable_cascade_attention=mode.startswith("group-cascade"),
         cascade_decode_kernel="two-pass" if mode == "group-cascade-two-pass" else "one-pass",
         cascade_prefill_kernel="two-pass" if mode == "group-cascade-unfused" else "fused",
@@ -185,7 +196,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     add_canonical_args(ap, groups=400)
     ap.add_argument("--num-scheduler-steps", type=int, default=None)
-    ap.add_argument("--modes", default=",".join(MODES))
+    # the FP8 modes run when named (they are a comparison of their own)
+    ap.add_argument("--modes", default=",".join(m for m in MODES if "fp8" not in m))
     args = ap.parse_args()
     vocab = 128256
     prompts = shared_prefix_prompts(
