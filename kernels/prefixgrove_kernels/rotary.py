@@ -43,7 +43,10 @@ def to_e4m3(x, scale):
     binade = tl.maximum((a.to(tl.int32, bitcast=True) >> 23) - 127, -6)
     magic = ((binade + 20 + 127) << 23).to(tl.float32, bitcast=True)
     r = (a + magic) - magic
-    return tl.where(y.to(tl.int32, bitcast=True) < 0, -r, r).to(tl.float8e4nv)
+    # y's sign bit onto r (-0.0 included, which a negation, 0 - r on the GPU, would lose).
+    sign = (y.to(tl.uint32, bitcast=True) >> 31) << 31
+    r = (r.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    return r.to(tl.float8e4nv)
 
 
 @triton.jit
