@@ -5,6 +5,7 @@ and without a constraint share a batch; a constraint that does not compile fails
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 
@@ -173,3 +174,23 @@ def test_params_from_a_dict_and_cache_key():
     a = StructuredOutputsParams(json={"type": "object", "required": []})
     b = StructuredOutputsParams(json='{"required": [], "type":  "object"}')
     assert a.key == b.key
+
+
+def test_a_tokenizer_whose_token_bytes_would_be_misread_is_refused():
+    """llguidance reads token bytes from the tokenizer's decoder: one it reads otherwise than the
+    tokenizer decodes (as some GGUF conversions write) would constrain the wrong bytes."""
+    from tokenizers import decoders
+
+    from prefixgrove.catalog.byte_tokenizer import EOS_ID, VOCAB_SIZE, byte_tokenizer
+    from prefixgrove.engine.structured.grammars import GrammarCompiler
+
+    assert GrammarCompiler(byte_tokenizer(), VOCAB_SIZE, [EOS_ID]).compile(
+        StructuredOutputsParams(regex="a+")
+    )
+    misread = copy.deepcopy(byte_tokenizer())
+    misread.backend_tokenizer.decoder = decoders.Sequence(
+        [decoders.ByteFallback(), decoders.Fuse()]
+    )
+    compiler = GrammarCompiler(misread, VOCAB_SIZE, [EOS_ID])
+    with pytest.raises(ValueError, match="cannot use this tokenizer"):
+        compiler.compile(StructuredOutputsParams(regex="a+"))

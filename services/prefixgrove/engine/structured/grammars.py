@@ -57,7 +57,23 @@ class GrammarCompiler:
         # A tokenizer may know more ids than the model has logits for (an added pad): masks then
         # have bits past the logits, which nothing reads.
         vocab = max(self.vocab_size, len(self._hf))
-        return llguidance.hf.from_tokenizer(self._hf, n_vocab=vocab, eos_token=eos)
+        tokenizer = llguidance.hf.from_tokenizer(self._hf, n_vocab=vocab, eos_token=eos)
+        self._check_bytes(tokenizer)
+        return tokenizer
+
+    def _check_bytes(self, tokenizer: llguidance.LLTokenizer) -> None:
+        """llguidance reads each token's bytes from the tokenizer's JSON; where it reads them
+        otherwise than the tokenizer decodes them (an unusual decoder, such as some GGUF conversions
+        write), every mask would be wrong: refuse rather than constrain to the wrong bytes."""
+        probe = 'Hello, world!\n\t{"key": [1, 2.5, true]} caf\u00e9 \u65e5\u672c'
+        ids = self._hf.encode(probe, add_special_tokens=False)
+        seen = tokenizer.decode_bytes(ids)
+        if seen != probe.encode():
+            raise ValueError(
+                "structured outputs cannot use this tokenizer: its tokens' bytes as read from "
+                f"its decoder ({seen[:40]!r}) are not the text it encodes ({probe[:40]!r}); "
+                "a tokenizer.json with a ByteLevel or Metaspace decoder works"
+            )
 
     def compile(self, params: StructuredOutputsParams) -> str:
         """The checked grammar for `params`; ValueError naming what does not compile."""
