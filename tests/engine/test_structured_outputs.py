@@ -194,3 +194,25 @@ def test_a_tokenizer_whose_token_bytes_would_be_misread_is_refused():
     compiler = GrammarCompiler(misread, VOCAB_SIZE, [EOS_ID])
     with pytest.raises(ValueError, match="cannot use this tokenizer"):
         compiler.compile(StructuredOutputsParams(regex="a+"))
+
+
+def test_a_complete_grammar_is_reported_so_its_request_ends_without_waiting():
+    """Once only EOS may follow, the masker says so: the runner then knows the request's length
+    (its slot goes back when the step is enqueued, not a window later)."""
+    import torch
+
+    from prefixgrove.catalog.byte_tokenizer import EOS_ID, VOCAB_SIZE, byte_tokenizer
+    from prefixgrove.engine.structured.grammars import GrammarCompiler
+    from prefixgrove.engine.structured.masks import GrammarState, StepMasker
+
+    compiler = GrammarCompiler(byte_tokenizer(), VOCAB_SIZE, [EOS_ID])
+    grammar = compiler.compile(StructuredOutputsParams(choice=["ab", "abc"]))
+    states = [GrammarState(compiler.matcher(grammar), frozenset([EOS_ID]), VOCAB_SIZE)
+              for _ in range(3)]  # fmt: skip
+    outputs = [list(b"ab"), list(b"abc"), list(b"a")]
+    masker = StepMasker(torch.device("cpu"))
+    mask = masker.masks(states, lambda r, start: outputs[r][start:], [len(o) for o in outputs])
+    assert mask is not None
+    assert mask.ends == [1]  # "ab" may still become "abc"; "a" is not complete
+    allowed = (mask.bitmask[0, ord("c") // 32] >> (ord("c") % 32)) & 1
+    assert int(allowed) == 1

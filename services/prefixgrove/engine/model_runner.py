@@ -319,6 +319,9 @@ class ModelRunner:
             return None
         window = window or []
         produced = [seq.num_generated + len(window) for seq in seqs]
+        # host rows of the step in flight (pending tokens) and of this window's earlier steps, each
+        # waited for once, when a matcher first needs them
+        fed: list[np.ndarray] = []
         hosts: list[np.ndarray] = []
         stats = self.masker.stats
 
@@ -326,10 +329,16 @@ class ModelRunner:
             seq = seqs[r]
             out = seq.output_token_ids
             waited = time.perf_counter()
-            later = self._pending_tokens(seq, feed) if seq.num_pending_tokens else []
+            if seq.num_pending_tokens and not fed:
+                fed.extend(self._feed_hosts(feed))
             if window and not hosts:
                 hosts.extend(self._wait(host, done) for host, done in window)
             stats.wait_seconds += time.perf_counter() - waited
+            later = []
+            if seq.num_pending_tokens:
+                assert feed is not None
+                row = feed.sampled_rows[seq.seq_id]
+                later = [int(h[row, 0]) for h in fed]
             later += [int(h[r, 0]) for h in hosts]
             return out[start:] + later[max(0, start - len(out)) :]
 
@@ -337,6 +346,11 @@ class ModelRunner:
         mask = self.masker.masks(states, tokens_from, produced)
         if forward_done is not None:
             stats.idle_events.append((forward_done, self._event()))  # type: ignore[arg-type]
+        for r in mask.ends if mask is not None else ():
+            # Its grammar is complete: the request ends with the EOS this step samples. Known now,
+            # its slot goes back as soon as the step is enqueued (as for a request at max_tokens),
+            # not a window later when the host sees the EOS.
+            seqs[r].max_tokens = min(seqs[r].max_tokens, produced[r] + 1)
         return mask
 
     def _event(self) -> torch.cuda.Event | None:
@@ -346,14 +360,13 @@ class ModelRunner:
         event.record()
         return event
 
-    def _pending_tokens(self, seq: Sequence, feed: InFlight | None) -> list[int]:
-        """The tokens `feed` sampled for `seq` that the host has not taken in, in order."""
+    def _feed_hosts(self, feed: InFlight | None) -> list[np.ndarray]:
+        """The host rows of the step (or each step of the window) in flight, once they landed."""
         assert feed is not None, "a sequence with pending tokens was sampled by the step in flight"
-        row = feed.sampled_rows[seq.seq_id]
         if isinstance(feed, DecodeWindow):
-            return [int(self._wait(host, done)[row, 0]) for host, done in feed.copies]
+            return [self._wait(host, done) for host, done in feed.copies]
         assert feed.host is not None
-        return [int(self._wait(feed.host, feed.done)[row, 0])]
+        return [self._wait(feed.host, feed.done)]
 
     def window_results(self, window: DecodeWindow) -> Iterator[StepResult]:
         """Each step's batch order and host rows, as the step's copy lands."""

@@ -83,6 +83,7 @@ class TokenMask:
 
     rows: torch.Tensor  # [k] int64 rows of the step's logits
     bitmask: torch.Tensor  # [k, ceil(vocab / 32)] int32
+    ends: list[int]  # rows (of the step) whose grammar is complete: only EOS may follow
 
 
 class StepMasker:
@@ -125,15 +126,18 @@ class StepMasker:
             bitmask,
         )
         bits = bitmask.view(np.uint32)
+        ends = []
         for i, r in enumerate(rows):
             state = states[r]
             assert state is not None
             if state.matcher.is_accepting():
-                for eos in state.eos_token_ids:  # every EOS of the model ends a complete output
-                    if eos < vocab:
-                        bits[i, eos >> 5] |= np.uint32(1 << (eos & 31))
+                eos = [t for t in state.eos_token_ids if t < vocab]
+                for t in eos:  # every EOS of the model ends a complete output
+                    bits[i, t >> 5] |= np.uint32(1 << (t & 31))
+                if eos and int(np.bitwise_count(bits[i]).sum()) == len(eos):
+                    ends.append(r)
         rows_at = to_device(np.array(rows, dtype=np.int64), self.device)
-        mask = TokenMask(rows_at, to_device(bitmask, self.device))
+        mask = TokenMask(rows_at, to_device(bitmask, self.device), ends)
         self.stats.seconds += time.perf_counter() - start
         self.stats.steps += 1
         self.stats.rows += len(rows)
