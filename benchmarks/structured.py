@@ -112,6 +112,7 @@ def _metrics(llm: Any) -> dict[str, float]:
         "mask_steps": masks.steps,
         "mask_rows": masks.rows,
         "mask_host_seconds": masks.seconds,
+        "mask_fill_seconds": masks.fill_seconds,
         "mask_token_wait_seconds": masks.wait_seconds,
         "gpu_idle_for_masks_seconds": masks.gpu_idle_seconds(),
     }

@@ -216,3 +216,39 @@ def test_a_complete_grammar_is_reported_so_its_request_ends_without_waiting():
     assert mask.ends == [1]  # "ab" may still become "abc"; "a" is not complete
     allowed = (mask.bitmask[0, ord("c") // 32] >> (ord("c") % 32)) & 1
     assert int(allowed) == 1
+
+
+def test_many_rows_catch_up_on_llguidance_threads_as_one_by_one():
+    """From 16 rows on, a step's tokens are consumed in parallel: the same matcher states as
+    consuming them one by one (refusals and EOS included)."""
+    import torch
+
+    from prefixgrove.catalog.byte_tokenizer import EOS_ID, VOCAB_SIZE, byte_tokenizer
+    from prefixgrove.engine.structured.grammars import GrammarCompiler
+    from prefixgrove.engine.structured.masks import GrammarState, StepMasker
+
+    compiler = GrammarCompiler(byte_tokenizer(), VOCAB_SIZE, [EOS_ID])
+    grammar = compiler.compile(StructuredOutputsParams(regex="[a-c]{2,6}"))
+    outputs = [list(b"abcabc"[: 1 + i % 6]) for i in range(24)]
+    outputs[3] = [*b"ab", EOS_ID, ord("a")]  # ends, then a token past its end
+    outputs[5] = list(b"axb")  # a token the grammar refuses
+
+    def states() -> list[GrammarState | None]:
+        return [GrammarState(compiler.matcher(grammar), frozenset([EOS_ID]), VOCAB_SIZE)
+                for _ in outputs]  # fmt: skip
+
+    parallel = states()
+    StepMasker(torch.device("cpu")).masks(
+        parallel, lambda r, start: outputs[r][start:], [len(o) for o in outputs]
+    )
+    alone = states()
+    for state, tokens in zip(alone, outputs, strict=True):
+        assert state is not None
+        for token in tokens:
+            state.consume(token)
+    for a, b in zip(parallel, alone, strict=True):
+        assert a is not None and b is not None
+        assert (a.consumed, a.ended, a.matcher.is_accepting()) == (
+            b.consumed, b.ended, b.matcher.is_accepting())  # fmt: skip
+    assert alone[3] is not None and alone[3].ended
+    assert alone[5] is not None and alone[5].ended

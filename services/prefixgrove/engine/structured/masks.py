@@ -23,6 +23,9 @@ import torch
 from ..sampler import to_device
 
 logger = logging.getLogger(__name__)
+_PARALLEL_ROWS = (
+    16  # from this many matchers on, a step's tokens are consumed on llguidance's threads
+)
 
 
 @dataclass
@@ -44,9 +47,12 @@ class GrammarState:
             self.ended = True  # any of the model's EOS ids ends a complete output
             return
         if not self.matcher.consume_token(token):
-            # Only a token the step did not mask gets here: one past a request's end in a window.
-            logger.warning("grammar refused token %d: %s", token, self.matcher.get_error())
-            self.ended = True
+            self.refused(token)
+
+    def refused(self, token: int) -> None:
+        # A token the step masked never gets here: the mask and the matcher disagree.
+        logger.warning("grammar refused token %d: %s", token, self.matcher.get_error())
+        self.ended = True
 
     @property
     def constrains(self) -> bool:
@@ -62,6 +68,7 @@ class MaskStats:
 
     seconds: float = 0.0
     wait_seconds: float = 0.0
+    fill_seconds: float = 0.0  # of `seconds`, filling masks on llguidance's threads
     steps: int = 0
     rows: int = 0
     measure_idle: bool = False
@@ -104,27 +111,27 @@ class StepMasker:
         sampled before this step; `tokens_from(r, i)` returns those from the i-th on (called only
         for rows whose matcher has not consumed them all)."""
         start = time.perf_counter()
-        rows: list[int] = []
-        for r, state in enumerate(states):
-            if state is None:
-                continue
-            if state.consumed < produced[r]:
-                for token in tokens_from(r, state.consumed)[: produced[r] - state.consumed]:
-                    state.consume(int(token))
-            if state.constrains:
-                rows.append(r)
+        if self._executor is None:
+            self._executor = llguidance.LLExecutor()
+        behind = {
+            r: tokens_from(r, state.consumed)[: produced[r] - state.consumed]
+            for r, state in enumerate(states)
+            if state is not None and state.consumed < produced[r]
+        }
+        self._catch_up(states, behind)
+        rows = [r for r, state in enumerate(states) if state is not None and state.constrains]
         if not rows:
             self.stats.seconds += time.perf_counter() - start
             return None
         vocab = states[rows[0]].matcher_vocab  # type: ignore[union-attr]
         bitmask = llnp.allocate_token_bitmask(len(rows), vocab)
-        if self._executor is None:
-            self._executor = llguidance.LLExecutor()
+        filling = time.perf_counter()
         llnp.fill_next_token_bitmask_par(
             self._executor,
             [(states[r].matcher, i) for i, r in enumerate(rows)],  # type: ignore[union-attr]
             bitmask,
         )
+        self.stats.fill_seconds += time.perf_counter() - filling
         bits = bitmask.view(np.uint32)
         ends = []
         for i, r in enumerate(rows):
@@ -142,3 +149,31 @@ class StepMasker:
         self.stats.steps += 1
         self.stats.rows += len(rows)
         return mask
+
+    def _catch_up(self, states: Seq[GrammarState | None], behind: dict[int, Seq[int]]) -> None:
+        """Each row's matcher consumes its tokens in `behind`, in order; the k-th tokens of all rows
+        at once on llguidance's threads (a window's step adds one token to every row)."""
+        depth = max((len(tokens) for tokens in behind.values()), default=0)
+        for k in range(depth):
+            batch: list[tuple[llguidance.LLMatcher, int]] = []
+            owners: list[GrammarState] = []
+            for r, tokens in behind.items():
+                if k >= len(tokens):
+                    continue
+                state = states[r]
+                assert state is not None
+                token = int(tokens[k])
+                if state.ended or (token in state.eos_token_ids and state.matcher.is_accepting()):
+                    state.consume(token)  # nothing for the matcher to do
+                    continue
+                state.consumed += 1
+                batch.append((state.matcher, token))
+                owners.append(state)
+            if len(batch) < _PARALLEL_ROWS:
+                accepted = [matcher.consume_token(token) for matcher, token in batch]
+            else:
+                assert self._executor is not None
+                accepted = self._executor.consume_token_par(batch)
+            for state, ok, (_, token) in zip(owners, accepted, batch, strict=True):
+                if not ok:
+                    state.refused(token)
