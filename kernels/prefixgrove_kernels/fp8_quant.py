@@ -1,0 +1,89 @@
+"""Per-token FP8 quantization of a linear layer's input, one pass of reads per row (W8A8's dynamic
+activation scales): scale = max(amax(|row|) / 448, 1e-12), values = clamp(row / scale, +-448) in e4m3.
+
+In torch the same takes a float32 copy, |x|, the row max, a division, a clamp and the cast: six passes
+over the activations of every FP8 layer, which cost more than the FP8 matmul saves on the prefill's large
+inputs. The division is IEEE (as torch's) and the rounding to nearest even is done in fp32 arithmetic
+(rotary.to_e4m3, the FP8 KV cache's), so the kernel writes the bytes the torch version writes on every
+target, Triton's interpreter included.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from prefixgrove_kernels import checks
+from prefixgrove_kernels.launch import KernelLaunch
+from prefixgrove_kernels.rotary import to_e4m3
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0
+MIN_SCALE = 1e-12  # an all-zero row keeps a finite scale
+INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+BLOCK_C = 2048
+
+
+@triton.jit
+def _quantize_rows_kernel(
+    x_ptr,  # [rows, C] input (row stride free)
+    q_ptr,  # [rows, C] e4m3 out
+    scale_ptr,  # [rows] fp32 out
+    C,
+    x_stride,
+    q_stride,
+    FP8_MAX: tl.constexpr,
+    MIN_SCALE: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    amax = tl.zeros([BLOCK_C], dtype=tl.float32)
+    for start in range(0, C, BLOCK_C):
+        cols = start + tl.arange(0, BLOCK_C)
+        x = tl.load(x_ptr + row * x_stride + cols, mask=cols < C, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    scale = tl.maximum(tl.max(amax, axis=0) / FP8_MAX, MIN_SCALE)
+    tl.store(scale_ptr + row, scale)
+    for start in range(0, C, BLOCK_C):
+        cols = start + tl.arange(0, BLOCK_C)
+        inside = cols < C
+        x = tl.load(x_ptr + row * x_stride + cols, mask=inside, other=0.0).to(tl.float32)
+        tl.store(q_ptr + row * q_stride + cols, to_e4m3(x, scale), mask=inside)
+
+
+def _check(x: torch.Tensor) -> None:
+    checks.check_tensor("x", x, ndim=2, dtypes=INPUT_DTYPES, device=x.device, contiguous=False)
+    checks.check_unit_last_stride("x", x)
+
+
+def quantize_rows_launch(
+    x: torch.Tensor,
+) -> tuple[KernelLaunch | None, torch.Tensor, torch.Tensor]:
+    """Checks the argument and plans the launch `quantize_rows` makes."""
+    _check(x)
+    rows, cols = x.shape
+    q = torch.empty((rows, cols), dtype=FP8_DTYPE, device=x.device)
+    scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
+    if rows == 0 or cols == 0:
+        return None, q, scale
+    block = min(BLOCK_C, triton.next_power_of_2(cols))
+    args = (x, q, scale, cols, x.stride(0), q.stride(0))
+    options = {"FP8_MAX": FP8_MAX, "MIN_SCALE": MIN_SCALE, "BLOCK_C": block, "num_warps": 8}
+    return KernelLaunch(_quantize_rows_kernel, (rows,), args, options), q, scale
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [rows, C] -> (e4m3 values [rows, C], float32 scales [rows, 1]), x ~= values * scales."""
+    launch, q, scale = quantize_rows_launch(x)
+    if launch is not None:
+        launch.run()
+    return q, scale
+
+
+def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch version of `quantize_rows` (the engine's path on the CPU)."""
+    _check(x)
+    x32 = x.float()
+    scale = (x32.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp_min(MIN_SCALE)
+    return (x32 / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
