@@ -43,7 +43,8 @@ def _quantize_rows_kernel(
         cols = start + tl.arange(0, BLOCK_C)
         x = tl.load(x_ptr + row * x_stride + cols, mask=cols < C, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.abs(x))
-    scale = tl.maximum(tl.max(amax, axis=0) / FP8_MAX, MIN_SCALE)
+    # IEEE division, as torch's (Triton's `/` is approximate on the GPU)
+    scale = tl.maximum(tl.div_rn(tl.max(amax, axis=0), FP8_MAX), MIN_SCALE)
     tl.store(scale_ptr + row, scale)
     for start in range(0, C, BLOCK_C):
         cols = start + tl.arange(0, BLOCK_C)
