@@ -84,9 +84,17 @@ def test_engine_fp8_agrees_with_unquantized_on_first_tokens(llama_dir: str) -> N
     assert same >= 6, (plain, quant)
 
 
-def test_smollm2_fp8_agrees_with_unquantized_on_most_forced_tokens() -> None:
+@pytest.mark.parametrize(
+    ("options", "floor"),
+    [({"quantization": "fp8"}, 0.8), ({"kv_cache_dtype": "fp8"}, 0.9)],
+    ids=["fp8-weights", "fp8-kv-cache"],
+)
+def test_smollm2_in_fp8_agrees_with_the_model_dtype_on_most_forced_tokens(
+    options: dict[str, str], floor: float
+) -> None:
     smollm2_file()
-    llm = LLM(SMOLLM2, device="cpu", dtype="float32", attention_backend="torch")
+    cpu = {"device": "cpu", "dtype": "float32", "attention_backend": "torch"}
+    llm = LLM(SMOLLM2, **cpu)
     tok = llm.get_tokenizer()
     texts = [
         "The capital of France is",
@@ -95,10 +103,9 @@ def test_smollm2_fp8_agrees_with_unquantized_on_most_forced_tokens() -> None:
         "The three primary colors are",
     ]
     prompts = [tok.encode(t) for t in texts]
-    params = greedy(16, ignore_eos=True)
-    plain = token_ids(run(llm, prompts, params))
-    fp8 = LLM(SMOLLM2, device="cpu", dtype="float32", attention_backend="torch", quantization="fp8")
-    # Teacher-forced: the fp8 model reads each prompt followed by the unquantized model's greedy
+    plain = token_ids(run(llm, prompts, greedy(16, ignore_eos=True)))
+    fp8 = LLM(SMOLLM2, **cpu, **options)
+    # Teacher-forced: the FP8 model reads each prompt followed by the plain model's greedy
     # completion; at each completion position its own top-1 (rank 1) should mostly be that token.
     # (Free-running completions part at the first differing digit and never meet again.)
     forced = [prompt + completion for prompt, completion in zip(prompts, plain, strict=True)]
@@ -108,11 +115,10 @@ def test_smollm2_fp8_agrees_with_unquantized_on_most_forced_tokens() -> None:
         entries = out.prompt_logprobs
         assert entries is not None
         for pos in range(len(prompt), len(out.prompt_token_ids)):
-            token = out.prompt_token_ids[pos]
-            agree += entries[pos][token].rank == 1
+            agree += entries[pos][out.prompt_token_ids[pos]].rank == 1
             total += 1
     assert total == 64
-    assert agree >= 0.8 * total, agree
+    assert agree >= floor * total, agree
 
 
 def test_fp8_grouped_equals_ungrouped(llama_dir: str) -> None:
