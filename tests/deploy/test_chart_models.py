@@ -296,3 +296,16 @@ def test_installed_pools_are_what_the_operator_may_scale(
         assert not can("patch", f"deployments.apps/{pool}")
     assert not can("patch", "deployments.apps/pg-prefixgrove-planner", "--subresource=scale")
     assert not can("patch", "deployments.apps/pg-prefixgrove-worker", "--subresource=scale")
+
+
+def test_fp8_is_set_for_every_pool_or_per_pool(tmp_path: Path) -> None:
+    models = [MODELS[0], {**MODELS[1], "quantization": "", "kvCacheDtype": "fp8"}]
+    objects = render(tmp_path, {"models": models, "worker": {"quantization": "fp8"}})
+    llama = worker_settings(find(objects, "Deployment", LLAMA))
+    qwen = worker_settings(find(objects, "Deployment", QWEN))
+    assert (llama.quantization, llama.kv_cache_dtype) == ("fp8", "auto")
+    assert (qwen.quantization, qwen.kv_cache_dtype) == ("", "fp8")
+    # the defaults leave both off
+    plain = worker_settings(find(render(tmp_path, {}), "Deployment", f"{PREFIX}-worker"))
+    assert (plain.quantization, plain.kv_cache_dtype) == ("", "auto")
+    assert "kvCacheDtype" in refusal(tmp_path, {"worker": {"kvCacheDtype": "int8"}})

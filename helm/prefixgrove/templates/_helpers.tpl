@@ -186,6 +186,7 @@ Read it with (fromJson (include "prefixgrove.workerPools" .)).pools.
 {{- $a := .Values.autoscaling }}
 {{- $defaults := dict "replicas" $w.replicas "minReplicas" $a.minReplicas "maxReplicas" $a.maxReplicas
       "groupsPerWorker" $a.groupsPerWorker "gpus" $w.gpus "device" $w.device "extraArgs" $w.extraArgs
+      "quantization" $w.quantization "kvCacheDtype" $w.kvCacheDtype
       "resources" $w.resources "nodeSelector" $w.nodeSelector "tolerations" $w.tolerations }}
 {{- $worker := include "prefixgrove.worker.fullname" . }}
 {{- $pools := list }}
