@@ -355,19 +355,19 @@ def _check_prefix_args(
     kernel: bool = True,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
-) -> tuple[int, int, int]:
-    """Validates on the host; returns (num_groups, GQA ratio, suffix chunks' sequences or 0).
-    kernel: as `checks.check_queries`."""
+) -> tuple[int, int, int, tuple[torch.Tensor, torch.Tensor]]:
+    """Validates on the host; returns (num_groups, GQA ratio, suffix chunks' sequences or 0, the
+    launch's scale arguments: `checks.kv_scale_args`). kernel: as `checks.check_queries`."""
     checks.check_queries(q, kernel)
     group = checks.check_kv_cache(q, k_cache, v_cache)
-    checks.kv_scale_args(q.device, k_cache, k_scale, v_scale)
+    scales = checks.kv_scale_args(q.device, k_cache, k_scale, v_scale)
     checks.check_scale(scale)
     num_groups = checks.check_segments(
         q, "group_cu_q", groups.group_cu_q, {"group_prefix_lens": groups.group_prefix_lens},
         "group_block_tables", groups.group_block_tables, "max_group_q", groups.max_group_q,
     )  # fmt: skip
     if suffix_chunks is None:
-        return num_groups, group, 0
+        return num_groups, group, 0, scales
     chunks = suffix_chunks.seqs
     if chunks.kv_start is None:
         raise ValueError("suffix_chunks.seqs needs kv_start (suffix chunks are grouped sequences)")
@@ -377,7 +377,7 @@ def _check_prefix_args(
         {"suffix_chunks.seq_lens": chunks.seq_lens, "suffix_chunks.kv_start": chunks.kv_start},
         "suffix_chunks.block_tables", chunks.block_tables, "num_tokens", q.shape[0],
     )  # fmt: skip
-    return num_groups, group, num_seqs
+    return num_groups, group, num_seqs, scales
 
 
 def _outputs(
@@ -424,10 +424,9 @@ def prefix_attention_launches(
     v_scale: torch.Tensor | None = None,
 ) -> tuple[list[KernelLaunch], torch.Tensor, torch.Tensor]:  # fmt: skip
     """Checks the arguments and plans the launches `prefix_attention` makes, with its outputs."""
-    num_groups, group, num_seqs = _check_prefix_args(
+    num_groups, group, num_seqs, scales = _check_prefix_args(
         q, k_cache, v_cache, groups, scale, suffix_chunks, True, k_scale, v_scale
     )
-    scales = checks.kv_scale_args(q.device, k_cache, k_scale, v_scale)
     out, out_lse = _outputs(q, out, out_lse)
     if suffix_chunks is not None:
         # A suffix chunk's own keys follow its prefix in one program's online softmax.
@@ -527,7 +526,7 @@ def prefix_attention_ref(
     """Torch version of `prefix_attention` (same contract), one group at a time in fp32; suffix
     chunks are finished by the paged kernel's reference over the prefix state (the merge the
     kernel's one online softmax is equal to)."""
-    num_groups, _, _ = _check_prefix_args(
+    num_groups, _, _, _ = _check_prefix_args(
         q, k_cache, v_cache, groups, scale, suffix_chunks, False, k_scale, v_scale
     )
     out, out_lse = _outputs(q, out, out_lse)

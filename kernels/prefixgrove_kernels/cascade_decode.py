@@ -242,12 +242,12 @@ def _check_args(
     kernel: bool = True,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
-) -> tuple[int, int, torch.Tensor]:
-    """Validates on the host; returns (num_groups, GQA ratio, kv_start). kernel: as
-    `checks.check_queries`."""
+) -> tuple[int, int, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Validates on the host; returns (num_groups, GQA ratio, kv_start, the launch's scale
+    arguments: `checks.kv_scale_args`). kernel: as `checks.check_queries`."""
     checks.check_queries(q, kernel)
     group = checks.check_kv_cache(q, k_cache, v_cache)
-    checks.kv_scale_args(q.device, k_cache, k_scale, v_scale)
+    scales = checks.kv_scale_args(q.device, k_cache, k_scale, v_scale)
     checks.check_output("out", out, q, q.dtype, contiguous=False)
     checks.check_scale(scale)
     if meta.kv_start is None:
@@ -265,7 +265,7 @@ def _check_args(
         q, "group_cu_q", groups.group_cu_q, {"group_prefix_lens": groups.group_prefix_lens},
         "group_block_tables", groups.group_block_tables, "max_group_q", groups.max_group_q,
     )  # fmt: skip
-    return num_groups, group, meta.kv_start
+    return num_groups, group, meta.kv_start, scales
 
 
 def _tile_shape(
@@ -302,10 +302,9 @@ def cascade_decode_attention_launches(
     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> list[KernelLaunch]:  # fmt: skip
     """Checks the arguments and plans the launches `cascade_decode_attention` makes."""
-    num_groups, group, kv_start = _check_args(
+    num_groups, group, kv_start, scales = _check_args(
         q, k_cache, v_cache, out, meta, groups, scale, True, k_scale, v_scale
     )
-    scales = checks.kv_scale_args(q.device, k_cache, k_scale, v_scale)
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     block_q, block_m, block_n = _tile_shape(head_dim, q.element_size(), group, groups.max_group_q)
@@ -374,7 +373,7 @@ def cascade_decode_attention_ref(
 ) -> None:  # fmt: skip
     """Torch version of `cascade_decode_attention` (same contract), one sequence at a time in fp32:
     softmax attention over [prefix keys ; own keys]."""
-    num_groups, _, kv_start = _check_args(
+    num_groups, _, kv_start, _ = _check_args(
         q, k_cache, v_cache, out, meta, groups, scale, False, k_scale, v_scale
     )
     cu = groups.group_cu_q.tolist()

@@ -15,11 +15,11 @@ import triton
 import triton.language as tl
 
 from prefixgrove_kernels import checks
+from prefixgrove_kernels.checks import FP8_KV_DTYPE, FP8_MAX
 from prefixgrove_kernels.launch import KernelLaunch
+from prefixgrove_kernels.reference_math import to_e4m3_ref
 from prefixgrove_kernels.rotary import to_e4m3
 
-FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = 448.0
 MIN_SCALE = 1e-12  # an all-zero row keeps a finite scale
 INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_C = 2048
@@ -64,7 +64,7 @@ def quantize_rows_launch(
     """Checks the argument and plans the launch `quantize_rows` makes."""
     _check(x)
     rows, cols = x.shape
-    q = torch.empty((rows, cols), dtype=FP8_DTYPE, device=x.device)
+    q = torch.empty((rows, cols), dtype=FP8_KV_DTYPE, device=x.device)
     scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
     if rows == 0 or cols == 0:
         return None, q, scale
@@ -85,6 +85,5 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Torch version of `quantize_rows` (the engine's path on the CPU)."""
     _check(x)
-    x32 = x.float()
-    scale = (x32.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp_min(MIN_SCALE)
-    return (x32 / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+    scale = (x.float().abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp_min(MIN_SCALE)
+    return to_e4m3_ref(x, scale), scale

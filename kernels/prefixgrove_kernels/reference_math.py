@@ -138,10 +138,16 @@ def gather_keys(
     return k, v
 
 
+def to_e4m3_ref(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x (any float dtype) as e4m3: x / scale in fp32 (scale broadcasts: one value, one per row, ...),
+    saturated to +-FP8_MAX, rounded to the nearest e4m3 value (ties to even), as the kernels'
+    `rotary.to_e4m3` writes it."""
+    return (x.float() / scale.float()).clamp(-FP8_MAX, FP8_MAX).to(FP8_KV_DTYPE)
+
+
 def quantize_kv(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Keys or values (any float dtype) as FP8 cache codes: x / scale in fp32, saturated to
-    +-FP8_MAX, rounded to the nearest e4m3 value (ties to even)."""
-    return (x.float() / scale.float().reshape(())).clamp(-FP8_MAX, FP8_MAX).to(FP8_KV_DTYPE)
+    """Keys or values as FP8 cache codes under the cache's one scale."""
+    return to_e4m3_ref(x, scale.reshape(()))
 
 
 def dequantize_kv(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

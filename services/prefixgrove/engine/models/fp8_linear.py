@@ -15,18 +15,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from prefixgrove_kernels.fp8_quant import quantize_rows_ref
+from prefixgrove_kernels.checks import FP8_KV_DTYPE as FP8_DTYPE
+from prefixgrove_kernels.fp8_quant import quantize_rows_ref as quantize_per_row
+from prefixgrove_kernels.reference_math import to_e4m3_ref
 
 from .linear import RowInvariantLinear, row_invariant_linear
-
-FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448.0
-
-
-def quantize_per_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [R, C] -> (e4m3 values [R, C], float32 scales [R, 1]) with x ~= values * scales (the
-    torch reference of the CUDA path's kernel)."""
-    return quantize_rows_ref(x)
 
 
 class Fp8Linear(nn.Module):
@@ -73,7 +66,7 @@ class Fp8Linear(nn.Module):
             q, scale = quantize_per_row(weight)
         else:
             scale = weight_scale.float().reshape(-1, 1).to(weight.device)
-            q = (weight.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+            q = to_e4m3_ref(weight, scale)
         bias = None if linear.bias is None else linear.bias.detach()
         return cls(q, scale, bias, weight.dtype, input_scale)
 
@@ -85,7 +78,7 @@ class Fp8Linear(nn.Module):
                 return quantize_rows(rows)
             return quantize_per_row(rows)
         scale = torch.full((rows.shape[0], 1), self.input_scale, device=rows.device)
-        return (rows.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+        return to_e4m3_ref(rows, scale), scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
