@@ -23,9 +23,8 @@ import torch
 from ..sampler import to_device
 
 logger = logging.getLogger(__name__)
-_PARALLEL_ROWS = (
-    16  # from this many matchers on, a step's tokens are consumed on llguidance's threads
-)
+# from this many matchers on, a step's tokens are consumed on llguidance's threads
+_PARALLEL_ROWS = 16
 
 
 @dataclass
@@ -40,14 +39,19 @@ class GrammarState:
     ended: bool = False  # EOS consumed, or a token the grammar refused: nothing is masked any more
 
     def consume(self, token: int) -> None:
+        if self.take(token) and not self.matcher.consume_token(token):
+            self.refused(token)
+
+    def take(self, token: int) -> bool:
+        """Counts `token` as consumed; whether the matcher itself must still consume it (not once
+        the state has ended, nor for an EOS that ends a complete output)."""
         self.consumed += 1
         if self.ended:
-            return
+            return False
         if token in self.eos_token_ids and self.matcher.is_accepting():
             self.ended = True  # any of the model's EOS ids ends a complete output
-            return
-        if not self.matcher.consume_token(token):
-            self.refused(token)
+            return False
+        return True
 
     def refused(self, token: int) -> None:
         # A token the step masked never gets here: the mask and the matcher disagree.
@@ -163,12 +167,9 @@ class StepMasker:
                 state = states[r]
                 assert state is not None
                 token = int(tokens[k])
-                if state.ended or (token in state.eos_token_ids and state.matcher.is_accepting()):
-                    state.consume(token)  # nothing for the matcher to do
-                    continue
-                state.consumed += 1
-                batch.append((state.matcher, token))
-                owners.append(state)
+                if state.take(token):
+                    batch.append((state.matcher, token))
+                    owners.append(state)
             if len(batch) < _PARALLEL_ROWS:
                 accepted = [matcher.consume_token(token) for matcher, token in batch]
             else:
