@@ -23,53 +23,38 @@ class ModelOps:
 
 
 def create_ops(name: str) -> ModelOps:
-    from prefixgrove_kernels import activation, rmsnorm
+    from prefixgrove_kernels import activation, rmsnorm, rotary
 
     if name == "triton":
-        return ModelOps("triton", rmsnorm.rms_norm, _rotary_to_cache, activation.silu_and_mul)
+        # q is a view of the fused qkv output: rotating it where it is saves a copy; the keys go to
+        # the cache rotated in the same launch (no rotated k tensor, no index_copy_ of k and v).
+        rotary_to_cache = _on_layer_caches(rotary.apply_rotary_to_cache, rotate_q_in_place=True)
+        return ModelOps("triton", rmsnorm.rms_norm, rotary_to_cache, activation.silu_and_mul)
     if name == "torch":
-        return ModelOps(
-            "torch", rmsnorm.rms_norm_ref, _rotary_to_cache_ref, activation.silu_and_mul_ref
-        )
+        rotary_to_cache = _on_layer_caches(rotary.apply_rotary_to_cache_ref)
+        return ModelOps("torch", rmsnorm.rms_norm_ref, rotary_to_cache, activation.silu_and_mul_ref)
     raise ValueError(f"model ops {name!r} are unknown; expected 'triton' or 'torch'")
 
 
-def _rotary_to_cache(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin: torch.Tensor,
-    k_cache: LayerCache,
-    v_cache: LayerCache,
-    slots: torch.Tensor,
-) -> torch.Tensor:
-    """`apply_rotary_to_cache` (arguments as in ModelOps.rotary_to_cache) rotating q where it is."""
-    from prefixgrove_kernels.rotary import apply_rotary_to_cache
+def _on_layer_caches(apply: Any, rotate_q_in_place: bool = False) -> Any:
+    """`apply` (`apply_rotary_to_cache` or its reference) taking a layer's caches as the model runner
+    allocates them (arguments as in ModelOps.rotary_to_cache): an FP8 cache's scales go beside it."""
 
-    (k_cache_t, k_scale), (v_cache_t, v_scale) = unpack(k_cache), unpack(v_cache)
-    # q is a view of the fused qkv output: rotating it where it is saves a copy; the keys go to the
-    # cache rotated in the same launch (no rotated k tensor, no index_copy_ of k and v).
-    return apply_rotary_to_cache(
-        q, k, v, positions, cos_sin, k_cache_t, v_cache_t, slots, q_out=q, k_scale=k_scale,
-        v_scale=v_scale,
-    )  # fmt: skip
+    def rotary_to_cache(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        k_cache: LayerCache,
+        v_cache: LayerCache,
+        slots: torch.Tensor,
+    ) -> torch.Tensor:
+        (k_codes, k_scale), (v_codes, v_scale) = unpack(k_cache), unpack(v_cache)
+        q_out = {"q_out": q} if rotate_q_in_place else {}
+        return apply(
+            q, k, v, positions, cos_sin, k_codes, v_codes, slots, k_scale=k_scale,
+            v_scale=v_scale, **q_out,
+        )  # fmt: skip
 
-
-def _rotary_to_cache_ref(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin: torch.Tensor,
-    k_cache: LayerCache,
-    v_cache: LayerCache,
-    slots: torch.Tensor,
-) -> torch.Tensor:
-    """`apply_rotary_to_cache_ref` (arguments as in ModelOps.rotary_to_cache)."""
-    from prefixgrove_kernels.rotary import apply_rotary_to_cache_ref
-
-    (k_cache_t, k_scale), (v_cache_t, v_scale) = unpack(k_cache), unpack(v_cache)
-    return apply_rotary_to_cache_ref(
-        q, k, v, positions, cos_sin, k_cache_t, v_cache_t, slots, k_scale=k_scale, v_scale=v_scale
-    )
+    return rotary_to_cache
