@@ -252,3 +252,82 @@ def test_many_rows_catch_up_on_llguidance_threads_as_one_by_one():
             b.consumed, b.ended, b.matcher.is_accepting())  # fmt: skip
     assert alone[3] is not None and alone[3].ended
     assert alone[5] is not None and alone[5].ended
+
+
+JUMP_KINDS = {
+    # a long fixed phrase, then a choice: most tokens are the only ones the grammar allows
+    "regex": r"The customer is (Anna|Kenji|Marie) and the topic is (refund|order|complaint)\.",
+    "grammar": 'root ::= "{\\"verdict\\": \\"" ("valid" | "invalid") "\\", \\"score\\": " [0-9] "}"',
+}
+
+
+def jump_params() -> list[SamplingParams]:
+    """The schema's greedy and seeded rows, the fixed-phrase constraints, one constrained row with
+    logprobs (never jumped) and one free row."""
+    fixed = [
+        SamplingParams(max_tokens=48, temperature=t, seed=5,
+                       structured_outputs=StructuredOutputsParams(**{kind: value}))
+        for kind, value in JUMP_KINDS.items()
+        for t in (0.0, 1.0)
+    ]  # fmt: skip
+    with_logprobs = SamplingParams(
+        max_tokens=48, temperature=1.0, seed=9, logprobs=2,
+        structured_outputs=StructuredOutputsParams(regex=JUMP_KINDS["regex"]),
+    )  # fmt: skip
+    free = SamplingParams(max_tokens=12, temperature=0.7, seed=1)
+    return json_params() + fixed + [with_logprobs, free]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"num_scheduler_steps": 8},
+        {"num_scheduler_steps": 1, "enable_prefix_grouping": False},
+        {"num_scheduler_steps": 4, "async_scheduling": False},
+    ],
+    ids=["grouped-window8", "ungrouped-step1", "window4-sync"],
+)
+def test_jump_forward_gives_step_by_step_outputs_token_for_token(prompts, options):
+    params = jump_params()
+    job = (prompts * 4)[: len(params)]
+    jumped = engine(SMOLLM2, **options)
+    outputs = run(jumped, job, params)
+    stepped = engine(SMOLLM2, structured_outputs_jump_forward=False, **options)
+    reference = run(stepped, job, params)
+    assert token_ids(outputs) == token_ids(reference)
+    assert [o.outputs[0].text for o in outputs] == [o.outputs[0].text for o in reference]
+    assert [o.outputs[0].finish_reason for o in outputs] == [
+        o.outputs[0].finish_reason for o in reference
+    ]
+    assert outputs[-2].outputs[0].logprobs == reference[-2].outputs[0].logprobs
+    for out in outputs[: 2 * len(NOTES)]:
+        jsonschema.validate(json.loads(out.outputs[0].text), SCHEMA)
+    assert re.fullmatch(JUMP_KINDS["regex"], outputs[2 * len(NOTES)].outputs[0].text)
+    # it did jump: forced tokens went through chunks, not decoding steps; with it off nothing jumps
+    assert jumped.engine.metrics.tokens_jumped > 10
+    assert stepped.engine.metrics.tokens_jumped == 0
+    assert jumped.engine.metrics.decode_tokens < stepped.engine.metrics.decode_tokens
+    assert_no_leak(jumped)
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 5, 9])
+def test_a_forced_run_ends_where_max_tokens_or_a_stop_string_ends_it(prompts, max_tokens):
+    """A run cut by max_tokens, or by a stop string inside it, ends the request exactly where
+    step-by-step decoding ends it."""
+    constraint = StructuredOutputsParams(regex=JUMP_KINDS["regex"])
+    params = [
+        SamplingParams(max_tokens=max_tokens, temperature=0.0, structured_outputs=constraint),
+        SamplingParams(max_tokens=48, temperature=0.0, stop=["topic"], structured_outputs=constraint),
+        SamplingParams(max_tokens=48, temperature=0.0, stop=[" is"], include_stop_str_in_output=True,
+                       structured_outputs=constraint),
+    ]  # fmt: skip
+    job = prompts[: len(params)]
+    outputs = run(engine(SMOLLM2, num_scheduler_steps=4), job, params)
+    reference = run(
+        engine(SMOLLM2, num_scheduler_steps=4, structured_outputs_jump_forward=False), job, params
+    )
+    for out, ref in zip(outputs, reference, strict=True):
+        a, b = out.outputs[0], ref.outputs[0]
+        assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
+    assert len(outputs[0].outputs[0].token_ids) == max_tokens
+    assert outputs[1].outputs[0].finish_reason == "stop"

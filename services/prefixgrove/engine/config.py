@@ -74,6 +74,10 @@ class SchedulerConfig:
     # the host has seen that one's tokens (they reach the new step's inputs on the device), so the GPU
     # does not wait for the host's scheduling, input filling and token handling between steps.
     async_scheduling: bool = True
+    # Where a request's grammar allows exactly one token, that token is what its step would sample: it
+    # is appended without the step, and the next step computes the run of such tokens as one chunk
+    # (the output is the same token for token; structured outputs without logprobs only).
+    jump_forward: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_scheduler_steps", "first_wave"):
@@ -187,6 +191,7 @@ class EngineConfig:
         cascade_prefill_kernel: str = "auto",
         num_scheduler_steps: int | None = None,
         async_scheduling: bool = True,
+        structured_outputs_jump_forward: bool = True,
         enforce_eager: bool = False,
         tokenizer: str | None = None,
         skip_tokenizer_init: bool = False,
@@ -220,6 +225,7 @@ class EngineConfig:
                 max_num_batched_tokens,
                 (8 if cuda else 1) if num_scheduler_steps is None else num_scheduler_steps,
                 async_scheduling=async_scheduling,
+                jump_forward=structured_outputs_jump_forward,
             ),
             device=device,
             attention_backend=attention_backend,

@@ -319,7 +319,7 @@ class LLMEngine:
         preempted = self.scheduler.num_preemptions != preemptions
         ahead, self._ahead = self._ahead, None
         if out.batch and self._may_go_ahead(out, preempted):
-            return self._launch_ahead(out, ahead, begin)
+            return self._launch_ahead(out, ahead, begin) + self._jump_forward(out)
         outputs: list[RequestOutput] = []
         if ahead is not None:
             waited = time.perf_counter()
@@ -331,7 +331,7 @@ class LLMEngine:
         if not out.batch:
             self.metrics.host_seconds += time.perf_counter() - begin
             return outputs
-        return outputs + self._run(out, self._window(out), begin)
+        return outputs + self._run(out, self._window(out), begin) + self._jump_forward(out)
 
     def _run(self, out: SchedulerOutput, steps: int, begin: float) -> list[RequestOutput]:
         """Runs a batch (one step, or a window of decode steps) and waits for its tokens."""
@@ -415,6 +415,9 @@ class LLMEngine:
                 if not item.sample:
                     continue
                 row, seq = next(sampled), item.seq
+                if seq.num_resolved_in_flight:  # jump-forward appended it already
+                    seq.num_resolved_in_flight -= 1
+                    continue
                 seq.num_pending_tokens -= 1
                 if seq.finish_reason is not None:
                     continue  # aborted, or stopped earlier: this token is dropped
@@ -427,6 +430,55 @@ class LLMEngine:
         else:
             self.metrics.mixed_seconds += seconds
         return outputs
+
+    def _jump_forward(self, out: SchedulerOutput) -> list[RequestOutput]:
+        """Jump-forward for the constrained requests `out` just sampled: where the mask of the token
+        a request just sampled allowed that token alone, and the tokens after it are each the one
+        its grammar allows, they are appended now. The next step computes them as one chunk and
+        samples after them, instead of a step each; the output is what step-by-step decoding gives
+        (a forced token is sampled whatever the logits; a seeded draw depends on its output index,
+        not on the step). A step still in flight samples the run's first token (and, for a window,
+        tokens the host waited for to build the masks): the host appends those too, and passes
+        their rows over as they land. Not for requests asking for logprobs (a skipped step has no
+        logits)."""
+        if not self.config.scheduler.jump_forward:
+            return []
+        masker = self.runner.masker
+        masker.note_only_tokens()
+        starts: list[Sequence] = []
+        for item in out.batch:
+            seq, state = item.seq, item.seq.grammar
+            if state is None or state.only_token is None:
+                continue
+            index = state.only_token[0]
+            if (
+                seq.finished
+                or seq.params.logprobs is not None
+                or index != seq.num_generated - 1  # not the token it sampled last
+                or index != state.consumed
+            ):
+                state.only_token = None
+                continue
+            starts.append(seq)
+        if not starts:
+            return []
+        runs = masker.forced_runs(
+            [(seq.grammar, seq.max_tokens - seq.num_generated + 1) for seq in starts]  # type: ignore[misc]
+        )
+        finished: list[Sequence] = []
+        for seq, run in zip(starts, runs, strict=True):
+            if len(run) < 2:
+                continue  # nothing forced beyond the token the step samples anyway
+            assert seq.grammar is not None
+            known = len(seq.output_token_ids)
+            seq.num_resolved_in_flight += seq.num_pending_tokens
+            seq.num_pending_tokens = 0
+            self.metrics.tokens_jumped += len(run) - 1
+            for token in seq.grammar.tokens[known:]:
+                if self.output_processor.append_known(seq, token):
+                    finished.append(seq)
+                    break
+        return self._finished(finished)
 
     def _finished(self, finished: list[Sequence]) -> list[RequestOutput]:
         outputs = []

@@ -24,6 +24,8 @@ class EngineMetrics:
     mixed_seconds: float = 0.0  # wall time of steps with prefill work
     # steps and windows enqueued before the host had seen the previous one's tokens
     steps_launched_ahead: int = 0
+    # output tokens jump-forward appended without a decoding step (a grammar allowed each alone)
+    tokens_jumped: int = 0
     # CPU-only time between steps: scheduling, stop checks, finishing requests
     host_seconds: float = 0.0
     intake_seconds: float = 0.0  # validating and queueing requests (add_request / add_group)

@@ -102,7 +102,7 @@ class ModelRunner:
             max_blocks_per_seq=-(-self.max_positions // config.cache.block_size),
         )
         self.sampler = Sampler(arch.vocab_size, self.device)
-        self.masker = StepMasker(self.device)
+        self.masker = StepMasker(self.device, jump_forward=s.jump_forward)
         self.kv_caches: list[tuple[LayerCache, LayerCache]] = []
         self.graphs: DecodeGraphs | None = None
         self._copy_stream = torch.cuda.Stream(self.device) if cuda else None

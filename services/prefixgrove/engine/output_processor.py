@@ -36,11 +36,15 @@ class OutputProcessor:
     def append_token(self, seq: Sequence, row: np.ndarray) -> bool:
         """Adds the sampled token; returns whether the request is now finished."""
         token = int(row[0])
+        if seq.params.logprobs is not None:
+            self._record_logprobs(seq, token, row)
+        return self.append_known(seq, token)
+
+    def append_known(self, seq: Sequence, token: int) -> bool:
+        """Adds a token known without its step's row (a forced one: jump-forward; never asked for
+        logprobs); returns whether the request is now finished."""
         seq.output_token_ids.append(token)
         seq.metrics.token(time.time())
-        p = seq.params
-        if p.logprobs is not None:
-            self._record_logprobs(seq, token, row)
         if self._stops(seq, token):
             seq.finish_reason = "stop"
         elif (

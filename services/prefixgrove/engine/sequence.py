@@ -43,6 +43,9 @@ class Sequence:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_pending_tokens: int = 0
+    # tokens a step in flight samples that the host appended already (jump-forward knew them: the
+    # grammar allowed each alone); their rows are passed over as they land
+    num_resolved_in_flight: int = 0
     block_table: list[int] = field(default_factory=list)
     num_shared_blocks: int = 0
     block_hashes: list[int] = field(default_factory=list)

@@ -29,14 +29,21 @@ _PARALLEL_ROWS = 16
 
 @dataclass
 class GrammarState:
-    """A sequence's matcher and how many of its output tokens it has consumed (it may run ahead of the
-    tokens the host has taken in, never behind what a step samples after)."""
+    """A sequence's matcher and the output tokens it has consumed (it may run ahead of the tokens the
+    host has taken in, never behind what a step samples after)."""
 
     matcher: llguidance.LLMatcher
     eos_token_ids: frozenset[int]
     matcher_vocab: int  # token ids the matcher's masks cover
-    consumed: int = 0
+    tokens: list[int] = field(default_factory=list)  # consumed, in order
     ended: bool = False  # EOS consumed, or a token the grammar refused: nothing is masked any more
+    # (output index, token) where the last mask built for it allowed that one token alone: what the
+    # step sampling that index samples, whatever its logits (jump-forward starts there)
+    only_token: tuple[int, int] | None = None
+
+    @property
+    def consumed(self) -> int:
+        return len(self.tokens)
 
     def consume(self, token: int) -> None:
         if self.take(token) and not self.matcher.consume_token(token):
@@ -45,7 +52,7 @@ class GrammarState:
     def take(self, token: int) -> bool:
         """Counts `token` as consumed; whether the matcher itself must still consume it (not once
         the state has ended, nor for an EOS that ends a complete output)."""
-        self.consumed += 1
+        self.tokens.append(token)
         if self.ended:
             return False
         if token in self.eos_token_ids and self.matcher.is_accepting():
@@ -97,13 +104,29 @@ class TokenMask:
     ends: list[int]  # rows (of the step) whose grammar is complete: only EOS may follow
 
 
+def only_tokens(bits: np.ndarray) -> list[tuple[int, int]]:
+    """(row, token) for each row of a bitmask [rows, words] (uint32) with exactly one bit set."""
+    nonzero = bits != 0
+    rows = np.flatnonzero(np.count_nonzero(nonzero, axis=1) == 1)
+    if not len(rows):
+        return []
+    words = nonzero[rows].argmax(axis=1)
+    values = bits[rows, words]
+    single = (values & (values - np.uint32(1))) == 0
+    bit = np.log2(values[single]).astype(np.int64)  # a power of two: exact
+    return list(zip(rows[single].tolist(), (words[single] * 32 + bit).tolist(), strict=True))
+
+
 class StepMasker:
     """Builds the token masks of a step's constrained rows."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, jump_forward: bool = False) -> None:
         self.device = device
+        self.jump_forward = jump_forward  # whether masks are kept for note_only_tokens
         self._executor: llguidance.LLExecutor | None = None
         self.stats = MaskStats()
+        # masks built since note_only_tokens last looked: (host bits, (state, output index) per row)
+        self._recent: list[tuple[np.ndarray, list[tuple[GrammarState, int]]]] = []
 
     def masks(
         self,
@@ -115,8 +138,6 @@ class StepMasker:
         sampled before this step; `tokens_from(r, i)` returns those from the i-th on (called only
         for rows whose matcher has not consumed them all)."""
         start = time.perf_counter()
-        if self._executor is None:
-            self._executor = llguidance.LLExecutor()
         behind = {
             r: tokens_from(r, state.consumed)[: produced[r] - state.consumed]
             for r, state in enumerate(states)
@@ -131,7 +152,7 @@ class StepMasker:
         bitmask = llnp.allocate_token_bitmask(len(rows), vocab)
         filling = time.perf_counter()
         llnp.fill_next_token_bitmask_par(
-            self._executor,
+            self.executor,
             [(states[r].matcher, i) for i, r in enumerate(rows)],  # type: ignore[union-attr]
             bitmask,
         )
@@ -149,10 +170,67 @@ class StepMasker:
                     ends.append(r)
         rows_at = to_device(np.array(rows, dtype=np.int64), self.device)
         mask = TokenMask(rows_at, to_device(bitmask, self.device), ends)
+        if self.jump_forward:  # looked at later, off the step's critical path, for forced tokens
+            self._recent.append((bits, [(states[r], produced[r]) for r in rows]))  # type: ignore[misc]
         self.stats.seconds += time.perf_counter() - start
         self.stats.steps += 1
         self.stats.rows += len(rows)
         return mask
+
+    @property
+    def executor(self) -> llguidance.LLExecutor:
+        """llguidance's thread pool, made when first needed."""
+        if self._executor is None:
+            self._executor = llguidance.LLExecutor()
+        return self._executor
+
+    def note_only_tokens(self) -> None:
+        """Marks each state whose latest mask (of those built since the last call) allowed exactly one
+        token, and not an EOS, with that token and its output index (GrammarState.only_token)."""
+        recent, self._recent = self._recent, []
+        for bits, owners in recent:
+            for i, token in only_tokens(bits):
+                state, index = owners[i]
+                if token not in state.eos_token_ids:
+                    state.only_token = (index, token)
+
+    def forced_runs(self, starts: Seq[tuple[GrammarState, int]]) -> list[list[int]]:
+        """For each (state, limit) whose `only_token` is the next token it consumes: that token and
+        the tokens that then follow it alone (each the one token its grammar allows, never an EOS), at
+        most `limit` in all, consumed by the state's matcher as they are found. The matchers of all
+        rows advance together, a token a round, their masks filled on llguidance's threads."""
+        runs: list[list[int]] = []
+        live: list[int] = []
+        for i, (state, limit) in enumerate(starts):
+            assert state.only_token is not None and state.only_token[0] == state.consumed
+            token = state.only_token[1]
+            state.only_token = None
+            state.consume(token)
+            runs.append([token])
+            if limit > 1 and self._may_force(state):
+                live.append(i)
+        while live:
+            bitmask = llnp.allocate_token_bitmask(len(live), starts[live[0]][0].matcher_vocab)
+            llnp.fill_next_token_bitmask_par(
+                self.executor, [(starts[i][0].matcher, j) for j, i in enumerate(live)], bitmask
+            )
+            still = []
+            for j, token in only_tokens(bitmask.view(np.uint32)):
+                i = live[j]
+                state, limit = starts[i]
+                if token in state.eos_token_ids:
+                    continue
+                state.consume(token)
+                runs[i].append(token)
+                if len(runs[i]) < limit and self._may_force(state):
+                    still.append(i)
+            live = still
+        return runs
+
+    @staticmethod
+    def _may_force(state: GrammarState) -> bool:
+        # an accepting grammar also allows EOS (added to masks beside the matcher's own bits)
+        return state.constrains and not state.matcher.is_accepting()
 
     def _catch_up(self, states: Seq[GrammarState | None], behind: dict[int, Seq[int]]) -> None:
         """Each row's matcher consumes its tokens in `behind`, in order; the k-th tokens of all rows
@@ -173,8 +251,7 @@ class StepMasker:
             if len(batch) < _PARALLEL_ROWS:
                 accepted = [matcher.consume_token(token) for matcher, token in batch]
             else:
-                assert self._executor is not None
-                accepted = self._executor.consume_token_par(batch)
+                accepted = self.executor.consume_token_par(batch)
             for state, ok, (_, token) in zip(owners, accepted, batch, strict=True):
                 if not ok:
                     state.refused(token)
