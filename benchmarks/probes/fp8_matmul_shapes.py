@@ -1,0 +1,91 @@
+"""How fast the FP8 tensor cores run the model's own matmul shapes, against bf16 (a diagnostic for the FP8
+profile of the canonical job).
+
+For Llama-3.1-8B's four projections, at the row counts the engine runs (a full 16,384-token mixed step,
+512- and 256-request decode steps), times with CUDA events:
+  - bf16 `F.linear`;
+  - `torch._scaled_mm` with row-wise scales (Fp8Linear's product), with and without fast accumulation;
+  - the same with one per-tensor scale each side (to see whether row-wise scaling costs a slower kernel);
+  - the per-token quantization kernel alone (what Fp8Linear adds before each product).
+Usage: cd benchmarks && python -m probes.fp8_matmul_shapes [--rows 256,512,16384] [--iters 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from _common import device_name, emit
+from prefixgrove_kernels.fp8_quant import quantize_rows
+from probes.matmul_shapes import SHAPES
+
+E4M3 = torch.float8_e4m3fn
+
+
+def time_call(fn: Callable[[], object], iters: int) -> float:
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
+
+
+def variants(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[], object]]:
+    q, x_scale = quantize_rows(x)
+    w_q, w_scale = quantize_rows(w)  # per output channel
+    w_t, w_row = w_q.t(), w_scale.view(1, -1)
+    one = torch.ones((), device=x.device)
+
+    def scaled(fast: bool, rowwise: bool) -> Callable[[], object]:
+        a, b = (x_scale, w_row) if rowwise else (one, one)
+        return lambda: torch._scaled_mm(
+            q, w_t, scale_a=a, scale_b=b, out_dtype=torch.bfloat16, use_fast_accum=fast
+        )
+
+    return {
+        "bf16": lambda: F.linear(x, w),
+        "fp8_rowwise": scaled(False, True),
+        "fp8_rowwise_fast_accum": scaled(True, True),
+        "fp8_tensorwise": scaled(False, False),
+        "fp8_tensorwise_fast_accum": scaled(True, False),
+        "quantize_rows": lambda: quantize_rows(x),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="256,512,16384")
+    ap.add_argument("--iters", type=int, default=50)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    for rows in (int(r) for r in args.rows.split(",")):
+        totals: dict[str, float] = {}
+        for name, (n, k) in SHAPES.items():
+            if name == "logits":
+                continue
+            x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
+            w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
+            for variant, fn in variants(x, w).items():
+                try:
+                    s = time_call(fn, args.iters)
+                except RuntimeError as e:  # a scaling mode this torch does not offer
+                    emit({"bench": "fp8_matmul", "rows": rows, "shape": name, "variant": variant,
+                          "error": str(e).splitlines()[0][:160]})  # fmt: skip
+                    continue
+                totals[variant] = totals.get(variant, 0.0) + s
+                emit({"bench": "fp8_matmul", "rows": rows, "shape": name, "variant": variant,
+                      "us": round(s * 1e6, 1), "tflops": round(2 * rows * n * k / s / 1e12, 1)})  # fmt: skip
+        emit({"bench": "fp8_matmul_layer", "rows": rows, "device": device_name(),
+              "us": {v: round(s * 1e6, 1) for v, s in totals.items()}})  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
