@@ -3,10 +3,11 @@
 An attention kernel that must read N bytes of KV cache cannot beat a kernel that only reads N
 contiguous bytes and adds them up. attention_kernels.py times that read for the one-pass kernel's
 bytes beside it, so its figures carry their own bound: the fraction of the ceiling the kernel reaches,
-and the most any kernel reading those bytes could gain over the plain one. The read is timed as the
-kernels are (a CUDA graph, from a cold, clean L2) under a few launch shapes, and the fastest counts:
-on the H100 four programs per SM of 4,096-element blocks and two of 8,192 both reach ~2.9 TB/s at a
-few hundred MB, fewer or smaller ones do not (RESULTS.md).
+and the most any kernel reading those bytes could gain over the plain one. The bound is on bytes,
+whatever they hold: an FP8 cache's bytes (one a value) are read here as bf16 elements, as a bf16
+cache's are. The read is timed as the kernels are (a CUDA graph, from a cold, clean L2) under a few
+launch shapes, and the fastest counts: on the H100 four programs per SM of 4,096-element blocks and
+two of 8,192 both reach ~2.9 TB/s at a few hundred MB, fewer or smaller ones do not (RESULTS.md).
 """
 
 from __future__ import annotations

@@ -15,9 +15,14 @@ in RESULTS.md were taken that way). On a GPU each point also carries the machine
 fraction of it the one-pass kernel reaches, and the speed-up over the plain kernel that a kernel
 reading those bytes at the ceiling would have (`read_ceiling_us`, `one_pass_of_ceiling`,
 `speedup_bound`).
+With `--kv-cache-dtype fp8` the caches hold the same random values as FP8 e4m3 codes under the
+scale the engine gives an FP8 cache, and every kernel reads them as the engine's do: one byte per
+cached value, so the KV bytes, the GB/s and the read ceiling are those of half the bytes. Every
+result names its cache's element type (`kv_dtype`).
 
     python benchmarks/attention_kernels.py            # full sweep (degrees 4/16/64 x 512/2000/8000)
     python benchmarks/attention_kernels.py --quick    # degree 16 and 64 at 2000 tokens
+    python benchmarks/attention_kernels.py --quick --kv-cache-dtype fp8   # the same on an FP8 cache
     TRITON_INTERPRET=1 python benchmarks/attention_kernels.py --device cpu --dtype float16 \
         --requests 8 --degrees 4 --prefix-lens 64 --own-tokens 16   # smoke run without a GPU
 """
@@ -45,10 +50,15 @@ ensure_prefixgrove()
 
 from prefixgrove_kernels.cascade_attention import prefix_attention  # noqa: E402
 from prefixgrove_kernels.cascade_decode import cascade_decode_attention  # noqa: E402
+from prefixgrove_kernels.checks import FP8_KV_DTYPE  # noqa: E402
 from prefixgrove_kernels.launch import CascadeMetadata, PagedMetadata  # noqa: E402
 from prefixgrove_kernels.paged_attention import paged_attention  # noqa: E402
+from prefixgrove_kernels.reference_math import quantize_kv  # noqa: E402
 
 TARGET = {"degree": 16, "prefix_len": 2000, "min_speedup": 3.0}
+# The scale of every FP8 cache the engine allocates (attention/kv_cache.py: vLLM's without
+# calibrated scales); random values of order one then sit on codes of order one.
+ENGINE_FP8_KV_SCALE = 1.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -63,6 +73,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    p.add_argument(
+        "--kv-cache-dtype",
+        choices=["auto", "fp8"],
+        default="auto",
+        help="auto: caches in --dtype; fp8: e4m3 codes with a per-tensor scale, as the engine's",
+    )
     p.add_argument("--num-splits", type=int, default=None, help="prefix splits (default: auto)")
     p.add_argument("--no-graph", action="store_true", help="time eager calls, not CUDA graphs")
     p.add_argument("--device", default="cuda")
@@ -73,6 +89,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.prefix_lens is None:
         args.prefix_lens = [2000] if args.quick else [512, 2000, 8000]
     return args
+
+
+def kv_dtype(args: argparse.Namespace) -> torch.dtype:
+    """The element type of the caches the kernels read: --dtype's, or e4m3 for an FP8 cache."""
+    return FP8_KV_DTYPE if args.kv_cache_dtype == "fp8" else getattr(torch, args.dtype)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def random_cache(
+    shape: tuple[int, ...], args: argparse.Namespace, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A k or v cache of `shape` holding random values in --dtype, and its scale: with
+    --kv-cache-dtype fp8 those values as e4m3 codes under the engine's scale (a float32 tensor of
+    one value, as the kernels take it), else the values themselves and None."""
+    values = torch.randn(shape, device=device, dtype=getattr(torch, args.dtype))
+    if args.kv_cache_dtype == "auto":
+        return values, None
+    scale = torch.full((1,), ENGINE_FP8_KV_SCALE, dtype=torch.float32, device=device)
+    return quantize_kv(values, scale), scale
 
 
 class Workload:
@@ -87,8 +125,9 @@ class Workload:
         own_blocks = math.ceil(args.own_tokens / bs)
         num_blocks = self.num_groups * prefix_blocks + self.num_requests * own_blocks
         shape = (num_blocks, bs, args.kv_heads, args.head_dim)
-        self.k_cache = torch.randn(shape, device=device, dtype=dtype)
-        self.v_cache = torch.randn(shape, device=device, dtype=dtype)
+        # k_cache, v_cache: [num_blocks, block_size, kv_heads, head_dim]
+        self.k_cache, self.k_scale = random_cache(shape, args, device)
+        self.v_cache, self.v_scale = random_cache(shape, args, device)
         self.q = torch.randn(self.num_requests, args.heads, args.head_dim, device=device).to(dtype)
         order = torch.randperm(num_blocks, device="cpu").to(torch.int32)
         prefix_ids = order[: self.num_groups * prefix_blocks].view(self.num_groups, -1)
@@ -129,19 +168,21 @@ class Workload:
 
     def plain(self) -> None:
         paged_attention(
-            self.q, self.k_cache, self.v_cache, self.plain_out, self.plain_meta, scale=self.scale
-        )
+            self.q, self.k_cache, self.v_cache, self.plain_out, self.plain_meta, scale=self.scale,
+            k_scale=self.k_scale, v_scale=self.v_scale,
+        )  # fmt: skip
 
     def prefix_pass(self) -> None:
         prefix_attention(
             self.q, self.k_cache, self.v_cache, self.groups, scale=self.scale, out=self.o_p,
-            out_lse=self.lse_p, num_splits=self.num_splits,
+            out_lse=self.lse_p, num_splits=self.num_splits, k_scale=self.k_scale,
+            v_scale=self.v_scale,
         )  # fmt: skip
 
     def suffix_pass(self) -> None:
         paged_attention(
             self.q, self.k_cache, self.v_cache, self.cascade_out, self.meta, scale=self.scale,
-            prefix_out=self.o_p, prefix_lse=self.lse_p,
+            prefix_out=self.o_p, prefix_lse=self.lse_p, k_scale=self.k_scale, v_scale=self.v_scale,
         )  # fmt: skip
 
     def cascade(self) -> None:
@@ -151,7 +192,7 @@ class Workload:
     def one_pass(self) -> None:
         cascade_decode_attention(
             self.q, self.k_cache, self.v_cache, self.one_pass_out, self.meta, self.groups,
-            scale=self.scale,
+            scale=self.scale, k_scale=self.k_scale, v_scale=self.v_scale,
         )  # fmt: skip
 
 
@@ -190,6 +231,7 @@ def measure(args: argparse.Namespace, degree: int, prefix_len: int) -> dict[str,
         "prefix_len": w.prefix_len,
         "groups": w.num_groups,
         "requests": w.num_requests,
+        "kv_dtype": dtype_name(w.k_cache.dtype),
         **{k: round(v, 2) for k, v in {**times, **dirty}.items()},
         "speedup": round(times["plain_us"] / times["one_pass_us"], 2),
         "speedup_dirty_l2": round(dirty["plain_us_dirty_l2"] / dirty["one_pass_us_dirty_l2"], 2),
@@ -238,7 +280,12 @@ def main(argv: list[str] | None = None) -> int:
                 failed |= not result["matches_plain"]
             except Exception as e:  # keep sweeping; report what failed and why
                 failed = True
-                result = {"degree": degree, "prefix_len": prefix_len, "error": repr(e)}
+                result = {
+                    "degree": degree,
+                    "prefix_len": prefix_len,
+                    "kv_dtype": dtype_name(kv_dtype(args)),
+                    "error": repr(e),
+                }
                 traceback.print_exc(file=sys.stderr)
             report["results"].append(result)
             print(json.dumps(result), file=sys.stderr, flush=True)
