@@ -6,6 +6,7 @@ process: output tokens/s over the whole run, and the share of decode wall time i
 measured with the torch profiler tracing kernels only, over 16 engine steps of pure decode (the union of
 kernel intervals against wall time; the tracing's own small CPU cost makes this an upper bound).
 Usage: python benchmarks/decode.py [--configs 1:eager,1:graphs,8:eager,8:graphs] [--output-len 1024]
+       [--quantization fp8] [--kv-cache-dtype fp8]   (FP8 W8A8, an FP8 KV cache; lines name both)
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ def run(config: str, prompts: list[list[int]], args: argparse.Namespace) -> dict
         "requests": len(prompts),
         "prompt_len": args.prompt_len,
         "output_len": args.output_len,
+        "quantization": llm.config.model.quantization,
+        "kv_cache_dtype": llm.config.cache.kv_cache_dtype,
         "seconds": round(seconds, 2),
         "output_tokens_per_s": round(tokens / seconds, 1),
         "decode_ms_per_step": round(1000 * m.decode_seconds / max(m.decode_steps, 1), 2),
