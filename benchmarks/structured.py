@@ -67,7 +67,8 @@ def constrained_params(max_tokens: int) -> SamplingParams:
 
 
 def exact_params(tokens: int) -> SamplingParams:
-    return SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, detokenize=False)
+    # detokenized, as the constrained answers are (a user reads text either way)
+    return SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
 
 
 def run_mode(
