@@ -4,6 +4,10 @@ score the same sequences. At every continuation position: whether FP8's top-1 to
 unquantized model's, and log p(x) - log q(x) of the sampled token x, whose mean over positions is an
 unbiased estimate of the mean per-token KL(unquantized || FP8), since x is drawn from p.
 
+With --continuation greedy the unquantized engine continues greedily instead (as trained_agreement.py
+does): top-1 agreement on the model's own most likely text, and the mean log p(x) - log q(x) of the
+token that follows, which is then no longer an estimate of the KL.
+
 Variants: `weights` (quantization="fp8"), and with --kv, `kv` (kv_cache_dtype="fp8") and `both`.
 Prints one JSON line per variant.
 
@@ -27,7 +31,7 @@ VARIANTS = {
 
 
 def compare(prompts: list[list[int]], sequences: list[list[int]], ref: list[Any],
-            ours: list[Any]) -> dict[str, Any]:  # fmt: skip
+            ours: list[Any], sampled: bool) -> dict[str, Any]:  # fmt: skip
     agree = total = 0
     kl = 0.0
     for i, token, ref_lp, our_lp in teacher_forced(prompts, sequences, ref, ours):
@@ -37,7 +41,7 @@ def compare(prompts: list[list[int]], sequences: list[list[int]], ref: list[Any]
     return {
         "positions": total,
         "top1_agreement": round(agree / total, 5),
-        "mean_kl_per_token": round(kl / total, 6),
+        ("mean_kl_per_token" if sampled else "mean_logprob_gap"): round(kl / total, 6),
     }
 
 
@@ -50,12 +54,17 @@ def main() -> None:
         "--dtype", default="auto", help="the unquantized model's (and FP8's activations)"
     )
     ap.add_argument("--kv", action="store_true", help="also kv_cache_dtype='fp8' alone and both")
+    ap.add_argument("--continuation", choices=["sampled", "greedy"], default="sampled")
     args = ap.parse_args()
     from prefixgrove import LLM, SamplingParams
 
     base = LLM(args.model, dtype=args.dtype, enable_prefix_caching=False)
     prompts = chat_prompts(base.get_tokenizer(), args.prompts)
-    sample = SamplingParams(max_tokens=args.tokens, temperature=1.0, seed=0, ignore_eos=True)
+    sampled = args.continuation == "sampled"
+    temperature = 1.0 if sampled else 0.0
+    sample = SamplingParams(
+        max_tokens=args.tokens, temperature=temperature, seed=0, ignore_eos=True
+    )
     outs = base.generate([{"prompt_token_ids": p} for p in prompts], sample, use_tqdm=False)
     sequences = [p + list(o.outputs[0].token_ids) for p, o in zip(prompts, outs, strict=True)]
     ref = prompt_scores(base, sequences)
@@ -64,8 +73,9 @@ def main() -> None:
     for variant in ["weights", "kv", "both"] if args.kv else ["weights"]:
         llm = LLM(args.model, dtype=args.dtype, enable_prefix_caching=False, **VARIANTS[variant])
         emit({"benchmark": "fp8_agreement", "model": args.model, "device": device_name(),
-              "variant": variant, "dtype": dtype, "prompts": len(prompts), "tokens": args.tokens,
-              **compare(prompts, sequences, ref, prompt_scores(llm, sequences))})  # fmt: skip
+              "variant": variant, "dtype": dtype, "continuation": args.continuation,
+              "prompts": len(prompts), "tokens": args.tokens,
+              **compare(prompts, sequences, ref, prompt_scores(llm, sequences), sampled)})  # fmt: skip
         del llm
 
 
