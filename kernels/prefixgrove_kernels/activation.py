@@ -2,6 +2,11 @@
 
 Rounds like torch does in the input dtype: silu is computed in fp32 and rounded once, then the
 product is computed in fp32 and rounded again.
+
+`silu_and_mul_fp8` writes the result as an FP8 linear layer takes it: e4m3 values and one float32
+scale per row, the very bytes `fp8_quant.quantize_rows` would write from `silu_and_mul`'s output.
+A row is too wide for one block, so its program computes it twice, once for the row's amax and once
+to write it quantized; the result in x's dtype is never stored.
 """
 
 from __future__ import annotations
@@ -12,10 +17,24 @@ import triton
 import triton.language as tl
 
 from prefixgrove_kernels import checks
+from prefixgrove_kernels.checks import FP8_KV_DTYPE
+from prefixgrove_kernels.fp8_quant import ROW_SCALE_OPTIONS, quantize_rows_ref, row_scale
 from prefixgrove_kernels.launch import KernelLaunch
+from prefixgrove_kernels.rotary import to_e4m3
 
 ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_D = 1024
+FP8_BLOCK_D = 2048  # columns of a row per step of the FP8 kernel's two loops
+
+
+@triton.jit
+def _silu_mul(x_row_ptr, cols, mask, d):
+    """silu(gate) * up at `cols` of one row of x (x_row_ptr: its first element), in x's dtype."""
+    gate = tl.load(x_row_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_row_ptr + d + cols, mask=mask, other=0.0)
+    # NOTE: IEEE division (not Triton's approximate `/`), as torch's silu divides.
+    silu = tl.div_rn(gate, 1.0 + tl.exp(-gate)).to(x_row_ptr.dtype.element_ty)
+    return (silu.to(tl.float32) * up.to(tl.float32)).to(x_row_ptr.dtype.element_ty)
 
 
 @triton.jit
@@ -30,12 +49,36 @@ def _silu_and_mul_kernel(
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     mask = cols < d
-    gate = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_ptr + row * x_stride + d + cols, mask=mask, other=0.0)
-    # NOTE: IEEE division (not Triton's approximate `/`), as torch's silu divides.
-    silu = tl.div_rn(gate, 1.0 + tl.exp(-gate)).to(x_ptr.dtype.element_ty)
-    out = silu.to(tl.float32) * up.to(tl.float32)
-    tl.store(out_ptr + row * out_stride + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+    out = _silu_mul(x_ptr + row * x_stride, cols, mask, d)
+    tl.store(out_ptr + row * out_stride + cols, out, mask=mask)
+
+
+@triton.jit
+def _silu_and_mul_fp8_kernel(
+    x_ptr,  # x: [rows, 2 * d] = [gate | up]
+    q_ptr,  # q: [rows, d] e4m3
+    scale_ptr,  # scale: [rows] fp32
+    d,
+    x_stride,
+    q_stride,
+    FP8_MAX: tl.constexpr,
+    MIN_SCALE: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_row_ptr = x_ptr + row * x_stride
+    amax = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for start in range(0, d, BLOCK_D):
+        cols = start + tl.arange(0, BLOCK_D)
+        out = _silu_mul(x_row_ptr, cols, cols < d, d)
+        amax = tl.maximum(amax, tl.abs(out.to(tl.float32)))
+    scale = row_scale(tl.max(amax, axis=0), FP8_MAX, MIN_SCALE)
+    tl.store(scale_ptr + row, scale)
+    for start in range(0, d, BLOCK_D):
+        cols = start + tl.arange(0, BLOCK_D)
+        inside = cols < d
+        out = _silu_mul(x_row_ptr, cols, inside, d)
+        tl.store(q_ptr + row * q_stride + cols, to_e4m3(out.to(tl.float32), scale), mask=inside)
 
 
 def _check_input(x: torch.Tensor) -> None:
@@ -78,3 +121,33 @@ def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
     _check_input(x)
     gate, up = x.split(x.shape[1] // 2, dim=-1)
     return F.silu(gate) * up
+
+
+def silu_and_mul_fp8_launch(
+    x: torch.Tensor,
+) -> tuple[KernelLaunch | None, torch.Tensor, torch.Tensor]:
+    """Checks the argument and plans the launch `silu_and_mul_fp8` makes."""
+    _check_input(x)
+    rows, d = x.shape[0], x.shape[1] // 2
+    q = torch.empty((rows, d), dtype=FP8_KV_DTYPE, device=x.device)
+    scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
+    if rows == 0 or d == 0:
+        return None, q, scale
+    block = min(FP8_BLOCK_D, triton.next_power_of_2(d))
+    args = (x, q, scale, d, x.stride(0), q.stride(0))
+    options = {**ROW_SCALE_OPTIONS, "BLOCK_D": block, "num_warps": 8}
+    return KernelLaunch(_silu_and_mul_fp8_kernel, (rows,), args, options), q, scale
+
+
+def silu_and_mul_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`silu_and_mul`'s output as an FP8 linear layer takes it: (e4m3 values [rows, d], float32
+    scales [rows, 1]), the bytes `quantize_rows(silu_and_mul(x))` writes; x: [rows, 2 * d]."""
+    launch, q, scale = silu_and_mul_fp8_launch(x)
+    if launch is not None:
+        launch.run()
+    return q, scale
+
+
+def silu_and_mul_fp8_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch version of `silu_and_mul_fp8`: `silu_and_mul_ref`'s output by `quantize_rows_ref`."""
+    return quantize_rows_ref(silu_and_mul_ref(x))

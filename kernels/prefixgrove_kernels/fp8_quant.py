@@ -6,6 +6,10 @@ over the activations of every FP8 layer, which cost more than the FP8 matmul sav
 inputs. The division is IEEE (as torch's) and the rounding to nearest even is done in fp32 arithmetic
 (rotary.to_e4m3, the FP8 KV cache's), so the kernel writes the bytes the torch version writes on every
 target, Triton's interpreter included.
+
+The RMSNorm and SiLU-and-mul kernels quantize their own outputs by the same rule (`row_scale`,
+`rotary.to_e4m3`) where the linear after them takes FP8 rows, so that no pass reads those
+activations again; this kernel quantizes the rest (o_proj's input).
 """
 
 from __future__ import annotations
@@ -23,6 +27,16 @@ from prefixgrove_kernels.rotary import to_e4m3
 MIN_SCALE = 1e-12  # an all-zero row keeps a finite scale
 INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_C = 2048
+# The constexprs of every kernel that calls `row_scale`.
+ROW_SCALE_OPTIONS = {"FP8_MAX": FP8_MAX, "MIN_SCALE": MIN_SCALE}
+
+
+@triton.jit
+def row_scale(amax, FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr):
+    """A row's scale from its amax (fp32), by IEEE division as torch's (Triton's `/` is
+    approximate on the GPU): every kernel that quantizes rows takes it from here, so all write the
+    same bytes."""
+    return tl.maximum(tl.div_rn(amax, FP8_MAX), MIN_SCALE)
 
 
 @triton.jit
@@ -43,8 +57,7 @@ def _quantize_rows_kernel(
         cols = start + tl.arange(0, BLOCK_C)
         x = tl.load(x_ptr + row * x_stride + cols, mask=cols < C, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.abs(x))
-    # IEEE division, as torch's (Triton's `/` is approximate on the GPU)
-    scale = tl.maximum(tl.div_rn(tl.max(amax, axis=0), FP8_MAX), MIN_SCALE)
+    scale = row_scale(tl.max(amax, axis=0), FP8_MAX, MIN_SCALE)
     tl.store(scale_ptr + row, scale)
     for start in range(0, C, BLOCK_C):
         cols = start + tl.arange(0, BLOCK_C)
@@ -70,7 +83,7 @@ def quantize_rows_launch(
         return None, q, scale
     block = min(BLOCK_C, triton.next_power_of_2(cols))
     args = (x, q, scale, cols, x.stride(0), q.stride(0))
-    options = {"FP8_MAX": FP8_MAX, "MIN_SCALE": MIN_SCALE, "BLOCK_C": block, "num_warps": 8}
+    options = {**ROW_SCALE_OPTIONS, "BLOCK_C": block, "num_warps": 8}
     return KernelLaunch(_quantize_rows_kernel, (rows,), args, options), q, scale
 
 
