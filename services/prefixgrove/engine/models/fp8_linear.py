@@ -5,12 +5,17 @@ On CUDA the product runs on the FP8 tensor cores through `torch._scaled_mm` with
 (scale_a [M, 1], scale_b [1, N], bf16 out). On the CPU it is emulated exactly: the same rounding to
 e4m3, then the product of the dequantized values in float32 through `row_invariant_linear`, so a row's
 result still does not depend on its batch (each row's activation scale is its own).
+
+A layer with per-token scales also takes its input already quantized (`QuantizedRows`): the
+RMSNorm or SiLU-and-mul before it then writes e4m3 values and scales in the pass that computes
+them, instead of an activation in the model's dtype that the layer would read again to quantize.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -20,6 +25,17 @@ from prefixgrove_kernels.fp8_quant import quantize_rows_ref as quantize_per_row
 from prefixgrove_kernels.reference_math import to_e4m3_ref
 
 from .linear import RowInvariantLinear, row_invariant_linear
+
+if TYPE_CHECKING:
+    from .llama import LlamaForCausalLM
+
+
+@dataclass(frozen=True)
+class QuantizedRows:
+    """A linear layer's input quantized per token, as `Fp8Linear` would quantize it itself."""
+
+    values: torch.Tensor  # [rows, in_features] e4m3
+    scales: torch.Tensor  # [rows, 1] float32: row r stands for values[r] * scales[r]
 
 
 class Fp8Linear(nn.Module):
@@ -80,10 +96,23 @@ class Fp8Linear(nn.Module):
         scale = torch.full((rows.shape[0], 1), self.input_scale, device=rows.device)
         return to_e4m3_ref(rows, scale), scale
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        q, x_scale = self._quantize_input(rows)
-        if x.device.type == "cuda":
+    def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
+        """x: [..., in_features] in the model's dtype, or QuantizedRows where the layer quantizes
+        per token (see `takes_quantized_rows`) -> [..., out_features]."""
+        if isinstance(x, QuantizedRows):
+            if self.input_scale is not None:
+                raise ValueError(
+                    f"this layer quantizes its input by the checkpoint's input_scale "
+                    f"{self.input_scale}, not per token: pass it the unquantized rows"
+                )
+            out = self._product(x.values, x.scales)
+            return out.view(*x.values.shape[:-1], self.out_features)
+        q, x_scale = self._quantize_input(x.reshape(-1, x.shape[-1]))
+        return self._product(q, x_scale).view(*x.shape[:-1], self.out_features)
+
+    def _product(self, q: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
+        """(q * x_scale) @ W.T (+ bias) in out_dtype; q: [rows, in] e4m3, x_scale: [rows, 1]."""
+        if q.is_cuda:
             out = torch._scaled_mm(
                 q,
                 self.weight.t(),
@@ -100,7 +129,13 @@ class Fp8Linear(nn.Module):
             out = row_invariant_linear(q.float() * x_scale, w).to(self.out_dtype)
             if self.bias is not None:
                 out = out + self.bias
-        return out.view(*x.shape[:-1], self.out_features)
+        return out
+
+
+def takes_quantized_rows(layer: nn.Module) -> bool:
+    """Whether `layer` takes `QuantizedRows`: an Fp8Linear quantizing per token (one with a
+    checkpoint's static input scale quantizes by that scale, itself)."""
+    return isinstance(layer, Fp8Linear) and layer.input_scale is None
 
 
 SUPPORTED = ("fp8",)
@@ -181,7 +216,7 @@ def dequantize_checkpoint(
 
 @torch.no_grad()
 def quantize_model(
-    net: nn.Module,
+    net: LlamaForCausalLM,
     weight_scales: dict[str, torch.Tensor] | None = None,
     input_scales: dict[str, torch.Tensor] | None = None,
 ) -> None:
@@ -190,12 +225,10 @@ def quantize_model(
     The embedding and lm_head stay in the model's dtype, as vLLM's fp8 keeps them: the logits set the
     sampled token directly and cost a small share of the step. `weight_scales` / `input_scales` (by
     the model's own parameter name, fused layers' shards concatenated) are a checkpoint's scales.
+    Then the norms and activations before layers that take `QuantizedRows` are set to write them.
     """
     weight_scales, input_scales = weight_scales or {}, input_scales or {}
-    layers = getattr(net, "layers", None)
-    if layers is None:
-        raise ValueError("quantize_model expects a model with decoder `layers`")
-    for i, layer in enumerate(layers):
+    for i, layer in enumerate(net.layers):
         for parent_name, parent in list(layer.named_modules()):
             for name, child in list(parent.named_children()):
                 if isinstance(child, RowInvariantLinear):
@@ -204,3 +237,4 @@ def quantize_model(
                         child, weight_scales.get(key), input_scales.get(key)
                     )
                     setattr(parent, name, fp8)
+    net.fuse_fp8_inputs()

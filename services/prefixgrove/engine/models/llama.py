@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .arch import ModelArch
+from .fp8_linear import QuantizedRows, takes_quantized_rows
 from .linear import RowInvariantLinear, row_invariant_linear
 from .ops import ModelOps
 from .rotary import rotary_table
@@ -24,16 +25,22 @@ if TYPE_CHECKING:
 
 
 class RMSNorm(nn.Module):
-    """Hugging Face Llama's RMSNorm; with a residual the add is fused in: returns (norm(x + r), x + r)."""
+    """Hugging Face Llama's RMSNorm; with a residual the add is fused in: returns (norm(x + r), x + r).
+    With `quantizes_output` the norm comes as QuantizedRows, for the FP8 linear layer after it."""
 
     def __init__(self, size: int, eps: float, ops: ModelOps) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
         self.ops = ops
+        self.quantizes_output = False
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> Any:
-        return self.ops.rms_norm(x, self.weight, self.eps, residual)
+        if not self.quantizes_output:
+            return self.ops.rms_norm(x, self.weight, self.eps, residual)
+        values, scales, summed = self.ops.rms_norm_fp8(x, self.weight, self.eps, residual)
+        rows = QuantizedRows(values, scales)
+        return rows if summed is None else (rows, summed)
 
 
 class Attention(nn.Module):
@@ -57,7 +64,7 @@ class Attention(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,
+        x: torch.Tensor | QuantizedRows,
         positions: torch.Tensor,
         cos_sin: torch.Tensor,
         ctx: ForwardContext,
@@ -72,7 +79,11 @@ class Attention(nn.Module):
         return self.o_proj(out.view(-1, self.q_size))
 
     def _project_to_cache(
-        self, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, ctx: ForwardContext
+        self,
+        x: torch.Tensor | QuantizedRows,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        ctx: ForwardContext,
     ) -> torch.Tensor:
         """Rotated queries [tokens, heads, head_dim]; the rotated keys and the values are cached."""
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -93,9 +104,13 @@ class MLP(nn.Module):
             arch.hidden_size, 2 * arch.intermediate_size, bias=False
         )
         self.down_proj = RowInvariantLinear(arch.intermediate_size, arch.hidden_size, bias=False)
+        self.quantizes_activation = False  # silu_and_mul's output as QuantizedRows for down_proj
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        if self.quantizes_activation:
+            return self.down_proj(QuantizedRows(*self.ops.silu_and_mul_fp8(gate_up)))
+        return self.down_proj(self.ops.silu_and_mul(gate_up))
 
 
 class DecoderLayer(nn.Module):
@@ -105,6 +120,14 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(arch, layer_idx, ops)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, ops)
         self.mlp = MLP(arch, ops)
+
+    def fuse_fp8_inputs(self) -> None:
+        """Where the linear after a norm or the activation takes QuantizedRows, that norm or
+        activation writes them: its output is quantized in the pass that computes it, instead of
+        being stored in the model's dtype and read again by the linear's own quantization."""
+        self.input_layernorm.quantizes_output = takes_quantized_rows(self.self_attn.qkv_proj)
+        self.post_attention_layernorm.quantizes_output = takes_quantized_rows(self.mlp.gate_up_proj)
+        self.mlp.quantizes_activation = takes_quantized_rows(self.mlp.down_proj)
 
     def forward(
         self,
@@ -165,6 +188,12 @@ class LlamaForCausalLM(nn.Module):
             x, residual = layer(x, residual, positions, self.cos_sin, ctx)
         x, residual = last(x, residual, positions, self.cos_sin, ctx, ctx.sampled)
         return self.norm(x, residual)[0]
+
+    def fuse_fp8_inputs(self) -> None:
+        """Decides once, after quantization, which norms and activations write FP8 rows."""
+        for module in self.modules():
+            if isinstance(module, DecoderLayer):
+                module.fuse_fp8_inputs()
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 logits [rows, vocab]; into `out` when given (the decode graphs' shared buffer)."""

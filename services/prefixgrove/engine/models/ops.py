@@ -20,6 +20,10 @@ class ModelOps:
     # allocates them: tensors, or FP8 caches with their scales, see attention/kv_cache.py)
     rotary_to_cache: Any
     silu_and_mul: Any  # [n, 2d] (gate | up) -> [n, d]
+    # rms_norm and silu_and_mul with their outputs as an FP8 linear layer takes them (e4m3 values,
+    # float32 scales [rows, 1]: the bytes the layer's own per-token quantization would write)
+    rms_norm_fp8: Any  # (x [rows, hidden], weight, eps, residual | None) -> (q, scales, sum | None)
+    silu_and_mul_fp8: Any  # [n, 2d] (gate | up) -> (q [n, d], scales [n, 1])
 
 
 def create_ops(name: str) -> ModelOps:
@@ -29,10 +33,24 @@ def create_ops(name: str) -> ModelOps:
         # q is a view of the fused qkv output: rotating it where it is saves a copy; the keys go to
         # the cache rotated in the same launch (no rotated k tensor, no index_copy_ of k and v).
         rotary_to_cache = _on_layer_caches(rotary.apply_rotary_to_cache, rotate_q_in_place=True)
-        return ModelOps("triton", rmsnorm.rms_norm, rotary_to_cache, activation.silu_and_mul)
+        return ModelOps(
+            name="triton",
+            rms_norm=rmsnorm.rms_norm,
+            rotary_to_cache=rotary_to_cache,
+            silu_and_mul=activation.silu_and_mul,
+            rms_norm_fp8=rmsnorm.rms_norm_fp8,
+            silu_and_mul_fp8=activation.silu_and_mul_fp8,
+        )
     if name == "torch":
         rotary_to_cache = _on_layer_caches(rotary.apply_rotary_to_cache_ref)
-        return ModelOps("torch", rmsnorm.rms_norm_ref, rotary_to_cache, activation.silu_and_mul_ref)
+        return ModelOps(
+            name="torch",
+            rms_norm=rmsnorm.rms_norm_ref,
+            rotary_to_cache=rotary_to_cache,
+            silu_and_mul=activation.silu_and_mul_ref,
+            rms_norm_fp8=rmsnorm.rms_norm_fp8_ref,
+            silu_and_mul_fp8=activation.silu_and_mul_fp8_ref,
+        )
     raise ValueError(f"model ops {name!r} are unknown; expected 'triton' or 'torch'")
 
 
