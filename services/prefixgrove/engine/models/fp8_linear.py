@@ -2,7 +2,7 @@
 activations quantized per token at run time (each row's amax / 448).
 
 On CUDA the product runs on the FP8 tensor cores through `torch._scaled_mm` with row-wise scales
-(scale_a [M, 1], scale_b [1, N], bf16 out). On the CPU it is emulated exactly: the same rounding to
+(scale_a [M, 1], scale_b [1, N], bf16 out, fast accumulation). On the CPU it is emulated exactly: the same rounding to
 e4m3, then the product of the dequantized values in float32 through `row_invariant_linear`, so a row's
 result still does not depend on its batch (each row's activation scale is its own).
 
@@ -119,6 +119,10 @@ class Fp8Linear(nn.Module):
                 scale_a=x_scale,
                 scale_b=self.weight_scale.view(1, -1),
                 out_dtype=torch.bfloat16,
+                # Hopper's FP8 accumulation without the periodic promotion to fp32, as vLLM's
+                # FP8 kernels run: 14% faster on the 16,384-row layer (probes/fp8_matmul_shapes.py);
+                # the CPU emulation accumulates in fp32 (benchmarks/RESULTS.md, FP8)
+                use_fast_accum=True,
             ).to(self.out_dtype)
             if self.bias is not None:
                 out = out + self.bias
