@@ -17,10 +17,11 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from probes.matmul_shapes import SHAPES
+
+from prefixgrove_kernels.fp8_quant import quantize_rows
 
 from _common import device_name, emit
-from prefixgrove_kernels.fp8_quant import quantize_rows
-from probes.matmul_shapes import SHAPES
 
 E4M3 = torch.float8_e4m3fn
 
