@@ -17,8 +17,7 @@ import triton
 import triton.language as tl
 
 from prefixgrove_kernels import checks
-from prefixgrove_kernels.checks import FP8_KV_DTYPE
-from prefixgrove_kernels.fp8_quant import ROW_SCALE_OPTIONS, quantize_rows_ref, row_scale
+from prefixgrove_kernels.fp8_quant import per_row_launch, quantize_rows_ref, row_scale
 from prefixgrove_kernels.launch import KernelLaunch
 from prefixgrove_kernels.rotary import to_e4m3
 
@@ -128,15 +127,7 @@ def silu_and_mul_fp8_launch(
 ) -> tuple[KernelLaunch | None, torch.Tensor, torch.Tensor]:
     """Checks the argument and plans the launch `silu_and_mul_fp8` makes."""
     _check_input(x)
-    rows, d = x.shape[0], x.shape[1] // 2
-    q = torch.empty((rows, d), dtype=FP8_KV_DTYPE, device=x.device)
-    scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
-    if rows == 0 or d == 0:
-        return None, q, scale
-    block = min(FP8_BLOCK_D, triton.next_power_of_2(d))
-    args = (x, q, scale, d, x.stride(0), q.stride(0))
-    options = {**ROW_SCALE_OPTIONS, "BLOCK_D": block, "num_warps": 8}
-    return KernelLaunch(_silu_and_mul_fp8_kernel, (rows,), args, options), q, scale
+    return per_row_launch(_silu_and_mul_fp8_kernel, x, x.shape[1] // 2, "BLOCK_D", FP8_BLOCK_D)
 
 
 def silu_and_mul_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

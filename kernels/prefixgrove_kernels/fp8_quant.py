@@ -71,20 +71,29 @@ def _check(x: torch.Tensor) -> None:
     checks.check_unit_last_stride("x", x)
 
 
+def per_row_launch(
+    kernel: triton.JITFunction, x: torch.Tensor, cols: int, block_name: str, max_block: int
+) -> tuple[KernelLaunch | None, torch.Tensor, torch.Tensor]:
+    """The launch of a kernel writing, one program per row of x, `cols` e4m3 values and the row's
+    scale (its arguments: x, values, scales, cols, x's and the values' row strides, then
+    ROW_SCALE_OPTIONS and a column block named `block_name`), with the outputs it fills."""
+    rows = x.shape[0]
+    q = torch.empty((rows, cols), dtype=FP8_KV_DTYPE, device=x.device)
+    scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
+    if rows == 0 or cols == 0:
+        return None, q, scale
+    block = min(max_block, triton.next_power_of_2(cols))
+    args = (x, q, scale, cols, x.stride(0), q.stride(0))
+    options = {**ROW_SCALE_OPTIONS, block_name: block, "num_warps": 8}
+    return KernelLaunch(kernel, (rows,), args, options), q, scale
+
+
 def quantize_rows_launch(
     x: torch.Tensor,
 ) -> tuple[KernelLaunch | None, torch.Tensor, torch.Tensor]:
     """Checks the argument and plans the launch `quantize_rows` makes."""
     _check(x)
-    rows, cols = x.shape
-    q = torch.empty((rows, cols), dtype=FP8_KV_DTYPE, device=x.device)
-    scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
-    if rows == 0 or cols == 0:
-        return None, q, scale
-    block = min(BLOCK_C, triton.next_power_of_2(cols))
-    args = (x, q, scale, cols, x.stride(0), q.stride(0))
-    options = {**ROW_SCALE_OPTIONS, "BLOCK_C": block, "num_warps": 8}
-    return KernelLaunch(_quantize_rows_kernel, (rows,), args, options), q, scale
+    return per_row_launch(_quantize_rows_kernel, x, x.shape[1], "BLOCK_C", BLOCK_C)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
