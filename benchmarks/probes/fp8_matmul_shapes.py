@@ -17,25 +17,13 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from probes.matmul_shapes import SHAPES
+from probes.matmul_shapes import SHAPES, time_call
 
 from prefixgrove_kernels.fp8_quant import quantize_rows
 
 from _common import device_name, emit
 
 E4M3 = torch.float8_e4m3fn
-
-
-def time_call(fn: Callable[[], object], iters: int) -> float:
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1e3 / iters
 
 
 def variants(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[], object]]:

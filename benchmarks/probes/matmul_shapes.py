@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import subprocess
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -28,16 +29,21 @@ SHAPES = {  # name: (out features N, in features K)
 }
 
 
-def time_linear(x: torch.Tensor, w: torch.Tensor, iters: int) -> float:
+def time_call(fn: Callable[[], object], iters: int) -> float:
+    """Seconds per call of `fn` on the GPU, after three warm-up calls, by CUDA events."""
     for _ in range(3):
-        F.linear(x, w)
+        fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(iters):
-        F.linear(x, w)
+        fn()
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / 1e3 / iters
+
+
+def time_linear(x: torch.Tensor, w: torch.Tensor, iters: int) -> float:
+    return time_call(lambda: F.linear(x, w), iters)
 
 
 def sm_clock_mhz() -> int | None:

@@ -2,9 +2,10 @@
 activations quantized per token at run time (each row's amax / 448).
 
 On CUDA the product runs on the FP8 tensor cores through `torch._scaled_mm` with row-wise scales
-(scale_a [M, 1], scale_b [1, N], bf16 out, fast accumulation). On the CPU it is emulated exactly: the same rounding to
-e4m3, then the product of the dequantized values in float32 through `row_invariant_linear`, so a row's
-result still does not depend on its batch (each row's activation scale is its own).
+(scale_a [M, 1], scale_b [1, N], bf16 out, fast accumulation). On the CPU it is emulated exactly: the
+same rounding to e4m3, then the product of the dequantized values in float32 through
+`row_invariant_linear`, so a row's result still does not depend on its batch (each row's activation
+scale is its own).
 
 A layer with per-token scales also takes its input already quantized (`QuantizedRows`): the
 RMSNorm or SiLU-and-mul before it then writes e4m3 values and scales in the pass that computes
