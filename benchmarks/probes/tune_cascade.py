@@ -8,6 +8,7 @@ times them, the two passes' with do_bench) and checked against the default launc
 JSON object with the fastest variants and the default's time. The defaults in kernels/ come from these
 sweeps.
 Usage: cd benchmarks && python -m probes.tune_cascade [--degree 16] [--prefix-len 2000] [--one-pass] [--warps 4 8] [--requests 256]
+       [--kv-cache-dtype fp8] (any attention_kernels.py option: the workload is its)
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from prefixgrove_kernels.paged_attention import paged_attention_launch  # noqa: 
 def prefix_launches(w: Workload, splits: int, overrides: dict[str, Any]) -> list:
     launches, _, _ = prefix_attention_launches(
         w.q, w.k_cache, w.v_cache, w.groups, scale=w.scale, out=w.o_p, out_lse=w.lse_p,
-        num_splits=splits,
+        num_splits=splits, k_scale=w.k_scale, v_scale=w.v_scale,
     )  # fmt: skip
     first = launches[0]
     launches[0] = first._replace(options={**first.options, **overrides})
@@ -44,7 +45,7 @@ def prefix_launches(w: Workload, splits: int, overrides: dict[str, Any]) -> list
 def suffix_launch(w: Workload, overrides: dict[str, Any]):
     launch = paged_attention_launch(
         w.q, w.k_cache, w.v_cache, w.cascade_out, w.meta, scale=w.scale, prefix_out=w.o_p,
-        prefix_lse=w.lse_p,
+        prefix_lse=w.lse_p, k_scale=w.k_scale, v_scale=w.v_scale,
     )  # fmt: skip
     assert launch is not None
     return launch._replace(options={**launch.options, **overrides})
@@ -53,7 +54,7 @@ def suffix_launch(w: Workload, overrides: dict[str, Any]):
 def one_pass_launches(w: Workload, splits: int | None, overrides: dict[str, Any]) -> list:
     launches = cascade_decode_attention_launches(
         w.q, w.k_cache, w.v_cache, w.one_pass_out, w.meta, w.groups, scale=w.scale,
-        num_splits=splits,
+        num_splits=splits, k_scale=w.k_scale, v_scale=w.v_scale,
     )  # fmt: skip
     first = launches[0]
     launches[0] = first._replace(options={**first.options, **overrides})

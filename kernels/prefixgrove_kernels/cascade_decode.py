@@ -36,8 +36,9 @@ from prefixgrove_kernels.merge_states import reduce_splits_launch
 from prefixgrove_kernels.paged_attention import (
     LOG2E,
     cache_strides,
+    finish_rows,
+    fold_kv_scales,
     load_keys,
-    load_kv_scales,
     online_softmax_step,
     tile_options,
     tile_tier,
@@ -152,7 +153,7 @@ def _cascade_decode_kernel(
     dims = tl.arange(0, HEAD_DIM)
     q_offs = token * stride_qt + head * stride_qh
     q = tl.load(q_ptr + q_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
-    k_scale, v_scale = load_kv_scales(k_scale_ptr, v_scale_ptr, k_ptr)
+    scale_log2, v_scale = fold_kv_scales(scale_log2, k_scale_ptr, v_scale_ptr, k_ptr)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -202,7 +203,7 @@ def _cascade_decode_kernel(
             key_valid = (key_in_unit >= ((code >> _LO_SHIFT) & 127)) & (key_in_unit < (code & 127))
             in_block = ((code >> _SUB_SHIFT) & 1023) * UNIT + key_in_unit
             kv_offs = block.to(tl.int64) * stride_kb + in_block * stride_ks + kv_head * stride_kh
-            k = load_keys(k_ptr, k_scale, kv_offs, dims, key_valid, True, q.dtype)
+            k = load_keys(k_ptr, kv_offs, dims, key_valid, True, q.dtype)
             s = tl.dot(q, k, input_precision=DOT_PRECISION)
             # Prefix keys count for every row; a request's own keys for its own rows only.
             allowed = key_valid[None, :] & (
@@ -210,12 +211,11 @@ def _cascade_decode_kernel(
             )
             s = tl.where(allowed, s, float("-inf"))
             m_i, l_i, acc = online_softmax_step(
-                s, scale_log2, v_ptr, v_scale, kv_offs, dims, key_valid, m_i, l_i, acc, True,
+                s, scale_log2, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc, True,
                 DOT_PRECISION, q.dtype,
             )  # fmt: skip
 
-    has_keys = l_i > 0.0
-    o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    o, has_keys = finish_rows(acc, l_i, v_scale, k_ptr)
     if SPLIT:
         log2_l = tl.log2(tl.where(has_keys, l_i, 1.0))
         lse = tl.where(has_keys, (m_i + log2_l) / 1.4426950408889634, float("-inf"))

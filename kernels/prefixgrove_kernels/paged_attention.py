@@ -6,8 +6,12 @@ from the paged cache through the block table in tiles of BLOCK_N, with an online
 prefix result (o, lse) given, this is the suffix pass of cascade attention and the merge is fused.
 
 An FP8 cache (float8_e4m3fn, one fp32 scale for the keys and one for the values) is read as e4m3 and
-dequantized on load, each tile times its scale into q's dtype (`from_cache`); the rest of the math is
-the same, fp32 accumulation included. Caches in q's dtype compile to the kernels they always were.
+its codes converted to q's dtype as they are (exact: every e4m3 value is a bf16 and an fp16 value);
+the scales never touch a tile. k_scale rides on the scores' scale (q.(k_scale c) = k_scale (q.c)) and
+v_scale on the output's normalisation (`fold_kv_scales`, `finish_rows`), so a key costs one convert
+and no multiply (a convert, a multiply and a round per element, as it was, made the FP8 kernels slower
+than bf16 ones at half the bytes). The rest of the math is the same, fp32 accumulation included.
+Caches in q's dtype compile to the kernels they always were.
 """
 
 from __future__ import annotations
@@ -55,28 +59,41 @@ def is_suffix_chunk_host(kv_start: int, q_len: int) -> bool:
 
 
 @triton.jit
-def load_kv_scales(k_scale_ptr, v_scale_ptr, k_ptr):
-    """The cache's (k_scale, v_scale): loaded for an FP8 cache, 1.0 (never used) otherwise."""
-    k_scale = 1.0
+def fold_kv_scales(scale_log2, k_scale_ptr, v_scale_ptr, k_ptr):
+    """(the scores' scale, v_scale): for an FP8 cache, scale_log2 times k_scale (the scores are taken
+    against the bare key codes) and the cache's v_scale, which `finish_rows` applies; otherwise
+    scale_log2 as it is and 1.0 (never used)."""
     v_scale = 1.0
     if k_ptr.dtype.element_ty == tl.float8e4nv:
-        k_scale = tl.load(k_scale_ptr)
+        scale_log2 = scale_log2 * tl.load(k_scale_ptr)
         v_scale = tl.load(v_scale_ptr)
-    return k_scale, v_scale
+    return scale_log2, v_scale
 
 
 @triton.jit
-def from_cache(x, scale, DTYPE: tl.constexpr):
-    """A tile loaded from the cache, in the compute dtype: e4m3 codes times the cache's scale (in
-    fp32, rounded once to DTYPE); a tile of a cache in DTYPE as it is."""
+def finish_rows(acc, l_i, v_scale, k_ptr):
+    """(o, has_keys): the rows' output, acc over the softmax sum (times v_scale for an FP8 cache, whose
+    values entered p @ v as bare codes), and which rows saw any key (0 for those that saw none)."""
+    has_keys = l_i > 0.0
+    o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if k_ptr.dtype.element_ty == tl.float8e4nv:
+        o = o * v_scale
+    return o, has_keys
+
+
+@triton.jit
+def from_cache(x, DTYPE: tl.constexpr):
+    """A tile loaded from the cache, in the compute dtype: an FP8 cache's e4m3 codes converted as
+    they are (exact; the scales are applied outside the tiles, see fold_kv_scales); a tile of a
+    cache in DTYPE as it is."""
     if x.dtype == tl.float8e4nv:
-        x = (x.to(tl.float32) * scale).to(DTYPE)
+        x = x.to(DTYPE)
     return x
 
 
 @triton.jit
 def online_softmax_step(
-    s, scale_log2, v_ptr, v_scale, kv_offs, dims, key_valid, m_i, l_i, acc,
+    s, scale_log2, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc,
     MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, DTYPE: tl.constexpr,
 ):  # fmt: skip
     """Folds one key tile into an online softmax (log2 domain). s holds the rows' raw scores q.k
@@ -95,7 +112,7 @@ def online_softmax_step(
     else:
         m_shift = m_new
         v = tl.load(v_ptrs)
-    v = from_cache(v, v_scale, DTYPE)
+    v = from_cache(v, DTYPE)
     alpha = tl.exp2(m_i - m_shift)
     p = tl.exp2(s * scale_log2 - m_shift[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
@@ -104,17 +121,17 @@ def online_softmax_step(
 
 
 @triton.jit
-def load_keys(k_ptr, k_scale, kv_offs, dims, key_valid, MASKED: tl.constexpr, DTYPE: tl.constexpr):
+def load_keys(k_ptr, kv_offs, dims, key_valid, MASKED: tl.constexpr, DTYPE: tl.constexpr):
     """A key tile as [HEAD_DIM, BLOCK_N] in DTYPE (masked loads read zeros for keys outside
     key_valid)."""
     k_ptrs = k_ptr + kv_offs[None, :] + dims[:, None]
     k = tl.load(k_ptrs, mask=key_valid[None, :], other=0.0) if MASKED else tl.load(k_ptrs)
-    return from_cache(k, k_scale, DTYPE)
+    return from_cache(k, DTYPE)
 
 
 @triton.jit
 def score_masked_tile(
-    q, k_ptr, k_scale, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks, stride_kh,
+    q, k_ptr, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks, stride_kh,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Key tile `tile` of one block-table row with the keys outside [kv_lo, kv_hi) masked off: the
@@ -126,13 +143,13 @@ def score_masked_tile(
     block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0)
     kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
     kv_offs += kv_head * stride_kh
-    k = load_keys(k_ptr, k_scale, kv_offs, dims, key_valid, True, q.dtype)
+    k = load_keys(k_ptr, kv_offs, dims, key_valid, True, q.dtype)
     return tl.dot(q, k, input_precision=DOT_PRECISION), keys, key_valid, kv_offs
 
 
 @triton.jit
 def attend_whole_tiles(
-    q, k_ptr, v_ptr, k_scale, v_scale, table_row, tile_lo, tile_hi, num_blocks, kv_head, dims, scale_log2,
+    q, k_ptr, v_ptr, table_row, tile_lo, tile_hi, num_blocks, kv_head, dims, scale_log2,
     m_i, l_i, acc, stride_kb, stride_ks, stride_kh,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TABLE_CHUNK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -160,10 +177,10 @@ def attend_whole_tiles(
             block = tl.gather(table, entry, 0)
             kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
             kv_offs += kv_head * stride_kh
-            k = load_keys(k_ptr, k_scale, kv_offs, dims, keys, False, q.dtype)
+            k = load_keys(k_ptr, kv_offs, dims, keys, False, q.dtype)
             s = tl.dot(q, k, input_precision=DOT_PRECISION)
             m_i, l_i, acc = online_softmax_step(
-                s, scale_log2, v_ptr, v_scale, kv_offs, dims, keys, m_i, l_i, acc, False,
+                s, scale_log2, v_ptr, kv_offs, dims, keys, m_i, l_i, acc, False,
                 DOT_PRECISION, q.dtype,
             )  # fmt: skip
     return m_i, l_i, acc
@@ -245,7 +262,7 @@ def _paged_attention_kernel(
     token = (q_begin + q_idx).to(tl.int64)
     q_offs = token * stride_qt + head * stride_qh
     q = tl.load(q_ptr + q_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
-    k_scale, v_scale = load_kv_scales(k_scale_ptr, v_scale_ptr, k_ptr)
+    scale_log2, v_scale = fold_kv_scales(scale_log2, k_scale_ptr, v_scale_ptr, k_ptr)
 
     kv_hi = context + tl.minimum((q_tile + 1) * BLOCK_Q, q_len)  # one past the last key needed
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -264,7 +281,7 @@ def _paged_attention_kernel(
         full_lo = tl.minimum(tl.cdiv(kv_lo, BLOCK_N), t_end)
         full_hi = tl.maximum(full_lo, (context + q_tile * BLOCK_Q + 1) // BLOCK_N)
         m_i, l_i, acc = attend_whole_tiles(
-            q, k_ptr, v_ptr, k_scale, v_scale, table_row, full_lo, full_hi, tl.cdiv(kv_hi, BLOCK_SIZE), kv_head,
+            q, k_ptr, v_ptr, table_row, full_lo, full_hi, tl.cdiv(kv_hi, BLOCK_SIZE), kv_head,
             dims, scale_log2, m_i, l_i, acc, stride_kb, stride_ks, stride_kh,
             BLOCK_SIZE, BLOCK_N, TABLE_CHUNK, DOT_PRECISION,
         )  # fmt: skip
@@ -273,18 +290,17 @@ def _paged_attention_kernel(
     for i in range(0, num_head_tiles + t_end - full_hi):
         tile = t_begin + i + tl.where(i < num_head_tiles, 0, full_hi - full_lo)
         s, keys, key_valid, kv_offs = score_masked_tile(
-            q, k_ptr, k_scale, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks,
+            q, k_ptr, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks,
             stride_kh, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
         )  # fmt: skip
         allowed = key_valid[None, :] & (keys[None, :] <= pos[:, None])
         s = tl.where(allowed, s, float("-inf"))
         m_i, l_i, acc = online_softmax_step(
-            s, scale_log2, v_ptr, v_scale, kv_offs, dims, key_valid, m_i, l_i, acc, True,
+            s, scale_log2, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc, True,
             DOT_PRECISION, q.dtype,
         )  # fmt: skip
 
-    has_keys = l_i > 0.0
-    o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    o, has_keys = finish_rows(acc, l_i, v_scale, k_ptr)
     if HAS_PREFIX:  # noqa: SIM102 (a constexpr: the test compiles away)
         if kv_lo > 0:  # only a grouped sequence has a prefix state (see cascade_attention)
             lse = tl.where(
