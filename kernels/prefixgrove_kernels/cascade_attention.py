@@ -41,6 +41,7 @@ from prefixgrove_kernels.paged_attention import (
     load_keys,
     online_softmax_step,
     paged_attention_ref,
+    queries_for_cache,
     score_masked_tile,
     table_chunk,
     tile_options,
@@ -237,6 +238,7 @@ def _prefix_attention_kernel(
     q_offs = token * stride_qt + head * stride_qh
     q = tl.load(q_ptr + q_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
     scale_log2, v_scale = fold_kv_scales(scale_log2, k_scale_ptr, v_scale_ptr, k_ptr)
+    q = queries_for_cache(q, k_ptr)
 
     num_tiles = tl.cdiv(prefix_len, BLOCK_N)
     tiles_per_split = tl.cdiv(num_tiles, num_splits)

@@ -40,6 +40,7 @@ from prefixgrove_kernels.paged_attention import (
     fold_kv_scales,
     load_keys,
     online_softmax_step,
+    queries_for_cache,
     tile_options,
     tile_tier,
 )
@@ -154,6 +155,7 @@ def _cascade_decode_kernel(
     q_offs = token * stride_qt + head * stride_qh
     q = tl.load(q_ptr + q_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
     scale_log2, v_scale = fold_kv_scales(scale_log2, k_scale_ptr, v_scale_ptr, k_ptr)
+    q = queries_for_cache(q, k_ptr)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)

@@ -6,12 +6,14 @@ from the paged cache through the block table in tiles of BLOCK_N, with an online
 prefix result (o, lse) given, this is the suffix pass of cascade attention and the merge is fused.
 
 An FP8 cache (float8_e4m3fn, one fp32 scale for the keys and one for the values) is read as e4m3 and
-its codes converted to q's dtype as they are (exact: every e4m3 value is a bf16 and an fp16 value);
-the scales never touch a tile. k_scale rides on the scores' scale (q.(k_scale c) = k_scale (q.c)) and
-v_scale on the output's normalisation (`fold_kv_scales`, `finish_rows`), so a key costs one convert
-and no multiply (a convert, a multiply and a round per element, as it was, made the FP8 kernels slower
-than bf16 ones at half the bytes). The rest of the math is the same, fp32 accumulation included.
-Caches in q's dtype compile to the kernels they always were.
+its codes enter the dots as they are, in fp16 (exact: every e4m3 value is an fp16 value), with bf16
+queries rounded to fp16 once per program (`queries_for_cache`); the scales never touch a tile. k_scale
+rides on the scores' scale (q.(k_scale c) = k_scale (q.c)) and v_scale on the output's normalisation
+(`fold_kv_scales`, `finish_rows`). So a key costs one convert instruction per two codes: on the H100
+e4m3 -> fp16 is one instruction per pair while e4m3 -> bf16 takes three, and the convert-multiply-round
+per element this replaced made the FP8 kernels no faster than bf16 ones at half the bytes. The rest of
+the math is the same, fp32 accumulation included. Caches in q's dtype compile to the kernels they
+always were.
 """
 
 from __future__ import annotations
@@ -71,6 +73,17 @@ def fold_kv_scales(scale_log2, k_scale_ptr, v_scale_ptr, k_ptr):
 
 
 @triton.jit
+def queries_for_cache(q, k_ptr):
+    """q as the dots with this cache's tiles take it: for an FP8 cache, 16-bit queries in fp16 (finer
+    than bf16, 10 mantissa bits against 7; beyond fp16's +-65504 they saturate, far past what a
+    model's queries hold), so that the codes convert to fp16, the cheap way; otherwise q as it is."""
+    if k_ptr.dtype.element_ty == tl.float8e4nv:  # noqa: SIM102 (constexprs: the tests compile away)
+        if q.dtype != tl.float32:
+            q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+    return q
+
+
+@triton.jit
 def finish_rows(acc, l_i, v_scale, k_ptr):
     """(o, has_keys): the rows' output, acc over the softmax sum (times v_scale for an FP8 cache, whose
     values entered p @ v as bare codes), and which rows saw any key (0 for those that saw none)."""
@@ -83,9 +96,9 @@ def finish_rows(acc, l_i, v_scale, k_ptr):
 
 @triton.jit
 def from_cache(x, DTYPE: tl.constexpr):
-    """A tile loaded from the cache, in the compute dtype: an FP8 cache's e4m3 codes converted as
-    they are (exact; the scales are applied outside the tiles, see fold_kv_scales); a tile of a
-    cache in DTYPE as it is."""
+    """A tile loaded from the cache, in the dots' dtype (that of `queries_for_cache`): an FP8 cache's
+    e4m3 codes converted as they are (exact; the scales are applied outside the tiles, see
+    fold_kv_scales); a tile of a cache in DTYPE as it is."""
     if x.dtype == tl.float8e4nv:
         x = x.to(DTYPE)
     return x
@@ -263,6 +276,7 @@ def _paged_attention_kernel(
     q_offs = token * stride_qt + head * stride_qh
     q = tl.load(q_ptr + q_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
     scale_log2, v_scale = fold_kv_scales(scale_log2, k_scale_ptr, v_scale_ptr, k_ptr)
+    q = queries_for_cache(q, k_ptr)
 
     kv_hi = context + tl.minimum((q_tile + 1) * BLOCK_Q, q_len)  # one past the last key needed
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
