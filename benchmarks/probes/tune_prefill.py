@@ -10,7 +10,7 @@ prefix pass (fused, the engine's default on CUDA) against two passes.
 Each variant is timed with do_bench (median, no graph: prefill runs eagerly) and checked against the
 default launch's output. Prints one JSON object with the best variants of each kind, TFLOP/s included.
 Usage: cd benchmarks && python -m probes.tune_prefill [--groups 4] [--per-group 16] [--prefix-len 2000] [--suffix-len 200]
-       [--quick] [--state-dtype model|float32]
+       [--quick] [--state-dtype model|float32] [--kv-cache-dtype fp8]
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ ensure_prefixgrove()
 
 from prefixgrove_kernels import cascade_attention, paged_attention  # noqa: E402
 from prefixgrove_kernels.launch import CascadeMetadata, PagedMetadata, SuffixChunks  # noqa: E402
+from prefixgrove_kernels.reference_math import quantize_kv  # noqa: E402
 
 
 class PrefillWorkload:
@@ -46,6 +47,7 @@ class PrefillWorkload:
         self.heads, self.kv_heads, self.dim = 32, 8, 128
         self.i32: dict[str, Any] = {"dtype": torch.int32, "device": self.dev}
         self.scale = self.dim**-0.5
+        self.fp8 = args.kv_cache_dtype == "fp8"
         # The prefix state: in the model's dtype as the engine keeps it, or fp32 (--state-dtype).
         self.state_dtype = self.dt if args.state_dtype == "model" else torch.float32
         prefix_ids, own_ids = self._cache()
@@ -62,6 +64,12 @@ class PrefillWorkload:
         shape = (num_blocks, bs, self.kv_heads, self.dim)
         self.k = torch.randn(shape, device=self.dev, dtype=self.dt)
         self.v = torch.randn(shape, device=self.dev, dtype=self.dt)
+        # Every kernel call takes the cache's scales: an FP8 cache's (the engine's 1.0), or none.
+        self.kv: dict[str, torch.Tensor] = {}
+        if self.fp8:
+            one = torch.ones(1, dtype=torch.float32, device=self.dev)
+            self.k, self.v = quantize_kv(self.k, one), quantize_kv(self.v, one)
+            self.kv = {"k_scale": one, "v_scale": one}
         ids = torch.randperm(num_blocks - 1, device="cpu").to(torch.int32) + 1
         prefix_ids = ids[: g * prefix_blocks].view(g, prefix_blocks)
         return prefix_ids, ids[g * prefix_blocks :].view(g * d, own_blocks)
@@ -148,13 +156,14 @@ class PrefillWorkload:
 
     def prefix_prefill(self) -> None:
         paged_attention.paged_attention(
-            self.pq, self.k, self.v, self.pout, self.p_meta, scale=self.scale
+            self.pq, self.k, self.v, self.pout, self.p_meta, scale=self.scale, **self.kv
         )
 
     def mixed_step(self, **overrides: Any) -> None:
         launch = paged_attention.paged_attention_launch(
-            self.step_q, self.k, self.v, self.mout, self.step_meta, scale=self.scale, **self.m_state
-        )
+            self.step_q, self.k, self.v, self.mout, self.step_meta, scale=self.scale,
+            **self.m_state, **self.kv,
+        )  # fmt: skip
         assert launch is not None
         launch._replace(options={**launch.options, **overrides}).run()
 
@@ -163,27 +172,28 @@ class PrefillWorkload:
         chunks = SuffixChunks(self.step_out, self.step_meta) if fused else None
         state, lse = cascade_attention.prefix_attention(
             self.step_q, self.k, self.v, self.groups, scale=self.scale, out=self.step_state,
-            out_lse=self.step_lse, suffix_chunks=chunks,
+            out_lse=self.step_lse, suffix_chunks=chunks, **self.kv,
         )  # fmt: skip
         paged_attention.paged_attention(
             self.step_q, self.k, self.v, self.step_out, self.step_meta, scale=self.scale,
-            prefix_out=state, prefix_lse=lse, skip_suffix_chunks=fused,
+            prefix_out=state, prefix_lse=lse, skip_suffix_chunks=fused, **self.kv,
         )  # fmt: skip
 
     def plain_suffix(self) -> None:
         paged_attention.paged_attention(
-            self.sq, self.k, self.v, self.plain_out, self.plain_meta, scale=self.scale
+            self.sq, self.k, self.v, self.plain_out, self.plain_meta, scale=self.scale, **self.kv
         )
 
     def prefix_pass(self) -> None:
         cascade_attention.prefix_attention(
-            self.sq, self.k, self.v, self.groups, scale=self.scale, out=self.o_p, out_lse=self.lse_p
-        )
+            self.sq, self.k, self.v, self.groups, scale=self.scale, out=self.o_p,
+            out_lse=self.lse_p, **self.kv,
+        )  # fmt: skip
 
     def suffix_pass(self) -> None:
         paged_attention.paged_attention(
             self.sq, self.k, self.v, self.sout, self.s_meta, scale=self.scale, prefix_out=self.o_p,
-            prefix_lse=self.lse_p,
+            prefix_lse=self.lse_p, **self.kv,
         )  # fmt: skip
 
 
@@ -236,6 +246,7 @@ def main() -> int:
         help="dtype of the prefix pass's output that the suffix pass merges (the engine: model)",
     )
     ap.add_argument("--quick", action="store_true", help="defaults only, no sweep")
+    ap.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto")
     args = ap.parse_args()
     w = PrefillWorkload(args)
     space = list(itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4)))
