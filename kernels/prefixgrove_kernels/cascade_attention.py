@@ -35,13 +35,12 @@ from prefixgrove_kernels.paged_attention import (
     attend_whole_tiles,
     cache_strides,
     finish_rows,
-    fold_kv_scales,
     is_suffix_chunk,
     is_suffix_chunk_host,
     load_keys,
+    load_tile_scales,
     online_softmax_step,
     paged_attention_ref,
-    queries_for_cache,
     score_masked_tile,
     table_chunk,
     tile_options,
@@ -125,7 +124,7 @@ def find_owner(cu_ptr, token, num_seqs):
 
 @triton.jit
 def attend_suffix_chunks(
-    q, k_ptr, v_ptr, cu_q_ptr, seq_lens_ptr, kv_start_ptr, seq_tables_ptr, num_seqs,
+    q, k_ptr, v_ptr, k_scale, v_scale, cu_q_ptr, seq_lens_ptr, kv_start_ptr, seq_tables_ptr, num_seqs,
     first, end, token, row_valid, kv_head, dims, scale_log2, m_i, l_i, acc,
     stride_kb, stride_ks, stride_kh, stride_st,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -158,7 +157,7 @@ def attend_suffix_chunks(
             rows_of_s = (row_seq == s) & chunk_rows
             for tile in range(kv_lo // BLOCK_N, tl.cdiv(kv_hi, BLOCK_N)):
                 sc, keys, key_valid, kv_offs = score_masked_tile(
-                    q, k_ptr, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks,
+                    q, k_ptr, k_scale, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks,
                     stride_kh, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
                 )  # fmt: skip
                 allowed = (
@@ -166,7 +165,7 @@ def attend_suffix_chunks(
                 )
                 sc = tl.where(allowed, sc, float("-inf"))
                 m_i, l_i, acc = online_softmax_step(
-                    sc, scale_log2, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc, True,
+                    sc, scale_log2, v_ptr, v_scale, kv_offs, dims, key_valid, m_i, l_i, acc, True,
                     DOT_PRECISION, q.dtype,
                 )  # fmt: skip
     return m_i, l_i, acc, chunk_rows
@@ -237,8 +236,9 @@ def _prefix_attention_kernel(
     dims = tl.arange(0, HEAD_DIM)
     q_offs = token * stride_qt + head * stride_qh
     q = tl.load(q_ptr + q_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
-    scale_log2, v_scale = fold_kv_scales(scale_log2, k_scale_ptr, v_scale_ptr, k_ptr)
-    q = queries_for_cache(q, k_ptr)
+    # An FP8 cache's tiles are scaled here, not folded: this pass is bound by its dots over a whole
+    # group's rows, and measures faster so (see paged_attention's docstring).
+    k_scale, v_scale = load_tile_scales(k_scale_ptr, v_scale_ptr, k_ptr)
 
     num_tiles = tl.cdiv(prefix_len, BLOCK_N)
     tiles_per_split = tl.cdiv(num_tiles, num_splits)
@@ -254,8 +254,8 @@ def _prefix_attention_kernel(
     # that one tile to the masked step after the loop.
     full_hi = tl.minimum(tile_hi, prefix_len // BLOCK_N)
     m_i, l_i, acc = attend_whole_tiles(
-        q, k_ptr, v_ptr, table_row, tile_lo, full_hi, prefix_blocks, kv_head, dims, scale_log2,
-        m_i, l_i, acc, stride_kb, stride_ks, stride_kh,
+        q, k_ptr, v_ptr, k_scale, v_scale, table_row, tile_lo, full_hi, prefix_blocks, kv_head, dims,
+        scale_log2, m_i, l_i, acc, stride_kb, stride_ks, stride_kh,
         BLOCK_SIZE, BLOCK_N, TABLE_CHUNK, DOT_PRECISION,
     )  # fmt: skip
     for tile in range(tl.maximum(tile_lo, full_hi), tile_hi):  # at most one: the prefix's last
@@ -264,10 +264,10 @@ def _prefix_attention_kernel(
         block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0)
         kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
         kv_offs += kv_head * stride_kh
-        k = load_keys(k_ptr, kv_offs, dims, key_valid, True, q.dtype)
+        k = load_keys(k_ptr, k_scale, kv_offs, dims, key_valid, True, q.dtype)
         s = tl.where(key_valid[None, :], tl.dot(q, k, input_precision=DOT_PRECISION), float("-inf"))
         m_i, l_i, acc = online_softmax_step(
-            s, scale_log2, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc, True,
+            s, scale_log2, v_ptr, v_scale, kv_offs, dims, key_valid, m_i, l_i, acc, True,
             DOT_PRECISION, q.dtype,
         )  # fmt: skip
 
@@ -278,12 +278,12 @@ def _prefix_attention_kernel(
         first = seg_begin + q_tile * BLOCK_Q
         end = seg_begin + tl.minimum((q_tile + 1) * BLOCK_Q, seg_len)  # one past the tile's last
         m_i, l_i, acc, chunk_rows = attend_suffix_chunks(
-            q, k_ptr, v_ptr, cu_q_ptr, seq_lens_ptr, kv_start_ptr, seq_tables_ptr, num_seqs,
-            first, end, token, row_valid, kv_head, dims, scale_log2, m_i, l_i, acc,
+            q, k_ptr, v_ptr, k_scale, v_scale, cu_q_ptr, seq_lens_ptr, kv_start_ptr, seq_tables_ptr,
+            num_seqs, first, end, token, row_valid, kv_head, dims, scale_log2, m_i, l_i, acc,
             stride_kb, stride_ks, stride_kh, stride_st, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
         )  # fmt: skip
         state_rows = row_valid & ~chunk_rows
-    o, has_keys = finish_rows(acc, l_i, v_scale, k_ptr)
+    o, has_keys = finish_rows(acc, l_i, None, k_ptr)
     if SUFFIX_CHUNKS:
         out_offs = token * stride_ot + head * stride_oh
         tl.store(

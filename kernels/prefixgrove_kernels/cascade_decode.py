@@ -205,7 +205,7 @@ def _cascade_decode_kernel(
             key_valid = (key_in_unit >= ((code >> _LO_SHIFT) & 127)) & (key_in_unit < (code & 127))
             in_block = ((code >> _SUB_SHIFT) & 1023) * UNIT + key_in_unit
             kv_offs = block.to(tl.int64) * stride_kb + in_block * stride_ks + kv_head * stride_kh
-            k = load_keys(k_ptr, kv_offs, dims, key_valid, True, q.dtype)
+            k = load_keys(k_ptr, None, kv_offs, dims, key_valid, True, q.dtype)
             s = tl.dot(q, k, input_precision=DOT_PRECISION)
             # Prefix keys count for every row; a request's own keys for its own rows only.
             allowed = key_valid[None, :] & (
@@ -213,7 +213,7 @@ def _cascade_decode_kernel(
             )
             s = tl.where(allowed, s, float("-inf"))
             m_i, l_i, acc = online_softmax_step(
-                s, scale_log2, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc, True,
+                s, scale_log2, v_ptr, None, kv_offs, dims, key_valid, m_i, l_i, acc, True,
                 DOT_PRECISION, q.dtype,
             )  # fmt: skip
 

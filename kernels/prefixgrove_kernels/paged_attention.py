@@ -5,15 +5,22 @@ head, so the M dimension of tl.dot is BLOCK_Q * G even in decode (tensor cores w
 from the paged cache through the block table in tiles of BLOCK_N, with an online softmax. With a
 prefix result (o, lse) given, this is the suffix pass of cascade attention and the merge is fused.
 
-An FP8 cache (float8_e4m3fn, one fp32 scale for the keys and one for the values) is read as e4m3 and
-its codes enter the dots as they are, in fp16 (exact: every e4m3 value is an fp16 value), with bf16
-queries rounded to fp16 once per program (`queries_for_cache`); the scales never touch a tile. k_scale
-rides on the scores' scale (q.(k_scale c) = k_scale (q.c)) and v_scale on the output's normalisation
-(`fold_kv_scales`, `finish_rows`). So a key costs one convert instruction per two codes: on the H100
-e4m3 -> fp16 is one instruction per pair while e4m3 -> bf16 takes three, and the convert-multiply-round
-per element this replaced made the FP8 kernels no faster than bf16 ones at half the bytes. The rest of
-the math is the same, fp32 accumulation included. Caches in q's dtype compile to the kernels they
-always were.
+An FP8 cache (float8_e4m3fn, one fp32 scale for the keys and one for the values) is read as e4m3, and
+its scales reach the math one of two ways, each kernel taking the one that measures faster for it on
+the H100 (benchmarks/RESULTS.md, "FP8 cascade decode kernel"):
+- folded (these kernels and the one-pass decode kernel): the codes enter the dots as they are, in fp16
+  (exact: every e4m3 value is an fp16 value), with bf16 queries rounded to fp16 once per program
+  (`queries_for_cache`); k_scale rides on the scores' scale (q.(k_scale c) = k_scale (q.c)) and v_scale
+  on the output's normalisation (`fold_kv_scales`, `finish_rows`). A key then costs one convert
+  instruction per two codes (e4m3 -> fp16 is one instruction per pair, e4m3 -> bf16 three): the
+  convert-multiply-round per element made the decode kernels no faster than bf16 ones at half the
+  bytes, and folding took the one-pass decode kernel from 138 to 119 us on the canonical shape.
+- per tile (cascade_attention's prefix pass, bound by its dots over a whole group's rows): each tile
+  times its scale in fp32, rounded once to q's dtype (`load_tile_scales`; the helpers below take the
+  scales, None when folded). Folded, that kernel ran 1,586 us against 1,280 per tile on the canonical
+  prefill step.
+The rest of the math is the same, fp32 accumulation included. Caches in q's dtype compile to the
+kernels they always were.
 """
 
 from __future__ import annotations
@@ -64,12 +71,24 @@ def is_suffix_chunk_host(kv_start: int, q_len: int) -> bool:
 def fold_kv_scales(scale_log2, k_scale_ptr, v_scale_ptr, k_ptr):
     """(the scores' scale, v_scale): for an FP8 cache, scale_log2 times k_scale (the scores are taken
     against the bare key codes) and the cache's v_scale, which `finish_rows` applies; otherwise
-    scale_log2 as it is and 1.0 (never used)."""
+    scale_log2 as it is and 1.0 (never used). The kernel's tiles then take no scales (None)."""
     v_scale = 1.0
     if k_ptr.dtype.element_ty == tl.float8e4nv:
         scale_log2 = scale_log2 * tl.load(k_scale_ptr)
         v_scale = tl.load(v_scale_ptr)
     return scale_log2, v_scale
+
+
+@triton.jit
+def load_tile_scales(k_scale_ptr, v_scale_ptr, k_ptr):
+    """(k_scale, v_scale) for kernels that scale each tile (see the module's docstring): an FP8
+    cache's scales, loaded; 1.0 (never used) for other caches."""
+    k_scale = 1.0
+    v_scale = 1.0
+    if k_ptr.dtype.element_ty == tl.float8e4nv:
+        k_scale = tl.load(k_scale_ptr)
+        v_scale = tl.load(v_scale_ptr)
+    return k_scale, v_scale
 
 
 @triton.jit
@@ -86,33 +105,39 @@ def queries_for_cache(q, k_ptr):
 @triton.jit
 def finish_rows(acc, l_i, v_scale, k_ptr):
     """(o, has_keys): the rows' output, acc over the softmax sum (times v_scale for an FP8 cache, whose
-    values entered p @ v as bare codes), and which rows saw any key (0 for those that saw none)."""
+    values entered p @ v as bare codes; None where the value tiles were scaled), and which rows saw
+    any key (0 for those that saw none)."""
     has_keys = l_i > 0.0
     o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-    if k_ptr.dtype.element_ty == tl.float8e4nv:
-        o = o * v_scale
+    if k_ptr.dtype.element_ty == tl.float8e4nv:  # noqa: SIM102 (constexprs: the tests compile away)
+        if v_scale is not None:
+            o = o * v_scale
     return o, has_keys
 
 
 @triton.jit
-def from_cache(x, DTYPE: tl.constexpr):
-    """A tile loaded from the cache, in the dots' dtype (that of `queries_for_cache`): an FP8 cache's
-    e4m3 codes converted as they are (exact; the scales are applied outside the tiles, see
-    fold_kv_scales); a tile of a cache in DTYPE as it is."""
+def from_cache(x, scale, DTYPE: tl.constexpr):
+    """A tile loaded from the cache, in the dots' dtype: an FP8 cache's e4m3 codes converted as they
+    are with scale None (exact; the scales are applied outside the tiles, see fold_kv_scales), or
+    times scale in fp32, rounded once to DTYPE; a tile of a cache in DTYPE as it is."""
     if x.dtype == tl.float8e4nv:
-        x = x.to(DTYPE)
+        if scale is None:  # noqa: SIM108 (a constexpr test: one branch compiles)
+            x = x.to(DTYPE)
+        else:
+            x = (x.to(tl.float32) * scale).to(DTYPE)
     return x
 
 
 @triton.jit
 def online_softmax_step(
-    s, scale_log2, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc,
+    s, scale_log2, v_ptr, v_scale, kv_offs, dims, key_valid, m_i, l_i, acc,
     MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, DTYPE: tl.constexpr,
 ):  # fmt: skip
     """Folds one key tile into an online softmax (log2 domain). s holds the rows' raw scores q.k
     over the tile; scaling them by scale_log2 rides on the exponent's multiply-add, which saves a
     pass over the tile. MASKED: s is -inf where a key is not allowed and key_valid masks the value
-    load; otherwise every key of the tile counts for every row (and key_valid is not read). DTYPE:
+    load; otherwise every key of the tile counts for every row (and key_valid is not read). v_scale:
+    an FP8 cache's value scale for each tile, None where it is folded (see from_cache). DTYPE:
     the queries' dtype, that of the p @ v product's inputs. Returns the updated (m, l, acc); rows
     with nothing allowed yet keep m = -inf."""
     m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2)
@@ -125,7 +150,7 @@ def online_softmax_step(
     else:
         m_shift = m_new
         v = tl.load(v_ptrs)
-    v = from_cache(v, DTYPE)
+    v = from_cache(v, v_scale, DTYPE)
     alpha = tl.exp2(m_i - m_shift)
     p = tl.exp2(s * scale_log2 - m_shift[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
@@ -134,17 +159,17 @@ def online_softmax_step(
 
 
 @triton.jit
-def load_keys(k_ptr, kv_offs, dims, key_valid, MASKED: tl.constexpr, DTYPE: tl.constexpr):
+def load_keys(k_ptr, k_scale, kv_offs, dims, key_valid, MASKED: tl.constexpr, DTYPE: tl.constexpr):
     """A key tile as [HEAD_DIM, BLOCK_N] in DTYPE (masked loads read zeros for keys outside
-    key_valid)."""
+    key_valid); k_scale as from_cache takes it."""
     k_ptrs = k_ptr + kv_offs[None, :] + dims[:, None]
     k = tl.load(k_ptrs, mask=key_valid[None, :], other=0.0) if MASKED else tl.load(k_ptrs)
-    return from_cache(k, DTYPE)
+    return from_cache(k, k_scale, DTYPE)
 
 
 @triton.jit
 def score_masked_tile(
-    q, k_ptr, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks, stride_kh,
+    q, k_ptr, k_scale, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks, stride_kh,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Key tile `tile` of one block-table row with the keys outside [kv_lo, kv_hi) masked off: the
@@ -156,14 +181,14 @@ def score_masked_tile(
     block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0)
     kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
     kv_offs += kv_head * stride_kh
-    k = load_keys(k_ptr, kv_offs, dims, key_valid, True, q.dtype)
+    k = load_keys(k_ptr, k_scale, kv_offs, dims, key_valid, True, q.dtype)
     return tl.dot(q, k, input_precision=DOT_PRECISION), keys, key_valid, kv_offs
 
 
 @triton.jit
 def attend_whole_tiles(
-    q, k_ptr, v_ptr, table_row, tile_lo, tile_hi, num_blocks, kv_head, dims, scale_log2,
-    m_i, l_i, acc, stride_kb, stride_ks, stride_kh,
+    q, k_ptr, v_ptr, k_scale, v_scale, table_row, tile_lo, tile_hi, num_blocks, kv_head, dims,
+    scale_log2, m_i, l_i, acc, stride_kb, stride_ks, stride_kh,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TABLE_CHUNK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -190,10 +215,10 @@ def attend_whole_tiles(
             block = tl.gather(table, entry, 0)
             kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
             kv_offs += kv_head * stride_kh
-            k = load_keys(k_ptr, kv_offs, dims, keys, False, q.dtype)
+            k = load_keys(k_ptr, k_scale, kv_offs, dims, keys, False, q.dtype)
             s = tl.dot(q, k, input_precision=DOT_PRECISION)
             m_i, l_i, acc = online_softmax_step(
-                s, scale_log2, v_ptr, kv_offs, dims, keys, m_i, l_i, acc, False,
+                s, scale_log2, v_ptr, v_scale, kv_offs, dims, keys, m_i, l_i, acc, False,
                 DOT_PRECISION, q.dtype,
             )  # fmt: skip
     return m_i, l_i, acc
@@ -295,8 +320,8 @@ def _paged_attention_kernel(
         full_lo = tl.minimum(tl.cdiv(kv_lo, BLOCK_N), t_end)
         full_hi = tl.maximum(full_lo, (context + q_tile * BLOCK_Q + 1) // BLOCK_N)
         m_i, l_i, acc = attend_whole_tiles(
-            q, k_ptr, v_ptr, table_row, full_lo, full_hi, tl.cdiv(kv_hi, BLOCK_SIZE), kv_head,
-            dims, scale_log2, m_i, l_i, acc, stride_kb, stride_ks, stride_kh,
+            q, k_ptr, v_ptr, None, None, table_row, full_lo, full_hi, tl.cdiv(kv_hi, BLOCK_SIZE),
+            kv_head, dims, scale_log2, m_i, l_i, acc, stride_kb, stride_ks, stride_kh,
             BLOCK_SIZE, BLOCK_N, TABLE_CHUNK, DOT_PRECISION,
         )  # fmt: skip
     # Every tile outside [full_lo, full_hi): all of them without UNMASKED_BODY.
@@ -304,13 +329,13 @@ def _paged_attention_kernel(
     for i in range(0, num_head_tiles + t_end - full_hi):
         tile = t_begin + i + tl.where(i < num_head_tiles, 0, full_hi - full_lo)
         s, keys, key_valid, kv_offs = score_masked_tile(
-            q, k_ptr, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks,
+            q, k_ptr, None, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks,
             stride_kh, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
         )  # fmt: skip
         allowed = key_valid[None, :] & (keys[None, :] <= pos[:, None])
         s = tl.where(allowed, s, float("-inf"))
         m_i, l_i, acc = online_softmax_step(
-            s, scale_log2, v_ptr, kv_offs, dims, key_valid, m_i, l_i, acc, True,
+            s, scale_log2, v_ptr, None, kv_offs, dims, key_valid, m_i, l_i, acc, True,
             DOT_PRECISION, q.dtype,
         )  # fmt: skip
 
