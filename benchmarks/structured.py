@@ -121,6 +121,7 @@ def _metrics(llm: Any) -> dict[str, float]:
         "tokens_jumped": m.tokens_jumped,
         "mask_steps": masks.steps,
         "mask_rows": masks.rows,
+        "mask_rows_reused": masks.rows_reused,
         "mask_host_seconds": masks.seconds,
         "mask_fill_seconds": masks.fill_seconds,
         "mask_token_wait_seconds": masks.wait_seconds,

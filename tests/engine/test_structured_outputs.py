@@ -307,6 +307,9 @@ def test_jump_forward_gives_step_by_step_outputs_token_for_token(prompts, option
     assert jumped.engine.metrics.tokens_jumped > 10
     assert stepped.engine.metrics.tokens_jumped == 0
     assert jumped.engine.metrics.decode_tokens < stepped.engine.metrics.decode_tokens
+    # the masks that ended runs served the steps sampling there (and gave the outputs above)
+    assert jumped.engine.runner.masker.stats.rows_reused > 0
+    assert stepped.engine.runner.masker.stats.rows_reused == 0
     assert_no_leak(jumped)
 
 

@@ -40,6 +40,9 @@ class GrammarState:
     # (output index, token) where the last mask built for it allowed that one token alone: what the
     # step sampling that index samples, whatever its logits (jump-forward starts there)
     only_token: tuple[int, int] | None = None
+    # (tokens consumed, the matcher's bits then): the mask of the token after a jump-forward run,
+    # filled to learn that it is not forced; the next step's mask, while the matcher stays there
+    next_bits: tuple[int, np.ndarray] | None = None
 
     @property
     def consumed(self) -> int:
@@ -82,6 +85,8 @@ class MaskStats:
     fill_seconds: float = 0.0  # of `seconds`, filling masks on llguidance's threads
     steps: int = 0
     rows: int = 0
+    # of `rows`, masks jump-forward had filled already (GrammarState.next_bits)
+    rows_reused: int = 0
     measure_idle: bool = False
     idle_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list)
 
@@ -150,14 +155,21 @@ class StepMasker:
             return None
         vocab = states[rows[0]].matcher_vocab  # type: ignore[union-attr]
         bitmask = llnp.allocate_token_bitmask(len(rows), vocab)
-        filling = time.perf_counter()
-        llnp.fill_next_token_bitmask_par(
-            self.executor,
-            [(states[r].matcher, i) for i, r in enumerate(rows)],  # type: ignore[union-attr]
-            bitmask,
-        )
-        self.stats.fill_seconds += time.perf_counter() - filling
         bits = bitmask.view(np.uint32)
+        to_fill = []
+        for i, r in enumerate(rows):
+            state = states[r]
+            assert state is not None
+            kept, state.next_bits = state.next_bits, None
+            if kept is not None and kept[0] == state.consumed:
+                bits[i] = kept[1]
+                self.stats.rows_reused += 1
+            else:
+                to_fill.append((state.matcher, i))
+        filling = time.perf_counter()
+        if to_fill:
+            llnp.fill_next_token_bitmask_par(self.executor, to_fill, bitmask)
+        self.stats.fill_seconds += time.perf_counter() - filling
         ends = []
         for i, r in enumerate(rows):
             state = states[r]
@@ -198,7 +210,9 @@ class StepMasker:
         """For each (state, limit) whose `only_token` is the next token it consumes: that token and
         the tokens that then follow it alone (each the one token its grammar allows, never an EOS), at
         most `limit` in all, consumed by the state's matcher as they are found. The matchers of all
-        rows advance together, a token a round, their masks filled on llguidance's threads."""
+        rows advance together, a token a round, their masks filled on llguidance's threads. A run
+        ends at a mask that allows more than one token (or only EOS): that mask is kept for the step
+        that samples there (GrammarState.next_bits), which would otherwise fill it again."""
         runs: list[list[int]] = []
         live: list[int] = []
         for i, (state, limit) in enumerate(starts):
@@ -214,14 +228,17 @@ class StepMasker:
             llnp.fill_next_token_bitmask_par(
                 self.executor, [(starts[i][0].matcher, j) for j, i in enumerate(live)], bitmask
             )
+            bits = bitmask.view(np.uint32)
+            forced = dict(only_tokens(bits))
             still = []
-            for j, token in only_tokens(bitmask.view(np.uint32)):
-                i = live[j]
+            for j, i in enumerate(live):
                 state, limit = starts[i]
-                if token in state.eos_token_ids:
+                next_token = forced.get(j)
+                if next_token is None or next_token in state.eos_token_ids:
+                    state.next_bits = (state.consumed, bits[j].copy())  # the run ends here
                     continue
-                state.consume(token)
-                runs[i].append(token)
+                state.consume(next_token)
+                runs[i].append(next_token)
                 if len(runs[i]) < limit and self._may_force(state):
                     still.append(i)
             live = still
