@@ -68,18 +68,6 @@ def is_suffix_chunk_host(kv_start: int, q_len: int) -> bool:
 
 
 @triton.jit
-def fold_kv_scales(scale_log2, k_scale_ptr, v_scale_ptr, k_ptr):
-    """(the scores' scale, v_scale): for an FP8 cache, scale_log2 times k_scale (the scores are taken
-    against the bare key codes) and the cache's v_scale, which `finish_rows` applies; otherwise
-    scale_log2 as it is and 1.0 (never used). The kernel's tiles then take no scales (None)."""
-    v_scale = 1.0
-    if k_ptr.dtype.element_ty == tl.float8e4nv:
-        scale_log2 = scale_log2 * tl.load(k_scale_ptr)
-        v_scale = tl.load(v_scale_ptr)
-    return scale_log2, v_scale
-
-
-@triton.jit
 def load_tile_scales(k_scale_ptr, v_scale_ptr, k_ptr):
     """(k_scale, v_scale) for kernels that scale each tile (see the module's docstring): an FP8
     cache's scales, loaded; 1.0 (never used) for other caches."""
@@ -89,6 +77,17 @@ def load_tile_scales(k_scale_ptr, v_scale_ptr, k_ptr):
         k_scale = tl.load(k_scale_ptr)
         v_scale = tl.load(v_scale_ptr)
     return k_scale, v_scale
+
+
+@triton.jit
+def fold_kv_scales(scale_log2, k_scale_ptr, v_scale_ptr, k_ptr):
+    """(the scores' scale, v_scale): for an FP8 cache, scale_log2 times k_scale (the scores are taken
+    against the bare key codes) and the cache's v_scale, which `finish_rows` applies; otherwise
+    scale_log2 as it is and 1.0 (never used). The kernel's tiles then take no scales (None)."""
+    k_scale, v_scale = load_tile_scales(k_scale_ptr, v_scale_ptr, k_ptr)
+    if k_ptr.dtype.element_ty == tl.float8e4nv:
+        scale_log2 = scale_log2 * k_scale
+    return scale_log2, v_scale
 
 
 @triton.jit
