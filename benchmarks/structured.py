@@ -80,6 +80,7 @@ def run_mode(
         structured_outputs_jump_forward=mode != "constrained-stepwise",
     )
     llm.engine.runner.masker.stats.measure_idle = True
+    llm.engine.runner.timeline.enabled = True
     if mode == "unconstrained":
         assert lengths is not None, "a constrained mode runs first: it fixes the lengths"
         params: list[SamplingParams] = [exact_params(n) for n in lengths]
@@ -89,6 +90,7 @@ def run_mode(
         warm = params[: args.warmup]
     llm.generate([{"prompt_token_ids": p} for p in jobs[: args.warmup]], warm, use_tqdm=False)
     before = _metrics(llm)
+    _device_idle(llm)  # forgets the warm-up's
     requests = [{"prompt_token_ids": p} for p in jobs]
     outputs, seconds = timed(lambda: llm.generate(requests, params, use_tqdm=False))
     after = _metrics(llm)
@@ -106,6 +108,7 @@ def run_mode(
         "output_tokens_per_s": round(sum(produced) / seconds),
         "mean_output_tokens": round(sum(produced) / len(jobs), 1),
         **{k: round(after[k] - before.get(k, 0.0), 4) for k in after},
+        **{k: round(v, 3) for k, v in _device_idle(llm).items()},
     }
     if mode != "unconstrained":
         record.update(_validity(outputs))
@@ -119,13 +122,25 @@ def _metrics(llm: Any) -> dict[str, float]:
         "steps": m.steps,
         "decode_steps": m.decode_steps,
         "tokens_jumped": m.tokens_jumped,
+        "host_seconds": m.host_seconds,
+        "mixed_seconds": m.mixed_seconds,
+        "decode_seconds": m.decode_seconds,
         "mask_steps": masks.steps,
         "mask_rows": masks.rows,
         "mask_rows_reused": masks.rows_reused,
         "mask_host_seconds": masks.seconds,
         "mask_fill_seconds": masks.fill_seconds,
         "mask_token_wait_seconds": masks.wait_seconds,
-        "gpu_idle_for_masks_seconds": masks.gpu_idle_seconds(),
+    }
+
+
+def _device_idle(llm: Any) -> dict[str, float]:
+    """The device's time in steps and idle since the last call: inside steps waiting for masks, and
+    between steps waiting for the host (engine/step_timeline.py)."""
+    runner = llm.engine.runner
+    return {
+        "gpu_idle_for_masks_seconds": runner.masker.stats.gpu_idle_seconds(),
+        **runner.timeline.summary(),
     }
 
 

@@ -27,6 +27,7 @@ from .prompt_logprobs import PromptSpan, prompt_spans, record_prompt_logprobs
 from .sampler import Sampler, SamplingBatch, to_device
 from .scheduler import ScheduledSeq
 from .sequence import Sequence
+from .step_timeline import StepTimeline
 from .structured.masks import StepMasker, TokenMask
 
 logger = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ class ModelRunner:
         )
         self.sampler = Sampler(arch.vocab_size, self.device)
         self.masker = StepMasker(self.device, jump_forward=s.jump_forward)
+        self.timeline = StepTimeline()  # the device's idle time between steps, for benchmarks
         self.kv_caches: list[tuple[LayerCache, LayerCache]] = []
         self.graphs: DecodeGraphs | None = None
         self._copy_stream = torch.cuda.Stream(self.device) if cuda else None
@@ -234,13 +236,16 @@ class ModelRunner:
         """Enqueues one step without waiting for its tokens. `feed` is the step (or window) enqueued
         before it whose tokens the host has not seen: the ids this step's rows need of them (each such
         row's last token) are copied on the device."""
+        first = self.timeline.begin(self.device)
         inputs, logits = self._forward(batch, feed)
         sampling = [item.seq for item in inputs.order if item.sample]
         if not sampling:
+            self.timeline.end("step", first)
             return PendingStep(inputs.order, None, None, None, {})
         params = SamplingBatch.build(sampling, self.device, self.config.model.arch.vocab_size)
         packed = self.sampler(logits, params, mask=self._masks(sampling, feed))
         host, done = self._copy_to_host(packed)
+        self.timeline.end("step", first)
         rows = {seq.seq_id: i for i, seq in enumerate(sampling)}
         return PendingStep(inputs.order, host, done, packed[:, 0], rows)
 
@@ -274,10 +279,13 @@ class ModelRunner:
     ) -> DecodeWindow:
         """Enqueues `steps` decode steps of a decode-only batch whose blocks for them are reserved; the
         tokens come back through `window_results` while later steps still run. `feed` as in `launch`."""
+        first = self.timeline.begin(self.device)
         inputs, logits = self._forward(batch, feed)
         seqs = [item.seq for item in inputs.order]
         params = SamplingBatch.build(seqs, self.device, self.config.model.arch.vocab_size, steps)
-        return self._run_steps(inputs, logits, params, steps, feed)
+        window = self._run_steps(inputs, logits, params, steps, feed)
+        self.timeline.end("window", first)
+        return window
 
     def _run_steps(
         self,
