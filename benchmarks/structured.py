@@ -94,6 +94,7 @@ def run_mode(
     requests = [{"prompt_token_ids": p} for p in jobs]
     outputs, seconds = timed(lambda: llm.generate(requests, params, use_tqdm=False))
     after = _metrics(llm)
+    idle = _device_idle(llm)
     if after["mask_steps"]:
         after["mask_ms_per_step"] = 1000 * after["mask_host_seconds"] / after["mask_steps"]
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
@@ -108,7 +109,12 @@ def run_mode(
         "output_tokens_per_s": round(sum(produced) / seconds),
         "mean_output_tokens": round(sum(produced) / len(jobs), 1),
         **{k: round(after[k] - before.get(k, 0.0), 4) for k in after},
-        **{k: round(v, 3) for k, v in _device_idle(llm).items()},
+        **{k: round(v, 3) for k, v in idle.items()},
+        # the job's wall time with no step on the device: before its first (taking the requests
+        # in, grouping) and after its last (the masks' idle is inside the steps' time)
+        "gpu_outside_steps_seconds": round(
+            seconds - sum(v for k, v in idle.items() if k != "gpu_idle_for_masks_seconds"), 3
+        ),
     }
     if mode != "unconstrained":
         record.update(_validity(outputs))
@@ -122,6 +128,7 @@ def _metrics(llm: Any) -> dict[str, float]:
         "steps": m.steps,
         "decode_steps": m.decode_steps,
         "tokens_jumped": m.tokens_jumped,
+        "intake_seconds": m.intake_seconds,
         "host_seconds": m.host_seconds,
         "mixed_seconds": m.mixed_seconds,
         "decode_seconds": m.decode_seconds,

@@ -218,6 +218,24 @@ def test_a_complete_grammar_is_reported_so_its_request_ends_without_waiting():
     assert int(allowed) == 1
 
 
+def test_each_request_gets_its_own_matcher_at_the_grammars_start():
+    """Matchers are copies of one kept per grammar: advancing one moves neither the kept one nor
+    the others."""
+    from prefixgrove.catalog.byte_tokenizer import EOS_ID, VOCAB_SIZE, byte_tokenizer
+    from prefixgrove.engine.structured.grammars import GrammarCompiler
+
+    compiler = GrammarCompiler(byte_tokenizer(), VOCAB_SIZE, [EOS_ID])
+    grammar = compiler.compile(StructuredOutputsParams(choice=["ab", "cd"]))
+    first, second = compiler.matcher(grammar), compiler.matcher(grammar)
+    assert first.consume_token(ord("a")) and not first.is_accepting()
+    assert second.consume_token(ord("c")) and second.consume_token(ord("d"))
+    assert second.is_accepting() and not first.is_accepting()
+    assert first.consume_token(ord("b")) and first.is_accepting()
+    third = compiler.matcher(grammar)  # after the others advanced, still at the start
+    assert not third.is_accepting() and third.consume_token(ord("c"))
+    assert not third.consume_token(ord("b"))  # "cb" is neither choice
+
+
 def test_many_rows_catch_up_on_llguidance_threads_as_one_by_one():
     """From 16 rows on, a step's tokens are consumed in parallel: the same matcher states as
     consuming them one by one (refusals and EOS included)."""
