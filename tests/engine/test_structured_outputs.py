@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from functools import partial
 
 import jsonschema
 import pytest
@@ -207,7 +208,7 @@ def test_a_complete_grammar_is_reported_so_its_request_ends_without_waiting():
 
     compiler = GrammarCompiler(byte_tokenizer(), VOCAB_SIZE, [EOS_ID])
     grammar = compiler.compile(StructuredOutputsParams(choice=["ab", "abc"]))
-    states = [GrammarState(compiler.matcher(grammar), frozenset([EOS_ID]), VOCAB_SIZE)
+    states = [GrammarState(partial(compiler.matcher, grammar), frozenset([EOS_ID]), VOCAB_SIZE)
               for _ in range(3)]  # fmt: skip
     outputs = [list(b"ab"), list(b"abc"), list(b"a")]
     masker = StepMasker(torch.device("cpu"))
@@ -218,22 +219,32 @@ def test_a_complete_grammar_is_reported_so_its_request_ends_without_waiting():
     assert int(allowed) == 1
 
 
-def test_each_request_gets_its_own_matcher_at_the_grammars_start():
-    """Matchers are copies of one kept per grammar: advancing one moves neither the kept one nor
-    the others."""
+def test_a_sequence_builds_its_matcher_when_its_first_mask_is_built():
+    """Taking a request in builds no matcher (thousands would cost seconds before the first step);
+    its first mask does, and a constraint that does not build fails as the request is taken in."""
+    import torch
+
     from prefixgrove.catalog.byte_tokenizer import EOS_ID, VOCAB_SIZE, byte_tokenizer
     from prefixgrove.engine.structured.grammars import GrammarCompiler
+    from prefixgrove.engine.structured.masks import GrammarState, StepMasker
 
     compiler = GrammarCompiler(byte_tokenizer(), VOCAB_SIZE, [EOS_ID])
     grammar = compiler.compile(StructuredOutputsParams(choice=["ab", "cd"]))
-    first, second = compiler.matcher(grammar), compiler.matcher(grammar)
-    assert first.consume_token(ord("a")) and not first.is_accepting()
-    assert second.consume_token(ord("c")) and second.consume_token(ord("d"))
-    assert second.is_accepting() and not first.is_accepting()
-    assert first.consume_token(ord("b")) and first.is_accepting()
-    third = compiler.matcher(grammar)  # after the others advanced, still at the start
-    assert not third.is_accepting() and third.consume_token(ord("c"))
-    assert not third.consume_token(ord("b"))  # "cb" is neither choice
+    built: list[int] = []
+
+    def new_matcher():
+        built.append(1)
+        return compiler.matcher(grammar)
+
+    states = [GrammarState(new_matcher, frozenset([EOS_ID]), VOCAB_SIZE) for _ in range(2)]
+    assert not built
+    mask = StepMasker(torch.device("cpu")).masks(states, lambda r, start: [], [0, 0])
+    assert len(built) == 2 and mask is not None
+    assert states[0].matcher is not states[1].matcher
+    for token in b"ab":  # one matcher advances, the other stays at the start
+        states[0].consume(token)
+    assert states[0].matcher.is_accepting() and not states[1].matcher.is_accepting()
+    assert len(built) == 2
 
 
 def test_many_rows_catch_up_on_llguidance_threads_as_one_by_one():
@@ -252,7 +263,7 @@ def test_many_rows_catch_up_on_llguidance_threads_as_one_by_one():
     outputs[5] = list(b"axb")  # a token the grammar refuses
 
     def states() -> list[GrammarState | None]:
-        return [GrammarState(compiler.matcher(grammar), frozenset([EOS_ID]), VOCAB_SIZE)
+        return [GrammarState(partial(compiler.matcher, grammar), frozenset([EOS_ID]), VOCAB_SIZE)
                 for _ in outputs]  # fmt: skip
 
     parallel = states()

@@ -6,6 +6,7 @@ import logging
 import random
 import time
 from collections.abc import Sequence as Seq
+from functools import partial
 
 from prefixgrove.catalog.generation import generation_eos_token_ids
 from prefixgrove.catalog.presets import load_tokenizer
@@ -257,7 +258,9 @@ class LLMEngine:
             grammar = self.grammars.compile(params.structured_outputs)
             eos = () if params.ignore_eos else self.output_processor.eos_token_ids
             seq.grammar = GrammarState(
-                self.grammars.matcher(grammar), frozenset(eos), self.grammars.tokenizer.vocab_size
+                partial(self.grammars.matcher, grammar),
+                frozenset(eos),
+                self.grammars.tokenizer.vocab_size,
             )
         self._requests[request_id] = seq
         return seq

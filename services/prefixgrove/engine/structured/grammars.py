@@ -20,7 +20,7 @@ import llguidance.hf
 
 from .params import StructuredOutputsParams
 
-_CACHE_SIZE = 1024  # compiled grammars (and their start matchers) kept: a job usually has a few
+_CACHE_SIZE = 1024  # compiled grammars kept (a job usually has one or a few)
 
 
 class GrammarCompiler:
@@ -33,8 +33,6 @@ class GrammarCompiler:
         self.eos_token_ids = tuple(sorted(set(eos_token_ids)))
         self._tokenizer: llguidance.LLTokenizer | None = None
         self._grammars: OrderedDict[tuple[str, str, bool], str] = OrderedDict()
-        # a matcher at each grammar's start, never advanced: requests get copies of it
-        self._starts: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
 
     @property
@@ -119,27 +117,19 @@ class GrammarCompiler:
         )
         if failed:
             raise ValueError(f"structured_outputs.{kind} does not compile: {_short(messages[0])}")
+        self.matcher(grammar)  # what a sequence builds later must not fail then
         return grammar
 
     def matcher(self, grammar: str) -> llguidance.LLMatcher:
-        """A matcher at the start of `grammar`: a copy of one kept per grammar. Copying takes about
-        2 us; building a matcher parses the grammar again, about 0.5 ms for a JSON schema on Llama
-        3's vocabulary, which for a job of thousands of requests is seconds before its first step."""
-        with self._lock:
-            start = self._starts.get(grammar)
-            if start is not None:
-                self._starts.move_to_end(grammar)
-        if start is None:
-            start = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
-            if start.is_error():
-                raise ValueError(
-                    f"structured_outputs does not compile: {_short(start.get_error())}"
-                )
-            with self._lock:
-                self._starts[grammar] = start
-                if len(self._starts) > _CACHE_SIZE:
-                    self._starts.popitem(last=False)
-        return start.deep_copy()
+        """A new matcher at the start of a grammar `compile` returned (which built one already, so
+        this one builds too). About 0.5 ms for a JSON schema on Llama 3's vocabulary, so sequences
+        build theirs when first scheduled (GrammarState), not as a job of thousands is taken in.
+        Not `deep_copy` of a kept one: copies share their parser's lexer behind a lock, and a
+        step's masks, filled in parallel, then took 8x as long (benchmarks/RESULTS.md)."""
+        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"structured_outputs does not compile: {_short(matcher.get_error())}")
+        return matcher
 
 
 def _short(message: str, limit: int = 300) -> str:

@@ -32,7 +32,9 @@ class GrammarState:
     """A sequence's matcher and the output tokens it has consumed (it may run ahead of the tokens the
     host has taken in, never behind what a step samples after)."""
 
-    matcher: llguidance.LLMatcher
+    # builds the matcher where it is first needed: as its sequence's first step is enqueued, not
+    # as the request is taken in (a job of thousands would wait seconds for all of them)
+    new_matcher: Callable[[], llguidance.LLMatcher]
     eos_token_ids: frozenset[int]
     matcher_vocab: int  # token ids the matcher's masks cover
     tokens: list[int] = field(default_factory=list)  # consumed, in order
@@ -43,6 +45,18 @@ class GrammarState:
     # (tokens consumed, the matcher's bits then): the mask of the token after a jump-forward run,
     # filled to learn that it is not forced; the next step's mask, while the matcher stays there
     next_bits: tuple[int, np.ndarray] | None = None
+    _matcher: llguidance.LLMatcher | None = None
+
+    @property
+    def matcher(self) -> llguidance.LLMatcher:
+        self.build()
+        assert self._matcher is not None
+        return self._matcher
+
+    def build(self) -> None:
+        """Builds the matcher, if not built yet."""
+        if self._matcher is None:
+            self._matcher = self.new_matcher()
 
     @property
     def consumed(self) -> int:
@@ -143,6 +157,11 @@ class StepMasker:
         sampled before this step; `tokens_from(r, i)` returns those from the i-th on (called only
         for rows whose matcher has not consumed them all)."""
         start = time.perf_counter()
+        # Rows sampling for the first time build their matchers before the wait for the tokens in
+        # flight below, in time the host would spend waiting.
+        for state in states:
+            if state is not None:
+                state.build()
         behind = {
             r: tokens_from(r, state.consumed)[: produced[r] - state.consumed]
             for r, state in enumerate(states)
