@@ -135,6 +135,7 @@ def _metrics(llm: Any) -> dict[str, float]:
         "mask_steps": masks.steps,
         "mask_rows": masks.rows,
         "mask_rows_reused": masks.rows_reused,
+        "matchers_built_ahead": masks.matchers_built_ahead,
         "mask_host_seconds": masks.seconds,
         "mask_fill_seconds": masks.fill_seconds,
         "mask_token_wait_seconds": masks.wait_seconds,

@@ -177,6 +177,20 @@ def test_params_from_a_dict_and_cache_key():
     assert a.key == b.key
 
 
+def test_the_engines_copy_of_a_schema_does_not_follow_later_changes_to_the_dict():
+    """The engine keeps a schema as its canonical text: a dict changed after the params were
+    prepared (to submit another job) does not change the constraint of the requests taken in."""
+    schema: dict = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    user = SamplingParams(structured_outputs=StructuredOutputsParams(json=schema))
+    kept = user.prepared(None, [0])
+    before = kept.structured_outputs.key
+    schema["properties"]["a"]["type"] = "string"
+    assert kept.structured_outputs.key == before
+    assert user.structured_outputs.key != before  # the user's own object follows its dict
+    assert json.loads(kept.structured_outputs.json) == {
+        "type": "object", "properties": {"a": {"type": "integer"}}}  # fmt: skip
+
+
 def test_a_tokenizer_whose_token_bytes_would_be_misread_is_refused():
     """llguidance reads token bytes from the tokenizer's decoder: one it reads otherwise than the
     tokenizer decodes (as some GGUF conversions write) would constrain the wrong bytes."""
@@ -245,6 +259,35 @@ def test_a_sequence_builds_its_matcher_when_its_first_mask_is_built():
         states[0].consume(token)
     assert states[0].matcher.is_accepting() and not states[1].matcher.is_accepting()
     assert len(built) == 2
+
+
+def test_matchers_are_built_ahead_oldest_first_until_the_device_is_done():
+    """On CUDA the host builds the matchers of requests not yet sampled while it waits for the
+    device, checking between matchers whether the wait is over; one a mask built already is
+    skipped."""
+    import torch
+
+    from prefixgrove.catalog.byte_tokenizer import EOS_ID, VOCAB_SIZE, byte_tokenizer
+    from prefixgrove.engine.structured.grammars import GrammarCompiler
+    from prefixgrove.engine.structured.masks import GrammarState, StepMasker
+
+    compiler = GrammarCompiler(byte_tokenizer(), VOCAB_SIZE, [EOS_ID])
+    grammar = compiler.compile(StructuredOutputsParams(regex="[a-c]+"))
+    states = [GrammarState(partial(compiler.matcher, grammar), frozenset([EOS_ID]), VOCAB_SIZE)
+              for _ in range(4)]  # fmt: skip
+    masker = StepMasker(torch.device("cuda"))  # builds ahead; nothing here touches the device
+    for state in states:
+        masker.expect(state)
+    states[1].build()  # its first mask came first
+    masker.build_ahead(lambda: states[2].built)
+    assert [s.built for s in states] == [True, True, True, False]
+    masker.build_ahead(lambda: False)
+    assert all(s.built for s in states) and masker.stats.matchers_built_ahead == 3
+    on_cpu = StepMasker(torch.device("cpu"))  # builds each matcher at its first mask instead
+    late = GrammarState(partial(compiler.matcher, grammar), frozenset([EOS_ID]), VOCAB_SIZE)
+    on_cpu.expect(late)
+    on_cpu.build_ahead(lambda: False)
+    assert not late.built
 
 
 def test_many_rows_catch_up_on_llguidance_threads_as_one_by_one():

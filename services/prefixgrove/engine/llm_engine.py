@@ -262,6 +262,7 @@ class LLMEngine:
                 frozenset(eos),
                 self.grammars.tokenizer.vocab_size,
             )
+            self.runner.masker.expect(seq.grammar)
         self._requests[request_id] = seq
         return seq
 

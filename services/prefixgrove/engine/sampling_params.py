@@ -89,6 +89,8 @@ class SamplingParams:
         eos = () if self.ignore_eos else tuple(sorted(set(eos_token_ids)))
         params.min_tokens_stop_ids = tuple(dict.fromkeys(self.stop_token_ids + eos))
         params.is_prepared = True
+        if params.structured_outputs is not None:
+            params.structured_outputs = params.structured_outputs.frozen()
         if self.bad_words:
             params.bad_words_token_ids = _bad_words_token_ids(tokenizer, self.bad_words)
         return params

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
@@ -52,6 +53,10 @@ class GrammarState:
         self.build()
         assert self._matcher is not None
         return self._matcher
+
+    @property
+    def built(self) -> bool:
+        return self._matcher is not None
 
     def build(self) -> None:
         """Builds the matcher, if not built yet."""
@@ -101,6 +106,7 @@ class MaskStats:
     rows: int = 0
     # of `rows`, masks jump-forward had filled already (GrammarState.next_bits)
     rows_reused: int = 0
+    matchers_built_ahead: int = 0  # while the host waited for the device (StepMasker.build_ahead)
     measure_idle: bool = False
     idle_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list)
 
@@ -146,6 +152,26 @@ class StepMasker:
         self.stats = MaskStats()
         # masks built since note_only_tokens last looked: (host bits, (state, output index) per row)
         self._recent: list[tuple[np.ndarray, list[tuple[GrammarState, int]]]] = []
+        # on CUDA, states whose matchers may not be built yet, in the order their requests came
+        # in (about the order they are scheduled): build_ahead builds them while the host waits
+        self._unbuilt: deque[GrammarState] = deque()
+        self._builds_ahead = device.type == "cuda"
+
+    def expect(self, state: GrammarState) -> None:
+        """Notes a new sequence's state, whose matcher build_ahead may build before its first mask."""
+        if self._builds_ahead:
+            self._unbuilt.append(state)
+
+    def build_ahead(self, done: Callable[[], bool]) -> None:
+        """Builds the matchers of states noted by `expect`, oldest first, until `done()` says what the
+        host waits for has come (checked between matchers, about 0.5 ms each) or none is left: a
+        job's thousands of matchers are built in time the host would spend waiting, not beside its
+        steps' masks."""
+        while self._unbuilt and not done():
+            state = self._unbuilt.popleft()
+            if not state.built:
+                state.build()
+                self.stats.matchers_built_ahead += 1
 
     def masks(
         self,

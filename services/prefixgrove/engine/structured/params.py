@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json as _json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
@@ -89,15 +89,31 @@ class StructuredOutputsParams:
 
     @property
     def key(self) -> tuple[str, str, bool]:
-        """(kind, canonical text, compact): equal constraints compile once."""
+        """(kind, canonical text, compact): equal constraints compile once. Worked out once where
+        the value cannot change (anything but a schema dict: see `frozen`)."""
+        cached: tuple[str, str, bool] | None = self.__dict__.get("_key")
+        if cached is not None:
+            return cached
         kind, value = self.kind, getattr(self, self.kind)
         compact = self.disable_any_whitespace
         if kind == "json":
             schema = _json.loads(value) if isinstance(value, str) else value
-            return kind, _json.dumps(schema, sort_keys=True, separators=(",", ":")), compact
-        if kind == "choice":
-            return kind, _json.dumps(list(value)), compact
-        return kind, str(value), compact
+            key = kind, _json.dumps(schema, sort_keys=True, separators=(",", ":")), compact
+        elif kind == "choice":
+            key = kind, _json.dumps(list(value)), compact
+        else:
+            key = kind, str(value), compact
+        if not isinstance(value, dict):
+            object.__setattr__(self, "_key", key)
+        return key
+
+    def frozen(self) -> StructuredOutputsParams:
+        """This constraint as the engine keeps it: a schema dict becomes its canonical text, which
+        later changes to the dict cannot reach, and the key is then worked out once instead of per
+        request (a job of thousands spent most of its intake there)."""
+        if not isinstance(self.json, dict):
+            return self
+        return replace(self, json=self.key[1])
 
     @classmethod
     def of(cls, value: Any) -> StructuredOutputsParams:
