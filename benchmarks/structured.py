@@ -81,6 +81,7 @@ def run_mode(
     )
     llm.engine.runner.masker.stats.measure_idle = True
     llm.engine.runner.timeline.enabled = True
+    llm.engine.runner.timeline.keep_steps = args.step_log is not None
     if mode == "unconstrained":
         assert lengths is not None, "a constrained mode runs first: it fixes the lengths"
         params: list[SamplingParams] = [exact_params(n) for n in lengths]
@@ -95,6 +96,9 @@ def run_mode(
     outputs, seconds = timed(lambda: llm.generate(requests, params, use_tqdm=False))
     after = _metrics(llm)
     idle = _device_idle(llm)
+    if args.step_log is not None:
+        with open(f"{args.step_log}.{mode}.jsonl", "w") as log:
+            log.writelines(json.dumps(step) + "\n" for step in llm.engine.runner.timeline.steps)
     if after["mask_steps"]:
         after["mask_ms_per_step"] = 1000 * after["mask_host_seconds"] / after["mask_steps"]
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
@@ -184,6 +188,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=256)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--step-log", help="writes each mode's steps (device ms, idle) to STEP_LOG.<mode>.jsonl"
+    )
     ap.add_argument(
         "--prompt-vocab", type=int, default=128_000, help="prompt ids are drawn below this"
     )

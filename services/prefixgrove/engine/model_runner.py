@@ -240,12 +240,12 @@ class ModelRunner:
         inputs, logits = self._forward(batch, feed)
         sampling = [item.seq for item in inputs.order if item.sample]
         if not sampling:
-            self.timeline.end("step", first)
+            self.timeline.end("step", first, len(inputs.order), len(inputs.input_ids))
             return PendingStep(inputs.order, None, None, None, {})
         params = SamplingBatch.build(sampling, self.device, self.config.model.arch.vocab_size)
         packed = self.sampler(logits, params, mask=self._masks(sampling, feed))
         host, done = self._copy_to_host(packed)
-        self.timeline.end("step", first)
+        self.timeline.end("step", first, len(inputs.order), len(inputs.input_ids))
         rows = {seq.seq_id: i for i, seq in enumerate(sampling)}
         return PendingStep(inputs.order, host, done, packed[:, 0], rows)
 
@@ -284,7 +284,7 @@ class ModelRunner:
         seqs = [item.seq for item in inputs.order]
         params = SamplingBatch.build(seqs, self.device, self.config.model.arch.vocab_size, steps)
         window = self._run_steps(inputs, logits, params, steps, feed)
-        self.timeline.end("window", first)
+        self.timeline.end("window", first, len(inputs.order), steps)
         return window
 
     def _run_steps(
@@ -353,7 +353,9 @@ class ModelRunner:
         forward_done = self._event() if stats.measure_idle else None
         mask = self.masker.masks(states, tokens_from, produced)
         if forward_done is not None:
-            stats.idle_events.append((forward_done, self._event()))  # type: ignore[arg-type]
+            pair = (forward_done, self._event())
+            stats.idle_events.append(pair)  # type: ignore[arg-type]
+            self.timeline.mask_wait(pair)  # type: ignore[arg-type]
         for r in mask.ends if mask is not None else ():
             # Its grammar is complete: the request ends with the EOS this step samples. Known now,
             # its slot goes back as soon as the step is enqueued (as for a request at max_tokens),

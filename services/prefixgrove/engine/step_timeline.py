@@ -7,26 +7,41 @@ while `enabled` is set; the events are read (and forgotten) by `summary`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+from torch.cuda import Event
 
 
 @dataclass
 class StepTimeline:
     enabled: bool = False
-    # (kind, first event, last event) per step or window, in stream order
-    _steps: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list)
+    # (kind, first event, last event, rows, tokens, mask waits) per step or window, in stream order
+    _steps: list[tuple[str, Event, Event, int, int, list[tuple[Event, Event]]]] = field(
+        default_factory=list
+    )
+    _waits: list[tuple[Event, Event]] = field(default_factory=list)  # of the step being enqueued
+    # with keep_steps, summary also fills `steps`: one dict per step (a benchmark's step log)
+    keep_steps: bool = False
+    steps: list[dict[str, Any]] = field(default_factory=list)
 
-    def begin(self, device: torch.device) -> torch.cuda.Event | None:
+    def begin(self, device: torch.device) -> Event | None:
         """The event of a step about to be enqueued; None when not measuring."""
         if not self.enabled or device.type != "cuda":
             return None
         return _recorded()
 
-    def end(self, kind: str, first: torch.cuda.Event | None) -> None:
-        """Closes the step opened by `begin` (`kind`: "step" or "window")."""
+    def end(self, kind: str, first: Event | None, rows: int, tokens: int) -> None:
+        """Closes the step opened by `begin` (`kind`: "step" or "window"; its batch's rows and
+        tokens, for the step log)."""
         if first is not None:
-            self._steps.append((kind, first, _recorded()))
+            self._steps.append((kind, first, _recorded(), rows, tokens, self._waits))
+            self._waits = []
+
+    def mask_wait(self, pair: tuple[Event, Event]) -> None:
+        """Events around the device's wait for a mask in the step being enqueued (MaskStats)."""
+        if self.enabled:
+            self._waits.append(pair)
 
     def summary(self) -> dict[str, float]:
         """Seconds the device spent in steps and windows, and idle after each kind, since the last
@@ -40,14 +55,28 @@ class StepTimeline:
         }
         if steps:
             steps[-1][2].synchronize()
-        for i, (kind, first, last) in enumerate(steps):
-            out[f"gpu_{kind}_seconds"] += first.elapsed_time(last) / 1000
-            if i + 1 < len(steps):
-                out[f"gpu_idle_after_{kind}s_seconds"] += last.elapsed_time(steps[i + 1][1]) / 1000
+        self.steps = []
+        for i, (kind, first, last, rows, tokens, waits) in enumerate(steps):
+            busy = first.elapsed_time(last) / 1000
+            idle = last.elapsed_time(steps[i + 1][1]) / 1000 if i + 1 < len(steps) else 0.0
+            out[f"gpu_{kind}_seconds"] += busy
+            out[f"gpu_idle_after_{kind}s_seconds"] += idle
+            if self.keep_steps:
+                waited = sum(a.elapsed_time(b) for a, b in waits)
+                self.steps.append(
+                    {
+                        "kind": kind,
+                        "rows": rows,
+                        "tokens": tokens,
+                        "ms": 1000 * busy,
+                        "mask_idle_ms": waited,
+                        "idle_after_ms": 1000 * idle,
+                    }  # fmt: skip
+                )
         return out
 
 
-def _recorded() -> torch.cuda.Event:
-    event = torch.cuda.Event(enable_timing=True)
+def _recorded() -> Event:
+    event = Event(enable_timing=True)
     event.record()
     return event
