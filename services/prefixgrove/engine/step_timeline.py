@@ -71,7 +71,7 @@ class StepTimeline:
                         "ms": 1000 * busy,
                         "mask_idle_ms": waited,
                         "idle_after_ms": 1000 * idle,
-                    }  # fmt: skip
+                    }
                 )
         return out
 
