@@ -263,28 +263,38 @@ def test_a_sequence_builds_its_matcher_when_its_first_mask_is_built():
 
 def test_matchers_are_built_ahead_oldest_first_until_the_device_is_done():
     """On CUDA the host builds the matchers of requests not yet sampled while it waits for the
-    device, checking between matchers whether the wait is over; one a mask built already is
-    skipped."""
+    device, a few between looks at whether the wait is over, and fills their first masks: the
+    masks their first step would fill, which that step then takes. One built already is skipped."""
     import torch
 
     from prefixgrove.catalog.byte_tokenizer import EOS_ID, VOCAB_SIZE, byte_tokenizer
     from prefixgrove.engine.structured.grammars import GrammarCompiler
-    from prefixgrove.engine.structured.masks import GrammarState, StepMasker
+    from prefixgrove.engine.structured.masks import _AHEAD_BATCH, GrammarState, StepMasker
 
     compiler = GrammarCompiler(byte_tokenizer(), VOCAB_SIZE, [EOS_ID])
-    grammar = compiler.compile(StructuredOutputsParams(regex="[a-c]+"))
-    states = [GrammarState(partial(compiler.matcher, grammar), frozenset([EOS_ID]), VOCAB_SIZE)
-              for _ in range(4)]  # fmt: skip
+    grammar = compiler.compile(StructuredOutputsParams(regex="(ab|b[a-c])+"))
+
+    def state() -> GrammarState:
+        return GrammarState(partial(compiler.matcher, grammar), frozenset([EOS_ID]), VOCAB_SIZE)
+
+    states = [state() for _ in range(2 * _AHEAD_BATCH + 3)]
     masker = StepMasker(torch.device("cuda"))  # builds ahead; nothing here touches the device
-    for state in states:
-        masker.expect(state)
+    for s in states:
+        masker.expect(s)
     states[1].build()  # its first mask came first
-    masker.build_ahead(lambda: states[2].built)
-    assert [s.built for s in states] == [True, True, True, False]
+    masker.build_ahead(lambda: states[0].built)  # over after the first few
+    first = _AHEAD_BATCH + 1
+    assert [s.built for s in states] == [True] * first + [False] * (len(states) - first)
+    assert states[1].next_bits is None
     masker.build_ahead(lambda: False)
-    assert all(s.built for s in states) and masker.stats.matchers_built_ahead == 3
-    on_cpu = StepMasker(torch.device("cpu"))  # builds each matcher at its first mask instead
-    late = GrammarState(partial(compiler.matcher, grammar), frozenset([EOS_ID]), VOCAB_SIZE)
+    assert all(s.built for s in states)
+    assert masker.stats.matchers_built_ahead == len(states) - 1
+    on_cpu = StepMasker(torch.device("cpu"))
+    filled = on_cpu.masks([state()], lambda r, start: [], [0])
+    kept = on_cpu.masks(states[:1], lambda r, start: [], [0])
+    assert filled is not None and kept is not None
+    assert torch.equal(filled.bitmask, kept.bitmask) and on_cpu.stats.rows_reused == 1
+    late = state()  # on the CPU, each matcher is built at its first mask instead
     on_cpu.expect(late)
     on_cpu.build_ahead(lambda: False)
     assert not late.built

@@ -26,6 +26,9 @@ from ..sampler import to_device
 logger = logging.getLogger(__name__)
 # from this many matchers on, a step's tokens are consumed on llguidance's threads
 _PARALLEL_ROWS = 16
+# matchers built ahead between looks at whether the wait is over (about 0.5 ms each), whose first
+# masks are then filled together
+_AHEAD_BATCH = 8
 
 
 @dataclass
@@ -43,8 +46,9 @@ class GrammarState:
     # (output index, token) where the last mask built for it allowed that one token alone: what the
     # step sampling that index samples, whatever its logits (jump-forward starts there)
     only_token: tuple[int, int] | None = None
-    # (tokens consumed, the matcher's bits then): the mask of the token after a jump-forward run,
-    # filled to learn that it is not forced; the next step's mask, while the matcher stays there
+    # (tokens consumed, the matcher's bits then): a mask filled before the step that needs it (the
+    # token after a jump-forward run, filled to learn that it is not forced, or a first mask filled
+    # ahead); that step's mask, while the matcher stays there
     next_bits: tuple[int, np.ndarray] | None = None
     _matcher: llguidance.LLMatcher | None = None
 
@@ -104,9 +108,11 @@ class MaskStats:
     fill_seconds: float = 0.0  # of `seconds`, filling masks on llguidance's threads
     steps: int = 0
     rows: int = 0
-    # of `rows`, masks jump-forward had filled already (GrammarState.next_bits)
+    # of `rows`, masks filled before their step (GrammarState.next_bits): by jump-forward, or as
+    # the matcher was built ahead
     rows_reused: int = 0
-    matchers_built_ahead: int = 0  # while the host waited for the device (StepMasker.build_ahead)
+    # matchers built, and their first masks filled, while the host waited for the device
+    matchers_built_ahead: int = 0
     measure_idle: bool = False
     idle_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list)
 
@@ -163,15 +169,30 @@ class StepMasker:
             self._unbuilt.append(state)
 
     def build_ahead(self, done: Callable[[], bool]) -> None:
-        """Builds the matchers of states noted by `expect`, oldest first, until `done()` says what the
-        host waits for has come (checked between matchers, about 0.5 ms each) or none is left: a
-        job's thousands of matchers are built in time the host would spend waiting, not beside its
-        steps' masks."""
+        """Builds the matchers of states noted by `expect`, oldest first, a few at a time, and fills
+        their first masks together on llguidance's threads (a new matcher's first mask costs more
+        than later ones), kept for the step that samples first (GrammarState.next_bits); until
+        `done()` says what the host waits for has come, or none is left. A job's thousands of
+        matchers and first masks are made in time the host would spend waiting, not on the path
+        between a step's forward pass and its sampling."""
         while self._unbuilt and not done():
-            state = self._unbuilt.popleft()
-            if not state.built:
-                state.build()
-                self.stats.matchers_built_ahead += 1
+            fresh: list[GrammarState] = []
+            while self._unbuilt and len(fresh) < _AHEAD_BATCH:
+                state = self._unbuilt.popleft()
+                if not state.built:
+                    state.build()
+                    fresh.append(state)
+            fresh = [s for s in fresh if s.constrains and s.consumed == 0 and s.next_bits is None]
+            if not fresh:
+                continue
+            bitmask = llnp.allocate_token_bitmask(len(fresh), fresh[0].matcher_vocab)
+            llnp.fill_next_token_bitmask_par(
+                self.executor, [(state.matcher, i) for i, state in enumerate(fresh)], bitmask
+            )
+            bits = bitmask.view(np.uint32)
+            for i, state in enumerate(fresh):
+                state.next_bits = (0, bits[i])
+            self.stats.matchers_built_ahead += len(fresh)
 
     def masks(
         self,
