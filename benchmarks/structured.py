@@ -17,7 +17,13 @@ The first constrained mode fixes the lengths. Each mode's timed job follows a wa
 small job of the same shape. Prints one JSON line per mode (with the host time spent on masks per
 masked step, and the GPU's idle time waiting for masks), then the ratio.
 
-  python benchmarks/structured.py --tokenizer /path/ggml-vocab-llama-bpe.gguf [--requests 6400]
+  python benchmarks/structured.py --tokenizer /path/llama3-tokenizer [--requests 6400] [--step-log F]
+
+The tokenizer directory holds Llama 3's tokenizer.json (and a config.json). llama.cpp's vocab file
+models/ggml-vocab-llama-bpe.gguf (also inside the llama-cpp-python sdist) becomes one with
+  AutoTokenizer.from_pretrained(dir, gguf_file="ggml-vocab-llama-bpe.gguf").save_pretrained(out)
+plus a config.json of {"model_type": "llama"}; the GGUF file itself is refused (its decoder reads
+newlines as the bytes of "Ċ", which would make every mask wrong).
 """
 
 from __future__ import annotations
