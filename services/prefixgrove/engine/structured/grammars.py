@@ -122,8 +122,9 @@ class GrammarCompiler:
 
     def matcher(self, grammar: str) -> llguidance.LLMatcher:
         """A new matcher at the start of a grammar `compile` returned (which built one already, so
-        this one builds too). About 0.5 ms for a JSON schema on Llama 3's vocabulary, so sequences
-        build theirs when first scheduled (GrammarState), not as a job of thousands is taken in.
+        this one builds too). About 0.5 ms for a JSON schema on Llama 3's vocabulary, so a sequence
+        builds its own when its first mask needs it, or ahead while the host waits for the device
+        (StepMasker.build_ahead), not as a job of thousands is taken in.
         Not `deep_copy` of a kept one: copies share their parser's lexer behind a lock, and a
         step's masks, filled in parallel, then took 8x as long (benchmarks/RESULTS.md)."""
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)

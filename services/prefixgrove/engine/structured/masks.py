@@ -36,8 +36,9 @@ class GrammarState:
     """A sequence's matcher and the output tokens it has consumed (it may run ahead of the tokens the
     host has taken in, never behind what a step samples after)."""
 
-    # builds the matcher where it is first needed: as its sequence's first step is enqueued, not
-    # as the request is taken in (a job of thousands would wait seconds for all of them)
+    # builds the matcher when its first mask needs it, or ahead while the host waits for the device
+    # (StepMasker.build_ahead); not as the request is taken in, where a job of thousands would wait
+    # seconds for all of them before its first step
     new_matcher: Callable[[], llguidance.LLMatcher]
     eos_token_ids: frozenset[int]
     matcher_vocab: int  # token ids the matcher's masks cover
