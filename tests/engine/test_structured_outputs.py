@@ -363,9 +363,11 @@ def jump_params() -> list[SamplingParams]:
 @pytest.mark.parametrize(
     "options",
     [
-        {"num_scheduler_steps": 8},
+        # with windows, jump-forward runs while requests wait for a seat (then only decoding is
+        # left, and windows take the forced tokens: the test below)
+        {"num_scheduler_steps": 8, "max_num_seqs": 4},
         {"num_scheduler_steps": 1, "enable_prefix_grouping": False},
-        {"num_scheduler_steps": 4, "async_scheduling": False},
+        {"num_scheduler_steps": 4, "async_scheduling": False, "max_num_seqs": 4},
     ],
     ids=["grouped-window8", "ungrouped-step1", "window4-sync"],
 )
@@ -393,6 +395,22 @@ def test_jump_forward_gives_step_by_step_outputs_token_for_token(prompts, option
     assert jumped.engine.runner.masker.stats.rows_reused > 0
     assert stepped.engine.runner.masker.stats.rows_reused == 0
     assert_no_leak(jumped)
+
+
+def test_once_only_decoding_is_left_windows_take_the_forced_tokens(prompts):
+    """With every request decoding and none waiting, decode windows (a CUDA graph per step, no
+    round trip) take the forced tokens step by step instead of a chunk each: nothing jumps, and the
+    outputs are step-by-step decoding's."""
+    params = jump_params()
+    job = (prompts * 4)[: len(params)]
+    options = {"num_scheduler_steps": 8, "enable_prefix_grouping": False}
+    windows = engine(SMOLLM2, **options)  # every prompt computed in the first step
+    outputs = run(windows, job, params)
+    reference = run(engine(SMOLLM2, structured_outputs_jump_forward=False, **options), job, params)
+    assert token_ids(outputs) == token_ids(reference)
+    assert windows.engine.metrics.tokens_jumped == 0
+    assert windows.engine.metrics.decode_steps > 0
+    assert_no_leak(windows)
 
 
 @pytest.mark.parametrize("max_tokens", [1, 2, 5, 9])

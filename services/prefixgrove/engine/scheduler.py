@@ -61,6 +61,14 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.ready_groups or self.running)
 
+    @property
+    def only_decoding_left(self) -> bool:
+        """Whether every unfinished request is decoding: none waits to start and none has prompt
+        tokens left to compute, so every step from here on is decode-only."""
+        return (
+            not self.waiting and not self.ready_groups and all(s.is_decoding for s in self.running)
+        )
+
     # -- one step ---------------------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:

@@ -273,6 +273,10 @@ class StepMasker:
                 if token not in state.eos_token_ids:
                     state.only_token = (index, token)
 
+    def forget_recent(self) -> None:
+        """Drops the masks kept for note_only_tokens (jump-forward passes over them)."""
+        self._recent = []
+
     def forced_runs(self, starts: Seq[tuple[GrammarState, int]]) -> list[list[int]]:
         """For each (state, limit) whose `only_token` is the next token it consumes: that token and
         the tokens that then follow it alone (each the one token its grammar allows, never an EOS), at
