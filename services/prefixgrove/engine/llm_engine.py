@@ -446,14 +446,15 @@ class LLMEngine:
         their rows over as they land. Not for requests asking for logprobs (a skipped step has no
         logits).
 
-        Not once only decoding is left and steps run in windows: a run's chunk would make its step
-        a mixed one, run without a CUDA graph and with the host's work for it each step, where the
-        same tokens decode in windows of steps with no round trip (on the extraction job of
-        benchmarks/structured.py its last 28 steps took 1.79 s jumping, 0.75 s in windows)."""
+        Not once every prompt is computed and steps run in windows: a run's chunk makes its step a
+        mixed one, run without a CUDA graph and with the host's work for it each step, where with
+        no prompt work left the same tokens decode in windows of steps with no round trip (on the
+        extraction job of benchmarks/structured.py its last 28 steps took 1.79 s jumping, 0.75 s
+        in windows). Runs already appended are computed by the next step; then windows follow."""
         if not self.config.scheduler.jump_forward:
             return []
         masker = self.runner.masker
-        if self.config.scheduler.num_scheduler_steps > 1 and self.scheduler.only_decoding_left:
+        if self.config.scheduler.num_scheduler_steps > 1 and self.scheduler.prompts_all_computed:
             masker.forget_recent()
             return []
         masker.note_only_tokens()

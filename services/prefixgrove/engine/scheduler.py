@@ -62,11 +62,14 @@ class Scheduler:
         return bool(self.waiting or self.ready_groups or self.running)
 
     @property
-    def only_decoding_left(self) -> bool:
-        """Whether every unfinished request is decoding: none waits to start and none has prompt
-        tokens left to compute, so every step from here on is decode-only."""
+    def prompts_all_computed(self) -> bool:
+        """Whether every unfinished request has its prompt computed: none waits to start, and each
+        running one has sampled (what it has left to compute are output tokens: its last one, or
+        tokens jump-forward appended), so no step from here on has prompt work."""
         return (
-            not self.waiting and not self.ready_groups and all(s.is_decoding for s in self.running)
+            not self.waiting
+            and not self.ready_groups
+            and all(s.num_generated > 0 for s in self.running)
         )
 
     # -- one step ---------------------------------------------------------------------------------------
