@@ -397,19 +397,31 @@ def test_jump_forward_gives_step_by_step_outputs_token_for_token(prompts, option
     assert_no_leak(jumped)
 
 
-def test_once_only_decoding_is_left_windows_take_the_forced_tokens(prompts):
-    """With every request decoding and none waiting, decode windows (a CUDA graph per step, no
-    round trip) take the forced tokens step by step instead of a chunk each: nothing jumps, and the
-    outputs are step-by-step decoding's."""
+@pytest.mark.parametrize("grouping", [False, True], ids=["ungrouped", "grouped"])
+def test_once_every_prompt_is_computed_windows_take_the_forced_tokens(prompts, grouping):
+    """With every prompt computed (a group's too) and none waiting, decode windows (a CUDA graph
+    per step, no round trip) take the forced tokens step by step instead of a chunk each: no run
+    is forced from then on, and the outputs are step-by-step decoding's."""
     params = jump_params()
     job = (prompts * 4)[: len(params)]
-    options = {"num_scheduler_steps": 8, "enable_prefix_grouping": False}
-    windows = engine(SMOLLM2, **options)  # every prompt computed in the first step
+    options = {"num_scheduler_steps": 8, "enable_prefix_grouping": grouping}
+    windows = engine(SMOLLM2, **options)
+    requests, masker = windows.engine._requests, windows.engine.runner.masker
+    forced_runs, seen = masker.forced_runs, []
+
+    def recorded(*args, **kwargs):
+        # whether every request the engine holds has sampled (its prompt computed)
+        seen.append(all(seq.num_generated > 0 for seq in requests.values()))
+        return forced_runs(*args, **kwargs)
+
+    masker.forced_runs = recorded
     outputs = run(windows, job, params)
     reference = run(engine(SMOLLM2, structured_outputs_jump_forward=False, **options), job, params)
     assert token_ids(outputs) == token_ids(reference)
-    assert windows.engine.metrics.tokens_jumped == 0
+    assert not any(seen)  # never once every prompt was computed
     assert windows.engine.metrics.decode_steps > 0
+    if not grouping:  # every prompt is computed by the first step: nothing ever jumps
+        assert windows.engine.metrics.tokens_jumped == 0
     assert_no_leak(windows)
 
 

@@ -63,12 +63,13 @@ class Scheduler:
 
     @property
     def prompts_all_computed(self) -> bool:
-        """Whether every unfinished request has its prompt computed: none waits to start, and each
+        """Whether every unfinished request has its prompt computed: none waits to start (a ready
+        group stays listed until its last request ends; only its pending ones wait), and each
         running one has sampled (what it has left to compute are output tokens: its last one, or
         tokens jump-forward appended), so no step from here on has prompt work."""
         return (
             not self.waiting
-            and not self.ready_groups
+            and not any(group.pending for group in self.ready_groups)
             and all(s.num_generated > 0 for s in self.running)
         )
 
