@@ -261,43 +261,99 @@ def test_a_sequence_builds_its_matcher_when_its_first_mask_is_built():
     assert len(built) == 2
 
 
-def test_matchers_are_built_ahead_oldest_first_until_the_device_is_done():
-    """On CUDA the host builds the matchers of requests not yet sampled while it waits for the
-    device, a few between looks at whether the wait is over, and fills their first masks: the
-    masks their first step would fill, which that step then takes. One built already is skipped."""
-    import torch
-
+def _regex_states(count: int, regex: str = "(ab|b[a-c])+", fail_at: int | None = None):
+    """`count` states of one regex on the byte tokenizer, and the list each build appends its
+    state's index to (the build of state `fail_at` raises)."""
     from prefixgrove.catalog.byte_tokenizer import EOS_ID, VOCAB_SIZE, byte_tokenizer
     from prefixgrove.engine.structured.grammars import GrammarCompiler
-    from prefixgrove.engine.structured.masks import _AHEAD_BATCH, GrammarState, StepMasker
+    from prefixgrove.engine.structured.masks import GrammarState
 
     compiler = GrammarCompiler(byte_tokenizer(), VOCAB_SIZE, [EOS_ID])
-    grammar = compiler.compile(StructuredOutputsParams(regex="(ab|b[a-c])+"))
+    grammar = compiler.compile(StructuredOutputsParams(regex=regex))
+    built: list[int] = []
 
-    def state() -> GrammarState:
-        return GrammarState(partial(compiler.matcher, grammar), frozenset([EOS_ID]), VOCAB_SIZE)
+    def new_matcher(i: int):
+        if i == fail_at:
+            raise ValueError("structured_outputs does not compile: broken on purpose")
+        built.append(i)
+        return compiler.matcher(grammar)
 
-    states = [state() for _ in range(2 * _AHEAD_BATCH + 3)]
-    masker = StepMasker(torch.device("cuda"))  # builds ahead; nothing here touches the device
+    states = [GrammarState(partial(new_matcher, i), frozenset([EOS_ID]), VOCAB_SIZE)
+              for i in range(count)]  # fmt: skip
+    return states, built
+
+
+def test_builder_threads_build_matchers_ahead_and_first_masks_fill_while_the_host_waits():
+    """With builder threads (CUDA's default) the matchers of requests taken in are built on them,
+    oldest first, at most ahead_limit beyond those sampled; build_ahead hands out more as steps
+    sample, and fills first masks, a few between looks at whether the wait is over, which the
+    first step then takes. A state a step has masked, or an aborted one, gets none."""
+    import torch
+
+    from prefixgrove.engine.structured.masks import _AHEAD_BATCH, StepMasker
+
+    limit = 2 * _AHEAD_BATCH + 3
+    states, built = _regex_states(limit + 5)
+    masker = StepMasker(torch.device("cpu"), builder_threads=2, ahead_limit=limit)
     for s in states:
         masker.expect(s)
-    states[1].build()  # its first mask came first
-    masker.build_ahead(lambda: states[0].built)  # over after the first few
-    first = _AHEAD_BATCH + 1
-    assert [s.built for s in states] == [True] * first + [False] * (len(states) - first)
-    assert states[1].next_bits is None
+    for s in states[:limit]:
+        s.build()  # waits for its builder thread, or takes the build over: built once either way
+    assert sorted(built) == list(range(limit)) and not any(s.built for s in states[limit:])
+    step = masker.masks(states[1:2], lambda r, start: [], [0])  # a step samples state 1 first
+    assert step is not None and states[1].masked
+    states[2].ended = True  # aborted
+    looks = []
+    masker.build_ahead(lambda: bool(looks.append(1)) or len(looks) > 1)  # one batch, then done
+    assert [s.next_bits is not None for s in states[: _AHEAD_BATCH + 3]] == (
+        [True, False, False] + [True] * (_AHEAD_BATCH - 1) + [False]
+    )
+    assert masker.stats.matchers_built_ahead == _AHEAD_BATCH
+    masker.build_ahead(lambda: False)  # states 1 and 2 made room for two more, no more
+    assert sorted(built) == list(range(limit + 2))
+    filled = [i for i, s in enumerate(states) if s.next_bits is not None]
+    assert filled == [0, *range(3, limit + 2)]
+    kept = masker.masks(states[:1], lambda r, start: [], [0])
+    fresh = StepMasker(torch.device("cpu")).masks(_regex_states(1)[0], lambda r, start: [], [0])
+    assert kept is not None and fresh is not None
+    assert torch.equal(kept.bitmask, fresh.bitmask) and masker.stats.rows_reused == 1
+    masker.masks(states[3:5], lambda r, start: [], [0, 0])
+    masker.build_ahead(lambda: False)  # three more sampled: the rest are handed out
+    assert sorted(built) == list(range(len(states))) and len(set(built)) == len(built)
+    assert all(s.next_bits is not None for s in states[limit + 2 :])
+    assert masker.stats.matchers_built_ahead == len(states) - 2
+
+
+def test_a_build_that_fails_on_a_builder_thread_fails_at_the_first_mask():
+    """A builder thread's error is not lost: the step that masks the state raises it."""
+    import torch
+
+    from prefixgrove.engine.structured.masks import StepMasker
+
+    states, _ = _regex_states(3, fail_at=1)
+    masker = StepMasker(torch.device("cpu"), builder_threads=1)
+    for s in states:
+        masker.expect(s)
+    with pytest.raises(ValueError, match="broken on purpose"):
+        masker.masks(states, lambda r, start: [], [0, 0, 0])
+
+
+def test_without_builder_threads_each_matcher_is_built_at_its_first_mask():
+    """The CPU's default: nothing is built ahead, and build_ahead has nothing to do."""
+    import torch
+
+    from prefixgrove.engine.structured.masks import StepMasker, default_builder_threads
+
+    assert default_builder_threads(torch.device("cpu")) == 0
+    assert default_builder_threads(torch.device("cuda")) >= 1
+    states, built = _regex_states(2)
+    masker = StepMasker(torch.device("cpu"))
+    for s in states:
+        masker.expect(s)
     masker.build_ahead(lambda: False)
-    assert all(s.built for s in states)
-    assert masker.stats.matchers_built_ahead == len(states) - 1
-    on_cpu = StepMasker(torch.device("cpu"))
-    filled = on_cpu.masks([state()], lambda r, start: [], [0])
-    kept = on_cpu.masks(states[:1], lambda r, start: [], [0])
-    assert filled is not None and kept is not None
-    assert torch.equal(filled.bitmask, kept.bitmask) and on_cpu.stats.rows_reused == 1
-    late = state()  # on the CPU, each matcher is built at its first mask instead
-    on_cpu.expect(late)
-    on_cpu.build_ahead(lambda: False)
-    assert not late.built
+    assert not built
+    masker.masks(states[:1], lambda r, start: [], [0])
+    assert built == [0]
 
 
 def test_many_rows_catch_up_on_llguidance_threads_as_one_by_one():
@@ -395,6 +451,39 @@ def test_jump_forward_gives_step_by_step_outputs_token_for_token(prompts, option
     assert jumped.engine.runner.masker.stats.rows_reused > 0
     assert stepped.engine.runner.masker.stats.rows_reused == 0
     assert_no_leak(jumped)
+
+
+def test_matchers_built_on_builder_threads_give_the_outputs_of_matchers_built_at_first_masks(
+    prompts,
+):
+    """CUDA's builder threads, here on the CPU: requests waiting for a seat have their matchers
+    built on them, at most a few ahead (sampled ones make room for more); the outputs are those of
+    matchers built at first masks."""
+    import threading
+
+    import torch
+
+    from prefixgrove.engine.structured.masks import StepMasker
+
+    params = jump_params()
+    job = (prompts * 4)[: len(params)]
+    options = {"num_scheduler_steps": 8, "max_num_seqs": 4}
+    threaded = engine(SMOLLM2, **options)
+    runner = threaded.engine.runner
+    runner.masker = StepMasker(torch.device("cpu"), jump_forward=True, builder_threads=2,
+                               ahead_limit=5)  # fmt: skip
+    grammars = threaded.engine.grammars
+    matcher, built_on = grammars.matcher, []
+    grammars.matcher = lambda g: built_on.append(threading.current_thread().name) or matcher(g)
+    outputs = run(threaded, job, params)
+    reference = run(engine(SMOLLM2, **options), job, params)
+    assert token_ids(outputs) == token_ids(reference)
+    constraints = [p.structured_outputs for p in params if p.structured_outputs is not None]
+    # each request's matcher once, and compile's check of each grammar
+    assert len(built_on) == len(constraints) + len({c.key for c in constraints})
+    assert sum(name.startswith("grammar-build") for name in built_on) > 5  # refilled as sampled
+    assert len(runner.masker._ahead) <= 5
+    assert_no_leak(threaded)
 
 
 @pytest.mark.parametrize("grouping", [False, True], ids=["ungrouped", "grouped"])

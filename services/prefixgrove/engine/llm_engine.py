@@ -286,6 +286,8 @@ class LLMEngine:
             if seq is not None and not seq.finished:
                 seq.finish_reason = "abort"
                 self.scheduler.finish(seq)
+                if seq.grammar is not None:
+                    seq.grammar.ended = True  # nothing is built or masked ahead for it any more
         for rid in request_ids:
             if len(self._sample_sets.sample_ids(rid)) > 1:  # none of its samples is answered
                 self._ready = [out for out in self._ready if out.request_id not in samples]

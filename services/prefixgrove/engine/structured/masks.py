@@ -10,10 +10,12 @@ advanced and their masks filled on llguidance's threads, without the GIL.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import llguidance
@@ -26,9 +28,20 @@ from ..sampler import to_device
 logger = logging.getLogger(__name__)
 # from this many matchers on, a step's tokens are consumed on llguidance's threads
 _PARALLEL_ROWS = 16
-# matchers built ahead between looks at whether the wait is over (about 0.5 ms each), whose first
-# masks are then filled together
+# first masks filled ahead between looks at whether the host's wait is over, together
 _AHEAD_BATCH = 8
+# states handed to the builder threads and not sampled yet, at most: a matcher and its first mask hold
+# about 25 KB on Llama 3's vocabulary, and a job of a million requests must not hold them all at once
+_AHEAD_LIMIT = 2048
+
+
+def default_builder_threads(device: torch.device) -> int:
+    """Threads that build matchers ahead: none on the CPU (its cores run the model; each matcher is
+    built at its first mask), on CUDA a quarter of the host's cores, at most 4 (building needs no
+    GIL; llguidance's own threads fill the masks)."""
+    if device.type != "cuda":
+        return 0
+    return max(1, min(4, (os.cpu_count() or 1) // 4))
 
 
 @dataclass
@@ -36,9 +49,9 @@ class GrammarState:
     """A sequence's matcher and the output tokens it has consumed (it may run ahead of the tokens the
     host has taken in, never behind what a step samples after)."""
 
-    # builds the matcher when its first mask needs it, or ahead while the host waits for the device
-    # (StepMasker.build_ahead); not as the request is taken in, where a job of thousands would wait
-    # seconds for all of them before its first step
+    # builds the matcher (about 0.5 ms): on a builder thread ahead of the first mask (StepMasker), or
+    # when the first mask needs it; never on the path that takes a request in, where a job of
+    # thousands would wait seconds for all of them before its first step
     new_matcher: Callable[[], llguidance.LLMatcher]
     eos_token_ids: frozenset[int]
     matcher_vocab: int  # token ids the matcher's masks cover
@@ -51,7 +64,9 @@ class GrammarState:
     # token after a jump-forward run, filled to learn that it is not forced, or a first mask filled
     # ahead); that step's mask, while the matcher stays there
     next_bits: tuple[int, np.ndarray] | None = None
+    masked: bool = False  # a step has masked it (a first mask filled ahead would come too late)
     _matcher: llguidance.LLMatcher | None = None
+    _building: Future[None] | None = None  # its build handed to a builder thread
 
     @property
     def matcher(self) -> llguidance.LLMatcher:
@@ -64,9 +79,23 @@ class GrammarState:
         return self._matcher is not None
 
     def build(self) -> None:
-        """Builds the matcher, if not built yet."""
+        """Builds the matcher, if not built yet: here, or by waiting for the builder thread that has
+        started on it (whose error, if it failed, is raised here)."""
+        if self._matcher is not None:
+            return
+        building, self._building = self._building, None
+        if building is not None and not building.cancel():
+            building.result()
         if self._matcher is None:
             self._matcher = self.new_matcher()
+
+    def build_on(self, builders: ThreadPoolExecutor) -> None:
+        """Hands the build to a builder thread; `build` then takes it over if no thread has started
+        on it yet, or waits for the one that has."""
+        self._building = builders.submit(self._build_here)
+
+    def _build_here(self) -> None:
+        self._matcher = self.new_matcher()
 
     @property
     def consumed(self) -> int:
@@ -112,7 +141,8 @@ class MaskStats:
     # of `rows`, masks filled before their step (GrammarState.next_bits): by jump-forward, or as
     # the matcher was built ahead
     rows_reused: int = 0
-    # matchers built, and their first masks filled, while the host waited for the device
+    # first masks filled while the host waited for the device (their matchers built on the builder
+    # threads)
     matchers_built_ahead: int = 0
     measure_idle: bool = False
     idle_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list)
@@ -152,38 +182,67 @@ def only_tokens(bits: np.ndarray) -> list[tuple[int, int]]:
 class StepMasker:
     """Builds the token masks of a step's constrained rows."""
 
-    def __init__(self, device: torch.device, jump_forward: bool = False) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        jump_forward: bool = False,
+        builder_threads: int | None = None,
+        ahead_limit: int = _AHEAD_LIMIT,
+    ) -> None:
         self.device = device
         self.jump_forward = jump_forward  # whether masks are kept for note_only_tokens
         self._executor: llguidance.LLExecutor | None = None
         self.stats = MaskStats()
         # masks built since note_only_tokens last looked: (host bits, (state, output index) per row)
         self._recent: list[tuple[np.ndarray, list[tuple[GrammarState, int]]]] = []
-        # on CUDA, states whose matchers may not be built yet, in the order their requests came
-        # in (about the order they are scheduled): build_ahead builds them while the host waits
-        self._unbuilt: deque[GrammarState] = deque()
-        self._builds_ahead = device.type == "cuda"
+        # Building ahead (builder_threads > 0, the CUDA default): states noted by `expect`, in the
+        # order their requests came in (about the order they are scheduled), go to the builder
+        # threads while fewer than ahead_limit of those handed out are unsampled; build_ahead fills
+        # their first masks while the host waits for the device.
+        threads = default_builder_threads(device) if builder_threads is None else builder_threads
+        self._builders = (
+            ThreadPoolExecutor(threads, thread_name_prefix="grammar-build") if threads else None
+        )
+        self._ahead_limit = ahead_limit
+        self._waiting: deque[GrammarState] = deque()  # not handed to a builder yet
+        self._ahead: list[GrammarState] = []  # handed to a builder, not masked by a step yet
+        self._unmasked: deque[GrammarState] = deque()  # handed out, first mask not filled ahead
 
     def expect(self, state: GrammarState) -> None:
-        """Notes a new sequence's state, whose matcher build_ahead may build before its first mask."""
-        if self._builds_ahead:
-            self._unbuilt.append(state)
+        """Notes a new sequence's state, whose matcher may then be built before its first mask."""
+        if self._builders is not None:
+            self._waiting.append(state)
+            self._hand_out()
+
+    def _hand_out(self) -> None:
+        assert self._builders is not None
+        while self._waiting and len(self._ahead) < self._ahead_limit:
+            state = self._waiting.popleft()
+            if state.ended or state.masked:  # aborted, or already sampling
+                continue
+            state.build_on(self._builders)
+            self._ahead.append(state)
+            self._unmasked.append(state)
 
     def build_ahead(self, done: Callable[[], bool]) -> None:
-        """Builds the matchers of states noted by `expect`, oldest first, a few at a time, and fills
-        their first masks together on llguidance's threads (a new matcher's first mask costs more
-        than later ones), kept for the step that samples first (GrammarState.next_bits); until
-        `done()` says what the host waits for has come, or none is left. A job's thousands of
-        matchers and first masks are made in time the host would spend waiting, not on the path
-        between a step's forward pass and its sampling."""
-        while self._unbuilt and not done():
+        """Hands more states to the builder threads as earlier ones have been sampled, then fills
+        the first masks of those built, oldest first, a few together on llguidance's threads (a new
+        matcher's first mask costs more than later ones), kept for the step that samples first
+        (GrammarState.next_bits); until `done()` says what the host waits for has come, or none is
+        left. A job's thousands of matchers and first masks are made off the path between a step's
+        forward pass and its sampling."""
+        if self._builders is None:
+            return
+        self._ahead = [s for s in self._ahead if not (s.masked or s.ended)]
+        self._hand_out()
+        while self._unmasked and not done():
             fresh: list[GrammarState] = []
-            while self._unbuilt and len(fresh) < _AHEAD_BATCH:
-                state = self._unbuilt.popleft()
-                if not state.built:
-                    state.build()
+            while self._unmasked and len(fresh) < _AHEAD_BATCH:
+                state = self._unmasked.popleft()
+                if not (state.masked or state.ended):
+                    state.build()  # built by now, mostly; else waits for it or takes it over
                     fresh.append(state)
-            fresh = [s for s in fresh if s.constrains and s.consumed == 0 and s.next_bits is None]
+            fresh = [s for s in fresh if s.constrains and s.next_bits is None]
             if not fresh:
                 continue
             bitmask = llnp.allocate_token_bitmask(len(fresh), fresh[0].matcher_vocab)
@@ -205,11 +264,12 @@ class StepMasker:
         sampled before this step; `tokens_from(r, i)` returns those from the i-th on (called only
         for rows whose matcher has not consumed them all)."""
         start = time.perf_counter()
-        # Rows sampling for the first time build their matchers before the wait for the tokens in
-        # flight below, in time the host would spend waiting.
+        # Rows sampling for the first time build their matchers (or wait for a builder thread's)
+        # before the wait for the tokens in flight below, in time the host would spend waiting.
         for state in states:
             if state is not None:
                 state.build()
+                state.masked = True
         behind = {
             r: tokens_from(r, state.consumed)[: produced[r] - state.consumed]
             for r, state in enumerate(states)
