@@ -283,63 +283,62 @@ def _regex_states(count: int, regex: str = "(ab|b[a-c])+", fail_at: int | None =
     return states, built
 
 
-def test_builder_threads_build_matchers_ahead_and_first_masks_fill_while_the_host_waits():
-    """With builder threads (CUDA's default) the matchers of requests taken in are built on them,
-    oldest first, at most ahead_limit beyond those sampled; build_ahead hands out more as steps
-    sample, and fills first masks, a few between looks at whether the wait is over, which the
-    first step then takes. A state a step has masked, or an aborted one, gets none."""
+def test_matchers_are_built_ahead_oldest_first_until_the_device_is_done():
+    """On CUDA the host builds the matchers of requests not yet sampled while it waits for the
+    device (a batch at a time on the builder threads, between looks at whether the wait is over),
+    at most ahead_limit beyond those sampled, and fills their first masks, which their first step
+    then takes. One a step has masked already, or an aborted one, is skipped."""
     import torch
 
     from prefixgrove.engine.structured.masks import _AHEAD_BATCH, StepMasker
 
-    limit = 2 * _AHEAD_BATCH + 3
-    states, built = _regex_states(limit + 5)
-    masker = StepMasker(torch.device("cpu"), builder_threads=2, ahead_limit=limit)
+    batch = _AHEAD_BATCH
+    states, built = _regex_states(3 * batch + 2)
+    # builds ahead; nothing here touches the device
+    masker = StepMasker(torch.device("cuda"), builder_threads=2, ahead_limit=batch + 1)
     for s in states:
         masker.expect(s)
-    for s in states[:limit]:
-        s.build()  # waits for its builder thread, or takes the build over: built once either way
-    assert sorted(built) == list(range(limit)) and not any(s.built for s in states[limit:])
-    step = masker.masks(states[1:2], lambda r, start: [], [0])  # a step samples state 1 first
-    assert step is not None and states[1].masked
+    assert not built
+    states[1].build()  # its first step came first (as masks() marks a row it masks)
+    states[1].masked = True
     states[2].ended = True  # aborted
-    looks = []
+    looks: list[int] = []
     masker.build_ahead(lambda: bool(looks.append(1)) or len(looks) > 1)  # one batch, then done
-    assert [s.next_bits is not None for s in states[: _AHEAD_BATCH + 3]] == (
-        [True, False, False] + [True] * (_AHEAD_BATCH - 1) + [False]
+    assert sorted(built) == [0, 1, *range(3, batch + 2)]
+    assert [s.next_bits is not None for s in states[: batch + 3]] == (
+        [True, False, False] + [True] * (batch - 1) + [False]
     )
-    assert masker.stats.matchers_built_ahead == _AHEAD_BATCH
-    masker.build_ahead(lambda: False)  # states 1 and 2 made room for two more, no more
-    assert sorted(built) == list(range(limit + 2))
-    filled = [i for i, s in enumerate(states) if s.next_bits is not None]
-    assert filled == [0, *range(3, limit + 2)]
-    kept = masker.masks(states[:1], lambda r, start: [], [0])
-    fresh = StepMasker(torch.device("cpu")).masks(_regex_states(1)[0], lambda r, start: [], [0])
+    assert masker.stats.matchers_built_ahead == batch
+    masker.build_ahead(lambda: False)  # one more batch reaches the limit: no more
+    assert sorted(built) == [0, 1, *range(3, 2 * batch + 2)]
+    on_cpu = StepMasker(torch.device("cpu"))
+    kept = on_cpu.masks(states[:1], lambda r, start: [], [0])
+    fresh = on_cpu.masks(_regex_states(1)[0], lambda r, start: [], [0])
     assert kept is not None and fresh is not None
-    assert torch.equal(kept.bitmask, fresh.bitmask) and masker.stats.rows_reused == 1
-    masker.masks(states[3:5], lambda r, start: [], [0, 0])
-    masker.build_ahead(lambda: False)  # three more sampled: the rest are handed out
-    assert sorted(built) == list(range(len(states))) and len(set(built)) == len(built)
-    assert all(s.next_bits is not None for s in states[limit + 2 :])
+    assert torch.equal(kept.bitmask, fresh.bitmask) and on_cpu.stats.rows_reused == 1
+    for s in states[3 : 2 * batch + 2]:
+        s.masked = True
+    masker.build_ahead(lambda: False)  # those sampled made room: the rest are built
+    assert sorted(built) == [i for i in range(len(states)) if i != 2]
+    assert all(s.next_bits is not None for s in states[2 * batch + 2 :])
     assert masker.stats.matchers_built_ahead == len(states) - 2
 
 
-def test_a_build_that_fails_on_a_builder_thread_fails_at_the_first_mask():
+def test_a_build_that_fails_on_a_builder_thread_fails_its_step():
     """A builder thread's error is not lost: the step that masks the state raises it."""
     import torch
 
     from prefixgrove.engine.structured.masks import StepMasker
 
     states, _ = _regex_states(3, fail_at=1)
-    masker = StepMasker(torch.device("cpu"), builder_threads=1)
-    for s in states:
-        masker.expect(s)
     with pytest.raises(ValueError, match="broken on purpose"):
-        masker.masks(states, lambda r, start: [], [0, 0, 0])
+        StepMasker(torch.device("cpu"), builder_threads=2).masks(
+            states, lambda r, start: [], [0, 0, 0]
+        )
 
 
 def test_without_builder_threads_each_matcher_is_built_at_its_first_mask():
-    """The CPU's default: nothing is built ahead, and build_ahead has nothing to do."""
+    """The CPU's default: no builder threads, nothing built ahead."""
     import torch
 
     from prefixgrove.engine.structured.masks import StepMasker, default_builder_threads
@@ -453,12 +452,9 @@ def test_jump_forward_gives_step_by_step_outputs_token_for_token(prompts, option
     assert_no_leak(jumped)
 
 
-def test_matchers_built_on_builder_threads_give_the_outputs_of_matchers_built_at_first_masks(
-    prompts,
-):
-    """CUDA's builder threads, here on the CPU: requests waiting for a seat have their matchers
-    built on them, at most a few ahead (sampled ones make room for more); the outputs are those of
-    matchers built at first masks."""
+def test_matchers_built_on_builder_threads_give_the_outputs_of_matchers_built_one_by_one(prompts):
+    """CUDA's builder threads, here on the CPU: a step's new rows have their matchers built on
+    them; the outputs are those of matchers built one by one on the host's thread."""
     import threading
 
     import torch
@@ -467,11 +463,10 @@ def test_matchers_built_on_builder_threads_give_the_outputs_of_matchers_built_at
 
     params = jump_params()
     job = (prompts * 4)[: len(params)]
-    options = {"num_scheduler_steps": 8, "max_num_seqs": 4}
+    options = {"num_scheduler_steps": 8, "max_num_seqs": 8}
     threaded = engine(SMOLLM2, **options)
     runner = threaded.engine.runner
-    runner.masker = StepMasker(torch.device("cpu"), jump_forward=True, builder_threads=2,
-                               ahead_limit=5)  # fmt: skip
+    runner.masker = StepMasker(torch.device("cpu"), jump_forward=True, builder_threads=2)
     grammars = threaded.engine.grammars
     matcher, built_on = grammars.matcher, []
     grammars.matcher = lambda g: built_on.append(threading.current_thread().name) or matcher(g)
@@ -481,8 +476,7 @@ def test_matchers_built_on_builder_threads_give_the_outputs_of_matchers_built_at
     constraints = [p.structured_outputs for p in params if p.structured_outputs is not None]
     # each request's matcher once, and compile's check of each grammar
     assert len(built_on) == len(constraints) + len({c.key for c in constraints})
-    assert sum(name.startswith("grammar-build") for name in built_on) > 5  # refilled as sampled
-    assert len(runner.masker._ahead) <= 5
+    assert sum(name.startswith("grammar-build") for name in built_on) > 1
     assert_no_leak(threaded)
 
 

@@ -412,9 +412,7 @@ class ModelRunner:
         return host, done
 
     def _wait(self, host: torch.Tensor, done: torch.cuda.Event | None) -> np.ndarray:
-        # grammar matchers handed out, and first masks filled, in time spent waiting anyway (on
-        # the CPU there is no waiting: handed out only)
-        self.masker.build_ahead(done.query if done is not None else lambda: True)
         if done is not None:
+            self.masker.build_ahead(done.query)  # grammar matchers, in time spent waiting anyway
             done.synchronize()
         return host.numpy()

@@ -15,7 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import llguidance
@@ -28,17 +28,19 @@ from ..sampler import to_device
 logger = logging.getLogger(__name__)
 # from this many matchers on, a step's tokens are consumed on llguidance's threads
 _PARALLEL_ROWS = 16
-# first masks filled ahead between looks at whether the host's wait is over, together
-_AHEAD_BATCH = 8
-# states handed to the builder threads and not sampled yet, at most: a matcher and its first mask hold
-# about 25 KB on Llama 3's vocabulary, and a job of a million requests must not hold them all at once
+# matchers built ahead between looks at whether the wait is over (about 0.5 ms each, spread over the
+# builder threads), whose first masks are then filled together
+_AHEAD_BATCH = 16
+# states built ahead and not sampled yet, at most: a matcher and its first mask hold about 25 KB on
+# Llama 3's vocabulary, and a job of a million requests must not hold them all at once
 _AHEAD_LIMIT = 2048
 
 
 def default_builder_threads(device: torch.device) -> int:
-    """Threads that build matchers ahead: none on the CPU (its cores run the model; each matcher is
-    built at its first mask), on CUDA a quarter of the host's cores, at most 4 (building needs no
-    GIL; llguidance's own threads fill the masks)."""
+    """Threads that build matchers, only while the host would wait anyway (a step's new rows, the
+    batches built ahead): none on the CPU, whose cores run the model; on CUDA a quarter of the
+    host's cores, at most 4 (a build holds no GIL). Threads building beside the host's own work
+    slowed it: the GIL's hand-overs slowed taking a job in 8x (benchmarks/RESULTS.md)."""
     if device.type != "cuda":
         return 0
     return max(1, min(4, (os.cpu_count() or 1) // 4))
@@ -49,8 +51,8 @@ class GrammarState:
     """A sequence's matcher and the output tokens it has consumed (it may run ahead of the tokens the
     host has taken in, never behind what a step samples after)."""
 
-    # builds the matcher (about 0.5 ms): on a builder thread ahead of the first mask (StepMasker), or
-    # when the first mask needs it; never on the path that takes a request in, where a job of
+    # builds the matcher (about 0.5 ms) when its first mask needs it, or ahead while the host waits
+    # for the device (StepMasker.build_ahead); not as the request is taken in, where a job of
     # thousands would wait seconds for all of them before its first step
     new_matcher: Callable[[], llguidance.LLMatcher]
     eos_token_ids: frozenset[int]
@@ -66,7 +68,6 @@ class GrammarState:
     next_bits: tuple[int, np.ndarray] | None = None
     masked: bool = False  # a step has masked it (a first mask filled ahead would come too late)
     _matcher: llguidance.LLMatcher | None = None
-    _building: Future[None] | None = None  # its build handed to a builder thread
 
     @property
     def matcher(self) -> llguidance.LLMatcher:
@@ -79,23 +80,9 @@ class GrammarState:
         return self._matcher is not None
 
     def build(self) -> None:
-        """Builds the matcher, if not built yet: here, or by waiting for the builder thread that has
-        started on it (whose error, if it failed, is raised here)."""
-        if self._matcher is not None:
-            return
-        building, self._building = self._building, None
-        if building is not None and not building.cancel():
-            building.result()
+        """Builds the matcher, if not built yet (on any one thread: it holds no GIL meanwhile)."""
         if self._matcher is None:
             self._matcher = self.new_matcher()
-
-    def build_on(self, builders: ThreadPoolExecutor) -> None:
-        """Hands the build to a builder thread; `build` then takes it over if no thread has started
-        on it yet, or waits for the one that has."""
-        self._building = builders.submit(self._build_here)
-
-    def _build_here(self) -> None:
-        self._matcher = self.new_matcher()
 
     @property
     def consumed(self) -> int:
@@ -141,8 +128,7 @@ class MaskStats:
     # of `rows`, masks filled before their step (GrammarState.next_bits): by jump-forward, or as
     # the matcher was built ahead
     rows_reused: int = 0
-    # first masks filled while the host waited for the device (their matchers built on the builder
-    # threads)
+    # matchers built, and their first masks filled, while the host waited for the device
     matchers_built_ahead: int = 0
     measure_idle: bool = False
     idle_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list)
@@ -195,54 +181,50 @@ class StepMasker:
         self.stats = MaskStats()
         # masks built since note_only_tokens last looked: (host bits, (state, output index) per row)
         self._recent: list[tuple[np.ndarray, list[tuple[GrammarState, int]]]] = []
-        # Building ahead (builder_threads > 0, the CUDA default): states noted by `expect`, in the
-        # order their requests came in (about the order they are scheduled), go to the builder
-        # threads while fewer than ahead_limit of those handed out are unsampled; build_ahead fills
-        # their first masks while the host waits for the device.
         threads = default_builder_threads(device) if builder_threads is None else builder_threads
         self._builders = (
             ThreadPoolExecutor(threads, thread_name_prefix="grammar-build") if threads else None
         )
+        # On CUDA (the host waits there), states noted by `expect`, in the order their requests
+        # came in (about the order they are scheduled), whose matchers build_ahead may build; and
+        # those it built that no step has masked yet (at most ahead_limit)
+        self._builds_ahead = device.type == "cuda"
         self._ahead_limit = ahead_limit
-        self._waiting: deque[GrammarState] = deque()  # not handed to a builder yet
-        self._ahead: list[GrammarState] = []  # handed to a builder, not masked by a step yet
-        self._unmasked: deque[GrammarState] = deque()  # handed out, first mask not filled ahead
+        self._unbuilt: deque[GrammarState] = deque()
+        self._ahead: list[GrammarState] = []
 
     def expect(self, state: GrammarState) -> None:
-        """Notes a new sequence's state, whose matcher may then be built before its first mask."""
-        if self._builders is not None:
-            self._waiting.append(state)
-            self._hand_out()
+        """Notes a new sequence's state, whose matcher build_ahead may build before its first mask."""
+        if self._builds_ahead:
+            self._unbuilt.append(state)
 
-    def _hand_out(self) -> None:
-        assert self._builders is not None
-        while self._waiting and len(self._ahead) < self._ahead_limit:
-            state = self._waiting.popleft()
-            if state.ended or state.masked:  # aborted, or already sampling
-                continue
-            state.build_on(self._builders)
-            self._ahead.append(state)
-            self._unmasked.append(state)
+    def _build(self, states: list[GrammarState]) -> None:
+        """Builds the matchers of `states` not built yet, on the builder threads where there are."""
+        unbuilt = [s for s in states if not s.built]
+        if self._builders is not None and len(unbuilt) > 1:
+            for _ in self._builders.map(GrammarState.build, unbuilt):
+                pass  # a build's error is raised here
+        else:
+            for state in unbuilt:
+                state.build()
 
     def build_ahead(self, done: Callable[[], bool]) -> None:
-        """Hands more states to the builder threads as earlier ones have been sampled, then fills
-        the first masks of those built, oldest first, a few together on llguidance's threads (a new
-        matcher's first mask costs more than later ones), kept for the step that samples first
-        (GrammarState.next_bits); until `done()` says what the host waits for has come, or none is
-        left. A job's thousands of matchers and first masks are made off the path between a step's
-        forward pass and its sampling."""
-        if self._builders is None:
-            return
+        """Builds the matchers of states noted by `expect`, oldest first, a batch at a time, and
+        fills their first masks together on llguidance's threads (a new matcher's first mask costs
+        more than later ones), kept for the step that samples first (GrammarState.next_bits); until
+        `done()` says what the host waits for has come, none is left, or ahead_limit built ahead
+        wait for their first step. A job's thousands of matchers and first masks are made in time
+        the host would spend waiting, not on the path between a step's forward pass and its
+        sampling."""
         self._ahead = [s for s in self._ahead if not (s.masked or s.ended)]
-        self._hand_out()
-        while self._unmasked and not done():
+        while self._unbuilt and len(self._ahead) < self._ahead_limit and not done():
             fresh: list[GrammarState] = []
-            while self._unmasked and len(fresh) < _AHEAD_BATCH:
-                state = self._unmasked.popleft()
-                if not (state.masked or state.ended):
-                    state.build()  # built by now, mostly; else waits for it or takes it over
+            while self._unbuilt and len(fresh) < _AHEAD_BATCH:
+                state = self._unbuilt.popleft()
+                if not (state.built or state.masked or state.ended):  # none ended: aborted
                     fresh.append(state)
-            fresh = [s for s in fresh if s.constrains and s.next_bits is None]
+            self._build(fresh)
+            fresh = [s for s in fresh if s.constrains]
             if not fresh:
                 continue
             bitmask = llnp.allocate_token_bitmask(len(fresh), fresh[0].matcher_vocab)
@@ -252,6 +234,7 @@ class StepMasker:
             bits = bitmask.view(np.uint32)
             for i, state in enumerate(fresh):
                 state.next_bits = (0, bits[i])
+            self._ahead += fresh
             self.stats.matchers_built_ahead += len(fresh)
 
     def masks(
@@ -264,12 +247,12 @@ class StepMasker:
         sampled before this step; `tokens_from(r, i)` returns those from the i-th on (called only
         for rows whose matcher has not consumed them all)."""
         start = time.perf_counter()
-        # Rows sampling for the first time build their matchers (or wait for a builder thread's)
-        # before the wait for the tokens in flight below, in time the host would spend waiting.
-        for state in states:
-            if state is not None:
-                state.build()
-                state.masked = True
+        # Rows sampling for the first time build their matchers (on the builder threads) before the
+        # wait for the tokens in flight below, in time the host would spend waiting.
+        rows_states = [state for state in states if state is not None]
+        self._build(rows_states)
+        for state in rows_states:
+            state.masked = True
         behind = {
             r: tokens_from(r, state.consumed)[: produced[r] - state.consumed]
             for r, state in enumerate(states)
