@@ -249,10 +249,10 @@ class StepMasker:
         start = time.perf_counter()
         # Rows sampling for the first time build their matchers (on the builder threads) before the
         # wait for the tokens in flight below, in time the host would spend waiting.
-        rows_states = [state for state in states if state is not None]
-        self._build(rows_states)
-        for state in rows_states:
-            state.masked = True
+        present = [s for s in states if s is not None]
+        self._build(present)
+        for s in present:
+            s.masked = True
         behind = {
             r: tokens_from(r, state.consumed)[: produced[r] - state.consumed]
             for r, state in enumerate(states)
