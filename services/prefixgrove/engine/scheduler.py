@@ -62,16 +62,16 @@ class Scheduler:
         return bool(self.waiting or self.ready_groups or self.running)
 
     @property
-    def prompts_all_computed(self) -> bool:
-        """Whether every unfinished request has its prompt computed: none waits to start (a ready
-        group stays listed until its last request ends; only its pending ones wait), and each
-        running one has sampled (what it has left to compute are output tokens: its last one, or
-        tokens jump-forward appended), so no step from here on has prompt work."""
-        return (
-            not self.waiting
-            and not any(group.pending for group in self.ready_groups)
-            and all(s.num_generated > 0 for s in self.running)
-        )
+    def only_outputs_next(self) -> bool:
+        """Whether the next step would compute running requests' output tokens alone: each running
+        one has sampled (what it has left to compute are output tokens: its last one, or tokens
+        jump-forward appended), and none can start, as none waits (a ready group stays listed until
+        its last request ends; only its pending ones wait) or every seat is taken. Requests ending
+        in a step still in flight may free seats: then the guess is wrong for one step."""
+        if not all(s.num_generated > 0 for s in self.running):
+            return False
+        waits = self.waiting or any(group.pending for group in self.ready_groups)
+        return not waits or len(self.running) >= self.config.max_num_seqs
 
     # -- one step ---------------------------------------------------------------------------------------
 
