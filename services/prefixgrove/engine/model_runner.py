@@ -27,7 +27,7 @@ from .prompt_logprobs import PromptSpan, prompt_spans, record_prompt_logprobs
 from .sampler import Sampler, SamplingBatch, to_device
 from .scheduler import ScheduledSeq
 from .sequence import Sequence
-from .step_timeline import StepTimeline
+from .step_timeline import StepTimeline, recorded_event
 from .structured.masks import StepMasker, TokenMask
 
 logger = logging.getLogger(__name__)
@@ -364,11 +364,7 @@ class ModelRunner:
         return mask
 
     def _event(self) -> torch.cuda.Event | None:
-        if self.device.type != "cuda":
-            return None
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
+        return recorded_event() if self.device.type == "cuda" else None
 
     def _feed_hosts(self, feed: InFlight | None) -> list[np.ndarray]:
         """The host rows of the step (or each step of the window) in flight, once they landed."""

@@ -29,13 +29,13 @@ class StepTimeline:
         """The event of a step about to be enqueued; None when not measuring."""
         if not self.enabled or device.type != "cuda":
             return None
-        return _recorded()
+        return recorded_event()
 
     def end(self, kind: str, first: Event | None, rows: int, tokens: int) -> None:
         """Closes the step opened by `begin` (`kind`: "step" or "window"; its batch's rows and
         tokens, for the step log)."""
         if first is not None:
-            self._steps.append((kind, first, _recorded(), rows, tokens, self._waits))
+            self._steps.append((kind, first, recorded_event(), rows, tokens, self._waits))
             self._waits = []
 
     def mask_wait(self, pair: tuple[Event, Event]) -> None:
@@ -76,7 +76,8 @@ class StepTimeline:
         return out
 
 
-def _recorded() -> Event:
+def recorded_event() -> Event:
+    """A timing event, recorded on the current stream now."""
     event = Event(enable_timing=True)
     event.record()
     return event

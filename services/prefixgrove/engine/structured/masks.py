@@ -227,11 +227,7 @@ class StepMasker:
             fresh = [s for s in fresh if s.constrains]
             if not fresh:
                 continue
-            bitmask = llnp.allocate_token_bitmask(len(fresh), fresh[0].matcher_vocab)
-            llnp.fill_next_token_bitmask_par(
-                self.executor, [(state.matcher, i) for i, state in enumerate(fresh)], bitmask
-            )
-            bits = bitmask.view(np.uint32)
+            bits = self._filled(fresh)
             for i, state in enumerate(fresh):
                 state.next_bits = (0, bits[i])
             self._ahead += fresh
@@ -299,6 +295,15 @@ class StepMasker:
         self.stats.rows += len(rows)
         return mask
 
+    def _filled(self, states: Seq[GrammarState]) -> np.ndarray:
+        """The next-token masks of `states`' matchers as they stand, a row each ([rows, words]
+        uint32), filled together on llguidance's threads."""
+        bitmask = llnp.allocate_token_bitmask(len(states), states[0].matcher_vocab)
+        llnp.fill_next_token_bitmask_par(
+            self.executor, [(state.matcher, i) for i, state in enumerate(states)], bitmask
+        )
+        return bitmask.view(np.uint32)
+
     @property
     def executor(self) -> llguidance.LLExecutor:
         """llguidance's thread pool, made when first needed."""
@@ -338,11 +343,7 @@ class StepMasker:
             if limit > 1 and self._may_force(state):
                 live.append(i)
         while live:
-            bitmask = llnp.allocate_token_bitmask(len(live), starts[live[0]][0].matcher_vocab)
-            llnp.fill_next_token_bitmask_par(
-                self.executor, [(starts[i][0].matcher, j) for j, i in enumerate(live)], bitmask
-            )
-            bits = bitmask.view(np.uint32)
+            bits = self._filled([starts[i][0] for i in live])
             forced = dict(only_tokens(bits))
             still = []
             for j, i in enumerate(live):
