@@ -123,8 +123,9 @@ class GrammarCompiler:
     def matcher(self, grammar: str) -> llguidance.LLMatcher:
         """A new matcher at the start of a grammar `compile` returned (which built one already, so
         this one builds too). About 0.5 ms for a JSON schema on Llama 3's vocabulary, so a sequence
-        builds its own on a builder thread ahead of its first mask (StepMasker), or when its first
-        mask needs it, not as a job of thousands is taken in. Safe on any thread.
+        builds its own ahead while the host waits for the device, or when its first mask needs it
+        (StepMasker, on its builder threads), not as a job of thousands is taken in. Safe on any
+        thread.
         Not `deep_copy` of a kept one: copies share their parser's lexer behind a lock, and a
         step's masks, filled in parallel, then took 8x as long (benchmarks/RESULTS.md)."""
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)

@@ -221,7 +221,8 @@ class StepMasker:
             fresh: list[GrammarState] = []
             while self._unbuilt and len(fresh) < _AHEAD_BATCH:
                 state = self._unbuilt.popleft()
-                if not (state.built or state.masked or state.ended):  # none ended: aborted
+                # (one ended before its first step was aborted)
+                if not (state.built or state.masked or state.ended):
                     fresh.append(state)
             self._build(fresh)
             fresh = [s for s in fresh if s.constrains]
