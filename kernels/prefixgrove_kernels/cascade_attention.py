@@ -42,11 +42,13 @@ from prefixgrove_kernels.paged_attention import (
     online_softmax_step,
     paged_attention_ref,
     score_masked_tile,
+    score_queries,
+    scores,
     table_chunk,
     tile_options,
     tile_tier,
 )
-from prefixgrove_kernels.reference_math import attend, gather_keys
+from prefixgrove_kernels.reference_math import attend, fp8_query_values, gather_keys
 
 __all__ = [
     "SuffixChunks",
@@ -124,10 +126,11 @@ def find_owner(cu_ptr, token, num_seqs):
 
 @triton.jit
 def attend_suffix_chunks(
-    q, k_ptr, v_ptr, k_scale, v_scale, cu_q_ptr, seq_lens_ptr, kv_start_ptr, seq_tables_ptr, num_seqs,
+    q, q_scale, k_ptr, v_ptr, k_scale, v_scale, cu_q_ptr, seq_lens_ptr, kv_start_ptr, seq_tables_ptr, num_seqs,
     first, end, token, row_valid, kv_head, dims, scale_log2, m_i, l_i, acc,
     stride_kb, stride_ks, stride_kh, stride_st,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PV_DTYPE: tl.constexpr,
 ):  # fmt: skip
     """Folds the own keys of the suffix chunks among query tokens [first, end) into their rows'
     online softmax: each row of such a chunk sees its sequence's keys [kv_start, its position],
@@ -157,8 +160,8 @@ def attend_suffix_chunks(
             rows_of_s = (row_seq == s) & chunk_rows
             for tile in range(kv_lo // BLOCK_N, tl.cdiv(kv_hi, BLOCK_N)):
                 sc, keys, key_valid, kv_offs = score_masked_tile(
-                    q, k_ptr, k_scale, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks,
-                    stride_kh, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
+                    q, q_scale, k_ptr, k_scale, table_row, tile, kv_lo, kv_hi, kv_head, dims,
+                    stride_kb, stride_ks, stride_kh, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
                 )  # fmt: skip
                 allowed = (
                     key_valid[None, :] & rows_of_s[:, None] & (keys[None, :] <= row_pos[:, None])
@@ -166,7 +169,7 @@ def attend_suffix_chunks(
                 sc = tl.where(allowed, sc, float("-inf"))
                 m_i, l_i, acc = online_softmax_step(
                     sc, scale_log2, v_ptr, v_scale, kv_offs, dims, key_valid, m_i, l_i, acc, True,
-                    DOT_PRECISION, q.dtype,
+                    DOT_PRECISION, PV_DTYPE,
                 )  # fmt: skip
     return m_i, l_i, acc, chunk_rows
 
@@ -236,9 +239,13 @@ def _prefix_attention_kernel(
     dims = tl.arange(0, HEAD_DIM)
     q_offs = token * stride_qt + head * stride_qh
     q = tl.load(q_ptr + q_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
-    # An FP8 cache's tiles are scaled here, not folded: this pass is bound by its dots over a whole
-    # group's rows, and measures faster so (see paged_attention's docstring).
+    # Over an FP8 cache the scores take e4m3 queries against the bare key codes (k_scale rides on
+    # the scores' scale), and the value tiles are scaled here, not folded: this pass is bound by its
+    # dots over a whole group's rows, and measures faster so (see paged_attention's docstring).
     k_scale, v_scale = load_tile_scales(k_scale_ptr, v_scale_ptr, k_ptr)
+    if k_ptr.dtype.element_ty == tl.float8e4nv:
+        scale_log2 = scale_log2 * k_scale
+    q_dot, q_scale = score_queries(q, k_ptr, BLOCK_M)
 
     num_tiles = tl.cdiv(prefix_len, BLOCK_N)
     tiles_per_split = tl.cdiv(num_tiles, num_splits)
@@ -254,9 +261,9 @@ def _prefix_attention_kernel(
     # that one tile to the masked step after the loop.
     full_hi = tl.minimum(tile_hi, prefix_len // BLOCK_N)
     m_i, l_i, acc = attend_whole_tiles(
-        q, k_ptr, v_ptr, k_scale, v_scale, table_row, tile_lo, full_hi, prefix_blocks, kv_head, dims,
-        scale_log2, m_i, l_i, acc, stride_kb, stride_ks, stride_kh,
-        BLOCK_SIZE, BLOCK_N, TABLE_CHUNK, DOT_PRECISION,
+        q_dot, q_scale, k_ptr, v_ptr, None, v_scale, table_row, tile_lo, full_hi, prefix_blocks,
+        kv_head, dims, scale_log2, m_i, l_i, acc, stride_kb, stride_ks, stride_kh,
+        BLOCK_SIZE, BLOCK_N, TABLE_CHUNK, DOT_PRECISION, q.dtype,
     )  # fmt: skip
     for tile in range(tl.maximum(tile_lo, full_hi), tile_hi):  # at most one: the prefix's last
         keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -264,8 +271,10 @@ def _prefix_attention_kernel(
         block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0)
         kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
         kv_offs += kv_head * stride_kh
-        k = load_keys(k_ptr, k_scale, kv_offs, dims, key_valid, True, q.dtype)
-        s = tl.where(key_valid[None, :], tl.dot(q, k, input_precision=DOT_PRECISION), float("-inf"))
+        k = load_keys(k_ptr, None, kv_offs, dims, key_valid, True, q_dot.dtype)
+        s = tl.where(
+            key_valid[None, :], scores(q_dot, q_scale, k, k_ptr, DOT_PRECISION), float("-inf")
+        )
         m_i, l_i, acc = online_softmax_step(
             s, scale_log2, v_ptr, v_scale, kv_offs, dims, key_valid, m_i, l_i, acc, True,
             DOT_PRECISION, q.dtype,
@@ -278,9 +287,10 @@ def _prefix_attention_kernel(
         first = seg_begin + q_tile * BLOCK_Q
         end = seg_begin + tl.minimum((q_tile + 1) * BLOCK_Q, seg_len)  # one past the tile's last
         m_i, l_i, acc, chunk_rows = attend_suffix_chunks(
-            q, k_ptr, v_ptr, k_scale, v_scale, cu_q_ptr, seq_lens_ptr, kv_start_ptr, seq_tables_ptr,
-            num_seqs, first, end, token, row_valid, kv_head, dims, scale_log2, m_i, l_i, acc,
-            stride_kb, stride_ks, stride_kh, stride_st, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
+            q_dot, q_scale, k_ptr, v_ptr, None, v_scale, cu_q_ptr, seq_lens_ptr, kv_start_ptr,
+            seq_tables_ptr, num_seqs, first, end, token, row_valid, kv_head, dims, scale_log2, m_i,
+            l_i, acc, stride_kb, stride_ks, stride_kh, stride_st, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
+            q.dtype,
         )  # fmt: skip
         state_rows = row_valid & ~chunk_rows
     o, has_keys = finish_rows(acc, l_i, None, k_ptr)
@@ -534,6 +544,7 @@ def prefix_attention_ref(
     out, out_lse = _outputs(q, out, out_lse)
     cu = groups.group_cu_q.tolist()
     prefix_lens = groups.group_prefix_lens.tolist()
+    queries = fp8_query_values(q) if k_cache.dtype == checks.FP8_KV_DTYPE else q
     for g in range(num_groups):
         if cu[g + 1] == cu[g] or prefix_lens[g] == 0:
             continue
@@ -541,7 +552,7 @@ def prefix_attention_ref(
         k, v = gather_keys(k_cache, v_cache, table, 0, prefix_lens[g], k_scale, v_scale)
         allowed = torch.ones(cu[g + 1] - cu[g], k.shape[0], dtype=torch.bool, device=q.device)
         out[cu[g] : cu[g + 1]], out_lse[cu[g] : cu[g + 1]] = attend(
-            q[cu[g] : cu[g + 1]], k, v, scale, allowed
+            queries[cu[g] : cu[g + 1]], k, v, scale, allowed
         )
     if suffix_chunks is not None:
         _finish_suffix_chunks_ref(

@@ -41,10 +41,12 @@ from prefixgrove_kernels.paged_attention import (
     load_keys,
     online_softmax_step,
     queries_for_cache,
+    score_queries,
+    scores,
     tile_options,
     tile_tier,
 )
-from prefixgrove_kernels.reference_math import attend, gather_keys
+from prefixgrove_kernels.reference_math import attend, fp8_query_values, gather_keys
 
 __all__ = ["cascade_decode_attention", "cascade_decode_attention_ref"]
 
@@ -155,7 +157,8 @@ def _cascade_decode_kernel(
     q_offs = token * stride_qt + head * stride_qh
     q = tl.load(q_ptr + q_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
     scale_log2, v_scale = fold_kv_scales(scale_log2, k_scale_ptr, v_scale_ptr, k_ptr)
-    q = queries_for_cache(q, k_ptr)
+    q_dot, q_scale = score_queries(q, k_ptr, BLOCK_M)
+    q = queries_for_cache(q, k_ptr)  # for the p @ v dots' dtype
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -205,8 +208,8 @@ def _cascade_decode_kernel(
             key_valid = (key_in_unit >= ((code >> _LO_SHIFT) & 127)) & (key_in_unit < (code & 127))
             in_block = ((code >> _SUB_SHIFT) & 1023) * UNIT + key_in_unit
             kv_offs = block.to(tl.int64) * stride_kb + in_block * stride_ks + kv_head * stride_kh
-            k = load_keys(k_ptr, None, kv_offs, dims, key_valid, True, q.dtype)
-            s = tl.dot(q, k, input_precision=DOT_PRECISION)
+            k = load_keys(k_ptr, None, kv_offs, dims, key_valid, True, q_dot.dtype)
+            s = scores(q_dot, q_scale, k, k_ptr, DOT_PRECISION)
             # Prefix keys count for every row; a request's own keys for its own rows only.
             allowed = key_valid[None, :] & (
                 (key_owner == BLOCK_Q)[None, :] | (row_member[:, None] == key_owner[None, :])
@@ -381,6 +384,7 @@ def cascade_decode_attention_ref(
     cu = groups.group_cu_q.tolist()
     prefix_lens = groups.group_prefix_lens.tolist()
     lens, starts = meta.seq_lens.tolist(), kv_start.tolist()
+    queries = fp8_query_values(q) if k_cache.dtype == checks.FP8_KV_DTYPE else q
     for s in range(q.shape[0]):
         k, v = gather_keys(
             k_cache, v_cache, meta.block_tables[s], starts[s], lens[s], k_scale, v_scale
@@ -391,5 +395,5 @@ def cascade_decode_attention_ref(
             k_p, v_p = gather_keys(k_cache, v_cache, table, 0, prefix_lens[g], k_scale, v_scale)
             k, v = torch.cat([k_p, k]), torch.cat([v_p, v])
         allowed = torch.ones(1, k.shape[0], dtype=torch.bool, device=q.device)
-        o, _ = attend(q[s : s + 1], k, v, scale, allowed)
+        o, _ = attend(queries[s : s + 1], k, v, scale, allowed)
         out[s] = o[0].to(out.dtype)

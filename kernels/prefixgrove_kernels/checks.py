@@ -13,6 +13,7 @@ ATTENTION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # c stands for c * scale; |c| <= FP8_MAX)
 FP8_KV_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
+MIN_SCALE = 1e-12  # the floor of a per-row FP8 scale: an all-zero row keeps a finite one
 MIN_HEAD_DIM = 32
 MAX_HEAD_DIM = 256
 MIN_BLOCK_SIZE = 8

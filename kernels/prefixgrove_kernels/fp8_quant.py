@@ -19,12 +19,11 @@ import triton
 import triton.language as tl
 
 from prefixgrove_kernels import checks
-from prefixgrove_kernels.checks import FP8_KV_DTYPE, FP8_MAX
+from prefixgrove_kernels.checks import FP8_KV_DTYPE, FP8_MAX, MIN_SCALE
 from prefixgrove_kernels.launch import KernelLaunch
-from prefixgrove_kernels.reference_math import to_e4m3_ref
+from prefixgrove_kernels.reference_math import quantize_rows_math
 from prefixgrove_kernels.rotary import to_e4m3
 
-MIN_SCALE = 1e-12  # an all-zero row keeps a finite scale
 INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_C = 2048
 # The constexprs of every kernel that calls `row_scale`.
@@ -107,5 +106,4 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Torch version of `quantize_rows` (the engine's path on the CPU)."""
     _check(x)
-    scale = (x.float().abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp_min(MIN_SCALE)
-    return to_e4m3_ref(x, scale), scale
+    return quantize_rows_math(x)

@@ -32,11 +32,16 @@ import triton
 import triton.language as tl
 
 from prefixgrove_kernels import checks
+from prefixgrove_kernels.checks import FP8_MAX
+from prefixgrove_kernels.fp8_quant import MIN_SCALE, row_scale
 from prefixgrove_kernels.launch import KernelLaunch, PagedMetadata
 from prefixgrove_kernels.merge_states import merge_pair
-from prefixgrove_kernels.reference_math import attend, gather_keys, merge_states
+from prefixgrove_kernels.reference_math import attend, fp8_query_values, gather_keys, merge_states
+from prefixgrove_kernels.rotary import to_e4m3
 
 LOG2E = 1.4426950408889634
+_FP8_MAX = tl.constexpr(FP8_MAX)
+_MIN_SCALE = tl.constexpr(MIN_SCALE)
 
 
 @triton.jit
@@ -99,6 +104,37 @@ def queries_for_cache(q, k_ptr):
         if q.dtype != tl.float32:
             q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
     return q
+
+
+@triton.jit
+def score_queries(q, k_ptr, BLOCK_M: tl.constexpr):
+    """(q_dot, q_scale): the queries as the score dots take them. Over an FP8 cache each row is in
+    e4m3 under its own scale (amax / 448 in fp32, as `fp8_quant` quantizes a token's activations):
+    with 64 rows or more (wgmma's M) as codes, so that q.k runs on the FP8 tensor cores against the
+    bare key codes, which then need no conversion and no round trip through shared memory; with
+    fewer, as the same values in fp16 (exact), against keys converted to fp16, which measures faster
+    there. `scores` puts q_scale back. Otherwise (q, 1.0, never used)."""
+    q_scale = 1.0
+    if k_ptr.dtype.element_ty == tl.float8e4nv:
+        rows = q.to(tl.float32)
+        q_scale = row_scale(tl.max(tl.abs(rows), 1), _FP8_MAX, _MIN_SCALE)
+        q = to_e4m3(rows, q_scale[:, None])
+        if BLOCK_M < 64:
+            q = q.to(tl.float16)
+    return q, q_scale
+
+
+@triton.jit
+def scores(q, q_scale, k, k_ptr, DOT_PRECISION: tl.constexpr):
+    """The rows' raw scores q.k over a key tile (k in q's dtype: e4m3 codes or fp16), q and q_scale
+    as `score_queries` gives them."""
+    if q.dtype == tl.float8e4nv:  # noqa: SIM108 (a constexpr test: one branch compiles)
+        s = tl.dot(q, k)
+    else:
+        s = tl.dot(q, k, input_precision=DOT_PRECISION)
+    if k_ptr.dtype.element_ty == tl.float8e4nv:
+        s = s * q_scale[:, None]
+    return s
 
 
 @triton.jit
@@ -168,7 +204,7 @@ def load_keys(k_ptr, k_scale, kv_offs, dims, key_valid, MASKED: tl.constexpr, DT
 
 @triton.jit
 def score_masked_tile(
-    q, k_ptr, k_scale, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks, stride_kh,
+    q, q_scale, k_ptr, k_scale, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks, stride_kh,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Key tile `tile` of one block-table row with the keys outside [kv_lo, kv_hi) masked off: the
@@ -181,15 +217,15 @@ def score_masked_tile(
     kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
     kv_offs += kv_head * stride_kh
     k = load_keys(k_ptr, k_scale, kv_offs, dims, key_valid, True, q.dtype)
-    return tl.dot(q, k, input_precision=DOT_PRECISION), keys, key_valid, kv_offs
+    return scores(q, q_scale, k, k_ptr, DOT_PRECISION), keys, key_valid, kv_offs
 
 
 @triton.jit
 def attend_whole_tiles(
-    q, k_ptr, v_ptr, k_scale, v_scale, table_row, tile_lo, tile_hi, num_blocks, kv_head, dims,
+    q, q_scale, k_ptr, v_ptr, k_scale, v_scale, table_row, tile_lo, tile_hi, num_blocks, kv_head, dims,
     scale_log2, m_i, l_i, acc, stride_kb, stride_ks, stride_kh,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TABLE_CHUNK: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PV_DTYPE: tl.constexpr,
 ):  # fmt: skip
     """Folds key tiles [tile_lo, tile_hi) of one block-table row into the online softmax, every key
     of them counting for every row (no masks). The table row (num_blocks entries in use) is read
@@ -215,10 +251,10 @@ def attend_whole_tiles(
             kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
             kv_offs += kv_head * stride_kh
             k = load_keys(k_ptr, k_scale, kv_offs, dims, keys, False, q.dtype)
-            s = tl.dot(q, k, input_precision=DOT_PRECISION)
+            s = scores(q, q_scale, k, k_ptr, DOT_PRECISION)
             m_i, l_i, acc = online_softmax_step(
                 s, scale_log2, v_ptr, v_scale, kv_offs, dims, keys, m_i, l_i, acc, False,
-                DOT_PRECISION, q.dtype,
+                DOT_PRECISION, PV_DTYPE,
             )  # fmt: skip
     return m_i, l_i, acc
 
@@ -300,7 +336,8 @@ def _paged_attention_kernel(
     q_offs = token * stride_qt + head * stride_qh
     q = tl.load(q_ptr + q_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
     scale_log2, v_scale = fold_kv_scales(scale_log2, k_scale_ptr, v_scale_ptr, k_ptr)
-    q = queries_for_cache(q, k_ptr)
+    q_dot, q_scale = score_queries(q, k_ptr, BLOCK_M)
+    q = queries_for_cache(q, k_ptr)  # for the p @ v dots' dtype
 
     kv_hi = context + tl.minimum((q_tile + 1) * BLOCK_Q, q_len)  # one past the last key needed
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -319,17 +356,17 @@ def _paged_attention_kernel(
         full_lo = tl.minimum(tl.cdiv(kv_lo, BLOCK_N), t_end)
         full_hi = tl.maximum(full_lo, (context + q_tile * BLOCK_Q + 1) // BLOCK_N)
         m_i, l_i, acc = attend_whole_tiles(
-            q, k_ptr, v_ptr, None, None, table_row, full_lo, full_hi, tl.cdiv(kv_hi, BLOCK_SIZE),
-            kv_head, dims, scale_log2, m_i, l_i, acc, stride_kb, stride_ks, stride_kh,
-            BLOCK_SIZE, BLOCK_N, TABLE_CHUNK, DOT_PRECISION,
+            q_dot, q_scale, k_ptr, v_ptr, None, None, table_row, full_lo, full_hi,
+            tl.cdiv(kv_hi, BLOCK_SIZE), kv_head, dims, scale_log2, m_i, l_i, acc, stride_kb,
+            stride_ks, stride_kh, BLOCK_SIZE, BLOCK_N, TABLE_CHUNK, DOT_PRECISION, q.dtype,
         )  # fmt: skip
     # Every tile outside [full_lo, full_hi): all of them without UNMASKED_BODY.
     num_head_tiles = full_lo - t_begin
     for i in range(0, num_head_tiles + t_end - full_hi):
         tile = t_begin + i + tl.where(i < num_head_tiles, 0, full_hi - full_lo)
         s, keys, key_valid, kv_offs = score_masked_tile(
-            q, k_ptr, None, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks,
-            stride_kh, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
+            q_dot, q_scale, k_ptr, None, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb,
+            stride_ks, stride_kh, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
         )  # fmt: skip
         allowed = key_valid[None, :] & (keys[None, :] <= pos[:, None])
         s = tl.where(allowed, s, float("-inf"))
@@ -533,6 +570,7 @@ def paged_attention_ref(
     cu = meta.cu_seqlens_q.tolist()
     lens = meta.seq_lens.tolist()
     starts = meta.kv_start.tolist() if meta.kv_start is not None else [0] * num_seqs
+    queries = fp8_query_values(q) if k_cache.dtype == checks.FP8_KV_DTYPE else q
     for s in range(num_seqs):
         q_len = cu[s + 1] - cu[s]
         if q_len == 0 or (skip_suffix_chunks and is_suffix_chunk_host(starts[s], q_len)):
@@ -543,7 +581,7 @@ def paged_attention_ref(
         key_pos = torch.arange(lo, seq_len, device=q.device)
         allowed = key_pos[None, :] <= positions[:, None]
         rows = slice(cu[s], cu[s + 1])
-        o, lse = attend(q[rows], k, v, scale, allowed)
+        o, lse = attend(queries[rows], k, v, scale, allowed)
         if prefix_out is not None and prefix_lse is not None and lo > 0:
             o, _ = merge_states(prefix_out[rows].float(), prefix_lse[rows], o, lse)
         out[rows] = o.to(out.dtype)

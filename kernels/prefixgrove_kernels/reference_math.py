@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from prefixgrove_kernels.checks import FP8_KV_DTYPE, FP8_MAX
+from prefixgrove_kernels.checks import FP8_KV_DTYPE, FP8_MAX, MIN_SCALE
 
 # Query rows per CPU matmul entry, the last block zero-padded; small, as a decode step attends one
 # row per sequence (4 ran the tiny model's CPU steps faster than 8 or 16).
@@ -143,6 +143,21 @@ def to_e4m3_ref(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     saturated to +-FP8_MAX, rounded to the nearest e4m3 value (ties to even), as the kernels'
     `rotary.to_e4m3` writes it."""
     return (x.float() / scale.float()).clamp(-FP8_MAX, FP8_MAX).to(FP8_KV_DTYPE)
+
+
+def quantize_rows_math(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., C] -> (e4m3 codes, fp32 scales [..., 1]): each row under its own scale,
+    max(amax(|row|) / 448, MIN_SCALE), as every kernel that quantizes rows takes it
+    (`fp8_quant.row_scale`)."""
+    scale = (x.float().abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp_min(MIN_SCALE)
+    return to_e4m3_ref(x, scale), scale
+
+
+def fp8_query_values(q: torch.Tensor) -> torch.Tensor:
+    """q [..., head_dim] as the attention kernels over an FP8 cache take it, in fp32: each row (one
+    token's head) in e4m3 under its own scale (`paged_attention.score_queries`)."""
+    codes, scale = quantize_rows_math(q)
+    return codes.float() * scale
 
 
 def quantize_kv(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

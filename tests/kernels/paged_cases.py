@@ -187,8 +187,12 @@ def make_batch(cache: Cache, seqs: list[Seq], num_heads: int, dtype: torch.dtype
     )
 
 
-def dense_paged(batch: Batch, cache: Cache, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The causal paged attention of a batch computed densely: (o, lse) in float64."""
+def dense_paged(
+    batch: Batch, cache: Cache, scale: float, q: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The causal paged attention of a batch computed densely: (o, lse) in float64; q: the queries
+    in place of the batch's own (the values an FP8 cache's kernels quantize them to)."""
+    q = batch.q if q is None else q
     outs, lses = [], []
     start = 0
     for s in batch.seqs:
@@ -198,7 +202,7 @@ def dense_paged(batch: Batch, cache: Cache, scale: float) -> tuple[torch.Tensor,
         allowed = torch.tensor(
             [[key <= pos for key in keys] for pos in s.positions], dtype=torch.bool
         ).reshape(s.q_len, len(keys))
-        o, lse = dense_attention(batch.q[start : start + s.q_len], k, v, allowed, scale)
+        o, lse = dense_attention(q[start : start + s.q_len], k, v, allowed, scale)
         outs.append(o)
         lses.append(lse)
         start += s.q_len

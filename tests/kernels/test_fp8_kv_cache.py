@@ -1,8 +1,10 @@
 """The FP8 KV cache: the rotary kernel's quantized writes and the attention kernels' dequantized reads.
 
 A cache in float8_e4m3fn holds k / k_scale and v / v_scale; every kernel takes the two scales as fp32
-tensors. The writes must equal the torch reference's bytes; the reads must equal attention over the
-dequantized cache (the references, and a float64 dense attention over the same values).
+tensors, and its queries in e4m3 too, each row under its own scale (the scores run on the FP8 tensor
+cores). The writes must equal the torch reference's bytes; the reads must equal attention of those
+queries over the dequantized cache (the references, and a float64 dense attention over the same
+values).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from prefixgrove_kernels.cascade_decode import (
 )
 from prefixgrove_kernels.launch import PagedMetadata
 from prefixgrove_kernels.paged_attention import paged_attention, paged_attention_ref
-from prefixgrove_kernels.reference_math import dequantize_kv, quantize_kv
+from prefixgrove_kernels.reference_math import dequantize_kv, fp8_query_values, quantize_kv
 from prefixgrove_kernels.rotary import (
     apply_rotary_ref,
     apply_rotary_to_cache,
@@ -46,6 +48,16 @@ FP8 = torch.float8_e4m3fn
 # order one) on codes of order 20 to 50
 SCALES = [(1.0, 1.0), (0.05, 0.02)]
 DTYPES = [torch.float32, torch.float16]  # the interpreter's bf16 tl.dot is broken
+
+
+def fp8_tolerance(dtype: torch.dtype, device: torch.device) -> float:
+    """The kernels' tolerance over an FP8 cache. On the GPU, tiles of 64 query rows or more take
+    their scores on the FP8 tensor cores, whose accumulation keeps fewer bits than fp32's (measured
+    on the H100: up to 5e-4 from the float64 attention with fp32 queries, 9.5e-3 with fp16); the
+    interpreter computes the same products exactly."""
+    if device.type == "cuda":
+        return {torch.float32: 1e-3, torch.float16: 2e-2}[dtype]
+    return TOLERANCE[dtype]
 
 
 def scale_tensors(k_scale: float, v_scale: float, device: torch.device) -> dict[str, torch.Tensor]:
@@ -175,15 +187,16 @@ def test_paged_attention_over_an_fp8_cache_is_attention_over_its_values(
     paged_attention(batch.q, cache.k, cache.v, got, meta, scale=shape.scale, **scales)
     ref = torch.full_like(batch.q, float("nan"))
     paged_attention_ref(batch.q, cache.k, cache.v, ref, meta, scale=shape.scale, **scales)
-    dense, _ = dense_paged(batch, exact, shape.scale)
-    tol = TOLERANCE[dtype]
+    queries = fp8_query_values(batch.q)
+    dense, _ = dense_paged(batch, exact, shape.scale, queries)
+    tol = fp8_tolerance(dtype, device)
     torch.testing.assert_close(ref.double().cpu(), dense.cpu(), atol=tol, rtol=tol)
     torch.testing.assert_close(got.double().cpu(), dense.cpu(), atol=tol, rtol=tol)
-    # The reference over the dequantized cache (in the compute dtype: what the kernel's tiles
-    # hold) gives the same output.
+    # The reference over the dequantized cache and queries (in the compute dtype: what the
+    # kernel's tiles hold) gives the same output.
     ref_exact = torch.full_like(batch.q, float("nan"))
     paged_attention_ref(
-        batch.q, exact.k.to(dtype), exact.v.to(dtype), ref_exact, meta, scale=shape.scale
+        queries.to(dtype), exact.k.to(dtype), exact.v.to(dtype), ref_exact, meta, scale=shape.scale
     )
     torch.testing.assert_close(got, ref_exact, atol=tol, rtol=tol)
 
@@ -230,8 +243,8 @@ def test_cascade_over_an_fp8_cache_is_attention_over_its_values(
     )  # fmt: skip
     for s in batch.seqs:  # the dense check attends everything a sequence's table holds
         s.kv_start = 0
-    dense, _ = dense_paged(batch, exact, shape.scale)
-    tol = TOLERANCE[dtype]
+    dense, _ = dense_paged(batch, exact, shape.scale, fp8_query_values(q))
+    tol = fp8_tolerance(dtype, device)
     torch.testing.assert_close(out.double().cpu(), dense.cpu(), atol=tol, rtol=tol)
 
 
@@ -267,8 +280,8 @@ def test_one_pass_decode_over_an_fp8_cache_is_attention_over_its_values(
     )
     for s in batch.seqs:
         s.kv_start = 0
-    dense, _ = dense_paged(batch, exact, shape.scale)
-    tol = TOLERANCE[dtype]
+    dense, _ = dense_paged(batch, exact, shape.scale, fp8_query_values(q))
+    tol = fp8_tolerance(dtype, device)
     torch.testing.assert_close(ref.double().cpu(), dense.cpu(), atol=tol, rtol=tol)
     torch.testing.assert_close(got.double().cpu(), dense.cpu(), atol=tol, rtol=tol)
 
