@@ -6,21 +6,23 @@ from the paged cache through the block table in tiles of BLOCK_N, with an online
 prefix result (o, lse) given, this is the suffix pass of cascade attention and the merge is fused.
 
 An FP8 cache (float8_e4m3fn, one fp32 scale for the keys and one for the values) is read as e4m3, and
-its scales reach the math one of two ways, each kernel taking the one that measures faster for it on
-the H100 (benchmarks/RESULTS.md, "FP8 cascade decode kernel"):
-- folded (these kernels and the one-pass decode kernel): the codes enter the dots as they are, in fp16
-  (exact: every e4m3 value is an fp16 value), with bf16 queries rounded to fp16 once per program
-  (`queries_for_cache`); k_scale rides on the scores' scale (q.(k_scale c) = k_scale (q.c)) and v_scale
-  on the output's normalisation (`fold_kv_scales`, `finish_rows`). A key then costs one convert
-  instruction per two codes (e4m3 -> fp16 is one instruction per pair, e4m3 -> bf16 three) instead
-  of a convert, multiply and round per element: this kernel's decode of 256 unshared requests went
-  from 580 to 454 us (bf16: 391); the one-pass decode kernel barely moved (121 -> 119 us).
-- per tile (cascade_attention's prefix pass, bound by its dots over a whole group's rows): each tile
-  times its scale in fp32, rounded once to q's dtype (`load_tile_scales`; the helpers below take the
-  scales, None when folded). Folded, that kernel ran 1,586 us against 1,280 per tile on the canonical
-  prefill step.
-The rest of the math is the same, fp32 accumulation included. Caches in q's dtype compile to the
-kernels they always were.
+the queries are taken in e4m3 too, each row under its own scale (`score_queries`): with 64 rows or
+more in a tile (wgmma's M) q.k runs on the FP8 tensor cores against the bare key codes, which need no
+conversion and no round trip through shared memory (the one-pass decode kernel went from 119 to 94 us
+at degree 16 / 2,000 tokens on the H100, the canonical prefill step's prefix pass from 1,276 to 1,164
+us); with fewer, the same values enter fp16 dots against keys converted to fp16 (exact). k_scale and
+the rows' scales multiply the scores (`scores`, `fold_kv_scales`). The value scale reaches the math
+one of two ways, each kernel taking the one that measures faster for it (benchmarks/RESULTS.md, "FP8
+cascade decode kernel"):
+- folded (these kernels and the one-pass decode kernel): the value codes enter p @ v as they are, in
+  fp16 (exact: every e4m3 value is an fp16 value; e4m3 -> fp16 is one instruction per pair, -> bf16
+  three), and v_scale multiplies the output's normalisation (`finish_rows`).
+- per tile (cascade_attention's prefix pass, bound by its dots over a whole group's rows): each value
+  tile times its scale in fp32, rounded once to q's dtype (`load_tile_scales`; the helpers below take
+  the scale, None when folded).
+The rest of the math is the same (the FP8 tensor cores accumulate with fewer bits than fp32: the GPU
+tolerance of tests/kernels/test_fp8_kv_cache.py). Caches in q's dtype compile to the kernels they
+always were.
 """
 
 from __future__ import annotations
