@@ -272,9 +272,7 @@ def _prefix_attention_kernel(
         kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
         kv_offs += kv_head * stride_kh
         k = load_keys(k_ptr, None, kv_offs, dims, key_valid, True, q_dot.dtype)
-        s = tl.where(
-            key_valid[None, :], scores(q_dot, q_scale, k, k_ptr, DOT_PRECISION), float("-inf")
-        )
+        s = tl.where(key_valid[None, :], scores(q_dot, q_scale, k, DOT_PRECISION), float("-inf"))
         m_i, l_i, acc = online_softmax_step(
             s, scale_log2, v_ptr, v_scale, kv_offs, dims, key_valid, m_i, l_i, acc, True,
             DOT_PRECISION, q.dtype,

@@ -111,31 +111,37 @@ def queries_for_cache(q, k_ptr):
 @triton.jit
 def score_queries(q, k_ptr, BLOCK_M: tl.constexpr):
     """(q_dot, q_scale): the queries as the score dots take them. Over an FP8 cache each row is in
-    e4m3 under its own scale (amax / 448 in fp32, as `fp8_quant` quantizes a token's activations):
-    with 64 rows or more (wgmma's M) as codes, so that q.k runs on the FP8 tensor cores against the
-    bare key codes, which then need no conversion and no round trip through shared memory; with
-    fewer, as the same values in fp16 (exact), against keys converted to fp16, which measures faster
-    there. `scores` puts q_scale back. Otherwise (q, 1.0, never used)."""
+    e4m3 under its own scale (amax / 448 in fp32, as `fp8_quant` quantizes a token's activations).
+    With 64 rows or more (wgmma's M): the codes, so that q.k runs on the FP8 tensor cores against the
+    bare key codes, which then need no conversion and no round trip through shared memory, and the
+    rows' scales, which `scores` multiplies in. With fewer: the values the codes stand for (codes
+    times scale), in the dtype `queries_for_cache` gives, against keys converted to it, as before
+    the queries were quantized (FP8 dots at 16 rows are no faster). Otherwise, and for the values,
+    q_scale is 1.0 and never used."""
     q_scale = 1.0
     if k_ptr.dtype.element_ty == tl.float8e4nv:
         rows = q.to(tl.float32)
-        q_scale = row_scale(tl.max(tl.abs(rows), 1), _FP8_MAX, _MIN_SCALE)
-        q = to_e4m3(rows, q_scale[:, None])
-        if BLOCK_M < 64:
-            q = q.to(tl.float16)
+        scale = row_scale(tl.max(tl.abs(rows), 1), _FP8_MAX, _MIN_SCALE)
+        codes = to_e4m3(rows, scale[:, None])
+        if BLOCK_M >= 64:
+            q_scale = scale
+            q = codes
+        else:
+            values = codes.to(tl.float32) * scale[:, None]
+            if q.dtype != tl.float32:
+                values = tl.clamp(values, -65504.0, 65504.0).to(tl.float16)
+            q = values
     return q, q_scale
 
 
 @triton.jit
-def scores(q, q_scale, k, k_ptr, DOT_PRECISION: tl.constexpr):
-    """The rows' raw scores q.k over a key tile (k in q's dtype: e4m3 codes or fp16), q and q_scale
-    as `score_queries` gives them."""
-    if q.dtype == tl.float8e4nv:  # noqa: SIM108 (a constexpr test: one branch compiles)
-        s = tl.dot(q, k)
+def scores(q, q_scale, k, DOT_PRECISION: tl.constexpr):
+    """The rows' raw scores q.k over a key tile (k in q's dtype), q and q_scale as `score_queries`
+    gives them."""
+    if q.dtype == tl.float8e4nv:
+        s = tl.dot(q, k) * q_scale[:, None]
     else:
         s = tl.dot(q, k, input_precision=DOT_PRECISION)
-    if k_ptr.dtype.element_ty == tl.float8e4nv:
-        s = s * q_scale[:, None]
     return s
 
 
@@ -219,7 +225,7 @@ def score_masked_tile(
     kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
     kv_offs += kv_head * stride_kh
     k = load_keys(k_ptr, k_scale, kv_offs, dims, key_valid, True, q.dtype)
-    return scores(q, q_scale, k, k_ptr, DOT_PRECISION), keys, key_valid, kv_offs
+    return scores(q, q_scale, k, DOT_PRECISION), keys, key_valid, kv_offs
 
 
 @triton.jit
@@ -253,7 +259,7 @@ def attend_whole_tiles(
             kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
             kv_offs += kv_head * stride_kh
             k = load_keys(k_ptr, k_scale, kv_offs, dims, keys, False, q.dtype)
-            s = scores(q, q_scale, k, k_ptr, DOT_PRECISION)
+            s = scores(q, q_scale, k, DOT_PRECISION)
             m_i, l_i, acc = online_softmax_step(
                 s, scale_log2, v_ptr, v_scale, kv_offs, dims, keys, m_i, l_i, acc, False,
                 DOT_PRECISION, PV_DTYPE,
