@@ -311,3 +311,23 @@ def test_kernels_reject_missing_misplaced_and_malformed_scales(device: torch.dev
         call(cache.k, cache.v, k_scale=scales["k_scale"], v_scale=scales["v_scale"].repeat(2))
     with pytest.raises(TypeError, match=r"k_cache has dtype torch\.float8_e5m2"):
         call(cache.k.view(torch.float8_e5m2), cache.v.view(torch.float8_e5m2), **scales)
+
+
+def test_queries_over_an_fp8_cache_are_their_rows_in_e4m3() -> None:
+    """What the kernels (and the references) take q as: each row (one token's head) on the e4m3 grid
+    of its own scale (amax / 448), its largest magnitude kept, within half an e4m3 step of q; an
+    all-zero row stays zero."""
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(6, 4, 64, generator=gen) * torch.tensor([1e-3, 1.0, 30.0, 1e3])[None, :, None]
+    q[2, 1] = 0.0
+    q = q.to(torch.float16).float()
+    values = fp8_query_values(q)
+    scale = (q.abs().amax(-1, keepdim=True) / 448.0).clamp_min(1e-12)
+    codes = values / scale
+    torch.testing.assert_close(codes, codes.to(FP8).float(), rtol=1e-6, atol=0)  # on the grid
+    torch.testing.assert_close(values.abs().amax(-1), q.abs().amax(-1), rtol=1e-6, atol=0)
+    assert torch.equal(values[2, 1], torch.zeros(64))
+    # Half a step: 2^-4 of the value in e4m3's normal range, 2^-10 (of 448) among its subnormals.
+    half_step = torch.maximum((q / scale).abs() * 2.0**-4, torch.tensor(2.0**-10))
+    assert ((codes - q / scale).abs() <= half_step * (1 + 1e-6)).all()
+    assert (values != q).any()
