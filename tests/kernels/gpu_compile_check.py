@@ -1,7 +1,8 @@
 """Compiles every attention kernel configuration for an NVIDIA GPU without one (Triton, offline).
 
 Usage: python tests/kernels/gpu_compile_check.py SM [DTYPES]  (SM e.g. 80 or 90; DTYPES e.g.
-bfloat16,float32). Points Triton at a stand-in
+bfloat16,float32). On targets with FP8 (SM 89 and up) the attention kernels are also compiled over an
+FP8 KV cache, whose scores take e4m3 queries on the FP8 tensor cores. Points Triton at a stand-in
 driver for that target, plans real launches on CPU tensors with the launchers' own choices of
 tile sizes, compiles them to cubin, and prints one JSON line per kernel (shared memory, registers,
 spills, whether loads are pipelined). Exits non-zero if a kernel fails to compile or does not fit.
@@ -25,6 +26,8 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
 
 SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
+FP8 = torch.float8_e4m3fn
+FP8_SM = 89  # the first target with e4m3 conversions and FP8 tensor cores
 
 
 class OfflineDriver:
@@ -60,7 +63,12 @@ def resource_usage(cubin: bytes) -> dict[str, int]:
     return {k.lower(): int(m.group(1)) for k, m in found.items() if m}
 
 
-def paged_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
+def kv_scales(kv_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The scale arguments of a cache in kv_dtype: an FP8 cache's two, none for others."""
+    return {"k_scale": torch.ones(1), "v_scale": torch.ones(1)} if kv_dtype == FP8 else {}
+
+
+def paged_launches(dtype: torch.dtype, kv_dtype: torch.dtype) -> list[tuple[str, Any]]:
     from prefixgrove_kernels.launch import PagedMetadata
     from prefixgrove_kernels.paged_attention import paged_attention_launch
 
@@ -78,7 +86,7 @@ def paged_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
     ]
     for name, tokens, seqs, max_q, heads, kv_heads, dim, block, suffix in shapes:
         q = torch.empty(tokens, heads, dim, dtype=dtype)
-        cache = torch.empty(64, block, kv_heads, dim, dtype=dtype)
+        cache = torch.empty(64, block, kv_heads, dim, dtype=kv_dtype)
         index = torch.zeros(seqs + 1, dtype=torch.int32)
         meta = PagedMetadata(
             cu_seqlens_q=index,
@@ -95,7 +103,7 @@ def paged_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
                 "skip_suffix_chunks": suffix == "skip",
             }
         launch = paged_attention_launch(
-            q, cache, cache, torch.empty_like(q), meta, scale=0.1, **state
+            q, cache, cache, torch.empty_like(q), meta, scale=0.1, **state, **kv_scales(kv_dtype)
         )
         out.append((f"paged/{name}", launch))
     return out
@@ -131,7 +139,7 @@ class CascadeShape(NamedTuple):
     def q(self, dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(self.rows, self.heads, self.head_dim, dtype=dtype)
 
-    def cache(self, dtype: torch.dtype) -> torch.Tensor:
+    def cache(self, dtype: torch.dtype) -> torch.Tensor:  # the KV cache's dtype
         return torch.empty(64, 16, self.kv_heads, self.head_dim, dtype=dtype)
 
 
@@ -147,7 +155,7 @@ CASCADE_SHAPES = [
 ]
 
 
-def prefix_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
+def prefix_launches(dtype: torch.dtype, kv_dtype: torch.dtype) -> list[tuple[str, Any]]:
     from prefixgrove_kernels.cascade_attention import prefix_attention_launches
     from prefixgrove_kernels.launch import PagedMetadata, SuffixChunks
 
@@ -155,15 +163,16 @@ def prefix_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
     for shape in CASCADE_SHAPES:
         if shape.prefix_splits is None:
             continue
-        q, cache = shape.q(dtype), shape.cache(dtype)
+        q, cache = shape.q(dtype), shape.cache(kv_dtype)
         groups = zero_groups(shape.groups, shape.max_group_q)
         launches, _, _ = prefix_attention_launches(
-            q, cache, cache, groups, scale=0.1, num_splits=shape.prefix_splits
-        )
+            q, cache, cache, groups, scale=0.1, num_splits=shape.prefix_splits,
+            **kv_scales(kv_dtype),
+        )  # fmt: skip
         out += [(f"prefix/{shape.name}/{i}", launch) for i, launch in enumerate(launches)]
     # A prefill step's prefix pass finishing its suffix chunks (16 chunks of 200 tokens a group).
     q = torch.empty(4 * 3200, 32, 128, dtype=dtype)
-    cache = torch.empty(64, 16, 8, 128, dtype=dtype)
+    cache = torch.empty(64, 16, 8, 128, dtype=kv_dtype)
     index = torch.zeros(65, dtype=torch.int32)
     seqs = PagedMetadata(
         cu_seqlens_q=index,
@@ -174,13 +183,13 @@ def prefix_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
     )
     launches, _, _ = prefix_attention_launches(
         q, cache, cache, zero_groups(4, 3200), scale=0.1, out=torch.empty_like(q),
-        suffix_chunks=SuffixChunks(torch.empty_like(q), seqs),
+        suffix_chunks=SuffixChunks(torch.empty_like(q), seqs), **kv_scales(kv_dtype),
     )  # fmt: skip
     out += [(f"prefix/suffix_chunks/{i}", launch) for i, launch in enumerate(launches)]
     return out
 
 
-def decode_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
+def decode_launches(dtype: torch.dtype, kv_dtype: torch.dtype) -> list[tuple[str, Any]]:
     from prefixgrove_kernels.cascade_decode import cascade_decode_attention_launches
     from prefixgrove_kernels.launch import PagedMetadata
 
@@ -188,7 +197,7 @@ def decode_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
     for shape in CASCADE_SHAPES:
         if shape.decode_splits is None:
             continue
-        q, cache, seqs = shape.q(dtype), shape.cache(dtype), shape.rows
+        q, cache, seqs = shape.q(dtype), shape.cache(kv_dtype), shape.rows
         index = torch.zeros(seqs + 1, dtype=torch.int32)
         meta = PagedMetadata(
             cu_seqlens_q=index,
@@ -200,7 +209,7 @@ def decode_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
         groups = zero_groups(shape.groups, shape.max_group_q)
         launches = cascade_decode_attention_launches(
             q, cache, cache, torch.empty_like(q), meta, groups, scale=0.1,
-            num_splits=shape.decode_splits,
+            num_splits=shape.decode_splits, **kv_scales(kv_dtype),
         )  # fmt: skip
         out += [(f"cascade_decode/{shape.name}/{i}", launch) for i, launch in enumerate(launches)]
     return out
@@ -221,15 +230,20 @@ def main(sm: int, dtypes: list[torch.dtype]) -> int:
         return 2
     driver.set_active(OfflineDriver(sm))  # type: ignore[arg-type]
     failures = 0
-    for dtype in dtypes:
+    runs = [(dtype, dtype) for dtype in dtypes]
+    if sm >= FP8_SM:
+        runs += [(dtype, FP8) for dtype in dtypes]
+    for dtype, kv_dtype in runs:
         planned = (
-            paged_launches(dtype)
-            + prefix_launches(dtype)
-            + decode_launches(dtype)
-            + merge_launches(dtype)
+            paged_launches(dtype, kv_dtype)
+            + prefix_launches(dtype, kv_dtype)
+            + decode_launches(dtype, kv_dtype)
+            + (merge_launches(dtype) if kv_dtype == dtype else [])
         )
         for name, launch in planned:
-            record: dict[str, Any] = {"kernel": name, "dtype": str(dtype), "sm": sm}
+            record: dict[str, Any] = {
+                "kernel": name, "dtype": str(dtype), "kv_dtype": str(kv_dtype), "sm": sm,
+            }  # fmt: skip
             try:
                 compiled = launch.compile()
             except Exception as e:  # report every failing configuration, not just the first
