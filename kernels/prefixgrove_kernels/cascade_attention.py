@@ -35,10 +35,10 @@ from prefixgrove_kernels.paged_attention import (
     attend_whole_tiles,
     cache_strides,
     finish_rows,
+    fold_kv_scales,
     is_suffix_chunk,
     is_suffix_chunk_host,
     load_keys,
-    load_tile_scales,
     online_softmax_step,
     paged_attention_ref,
     score_masked_tile,
@@ -126,7 +126,7 @@ def find_owner(cu_ptr, token, num_seqs):
 
 @triton.jit
 def attend_suffix_chunks(
-    q, q_scale, k_ptr, v_ptr, k_scale, v_scale, cu_q_ptr, seq_lens_ptr, kv_start_ptr, seq_tables_ptr, num_seqs,
+    q, q_scale, k_ptr, v_ptr, v_scale, cu_q_ptr, seq_lens_ptr, kv_start_ptr, seq_tables_ptr, num_seqs,
     first, end, token, row_valid, kv_head, dims, scale_log2, m_i, l_i, acc,
     stride_kb, stride_ks, stride_kh, stride_st,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -160,7 +160,7 @@ def attend_suffix_chunks(
             rows_of_s = (row_seq == s) & chunk_rows
             for tile in range(kv_lo // BLOCK_N, tl.cdiv(kv_hi, BLOCK_N)):
                 sc, keys, key_valid, kv_offs = score_masked_tile(
-                    q, q_scale, k_ptr, k_scale, table_row, tile, kv_lo, kv_hi, kv_head, dims,
+                    q, q_scale, k_ptr, table_row, tile, kv_lo, kv_hi, kv_head, dims,
                     stride_kb, stride_ks, stride_kh, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
                 )  # fmt: skip
                 allowed = (
@@ -242,9 +242,7 @@ def _prefix_attention_kernel(
     # Over an FP8 cache the scores take e4m3 queries against the bare key codes (k_scale rides on
     # the scores' scale), and the value tiles are scaled here, not folded: this pass is bound by its
     # dots over a whole group's rows, and measures faster so (see paged_attention's docstring).
-    k_scale, v_scale = load_tile_scales(k_scale_ptr, v_scale_ptr, k_ptr)
-    if k_ptr.dtype.element_ty == tl.float8e4nv:
-        scale_log2 = scale_log2 * k_scale
+    scale_log2, v_scale = fold_kv_scales(scale_log2, k_scale_ptr, v_scale_ptr, k_ptr)
     q_dot, q_scale = score_queries(q, k_ptr, BLOCK_M)
 
     num_tiles = tl.cdiv(prefix_len, BLOCK_N)
@@ -261,7 +259,7 @@ def _prefix_attention_kernel(
     # that one tile to the masked step after the loop.
     full_hi = tl.minimum(tile_hi, prefix_len // BLOCK_N)
     m_i, l_i, acc = attend_whole_tiles(
-        q_dot, q_scale, k_ptr, v_ptr, None, v_scale, table_row, tile_lo, full_hi, prefix_blocks,
+        q_dot, q_scale, k_ptr, v_ptr, v_scale, table_row, tile_lo, full_hi, prefix_blocks,
         kv_head, dims, scale_log2, m_i, l_i, acc, stride_kb, stride_ks, stride_kh,
         BLOCK_SIZE, BLOCK_N, TABLE_CHUNK, DOT_PRECISION, q.dtype,
     )  # fmt: skip
@@ -271,7 +269,7 @@ def _prefix_attention_kernel(
         block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0)
         kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
         kv_offs += kv_head * stride_kh
-        k = load_keys(k_ptr, None, kv_offs, dims, key_valid, True, q_dot.dtype)
+        k = load_keys(k_ptr, kv_offs, dims, key_valid, True, q_dot.dtype)
         s = tl.where(key_valid[None, :], scores(q_dot, q_scale, k, DOT_PRECISION), float("-inf"))
         m_i, l_i, acc = online_softmax_step(
             s, scale_log2, v_ptr, v_scale, kv_offs, dims, key_valid, m_i, l_i, acc, True,
@@ -285,7 +283,7 @@ def _prefix_attention_kernel(
         first = seg_begin + q_tile * BLOCK_Q
         end = seg_begin + tl.minimum((q_tile + 1) * BLOCK_Q, seg_len)  # one past the tile's last
         m_i, l_i, acc, chunk_rows = attend_suffix_chunks(
-            q_dot, q_scale, k_ptr, v_ptr, None, v_scale, cu_q_ptr, seq_lens_ptr, kv_start_ptr,
+            q_dot, q_scale, k_ptr, v_ptr, v_scale, cu_q_ptr, seq_lens_ptr, kv_start_ptr,
             seq_tables_ptr, num_seqs, first, end, token, row_valid, kv_head, dims, scale_log2, m_i,
             l_i, acc, stride_kb, stride_ks, stride_kh, stride_st, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
             q.dtype,

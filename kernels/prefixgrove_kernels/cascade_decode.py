@@ -208,7 +208,7 @@ def _cascade_decode_kernel(
             key_valid = (key_in_unit >= ((code >> _LO_SHIFT) & 127)) & (key_in_unit < (code & 127))
             in_block = ((code >> _SUB_SHIFT) & 1023) * UNIT + key_in_unit
             kv_offs = block.to(tl.int64) * stride_kb + in_block * stride_ks + kv_head * stride_kh
-            k = load_keys(k_ptr, None, kv_offs, dims, key_valid, True, q_dot.dtype)
+            k = load_keys(k_ptr, kv_offs, dims, key_valid, True, q_dot.dtype)
             s = scores(q_dot, q_scale, k, DOT_PRECISION)
             # Prefix keys count for every row; a request's own keys for its own rows only.
             allowed = key_valid[None, :] & (

@@ -18,8 +18,8 @@ cascade decode kernel"):
   fp16 (exact: every e4m3 value is an fp16 value; e4m3 -> fp16 is one instruction per pair, -> bf16
   three), and v_scale multiplies the output's normalisation (`finish_rows`).
 - per tile (cascade_attention's prefix pass, bound by its dots over a whole group's rows): each value
-  tile times its scale in fp32, rounded once to q's dtype (`load_tile_scales`; the helpers below take
-  the scale, None when folded).
+  tile times its scale in fp32, rounded once to q's dtype (the helpers below take the scale, None
+  when folded).
 The rest of the math is the same (the FP8 tensor cores accumulate with fewer bits than fp32: the GPU
 tolerance of tests/kernels/test_fp8_kv_cache.py). Caches in q's dtype compile to the kernels they
 always were.
@@ -34,8 +34,8 @@ import triton
 import triton.language as tl
 
 from prefixgrove_kernels import checks
-from prefixgrove_kernels.checks import FP8_MAX
-from prefixgrove_kernels.fp8_quant import MIN_SCALE, row_scale
+from prefixgrove_kernels.checks import FP8_MAX, MIN_SCALE
+from prefixgrove_kernels.fp8_quant import row_scale
 from prefixgrove_kernels.launch import KernelLaunch, PagedMetadata
 from prefixgrove_kernels.merge_states import merge_pair
 from prefixgrove_kernels.reference_math import attend, fp8_query_values, gather_keys, merge_states
@@ -75,36 +75,31 @@ def is_suffix_chunk_host(kv_start: int, q_len: int) -> bool:
 
 
 @triton.jit
-def load_tile_scales(k_scale_ptr, v_scale_ptr, k_ptr):
-    """(k_scale, v_scale) for kernels that scale each tile (see the module's docstring): an FP8
-    cache's scales, loaded; 1.0 (never used) for other caches."""
-    k_scale = 1.0
+def fold_kv_scales(scale_log2, k_scale_ptr, v_scale_ptr, k_ptr):
+    """(the scores' scale, v_scale): for an FP8 cache, scale_log2 times k_scale (the scores are taken
+    against the bare key codes) and the cache's v_scale, which `finish_rows` applies (or, in the
+    prefix pass, each value tile); otherwise scale_log2 as it is and 1.0 (never used)."""
     v_scale = 1.0
     if k_ptr.dtype.element_ty == tl.float8e4nv:
-        k_scale = tl.load(k_scale_ptr)
+        scale_log2 = scale_log2 * tl.load(k_scale_ptr)
         v_scale = tl.load(v_scale_ptr)
-    return k_scale, v_scale
+    return scale_log2, v_scale
 
 
 @triton.jit
-def fold_kv_scales(scale_log2, k_scale_ptr, v_scale_ptr, k_ptr):
-    """(the scores' scale, v_scale): for an FP8 cache, scale_log2 times k_scale (the scores are taken
-    against the bare key codes) and the cache's v_scale, which `finish_rows` applies; otherwise
-    scale_log2 as it is and 1.0 (never used). The kernel's tiles then take no scales (None)."""
-    k_scale, v_scale = load_tile_scales(k_scale_ptr, v_scale_ptr, k_ptr)
-    if k_ptr.dtype.element_ty == tl.float8e4nv:
-        scale_log2 = scale_log2 * k_scale
-    return scale_log2, v_scale
+def as_fp16(x):
+    """x (fp32) in fp16, saturated at fp16's +-65504 (far past what a model's queries hold)."""
+    return tl.clamp(x, -65504.0, 65504.0).to(tl.float16)
 
 
 @triton.jit
 def queries_for_cache(q, k_ptr):
     """q as the dots with this cache's tiles take it: for an FP8 cache, 16-bit queries in fp16 (finer
-    than bf16, 10 mantissa bits against 7; beyond fp16's +-65504 they saturate, far past what a
-    model's queries hold), so that the codes convert to fp16, the cheap way; otherwise q as it is."""
+    than bf16, 10 mantissa bits against 7), so that the codes convert to fp16, the cheap way;
+    otherwise q as it is."""
     if k_ptr.dtype.element_ty == tl.float8e4nv:  # noqa: SIM102 (constexprs: the tests compile away)
         if q.dtype != tl.float32:
-            q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+            q = as_fp16(q.to(tl.float32))
     return q
 
 
@@ -128,9 +123,7 @@ def score_queries(q, k_ptr, BLOCK_M: tl.constexpr):
             q = codes
         else:
             values = codes.to(tl.float32) * scale[:, None]
-            if q.dtype != tl.float32:
-                values = tl.clamp(values, -65504.0, 65504.0).to(tl.float16)
-            q = values
+            q = values if q.dtype == tl.float32 else as_fp16(values)
     return q, q_scale
 
 
@@ -161,8 +154,9 @@ def finish_rows(acc, l_i, v_scale, k_ptr):
 @triton.jit
 def from_cache(x, scale, DTYPE: tl.constexpr):
     """A tile loaded from the cache, in the dots' dtype: an FP8 cache's e4m3 codes converted as they
-    are with scale None (exact; the scales are applied outside the tiles, see fold_kv_scales), or
-    times scale in fp32, rounded once to DTYPE; a tile of a cache in DTYPE as it is."""
+    are with scale None (exact, or no conversion at all for e4m3 DTYPE; the scales are applied
+    outside the tiles, see fold_kv_scales), or times scale in fp32, rounded once to DTYPE (the prefix
+    pass's value tiles); a tile of a cache in DTYPE as it is."""
     if x.dtype == tl.float8e4nv:
         if scale is None:  # noqa: SIM108 (a constexpr test: one branch compiles)
             x = x.to(DTYPE)
@@ -181,7 +175,7 @@ def online_softmax_step(
     pass over the tile. MASKED: s is -inf where a key is not allowed and key_valid masks the value
     load; otherwise every key of the tile counts for every row (and key_valid is not read). v_scale:
     an FP8 cache's value scale for each tile, None where it is folded (see from_cache). DTYPE:
-    the queries' dtype, that of the p @ v product's inputs. Returns the updated (m, l, acc); rows
+    that of the p @ v product's inputs (the queries' own, or fp16 over a folded FP8 cache). Returns the updated (m, l, acc); rows
     with nothing allowed yet keep m = -inf."""
     m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2)
     # v: [BLOCK_N, HEAD_DIM]
@@ -202,17 +196,17 @@ def online_softmax_step(
 
 
 @triton.jit
-def load_keys(k_ptr, k_scale, kv_offs, dims, key_valid, MASKED: tl.constexpr, DTYPE: tl.constexpr):
+def load_keys(k_ptr, kv_offs, dims, key_valid, MASKED: tl.constexpr, DTYPE: tl.constexpr):
     """A key tile as [HEAD_DIM, BLOCK_N] in DTYPE (masked loads read zeros for keys outside
-    key_valid); k_scale as from_cache takes it."""
+    key_valid); an FP8 cache's codes as they are (k_scale rides on the scores' scale)."""
     k_ptrs = k_ptr + kv_offs[None, :] + dims[:, None]
     k = tl.load(k_ptrs, mask=key_valid[None, :], other=0.0) if MASKED else tl.load(k_ptrs)
-    return from_cache(k, k_scale, DTYPE)
+    return from_cache(k, None, DTYPE)
 
 
 @triton.jit
 def score_masked_tile(
-    q, q_scale, k_ptr, k_scale, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks, stride_kh,
+    q, q_scale, k_ptr, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks, stride_kh,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Key tile `tile` of one block-table row with the keys outside [kv_lo, kv_hi) masked off: the
@@ -224,13 +218,13 @@ def score_masked_tile(
     block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0)
     kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
     kv_offs += kv_head * stride_kh
-    k = load_keys(k_ptr, k_scale, kv_offs, dims, key_valid, True, q.dtype)
+    k = load_keys(k_ptr, kv_offs, dims, key_valid, True, q.dtype)
     return scores(q, q_scale, k, DOT_PRECISION), keys, key_valid, kv_offs
 
 
 @triton.jit
 def attend_whole_tiles(
-    q, q_scale, k_ptr, v_ptr, k_scale, v_scale, table_row, tile_lo, tile_hi, num_blocks, kv_head, dims,
+    q, q_scale, k_ptr, v_ptr, v_scale, table_row, tile_lo, tile_hi, num_blocks, kv_head, dims,
     scale_log2, m_i, l_i, acc, stride_kb, stride_ks, stride_kh,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TABLE_CHUNK: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PV_DTYPE: tl.constexpr,
@@ -258,7 +252,7 @@ def attend_whole_tiles(
             block = tl.gather(table, entry, 0)
             kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
             kv_offs += kv_head * stride_kh
-            k = load_keys(k_ptr, k_scale, kv_offs, dims, keys, False, q.dtype)
+            k = load_keys(k_ptr, kv_offs, dims, keys, False, q.dtype)
             s = scores(q, q_scale, k, DOT_PRECISION)
             m_i, l_i, acc = online_softmax_step(
                 s, scale_log2, v_ptr, v_scale, kv_offs, dims, keys, m_i, l_i, acc, False,
@@ -364,7 +358,7 @@ def _paged_attention_kernel(
         full_lo = tl.minimum(tl.cdiv(kv_lo, BLOCK_N), t_end)
         full_hi = tl.maximum(full_lo, (context + q_tile * BLOCK_Q + 1) // BLOCK_N)
         m_i, l_i, acc = attend_whole_tiles(
-            q_dot, q_scale, k_ptr, v_ptr, None, None, table_row, full_lo, full_hi,
+            q_dot, q_scale, k_ptr, v_ptr, None, table_row, full_lo, full_hi,
             tl.cdiv(kv_hi, BLOCK_SIZE), kv_head, dims, scale_log2, m_i, l_i, acc, stride_kb,
             stride_ks, stride_kh, BLOCK_SIZE, BLOCK_N, TABLE_CHUNK, DOT_PRECISION, q.dtype,
         )  # fmt: skip
@@ -373,7 +367,7 @@ def _paged_attention_kernel(
     for i in range(0, num_head_tiles + t_end - full_hi):
         tile = t_begin + i + tl.where(i < num_head_tiles, 0, full_hi - full_lo)
         s, keys, key_valid, kv_offs = score_masked_tile(
-            q_dot, q_scale, k_ptr, None, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb,
+            q_dot, q_scale, k_ptr, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb,
             stride_ks, stride_kh, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
         )  # fmt: skip
         allowed = key_valid[None, :] & (keys[None, :] <= pos[:, None])
