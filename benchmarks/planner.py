@@ -223,9 +223,9 @@ def _answered_batch(client: object, r: object, tmp: str, mb: int) -> str:
     """A batch of (mb MiB / 256 KiB) requests, answered by a stand-in worker that writes a
     256 KiB line per request into Redis through the job store, as workers write. Returns its
     output file's id."""
-    from prefixgrove.jobs.queue import GroupQueue
-    from prefixgrove.jobs.schema import ResultRecord
-    from prefixgrove.jobs.store import JobStore
+    from prefixgrove.jobs.redis_store.queue import GroupQueue
+    from prefixgrove.jobs.redis_store.schema import ResultRecord
+    from prefixgrove.jobs.redis_store.store import JobStore
 
     n = max(1, (mb << 10) // RESULT_LINE_KB)
     path = Path(tmp) / "batch.jsonl"

@@ -154,7 +154,7 @@ def _metrics(llm: Any) -> dict[str, float]:
 
 def _device_idle(llm: Any) -> dict[str, float]:
     """The device's time in steps and idle since the last call: inside steps waiting for masks, and
-    between steps waiting for the host (engine/step_timeline.py)."""
+    between steps waiting for the host (engine/runner/step_timeline.py)."""
     runner = llm.engine.runner
     return {
         "gpu_idle_for_masks_seconds": runner.masker.stats.gpu_idle_seconds(),

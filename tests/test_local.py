@@ -13,7 +13,7 @@ from services_testbed import MAX_MODEL_LEN, MODEL, batch_line, service_env
 from prefixgrove.cli import main as cli
 from prefixgrove.grouping import PrefixGroup
 from prefixgrove.jobs.ingest import JobPlan
-from prefixgrove.jobs.schema import GroupRecord
+from prefixgrove.jobs.redis_store.schema import GroupRecord
 from prefixgrove.local import _engine_groups
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefixgrove.engine.block_manager import NULL_BLOCK, BlockManager, OutOfBlocks
+from prefixgrove.engine.core.block_manager import NULL_BLOCK, BlockManager, OutOfBlocks
 
 
 def test_allocate_hands_out_distinct_blocks_with_one_reference():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from prefixgrove.catalog.byte_tokenizer import EOS_ID, VOCAB_SIZE, byte_tokenizer
-from prefixgrove.engine.detokenizer import Detokenizer, DetokState
+from prefixgrove.engine.sampling.detokenizer import Detokenizer, DetokState
 
 TEXTS = ["plain ascii", "grüße, 森林 and 🌲🌳!", "\n\t  spaced  ", "é"]
 

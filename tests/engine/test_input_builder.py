@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from prefixgrove.engine.input_builder import InputBuilder
-from prefixgrove.engine.sampling_params import SamplingParams
-from prefixgrove.engine.scheduler import ScheduledSeq
-from prefixgrove.engine.sequence import Group, Sequence
+from prefixgrove.engine.core.sequence import Group, ScheduledSeq, Sequence
+from prefixgrove.engine.runner.input_builder import InputBuilder
+from prefixgrove.engine.sampling.sampling_params import SamplingParams
 
 
 def _builder(*, use_cascade: bool = True, max_seqs: int = 8) -> InputBuilder:

@@ -19,7 +19,7 @@ from engine_checkpoints import (
 )
 
 from prefixgrove import LLM, SamplingParams
-from prefixgrove.engine.block_manager import ROOT_HASH, BlockManager
+from prefixgrove.engine.core.block_manager import ROOT_HASH, BlockManager
 from prefixgrove.grouping import PrefixGroup
 
 BS = 16

@@ -206,7 +206,7 @@ def test_top_k_beyond_the_vocabulary_samples_as_if_it_were_off(llm):
 
 
 def test_the_top_noise_draw_stays_below_one_so_a_masked_token_never_wins() -> None:
-    from prefixgrove.engine.sampler import Sampler, SamplingBatch, hash32, uniform
+    from prefixgrove.engine.sampling.sampler import Sampler, SamplingBatch, hash32, uniform
 
     # (2**24 - 0.5) / 2**24 rounds to 1.0 in fp32: -log(1) = 0 made p / 0 = inf (or NaN for p = 0)
     top = torch.tensor([0xFFFFFFFF, 0xFFFFFF00, 0], dtype=torch.int64)

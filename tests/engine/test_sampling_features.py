@@ -9,8 +9,8 @@ import torch
 from engine_checkpoints import EOS_IDS, engine, greedy, random_prompts, record_steps, run, token_ids
 
 from prefixgrove import LLM, RequestOutput, SamplingParams
-from prefixgrove.engine.sampler import SamplingBatch
-from prefixgrove.engine.sequence import Sequence
+from prefixgrove.engine.core.sequence import Sequence
+from prefixgrove.engine.sampling.sampler import SamplingBatch
 from prefixgrove.grouping import PrefixGroup
 
 X, Y = ord("x"), ord("y")

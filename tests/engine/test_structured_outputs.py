@@ -492,7 +492,7 @@ def test_when_the_next_step_computes_outputs_alone_windows_take_the_forced_token
     requests that have sampled, decode windows (a CUDA graph per step, no round trip) take the
     forced tokens step by step instead of a chunk each: no run is forced then, and the outputs
     are step-by-step decoding's. With requests waiting and a seat free, runs are forced."""
-    from prefixgrove.engine.sequence import SeqStatus
+    from prefixgrove.engine.core.sequence import SeqStatus
 
     params = jump_params()
     job = (prompts * 4)[: len(params)]

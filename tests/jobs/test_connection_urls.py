@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from prefixgrove.jobs.connection import connect
+from prefixgrove.jobs.redis_store.connection import connect
 
 
 def test_a_sentinel_url_names_the_sentinels_the_master_its_password_and_db() -> None:

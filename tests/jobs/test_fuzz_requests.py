@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from request_strategies import request_lines
 from services_testbed import MODEL
 
-from prefixgrove.engine.prompt_ids import checked_token_ids
-from prefixgrove.engine.sampling_params import SamplingParams
+from prefixgrove.engine.core.prompt_ids import checked_token_ids
+from prefixgrove.engine.sampling.sampling_params import SamplingParams
 from prefixgrove.jobs.ingest import JobIngestor
 from prefixgrove.jobs.output_lines import request_hash
 from prefixgrove.jobs.requests import BatchRequest, RequestError, parse_line, sampling_kwargs

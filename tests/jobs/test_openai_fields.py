@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from prefixgrove.engine import SamplingParams
+from prefixgrove.jobs.redis_store.schema import RequestRecord
 from prefixgrove.jobs.requests import BatchRequest, RequestError, parse_line, sampling_kwargs
-from prefixgrove.jobs.schema import RequestRecord
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

@@ -9,11 +9,11 @@ from itertools import pairwise
 import pytest
 from services_testbed import RedisServer
 
-from prefixgrove.jobs.connection import connect
 from prefixgrove.jobs.ingest import JobPlan
-from prefixgrove.jobs.queue import GroupQueue, Lease
-from prefixgrove.jobs.schema import GroupRecord, JobKeys, JobState, ResultRecord
-from prefixgrove.jobs.store import JobStore, QueueDepth
+from prefixgrove.jobs.redis_store.connection import connect
+from prefixgrove.jobs.redis_store.queue import GroupQueue, Lease
+from prefixgrove.jobs.redis_store.schema import GroupRecord, JobKeys, JobState, ResultRecord
+from prefixgrove.jobs.redis_store.store import JobStore, QueueDepth
 
 MODEL = "m"
 

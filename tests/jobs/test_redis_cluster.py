@@ -22,13 +22,13 @@ from services_testbed import (
     wait_until,
 )
 
-from prefixgrove.jobs import schema
-from prefixgrove.jobs.connection import connect
 from prefixgrove.jobs.ingest import IngestedBatch, JobPlan
-from prefixgrove.jobs.queue import GroupQueue
+from prefixgrove.jobs.redis_store import schema
+from prefixgrove.jobs.redis_store.connection import connect
+from prefixgrove.jobs.redis_store.queue import GroupQueue
+from prefixgrove.jobs.redis_store.schema import GroupRecord, JobKeys, JobState, ResultRecord
+from prefixgrove.jobs.redis_store.store import JobStore, QueueDepth
 from prefixgrove.jobs.requests import BatchRequest, RequestError
-from prefixgrove.jobs.schema import GroupRecord, JobKeys, JobState, ResultRecord
-from prefixgrove.jobs.store import JobStore, QueueDepth
 
 MODEL = "m"
 RETENTION_S = 3600

@@ -29,12 +29,12 @@ from services_testbed import (
     wait_until,
 )
 
-from prefixgrove.jobs.connection import connect
 from prefixgrove.jobs.ingest import IngestedBatch, JobPlan
-from prefixgrove.jobs.queue import GroupQueue, Lease
+from prefixgrove.jobs.redis_store.connection import connect
+from prefixgrove.jobs.redis_store.queue import GroupQueue, Lease
+from prefixgrove.jobs.redis_store.schema import GroupRecord, JobKeys, JobState, ResultRecord
+from prefixgrove.jobs.redis_store.store import JobStore
 from prefixgrove.jobs.requests import BatchRequest, RequestError
-from prefixgrove.jobs.schema import GroupRecord, JobKeys, JobState, ResultRecord
-from prefixgrove.jobs.store import JobStore
 
 MODEL = "m"
 REQUESTS = 17  # line 8 is invalid; the other 16 run two to a group

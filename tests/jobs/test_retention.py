@@ -7,10 +7,16 @@ import pytest
 from services_testbed import RedisServer
 
 from prefixgrove import settings
-from prefixgrove.jobs.connection import connect
 from prefixgrove.jobs.ingest import JobPlan
-from prefixgrove.jobs.schema import GroupRecord, JobKeys, JobState, RequestRecord, ResultRecord
-from prefixgrove.jobs.store import JobStore
+from prefixgrove.jobs.redis_store.connection import connect
+from prefixgrove.jobs.redis_store.schema import (
+    GroupRecord,
+    JobKeys,
+    JobState,
+    RequestRecord,
+    ResultRecord,
+)
+from prefixgrove.jobs.redis_store.store import JobStore
 from prefixgrove.settings import PlannerSettings
 
 MODEL = "m"

@@ -8,11 +8,17 @@ import time
 import numpy as np
 from services_testbed import RedisServer
 
-from prefixgrove.jobs.connection import connect
 from prefixgrove.jobs.ingest import JobPlan
-from prefixgrove.jobs.queue import GroupQueue, Lease
-from prefixgrove.jobs.schema import GroupRecord, JobKeys, JobState, RequestRecord, ResultRecord
-from prefixgrove.jobs.store import JobStore
+from prefixgrove.jobs.redis_store.connection import connect
+from prefixgrove.jobs.redis_store.queue import GroupQueue, Lease
+from prefixgrove.jobs.redis_store.schema import (
+    GroupRecord,
+    JobKeys,
+    JobState,
+    RequestRecord,
+    ResultRecord,
+)
+from prefixgrove.jobs.redis_store.store import JobStore
 
 MODEL = "m"
 

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from services_testbed import MODEL, RedisServer, batch_line, free_port
 
 from prefixgrove.engine import EngineConfig, LLMEngine
-from prefixgrove.jobs.schema import JobRecord, JobState
+from prefixgrove.jobs.redis_store.schema import JobRecord, JobState
 from prefixgrove.planner.client import PlannerClient
 from prefixgrove.planner.metrics import PlannerMetrics
 from prefixgrove.planner.server import PlannerServer, build_server

@@ -31,11 +31,11 @@ from services_testbed import (
     wait_until,
 )
 
-from prefixgrove.jobs import schema
 from prefixgrove.jobs.ingest import JobIngestor, JobPlan
-from prefixgrove.jobs.store import JobStore
+from prefixgrove.jobs.redis_store import schema
+from prefixgrove.jobs.redis_store.store import JobStore
+from prefixgrove.jobs.redis_store.uploads import UploadKeys, Uploads, rebuild_plan
 from prefixgrove.jobs.tokenize import PromptTokenizer
-from prefixgrove.jobs.uploads import UploadKeys, Uploads, rebuild_plan
 from prefixgrove.planner import client as client_module
 from prefixgrove.planner.client import PlannerClient, PlannerError
 from prefixgrove.planner.server import UPLOAD_FAILED_WITHIN_S

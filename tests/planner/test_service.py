@@ -13,7 +13,7 @@ import pytest
 from polling import wait_for
 from services_testbed import MODEL, RedisServer, batch_line
 
-from prefixgrove.jobs.schema import JobKeys
+from prefixgrove.jobs.redis_store.schema import JobKeys
 from prefixgrove.planner.client import PlannerClient, PlannerError
 from prefixgrove.planner.server import PlannerServer, build_server
 from prefixgrove.settings import IngestSettings, PlannerSettings, SecuritySettings
@@ -421,7 +421,7 @@ def test_lines_parsed_in_worker_processes_make_the_same_job(redis_server: RedisS
 def test_results_stream_in_windows_of_a_few_megabytes_whatever_their_lines() -> None:
     """A stream holds one window of results: few lines when they are large (logprobs), many when
     they are small; benchmarks/planner.py --mode http measures the planner's memory for it."""
-    from prefixgrove.jobs.schema import ResultRecord
+    from prefixgrove.jobs.redis_store.schema import ResultRecord
     from prefixgrove.planner.service import _RESULT_WINDOW, _RESULT_WINDOW_BYTES, _next_window
 
     def lines(size: int, n: int) -> list[ResultRecord | None]:

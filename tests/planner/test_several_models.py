@@ -22,8 +22,8 @@ from services_testbed import (
     wait_until,
 )
 
-from prefixgrove.jobs import schema
-from prefixgrove.jobs.schema import JobKeys
+from prefixgrove.jobs.redis_store import schema
+from prefixgrove.jobs.redis_store.schema import JobKeys
 from prefixgrove.planner.client import PlannerClient, PlannerError
 from prefixgrove.settings import IngestSettings
 from prefixgrove_proto import planner_pb2 as pb

@@ -22,11 +22,17 @@ from services_testbed import (
     wait_until,
 )
 
-from prefixgrove.jobs.connection import connect
 from prefixgrove.jobs.ingest import JobPlan
-from prefixgrove.jobs.queue import GroupQueue, Lease
-from prefixgrove.jobs.schema import GroupRecord, JobKeys, JobState, RequestRecord, ResultRecord
-from prefixgrove.jobs.store import JobStore
+from prefixgrove.jobs.redis_store.connection import connect
+from prefixgrove.jobs.redis_store.queue import GroupQueue, Lease
+from prefixgrove.jobs.redis_store.schema import (
+    GroupRecord,
+    JobKeys,
+    JobState,
+    RequestRecord,
+    ResultRecord,
+)
+from prefixgrove.jobs.redis_store.store import JobStore
 from prefixgrove.worker.runner import DIED_ALONE
 
 POISON = 3  # a token id no other prompt here holds

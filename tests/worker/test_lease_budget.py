@@ -8,10 +8,10 @@ import pytest
 from services_testbed import MODEL, RedisServer
 
 from prefixgrove.engine import EngineConfig, LLMEngine
-from prefixgrove.jobs.connection import connect
 from prefixgrove.jobs.ingest import JobPlan
-from prefixgrove.jobs.schema import GroupRecord, JobKeys, RequestRecord
-from prefixgrove.jobs.store import JobStore
+from prefixgrove.jobs.redis_store.connection import connect
+from prefixgrove.jobs.redis_store.schema import GroupRecord, JobKeys, RequestRecord
+from prefixgrove.jobs.redis_store.store import JobStore
 from prefixgrove.settings import WorkerSettings
 from prefixgrove.worker.lease_budget import Capacity, Held, LeaseBudget
 from prefixgrove.worker.runner import Worker

@@ -13,10 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from services_testbed import MODEL, RedisServer, free_port
 
 from prefixgrove.engine import EngineConfig, LLMEngine
-from prefixgrove.jobs.connection import connect
 from prefixgrove.jobs.ingest import JobPlan
-from prefixgrove.jobs.schema import GroupRecord, JobKeys, JobState, RequestRecord
-from prefixgrove.jobs.store import JobStore
+from prefixgrove.jobs.redis_store.connection import connect
+from prefixgrove.jobs.redis_store.schema import GroupRecord, JobKeys, JobState, RequestRecord
+from prefixgrove.jobs.redis_store.store import JobStore
 from prefixgrove.settings import WorkerSettings
 from prefixgrove.worker.metrics import WorkerMetrics
 from prefixgrove.worker.runner import Worker

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from services_testbed import MODEL, Process, RedisServer, start_worker, wait_until
 
-from prefixgrove.jobs.connection import connect
 from prefixgrove.jobs.ingest import JobPlan
-from prefixgrove.jobs.schema import GroupRecord, JobKeys, RequestRecord
-from prefixgrove.jobs.store import JobStore
+from prefixgrove.jobs.redis_store.connection import connect
+from prefixgrove.jobs.redis_store.schema import GroupRecord, JobKeys, RequestRecord
+from prefixgrove.jobs.redis_store.store import JobStore
 from prefixgrove.settings import WorkerSettings
 
 QUEUE = f"pg:queue:{MODEL}"

@@ -1,10 +1,10 @@
 """The inference engine: paged KV cache, prefix-sharing groups, cascade attention, batched sampling."""
 
 from .config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from .core.llm_engine import LLMEngine
 from .llm import LLM
-from .llm_engine import LLMEngine
-from .outputs import CompletionOutput, Logprob, RequestOutput
-from .sampling_params import SamplingParams
+from .sampling.outputs import CompletionOutput, Logprob, RequestOutput
+from .sampling.sampling_params import SamplingParams
 from .structured import StructuredOutputsParams
 
 __all__ = [

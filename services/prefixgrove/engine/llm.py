@@ -14,10 +14,10 @@ from prefixgrove.catalog.generation import generation_defaults
 from prefixgrove.grouping import GroupingConfig, PrefixGroup, group_prompts
 
 from .config import EngineConfig
-from .llm_engine import LLMEngine
-from .outputs import RequestOutput
-from .samples import Samples
-from .sampling_params import SamplingParams, is_unicode
+from .core.llm_engine import LLMEngine
+from .sampling.outputs import RequestOutput
+from .sampling.parallel_samples import Samples
+from .sampling.sampling_params import SamplingParams, is_unicode
 from .vllm_args import engine_kwargs
 
 Prompt = str | dict[str, Any]

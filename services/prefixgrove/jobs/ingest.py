@@ -4,7 +4,7 @@ What is held per request until grouping is its prefix index entry (a hash per sh
 prefix_index.py); the parsed requests and their tokens go out to the caller (Redis, or the local
 run) batch by batch. What the whole upload shares (line indices, custom_ids taken, the counts
 behind `job_error`) lives in an `UploadLedger`: in memory for the local run, in Redis for the
-planner (jobs/uploads.py), so that every planner replica can take lines of the same job.
+planner (jobs/redis_store/uploads.py), so that every planner replica can take lines of the same job.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import numpy as np
 
 from prefixgrove.jobs.line_parser import LineParser, LineRules
 from prefixgrove.jobs.prefix_index import PrefixIndex
+from prefixgrove.jobs.redis_store.schema import GroupRecord
 from prefixgrove.jobs.requests import BatchRequest, RequestError
-from prefixgrove.jobs.schema import GroupRecord
 from prefixgrove.jobs.tokenize import PromptTokenizer
 from prefixgrove.settings import IngestSettings
 

@@ -19,7 +19,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the shared job model imports no engine; these are only types
-    from prefixgrove.engine.outputs import CompletionOutput, RequestOutput
+    from prefixgrove.engine.sampling.outputs import CompletionOutput, RequestOutput
 
 # NOTE: `created` is part of the byte-equal contract between the services and `prefixgrove run`,
 # so it cannot be a clock reading; the job record keeps when the job was created.

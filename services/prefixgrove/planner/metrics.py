@@ -16,9 +16,9 @@ from functools import partial
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from prefixgrove.jobs.ingest import IngestedBatch
+from prefixgrove.jobs.redis_store.schema import JobRecord, JobState
+from prefixgrove.jobs.redis_store.store import QueueDepth
 from prefixgrove.jobs.requests import BatchRequest
-from prefixgrove.jobs.schema import JobRecord, JobState
-from prefixgrove.jobs.store import QueueDepth
 from prefixgrove.metrics_registry import service_registry
 
 _REFRESH_S = 5.0

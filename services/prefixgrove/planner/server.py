@@ -13,9 +13,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from prefixgrove.jobs.connection import connect
 from prefixgrove.jobs.line_parser import LineParser, LineRules, default_processes
-from prefixgrove.jobs.store import JobStore
+from prefixgrove.jobs.redis_store.connection import connect
+from prefixgrove.jobs.redis_store.store import JobStore
 from prefixgrove.planner.http.runner import HttpApi, start_http_api
 from prefixgrove.planner.metrics import PlannerMetrics
 from prefixgrove.planner.security import BearerTokenInterceptor, server_credentials

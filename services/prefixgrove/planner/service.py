@@ -12,10 +12,10 @@ import grpc
 
 from prefixgrove.jobs.ingest import JobIngestor, JobPlan, UploadClosed, UploadCounts, job_error
 from prefixgrove.jobs.line_parser import LineParser, LineRules
-from prefixgrove.jobs.schema import JobRecord, JobState, ResultRecord
-from prefixgrove.jobs.store import JobStore
+from prefixgrove.jobs.redis_store.schema import JobRecord, JobState, ResultRecord
+from prefixgrove.jobs.redis_store.store import JobStore
+from prefixgrove.jobs.redis_store.uploads import Uploads, rebuild_plan
 from prefixgrove.jobs.tokenize import PromptTokenizer
-from prefixgrove.jobs.uploads import Uploads, rebuild_plan
 from prefixgrove.planner.metrics import PlannerMetrics
 from prefixgrove.settings import IngestSettings, ServedModel
 from prefixgrove_proto import planner_pb2 as pb
@@ -83,7 +83,7 @@ class _Ingest:
 
 
 class PlannerService(pb_grpc.PlannerServicer):
-    """Any replica serves any call of any job: an upload's state is in Redis (jobs/uploads.py), so
+    """Any replica serves any call of any job: an upload's state is in Redis (jobs/redis_store/uploads.py), so
     a job may be created on one replica, take lines through several and be sealed on another."""
 
     def __init__(

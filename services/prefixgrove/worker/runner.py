@@ -26,12 +26,12 @@ from typing import Any
 import redis
 
 from prefixgrove.grouping import PrefixGroup
-from prefixgrove.jobs.connection import connect
 from prefixgrove.jobs.output_lines import success_line
-from prefixgrove.jobs.queue import GroupQueue, Lease
+from prefixgrove.jobs.redis_store.connection import connect
+from prefixgrove.jobs.redis_store.queue import GroupQueue, Lease
+from prefixgrove.jobs.redis_store.schema import RequestRecord, ResultRecord
+from prefixgrove.jobs.redis_store.store import JobStore
 from prefixgrove.jobs.requests import RequestError, engine_error, sampling_kwargs
-from prefixgrove.jobs.schema import RequestRecord, ResultRecord
-from prefixgrove.jobs.store import JobStore
 from prefixgrove.settings import WorkerSettings
 from prefixgrove.worker.isolation import Isolation
 from prefixgrove.worker.lease_budget import Capacity, Held, LeaseBudget

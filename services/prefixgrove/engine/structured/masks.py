@@ -23,7 +23,7 @@ import llguidance.numpy as llnp
 import numpy as np
 import torch
 
-from ..sampler import to_device
+from ..device import to_device
 
 logger = logging.getLogger(__name__)
 # from this many matchers on, a step's tokens are consumed on llguidance's threads

@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from prefixgrove.jobs import schema
-from prefixgrove.jobs.schema import JobRecord, JobState
+from prefixgrove.jobs.redis_store import schema
+from prefixgrove.jobs.redis_store.schema import JobRecord, JobState
 from prefixgrove.planner.http.errors import ApiError, ServiceCall, not_found
 from prefixgrove.planner.http.files import FileStore
 from prefixgrove.planner.service import PlannerService

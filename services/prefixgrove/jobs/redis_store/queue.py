@@ -27,8 +27,8 @@ from typing import Any
 
 import redis
 
-from prefixgrove.jobs import schema
-from prefixgrove.jobs.connection import Redis
+from prefixgrove.jobs.redis_store import schema
+from prefixgrove.jobs.redis_store.connection import Redis
 
 log = logging.getLogger(__name__)
 _GIVEN_BACK_IDLE_MS = 7 * 24 * 3600 * 1000  # idle past any lease timeout: claimable at once

@@ -6,11 +6,11 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .outputs import Logprob, PromptLogprobs, RequestMetrics
-from .sampling_params import SamplingParams
+from ..sampling.outputs import Logprob, PromptLogprobs, RequestMetrics
+from ..sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from .structured.masks import GrammarState
+    from ..structured.masks import GrammarState
 
 
 class SeqStatus(enum.Enum):
@@ -149,3 +149,12 @@ class Group:
     @property
     def num_unfinished(self) -> int:
         return sum(1 for m in self.members if not m.finished)
+
+
+@dataclass
+class ScheduledSeq:
+    """A sequence's share of one step."""
+
+    seq: Sequence
+    num_tokens: int  # tokens computed for it in this step
+    sample: bool  # whether this step ends with a new token for it

@@ -10,7 +10,7 @@ Keys, beside the job's own (built on JobKeys(id).job, so they share its Cluster 
                          after it)
   pg:job:{<id>}:ids      set of the custom_ids taken
 Both live from CreateJob until the upload ends: the seal, a failure, an abandon or a cancel deletes
-them. The jobs with an upload open are the fields of pg:ingesting (jobs/schema.py).
+them. The jobs with an upload open are the fields of pg:ingesting (jobs/redis_store/schema.py).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prefixgrove.jobs import schema
-from prefixgrove.jobs.connection import Redis
 from prefixgrove.jobs.ingest import JobPlan, ModelLines, UploadClosed, UploadCounts, plan_models
-from prefixgrove.jobs.schema import JobKeys, RequestRecord
+from prefixgrove.jobs.redis_store import schema
+from prefixgrove.jobs.redis_store.connection import Redis
+from prefixgrove.jobs.redis_store.schema import JobKeys, RequestRecord
 from prefixgrove.settings import IngestSettings
 
 _READ_BATCH = 1000

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
+from ..core.sequence import ScheduledSeq
 from .input_builder import CASCADE_MIN_SEQS, InputBuilder, StepInputs
-from .scheduler import ScheduledSeq
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .structured.params import StructuredOutputsParams
+from ..structured.params import StructuredOutputsParams
 
 _MAX_LOGPROBS = 20
 _MAX_N = 1024

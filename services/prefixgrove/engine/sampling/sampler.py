@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .sequence import Sequence
+from ..core.sequence import Sequence
+from ..device import to_device
 
 if TYPE_CHECKING:
-    from .structured.masks import TokenMask
+    from ..structured.masks import TokenMask
 
 _MASK32 = 0xFFFFFFFF
 _BELOW_ONE = 1.0 - 2.0**-24  # the largest fp32 below 1
@@ -163,16 +164,6 @@ def _pairs(pairs: list[tuple[int, int]], device: torch.device) -> tuple[torch.Te
     """(row, token id) pairs -> a rows tensor and a token ids tensor, for indexing [n, vocab]."""
     both = to_device(np.array(pairs, dtype=np.int64).reshape(-1, 2).T.copy(), device)
     return both[0], both[1]
-
-
-def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """Host array to the device without waiting: a pageable source may make the copy wait for the
-    stream (the GPU may be steps ahead), so it goes through the pinned pool, which keeps the buffer
-    until the copy has run."""
-    t = torch.from_numpy(array)
-    if device.type != "cuda":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 def _penalty_tensors(seqs: list[Sequence], device: torch.device, vocab: int):

@@ -15,19 +15,12 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 
+from ..config import SchedulerConfig
 from .block_manager import BlockManager
-from .config import SchedulerConfig
 from .prefix_cache import PrefixCache
-from .sequence import Group, GroupState, SeqStatus, Sequence
+from .sequence import Group, GroupState, ScheduledSeq, SeqStatus, Sequence
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class ScheduledSeq:
-    seq: Sequence
-    num_tokens: int  # tokens computed for it in this step
-    sample: bool  # whether this step ends with a new token for it
 
 
 @dataclass

@@ -16,19 +16,19 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from .attention.backend import ForwardContext, create_backend
-from .attention.kv_cache import LayerCache, allocate, cache_torch_dtype
-from .config import EngineConfig
+from ..attention.backend import ForwardContext, create_backend
+from ..attention.kv_cache import LayerCache, allocate, cache_torch_dtype
+from ..config import EngineConfig
+from ..core.sequence import ScheduledSeq, Sequence
+from ..device import to_device
+from ..models.loader import load_model
+from ..models.ops import create_ops
+from ..sampling.prompt_logprobs import PromptSpan, prompt_spans, record_prompt_logprobs
+from ..sampling.sampler import Sampler, SamplingBatch
+from ..structured.masks import StepMasker, TokenMask
 from .cuda_graphs import DecodeGraphs
 from .input_builder import InputBuilder, StepInputs
-from .models.loader import load_model
-from .models.ops import create_ops
-from .prompt_logprobs import PromptSpan, prompt_spans, record_prompt_logprobs
-from .sampler import Sampler, SamplingBatch, to_device
-from .scheduler import ScheduledSeq
-from .sequence import Sequence
 from .step_timeline import StepTimeline, recorded_event
-from .structured.masks import StepMasker, TokenMask
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class ModelRunner:
         seqs = min(s.max_num_seqs, s.max_num_batched_tokens)
         per_seq = s.max_num_batched_tokens // seqs
         self.allocate_kv_cache(-(-per_seq // bs) + 1)
-        from .sampling_params import SamplingParams
+        from ..sampling.sampling_params import SamplingParams
 
         dummy = []
         for i in range(seqs):

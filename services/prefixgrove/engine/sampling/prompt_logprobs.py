@@ -16,9 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.sequence import ScheduledSeq, Sequence
 from .outputs import Logprob
-from .scheduler import ScheduledSeq
-from .sequence import Sequence
 
 # Rows turned into vocabulary-wide logits at once: a long chunk would need [rows, vocab] fp32 whole.
 _ROWS_PER_SLICE = 256

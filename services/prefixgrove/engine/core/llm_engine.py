@@ -12,19 +12,19 @@ from prefixgrove.catalog.generation import generation_eos_token_ids
 from prefixgrove.catalog.presets import load_tokenizer
 from prefixgrove.grouping import PrefixGroup
 
+from ..config import EngineConfig
+from ..runner.model_runner import DecodeWindow, InFlight, ModelRunner
+from ..sampling.output_processor import OutputProcessor
+from ..sampling.outputs import RequestOutput
+from ..sampling.parallel_samples import SampleSets
+from ..sampling.sampling_params import SamplingParams
+from ..structured.grammars import GrammarCompiler
+from ..structured.masks import GrammarState
 from .block_manager import BlockManager
-from .config import EngineConfig
 from .metrics import EngineMetrics
-from .model_runner import DecodeWindow, InFlight, ModelRunner
-from .output_processor import OutputProcessor
-from .outputs import RequestOutput
 from .prompt_ids import checked_token_ids
-from .samples import SampleSets
-from .sampling_params import SamplingParams
-from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
-from .sequence import Group, SeqStatus, Sequence
-from .structured.grammars import GrammarCompiler
-from .structured.masks import GrammarState
+from .scheduler import Scheduler, SchedulerOutput
+from .sequence import Group, ScheduledSeq, SeqStatus, Sequence
 
 logger = logging.getLogger(__name__)
 # A request as add_group takes it: (request_id, prompt_token_ids, params).

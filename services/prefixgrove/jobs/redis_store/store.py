@@ -12,11 +12,17 @@ from typing import Any
 import redis
 from redis.commands.core import Script
 
-from prefixgrove.jobs import schema
-from prefixgrove.jobs.connection import Redis
 from prefixgrove.jobs.ingest import IngestedBatch, JobPlan
+from prefixgrove.jobs.redis_store import schema
+from prefixgrove.jobs.redis_store.connection import Redis
+from prefixgrove.jobs.redis_store.schema import (
+    GroupRecord,
+    JobKeys,
+    JobRecord,
+    JobState,
+    ResultRecord,
+)
 from prefixgrove.jobs.requests import RequestError
-from prefixgrove.jobs.schema import GroupRecord, JobKeys, JobRecord, JobState, ResultRecord
 
 _BATCH = 1000
 

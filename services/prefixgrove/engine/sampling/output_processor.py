@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
+from ..core.sequence import Sequence
+from ..models.arch import ModelArch
 from .detokenizer import Detokenizer, DetokState
-from .models.arch import ModelArch
 from .outputs import CompletionOutput, Logprob, RequestOutput
-from .sequence import Sequence
 
 
 class OutputProcessor:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .attention.metadata import AttentionMetadata, CascadeMetadata, SampledRows
-from .scheduler import ScheduledSeq
+from ..attention.metadata import AttentionMetadata, CascadeMetadata, SampledRows
+from ..core.sequence import ScheduledSeq
 
 # A group's shared prefix is attended in a separate pass only when that pays: reading it once for many
 # queries must outweigh one more pass over the queries and the merge.
