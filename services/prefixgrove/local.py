@@ -19,7 +19,9 @@ from prefixgrove.grouping import PrefixGroup
 from prefixgrove.jobs.ingest import JobIngestor, JobPlan
 from prefixgrove.jobs.ordered_writer import Answered, OrderedWriter, answered_prefix
 from prefixgrove.jobs.output_lines import request_hash, success_line
-from prefixgrove.jobs.requests import BatchRequest, RequestError, engine_error, sampling_kwargs
+from prefixgrove.jobs.request_errors import RequestError, engine_error
+from prefixgrove.jobs.requests import BatchRequest
+from prefixgrove.jobs.sampling_fields import sampling_kwargs
 from prefixgrove.jobs.tokenize import PromptTokenizer
 from prefixgrove.settings import IngestSettings
 

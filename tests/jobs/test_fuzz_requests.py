@@ -15,7 +15,9 @@ from prefixgrove.engine.core.prompt_ids import checked_token_ids
 from prefixgrove.engine.sampling.sampling_params import SamplingParams
 from prefixgrove.jobs.ingest import JobIngestor
 from prefixgrove.jobs.output_lines import request_hash
-from prefixgrove.jobs.requests import BatchRequest, RequestError, parse_line, sampling_kwargs
+from prefixgrove.jobs.request_errors import RequestError
+from prefixgrove.jobs.requests import BatchRequest, parse_line
+from prefixgrove.jobs.sampling_fields import sampling_kwargs
 from prefixgrove.jobs.tokenize import PromptTokenizer
 from prefixgrove.settings import IngestSettings
 

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from request_strategies import request_lines
 
 from prefixgrove.jobs.line_parser import LineParser, LineRules, parse_slice
-from prefixgrove.jobs.requests import BatchRequest, RequestError
+from prefixgrove.jobs.request_errors import RequestError
+from prefixgrove.jobs.requests import BatchRequest
 
 RULES = LineRules(max_line_bytes=4096, default_max_tokens=16)
 

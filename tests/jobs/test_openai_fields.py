@@ -13,7 +13,9 @@ import pytest
 
 from prefixgrove.engine import SamplingParams
 from prefixgrove.jobs.redis_store.schema import RequestRecord
-from prefixgrove.jobs.requests import BatchRequest, RequestError, parse_line, sampling_kwargs
+from prefixgrove.jobs.request_errors import RequestError
+from prefixgrove.jobs.requests import BatchRequest, parse_line
+from prefixgrove.jobs.sampling_fields import sampling_kwargs
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

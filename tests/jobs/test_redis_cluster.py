@@ -28,7 +28,8 @@ from prefixgrove.jobs.redis_store.connection import connect
 from prefixgrove.jobs.redis_store.queue import GroupQueue
 from prefixgrove.jobs.redis_store.schema import GroupRecord, JobKeys, JobState, ResultRecord
 from prefixgrove.jobs.redis_store.store import JobStore, QueueDepth
-from prefixgrove.jobs.requests import BatchRequest, RequestError
+from prefixgrove.jobs.request_errors import RequestError
+from prefixgrove.jobs.requests import BatchRequest
 
 MODEL = "m"
 RETENTION_S = 3600

@@ -34,7 +34,8 @@ from prefixgrove.jobs.redis_store.connection import connect
 from prefixgrove.jobs.redis_store.queue import GroupQueue, Lease
 from prefixgrove.jobs.redis_store.schema import GroupRecord, JobKeys, JobState, ResultRecord
 from prefixgrove.jobs.redis_store.store import JobStore
-from prefixgrove.jobs.requests import BatchRequest, RequestError
+from prefixgrove.jobs.request_errors import RequestError
+from prefixgrove.jobs.requests import BatchRequest
 
 MODEL = "m"
 REQUESTS = 17  # line 8 is invalid; the other 16 run two to a group

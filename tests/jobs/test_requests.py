@@ -9,7 +9,8 @@ from services_testbed import MODEL, batch_line
 
 from prefixgrove.jobs.ingest import JobIngestor
 from prefixgrove.jobs.output_lines import request_hash
-from prefixgrove.jobs.requests import BatchRequest, RequestError, parse_line
+from prefixgrove.jobs.request_errors import RequestError
+from prefixgrove.jobs.requests import BatchRequest, parse_line
 from prefixgrove.jobs.tokenize import PromptTokenizer
 from prefixgrove.settings import IngestSettings
 

@@ -19,7 +19,8 @@ import numpy as np
 from prefixgrove.jobs.line_parser import LineParser, LineRules
 from prefixgrove.jobs.prefix_index import PrefixIndex
 from prefixgrove.jobs.redis_store.schema import GroupRecord
-from prefixgrove.jobs.requests import BatchRequest, RequestError
+from prefixgrove.jobs.request_errors import RequestError
+from prefixgrove.jobs.requests import BatchRequest
 from prefixgrove.jobs.tokenize import PromptTokenizer
 from prefixgrove.settings import IngestSettings
 

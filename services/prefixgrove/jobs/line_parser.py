@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass
 
-from prefixgrove.jobs.requests import BatchRequest, RequestError, parse_line
+from prefixgrove.jobs.request_errors import RequestError
+from prefixgrove.jobs.requests import BatchRequest, parse_line
 
 # Fewer lines than this are parsed here: handing them out would cost more than it saves.
 _MIN_LINES_TO_SHARE = 64

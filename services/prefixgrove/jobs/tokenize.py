@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from prefixgrove.jobs.requests import BatchRequest, RequestError
+from prefixgrove.jobs.request_errors import RequestError
+from prefixgrove.jobs.requests import BatchRequest
 
 
 class PromptTokenizer:

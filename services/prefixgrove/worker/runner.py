@@ -31,7 +31,8 @@ from prefixgrove.jobs.redis_store.connection import connect
 from prefixgrove.jobs.redis_store.queue import GroupQueue, Lease
 from prefixgrove.jobs.redis_store.schema import RequestRecord, ResultRecord
 from prefixgrove.jobs.redis_store.store import JobStore
-from prefixgrove.jobs.requests import RequestError, engine_error, sampling_kwargs
+from prefixgrove.jobs.request_errors import RequestError, engine_error
+from prefixgrove.jobs.sampling_fields import sampling_kwargs
 from prefixgrove.settings import WorkerSettings
 from prefixgrove.worker.isolation import Isolation
 from prefixgrove.worker.lease_budget import Capacity, Held, LeaseBudget

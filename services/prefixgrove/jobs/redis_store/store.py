@@ -22,7 +22,7 @@ from prefixgrove.jobs.redis_store.schema import (
     JobState,
     ResultRecord,
 )
-from prefixgrove.jobs.requests import RequestError
+from prefixgrove.jobs.request_errors import RequestError
 
 _BATCH = 1000
 
