@@ -46,20 +46,20 @@ def shared_prefix_prompts(
     return prompts
 
 
-def add_engine_args(ap: argparse.ArgumentParser, max_num_seqs: int, batched_tokens: int) -> None:
-    """The model and the engine's batch limits, which every end-to-end benchmark sets."""
+def add_engine_args(ap: argparse.ArgumentParser) -> None:
+    """The model and every engine knob, as `prefixgrove run` takes them (flags, PREFIXGROVE_*
+    variables): a knob left out takes the engine's own default for the device, so a benchmark runs
+    the engine every user gets."""
+    from prefixgrove.cli_flags import add_arguments
+    from prefixgrove.engine_settings import EngineSettings
+
     ap.add_argument("--model", default="llama-3.1-8b-random")
-    ap.add_argument("--max-num-seqs", type=int, default=max_num_seqs)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=batched_tokens)
-    # "fp8": W8A8 linear layers (LLM(quantization="fp8")); unset: the weights' own dtype
-    ap.add_argument("--quantization", choices=["fp8"], default=None)
-    # "fp8": keys and values cached in FP8 e4m3 (LLM(kv_cache_dtype="fp8")); "auto": the model's dtype
-    ap.add_argument("--kv-cache-dtype", choices=["auto", "fp8", "fp8_e4m3"], default="auto")
+    add_arguments(ap, EngineSettings)
 
 
 def add_canonical_args(ap: argparse.ArgumentParser, groups: int) -> None:
     """The canonical workload's knobs (DESIGN.md), shared by the scripts that run it."""
-    add_engine_args(ap, max_num_seqs=512, batched_tokens=16384)
+    add_engine_args(ap)
     ap.add_argument("--groups", type=int, default=groups)
     ap.add_argument("--per-group", type=int, default=16)
     ap.add_argument("--prefix-len", type=int, default=2000)
@@ -71,26 +71,20 @@ def add_random_workload_args(
     ap: argparse.ArgumentParser, num_requests: int, prompt_len: int, output_len: int
 ) -> None:
     """A workload without sharing: random prompts of one length (throughput.py, decode.py)."""
-    add_engine_args(ap, max_num_seqs=256, batched_tokens=8192)
+    add_engine_args(ap)
     ap.add_argument("--num-requests", type=int, default=num_requests)
     ap.add_argument("--prompt-len", type=int, default=prompt_len)
     ap.add_argument("--output-len", type=int, default=output_len)
 
 
 def make_llm(args: argparse.Namespace, **options: Any) -> Any:
-    """An engine in bf16 on the model and batch limits of add_engine_args, plus `options` (which may
-    override any of them, as a benchmark mode running FP8 beside bf16 does)."""
+    """The engine add_engine_args' flags (and PREFIXGROVE_* variables) describe, with `options`
+    over them (a benchmark mode running FP8 beside bf16, say)."""
     from prefixgrove import LLM
+    from prefixgrove.engine_settings import EngineSettings
+    from prefixgrove.settings import load
 
-    settings = {
-        "dtype": "bfloat16",
-        "max_num_seqs": args.max_num_seqs,
-        "max_num_batched_tokens": args.max_num_batched_tokens,
-        "quantization": getattr(args, "quantization", None),
-        "kv_cache_dtype": getattr(args, "kv_cache_dtype", "auto"),
-        **options,
-    }
-    return LLM(args.model, **settings)
+    return LLM(args.model, **load(EngineSettings, args).replace(**options).as_kwargs())
 
 
 def greedy_params(max_tokens: int) -> Any:

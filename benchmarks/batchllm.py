@@ -81,7 +81,6 @@ def make_engine(mode: str, args: argparse.Namespace) -> LLM:
         enable_cascade_attention=mode.startswith("group-cascade"),
         cascade_decode_kernel="two-pass" if mode == "group-cascade-two-pass" else "one-pass",
         cascade_prefill_kernel="two-pass" if mode == "group-cascade-unfused" else "fused",
-        num_scheduler_steps=args.num_scheduler_steps,
         async_scheduling=mode != "group-cascade-sync",
     )
     if mode == "group-cascade-all-rows":
@@ -94,7 +93,7 @@ def warm_up(llm: LLM, prompts: list[list[int]], args: argparse.Namespace) -> Non
     cascade decode) are compiled before the clock starts, as they are on a machine whose Triton
     cache is warm: more groups than fit at once, so that its steps hold what the run's do, new
     prefixes' long prefills beside other groups' suffixes and beside decoding groups."""
-    warm_groups = args.max_num_seqs // args.per_group + WARM_EXTRA_GROUPS
+    warm_groups = llm.config.scheduler.max_num_seqs // args.per_group + WARM_EXTRA_GROUPS
     warm = [{"prompt_token_ids": p} for p in sorted(prompts)[: warm_groups * args.per_group]]
     llm.generate(
         warm, SamplingParams(max_tokens=16, ignore_eos=True, detokenize=False), use_tqdm=False
@@ -195,7 +194,6 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
 def main() -> None:
     ap = argparse.ArgumentParser()
     add_canonical_args(ap, groups=400)
-    ap.add_argument("--num-scheduler-steps", type=int, default=None)
     # the FP8 modes run when named (they are a comparison of their own)
     ap.add_argument("--modes", default=",".join(m for m in MODES if "fp8" not in m))
     args = ap.parse_args()

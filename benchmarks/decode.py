@@ -93,7 +93,7 @@ def run(config: str, prompts: list[list[int]], args: argparse.Namespace) -> dict
         "output_tokens_per_s": round(tokens / seconds, 1),
         "decode_ms_per_step": round(1000 * m.decode_seconds / max(m.decode_steps, 1), 2),
         "gpu_idle_share_of_decode": round(
-            gpu_idle_share(llm, prompts[: args.max_num_seqs], args.profile_steps), 3
+            gpu_idle_share(llm, prompts[: llm.config.scheduler.max_num_seqs], args.profile_steps), 3
         ),
     }
     return record

@@ -24,7 +24,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from prefixgrove import LLM, SamplingParams
-from prefixgrove.engine import sampler as sampler_module
+from prefixgrove.engine.sampling import sampler as sampler_module
 
 from _common import (
     H100_BF16_FLOPS,
@@ -139,7 +139,7 @@ def time_host_stages(engine: Any) -> HostTimers:
     runner = engine.runner
     timers = HostTimers()
     timers.wrap(engine.scheduler, "schedule", "schedule")
-    timers.wrap(engine, "_window", "reserve_window")
+    timers.wrap(engine.windows, "size", "reserve_window")
     timers.wrap(runner.builder, "plan", "plan")
     timers.wrap(runner.builder, "fill", "fill_and_upload")
     timers.wrap(sampler_module.SamplingBatch, "build", "sampling_settings")
@@ -194,7 +194,7 @@ class Tracer:
         """The kind of the next step if it should be traced: a decode window of a nearly full
         batch, or a mixed step after the first four."""
         running = engine.scheduler.running
-        full_decode = len(running) >= self.args.max_num_seqs * 0.9 and all(
+        full_decode = len(running) >= engine.config.scheduler.max_num_seqs * 0.9 and all(
             s.is_decoding for s in running
         )
         waiting_prefill = any(not s.is_decoding for s in running)

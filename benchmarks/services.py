@@ -311,12 +311,12 @@ def services_report(
 # --- the engine, same prompts ------------------------------------------------------------------
 def run_engine(shape: Shape, args: argparse.Namespace) -> dict[str, Any]:
     from prefixgrove import LLM
-    from prefixgrove.engine.batch_defaults import best_batch_limits
 
-    limits = best_batch_limits(args.device)
-    progress(f"{shape.name}: LLM.generate on the same prompts")
-    llm = LLM(args.model, device=args.device, max_num_seqs=limits.max_num_seqs,
-              max_num_batched_tokens=limits.max_num_batched_tokens)  # fmt: skip
+    progress(
+        f"{shape.name}: LLM.generate on the same prompts (the engine's defaults, as the worker's)"
+    )
+    llm = LLM(args.model, device=args.device)
+    limits = llm.config.scheduler
     llm.generate([{"prompt_token_ids": p} for p in shape.warm], greedy_params(16), use_tqdm=False)
     prompts = [{"prompt_token_ids": p} for p in shape.prompts]
     _, seconds = timed(

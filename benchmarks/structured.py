@@ -82,7 +82,6 @@ def run_mode(
 ) -> tuple[dict[str, Any], list[list[int]]]:
     llm = make_llm(
         args,
-        tokenizer=args.tokenizer,
         structured_outputs_jump_forward=mode != "constrained-stepwise",
     )
     llm.engine.runner.masker.stats.measure_idle = True
@@ -183,17 +182,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    add_engine_args(ap, max_num_seqs=512, batched_tokens=16384)
-    ap.add_argument(
-        "--tokenizer", required=True, help="Llama 3's tokenizer (a directory or a vocab .gguf)"
-    )
+    add_engine_args(ap)
     ap.add_argument("--requests", type=int, default=6400)
     ap.add_argument("--prefix-len", type=int, default=1500)
     ap.add_argument("--doc-len", type=int, default=300)
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=256)
     ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prompt-seed", type=int, default=0, help="the random prompts' seed")
     ap.add_argument(
         "--step-log", help="writes each mode's steps (device ms, idle) to STEP_LOG.<mode>.jsonl"
     )
@@ -201,7 +197,11 @@ def main() -> None:
         "--prompt-vocab", type=int, default=128_000, help="prompt ids are drawn below this"
     )
     args = ap.parse_args()
-    jobs = prompts(args.requests, args.prefix_len, args.doc_len, args.prompt_vocab, args.seed)
+    if args.tokenizer is None:
+        ap.error("--tokenizer is required: Llama 3's tokenizer (a directory or a vocab .gguf)")
+    jobs = prompts(
+        args.requests, args.prefix_len, args.doc_len, args.prompt_vocab, args.prompt_seed
+    )
     lengths: list[int] | None = None
     first: list[list[int]] | None = None  # the first constrained mode's tokens
     results: dict[str, dict[str, Any]] = {}

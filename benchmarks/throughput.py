@@ -2,7 +2,7 @@
 1,000 requests of 1,000 random prompt tokens and 200 output tokens, EOS ignored.
 
 Prints one JSON line: requests/s, output tokens/s, prefill MFU and decode HBM bandwidth use against the
-H100's measured ceilings. Usage: python benchmarks/throughput.py [--num-requests N] [--num-scheduler-steps K]
+H100's measured ceilings. Usage: python benchmarks/throughput.py [--num-requests N] [--num-scheduler-steps K] (every engine knob: --help)
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ from _common import H100_BF16_FLOPS, H100_HBM_BYTES_PER_S
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     common.add_random_workload_args(ap, num_requests=1000, prompt_len=1000, output_len=200)
-    ap.add_argument("--num-scheduler-steps", type=int, default=None)
-    ap.add_argument("--enforce-eager", action="store_true")
     return ap.parse_args()
 
 
@@ -63,9 +61,7 @@ def hardware_use(llm: LLM, args: argparse.Namespace, prefill_s: float) -> dict[s
 
 def main() -> None:
     args = parse_args()
-    llm = common.make_llm(
-        args, num_scheduler_steps=args.num_scheduler_steps, enforce_eager=args.enforce_eager
-    )
+    llm = common.make_llm(args)
     vocab = llm.config.model.arch.vocab_size
     prompts = [
         {"prompt_token_ids": p}
@@ -86,7 +82,7 @@ def main() -> None:
             "output_len": args.output_len,
             "num_scheduler_steps": llm.config.scheduler.num_scheduler_steps,
             "enforce_eager": llm.config.enforce_eager,
-            "max_num_seqs": args.max_num_seqs,
+            "max_num_seqs": llm.config.scheduler.max_num_seqs,
             "seconds": round(total_s, 2),
             "requests_per_s": round(args.num_requests / total_s, 2),
             "output_tokens_per_s": round(output_tokens / total_s, 1),

@@ -122,11 +122,12 @@ def test_quiet_run_says_nothing_on_stderr(
 def test_decode_progress_comes_between_steps(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    from prefixgrove.engine_settings import EngineSettings
     from prefixgrove.local import run_local
     from prefixgrove.settings import IngestSettings
 
     job = write_job(tmp_path / "in.jsonl")
-    engine = {"device": "cpu", "dtype": "float32", "seed": 0, "max_num_seqs": 2}
+    engine = EngineSettings(device="cpu", dtype="float32", seed=0, max_num_seqs=2)
     out = tmp_path / "out.jsonl"
     with caplog.at_level(logging.INFO, logger="prefixgrove.run"):
         run_local(job, out, tmp_path / "err.jsonl", MODEL, IngestSettings(max_model_len=MAX_MODEL_LEN),
@@ -162,7 +163,7 @@ def test_json_logs_are_one_object_a_line(capsys: pytest.CaptureFixture[str]) -> 
 def test_a_job_of_a_batchjob_shows_its_namespace_and_name(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from prefixgrove.cli import _show
+    from prefixgrove.cli_client import _show
     from prefixgrove_proto import planner_pb2 as pb
 
     job = pb.Job(id="job_1", model="m", metadata={"namespace": "evals", "name": "nightly"})

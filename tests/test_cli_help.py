@@ -81,6 +81,8 @@ def sample(f: Field[Any]) -> Any:
     if f.name in special:
         return special[f.name]
     kind = str(f.type)
+    if kind == "bool":
+        return not f.default
     if kind.startswith("int"):
         return (f.default or 1) + 1
     if kind.startswith("float"):

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from request_strategies import request_lines
 from services_testbed import MODEL, batch_line
 
+from prefixgrove.engine_settings import EngineSettings
 from prefixgrove.local import run_local
 from prefixgrove.settings import IngestSettings
 
@@ -42,7 +43,7 @@ def test_a_fuzzed_file_gets_one_answer_per_request_line_in_order(data: st.DataOb
             root / "errors.jsonl",
             MODEL,
             IngestSettings(max_model_len=64, default_max_tokens=2, max_line_bytes=1 << 14),
-            {"device": "cpu", "dtype": "float32"},
+            EngineSettings(device="cpu", dtype="float32"),
             use_tqdm=False,
         )
         outputs, errors = answered_ids(root / "out.jsonl"), answered_ids(root / "errors.jsonl")

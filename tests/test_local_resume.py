@@ -12,12 +12,13 @@ import pytest
 from services_testbed import MAX_MODEL_LEN, MODEL, batch_line
 
 from prefixgrove.cli import main as cli
+from prefixgrove.engine_settings import EngineSettings
 from prefixgrove.jobs.ordered_writer import Answered, OrderedWriter, ResumeMismatch, answered_prefix
 from prefixgrove.local import RunSummary, run_local
 from prefixgrove.settings import IngestSettings
 
 # Two requests at a time: the job takes several engine steps, and finishes over several of them.
-ENGINE = {"device": "cpu", "dtype": "float32", "seed": 0, "max_num_seqs": 2}
+ENGINE = EngineSettings(device="cpu", dtype="float32", seed=0, max_num_seqs=2)
 
 
 def write_job(path: Path, tag: str = "c", shared: str = "") -> Path:

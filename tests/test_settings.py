@@ -7,12 +7,14 @@ import argparse
 import pytest
 
 from prefixgrove import settings as cfg
+from prefixgrove.cli_flags import add_arguments
+from prefixgrove.engine_settings import EngineSettings
 from prefixgrove.settings import PlannerSettings, SecuritySettings, ServedModel, WorkerSettings
 
 
 def test_flags_win_over_environment_over_defaults() -> None:
     parser = argparse.ArgumentParser()
-    cfg.add_arguments(parser, WorkerSettings)
+    add_arguments(parser, WorkerSettings)
     args = parser.parse_args(["--lease-timeout-s", "9"])
     env = {"PREFIXGROVE_LEASE_TIMEOUT_S": "5", "PREFIXGROVE_MAX_GROUPS_IN_FLIGHT": "3"}
     settings = cfg.load(WorkerSettings, args, env)
@@ -25,7 +27,7 @@ def test_bad_setting_says_what_is_accepted() -> None:
     with pytest.raises(ValueError, match="PREFIXGROVE_PORT='http' is invalid: expected int"):
         cfg.load(PlannerSettings, {}, {"PREFIXGROVE_PORT": "http"})
     with pytest.raises(ValueError, match="device='tpu' is invalid"):
-        cfg.load(WorkerSettings, {"device": "tpu"}, {})
+        cfg.load(EngineSettings, {"device": "tpu"}, {})
 
 
 def test_token_never_shows_in_the_settings_repr() -> None:
@@ -36,7 +38,7 @@ def test_token_never_shows_in_the_settings_repr() -> None:
 
 def test_a_planner_serves_every_model_given_the_first_its_default() -> None:
     parser = argparse.ArgumentParser()
-    cfg.add_arguments(parser, PlannerSettings)
+    add_arguments(parser, PlannerSettings)
     args = parser.parse_args(["--model", "tiny-random-llama", "--model", "big=/models/llama-8b"])
     flagged = cfg.load(PlannerSettings, args, {})
     from_env = cfg.load(
@@ -62,9 +64,10 @@ def test_a_worker_leases_from_its_served_name_else_its_source() -> None:
     assert cfg.load(WorkerSettings, {"model": "/models/llama-8b"}, env).served_name == "big"
 
 
-def test_a_worker_takes_fp8_quantization_from_the_environment() -> None:
-    settings = cfg.load(WorkerSettings, env={"PREFIXGROVE_QUANTIZATION": "fp8"})
+def test_engine_settings_take_fp8_quantization_from_the_environment() -> None:
+    settings = cfg.load(EngineSettings, env={"PREFIXGROVE_QUANTIZATION": "fp8"})
     assert settings.quantization == "fp8"
-    assert cfg.load(WorkerSettings, env={}).quantization == ""
+    assert cfg.load(EngineSettings, env={}).quantization is None
+    assert cfg.load(EngineSettings, env={"PREFIXGROVE_QUANTIZATION": ""}).quantization is None
     with pytest.raises(ValueError, match="quantization='awq'"):
-        cfg.load(WorkerSettings, env={"PREFIXGROVE_QUANTIZATION": "awq"})
+        cfg.load(EngineSettings, env={"PREFIXGROVE_QUANTIZATION": "awq"})

@@ -8,11 +8,14 @@ import logging
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
+from prefixgrove import cli_client
 from prefixgrove import settings as cfg
+from prefixgrove.cli_client import check_input, progress_bars
+from prefixgrove.cli_flags import add_arguments
+from prefixgrove.engine_settings import EngineSettings
 from prefixgrove.settings import (
     ClientSettings,
     IngestSettings,
@@ -65,11 +68,6 @@ def _configure_logging(log_format: str, quiet: bool = False) -> None:
     logging.captureWarnings(True)
 
 
-def _bars(args: argparse.Namespace) -> bool:
-    """Whether a progress bar may draw on stderr: text logs, not quiet, no JSON output."""
-    return not (args.quiet or args.json or cfg.load(LogSettings, args).log_format == "json")
-
-
 class _JsonFormatter(logging.Formatter):
     """One JSON object a line, for log collectors."""
 
@@ -85,19 +83,14 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
-def _check_input(path: Path) -> None:
-    """A missing input is one line of error (exit 2), not a traceback."""
-    if not path.is_file():
-        raise ValueError(f"{path}: no such file")
-
-
 CLIENT_COMMANDS = ("submit", "status", "cancel", "results", "list")
-# The settings each command loads: its flags are these classes' fields (settings.add_arguments),
-# each with its default and its PREFIXGROVE_* variable; every command has LogSettings' too.
+# The settings each command loads: its flags are these classes' fields (cli_flags.add_arguments),
+# each with its default and its PREFIXGROVE_* variable; every command has LogSettings' too. `run`
+# and `serve worker` take every engine knob (EngineSettings), as `LLM(...)` does.
 SETTINGS: dict[tuple[str, ...], tuple[type, ...]] = {
-    ("run",): (IngestSettings,),
+    ("run",): (IngestSettings, EngineSettings),
     ("serve", "planner"): (PlannerSettings, IngestSettings, SecuritySettings),
-    ("serve", "worker"): (WorkerSettings,),
+    ("serve", "worker"): (WorkerSettings, EngineSettings),
     **{(name,): (ClientSettings, SecuritySettings) for name in CLIENT_COMMANDS},
 }
 
@@ -113,7 +106,20 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"prefixgrove {__version__}")
     _global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True)
+    _run_command(sub)
+    serve = sub.add_parser("serve", help="serve the planner or a worker")
+    roles = serve.add_subparsers(dest="role", required=True)
+    _command(roles, ("serve", "planner"), "the planner (gRPC, and HTTP if --http-port)",
+             _serve_planner)  # fmt: skip
+    _command(roles, ("serve", "worker"), "a worker: leases groups and runs the engine",
+             _serve_worker)  # fmt: skip
+    _submit_command(sub)
+    _job_commands(sub)
+    _note_defaults(parser)
+    return parser
 
+
+def _run_command(sub: Any) -> None:
     run = _command(sub, ("run",), "run a batch file in this process (no Redis, no planner)", _run)
     run.add_argument("input", type=Path, help="OpenAI Batch JSONL")
     run.add_argument("-o", "--output", type=Path, required=True, help="the output JSONL")
@@ -122,23 +128,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--model", required=True, help="a preset, a Hugging Face directory or a .gguf")
     run.add_argument("--served-model-name", default="",
                      help="the name lines' body.model call the model by; default: --model")  # fmt: skip
-    run.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                     help="auto: cuda when there is a GPU")  # fmt: skip
-    run.add_argument("--dtype", default="auto", help="the weights' and activations' dtype")
-    run.add_argument("--seed", type=int, default=0, help="the engine's random seed")
     run.add_argument("--json", action="store_true",
                      help="print a JSON summary on stdout, no progress bar")  # fmt: skip
     resume = "keep what OUTPUT and ERRORS answer of this input, run the rest (else overwrite)"
     run.add_argument("--resume", action="store_true", help=resume)
 
-    serve = sub.add_parser("serve", help="serve the planner or a worker")
-    roles = serve.add_subparsers(dest="role", required=True)
-    _command(roles, ("serve", "planner"), "the planner (gRPC, and HTTP if --http-port)",
-             _serve_planner)  # fmt: skip
-    _command(roles, ("serve", "worker"), "a worker: leases groups and runs the engine",
-             _serve_worker)  # fmt: skip
 
-    submit = _command(sub, ("submit",), "send a batch file to the planner", _submit)
+def _submit_command(sub: Any) -> None:
+    submit = _command(sub, ("submit",), "send a batch file to the planner", cli_client.submit)
     submit.add_argument("input", type=Path, help="OpenAI Batch JSONL")
     submit.add_argument("--model", default="",
                         help="the job's model; default: the planner's first")  # fmt: skip
@@ -151,11 +148,14 @@ def _parser() -> argparse.ArgumentParser:
                         help="with --wait: the output JSONL; default: none")  # fmt: skip
     submit.add_argument("--errors", type=Path,
                         help="with --wait: the error JSONL; default: OUTPUT with .errors.jsonl")  # fmt: skip
+
+
+def _job_commands(sub: Any) -> None:
     for name, helptext, func in (
-        ("status", "show a job (follow it with --watch)", _status),
-        ("cancel", "cancel a job", _cancel),
-        ("results", "download a job's output and error files", _results),
-        ("list", "list recent jobs", _list),
+        ("status", "show a job (follow it with --watch)", cli_client.status),
+        ("cancel", "cancel a job", cli_client.cancel),
+        ("results", "download a job's output and error files", cli_client.results),
+        ("list", "list recent jobs", cli_client.list),
     ):
         command = _command(sub, (name,), helptext, func)
         if name != "list":
@@ -168,14 +168,12 @@ def _parser() -> argparse.ArgumentParser:
             )
             command.add_argument("--errors", type=Path,
                                  help="the error JSONL; default: OUTPUT with .errors.jsonl")  # fmt: skip
-    _note_defaults(parser)
-    return parser
 
 
 def _global_options(parser: argparse.ArgumentParser, top: bool) -> None:
     """--log-format and --quiet, on the top parser and again on each command, so that they may
     come before or after it; a command's copy leaves alone what the top one was given."""
-    cfg.add_arguments(parser, LogSettings, suppress=not top)
+    add_arguments(parser, LogSettings, suppress=not top)
     quiet = "only warnings and errors on stderr: no progress"
     parser.add_argument("-q", "--quiet", action="store_true",
                         default=False if top else argparse.SUPPRESS, help=quiet)  # fmt: skip
@@ -183,7 +181,7 @@ def _global_options(parser: argparse.ArgumentParser, top: bool) -> None:
 
 def _command(sub: Any, path: tuple[str, ...], helptext: str, func: Any) -> argparse.ArgumentParser:
     command: argparse.ArgumentParser = sub.add_parser(path[-1], help=helptext, description=helptext)
-    cfg.add_arguments(command, *SETTINGS[path])
+    add_arguments(command, *SETTINGS[path])
     if path[0] in CLIENT_COMMANDS:
         command.add_argument("--tls", action="store_true", help="TLS with the system's roots")
         command.add_argument("--json", action="store_true", help="machine-readable output")
@@ -217,10 +215,9 @@ def _note_defaults(parser: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace) -> int:
     from prefixgrove.local import JobInputError, run_local
 
-    _check_input(args.input)
+    check_input(args.input)
     ingest = cfg.load(IngestSettings, args)
     errors = args.errors or args.output.with_name(args.output.stem + ".errors.jsonl")
-    engine = {"device": args.device, "dtype": args.dtype, "seed": args.seed}
     try:
         summary = run_local(
             args.input,
@@ -228,9 +225,9 @@ def _run(args: argparse.Namespace) -> int:
             errors,
             args.model,
             ingest,
-            engine,
+            cfg.load(EngineSettings, args),
             # a bar on a terminal; elsewhere (and under it) the prefixgrove.run log says how it goes
-            use_tqdm=_bars(args) and sys.stderr.isatty(),
+            use_tqdm=progress_bars(args) and sys.stderr.isatty(),
             resume=args.resume,
             served_model_name=args.served_model_name,
         )
@@ -262,10 +259,10 @@ def _serve_planner(args: argparse.Namespace) -> int:
 
 
 def _serve_worker(args: argparse.Namespace) -> int:
-    from prefixgrove.worker.runner import Worker
+    from prefixgrove.worker.runner import Worker, make_engine
 
     settings = cfg.load(WorkerSettings, args)
-    worker = Worker(settings)
+    worker = Worker(settings, make_engine(settings.model, cfg.load(EngineSettings, args)))
     if settings.metrics_port:
         worker.metrics.serve(settings.metrics_port)
     stop = threading.Event()
@@ -273,144 +270,6 @@ def _serve_worker(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     worker.run(stop)
     return 0
-
-
-# --- client ------------------------------------------------------------------------------------
-def _client(args: argparse.Namespace) -> Any:
-    from prefixgrove.planner.client import PlannerClient
-
-    target = cfg.load(ClientSettings, args).planner
-    return PlannerClient(target, cfg.load(SecuritySettings, args), tls=args.tls)
-
-
-def _submit(args: argparse.Namespace) -> int:
-    _check_input(args.input)
-    client = _client(args)
-    if args.wait and args.output is None:
-        raise ValueError("--wait needs -o OUTPUT")
-    job = client.submit_file(args.input, args.model, args.idempotency_key)
-    _show(job, args.json)
-    if not args.wait:
-        return 0
-    # The results stream into the files while the job runs; the progress bar follows it meanwhile.
-    download = _Download(client, job.id, args)
-    download.start()
-    job = _follow(client, job.id, args)
-    download.join()
-    return download.report(job, args)
-
-
-def _status(args: argparse.Namespace) -> int:
-    client = _client(args)
-    job = _follow(client, args.job, args) if args.watch else client.get(args.job)
-    _show(job, args.json)
-    return 0
-
-
-def _cancel(args: argparse.Namespace) -> int:
-    _show(_client(args).cancel(args.job), args.json)
-    return 0
-
-
-def _list(args: argparse.Namespace) -> int:
-    for job in _client(args).list():
-        _show(job, args.json)
-    return 0
-
-
-def _results(args: argparse.Namespace) -> int:
-    client = _client(args)
-    return _download(client, client.get(args.job), args)
-
-
-def _download(client: Any, job: Any, args: argparse.Namespace) -> int:
-    download = _Download(client, job.id, args)
-    download.run()
-    return download.report(job, args)
-
-
-class _Download(threading.Thread):
-    """A job's results into its output and error files (resumable: see PlannerClient.download),
-    on a thread of its own so that `submit --wait` writes them while the job runs."""
-
-    def __init__(self, client: Any, job_id: str, args: argparse.Namespace) -> None:
-        super().__init__(name="download", daemon=True)
-        self.client, self.job_id, self.output = client, job_id, args.output
-        self.errors = args.errors or args.output.with_name(args.output.stem + ".errors.jsonl")
-        self.counts: tuple[int, int] | None = None
-        self.failure: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.counts = self.client.download(self.job_id, self.output, self.errors)
-        except BaseException as exc:  # raised again on the caller's thread, in report()
-            self.failure = exc
-
-    def report(self, job: Any, args: argparse.Namespace) -> int:
-        from prefixgrove_proto import planner_pb2 as pb
-
-        if self.failure is not None:
-            raise self.failure
-        assert self.counts is not None
-        done, failed = self.counts
-        if args.json:
-            print(json.dumps({"job": job.id, "output": str(self.output), "errors": str(self.errors),
-                              "completed": done, "failed": failed}))  # fmt: skip
-        else:
-            print(f"{done} results -> {self.output}, {failed} errors -> {self.errors}")
-        return 0 if job.state == pb.JOB_STATE_COMPLETED else 1
-
-
-def _follow(client: Any, job_id: str, args: argparse.Namespace) -> Any:
-    """Watches a job to its end with a progress bar (requests, req/s, tokens/s, ETA); with --json,
-    prints each update; with JSON logs (or --quiet), logs the progress every few seconds."""
-    from tqdm import tqdm
-
-    from prefixgrove.planner.client import state_name
-
-    bar = tqdm(unit="req", desc=job_id, dynamic_ncols=True) if _bars(args) else None
-    start, job, logged, state = time.monotonic(), None, 0.0, -1
-    for job in client.watch(job_id):
-        counts = job.request_counts
-        if args.json:
-            _show(job, True)
-            continue
-        if bar is None:
-            if time.monotonic() - logged >= _LOG_EVERY_S or job.state != state:
-                logged, state = time.monotonic(), job.state
-                log.info("job %s %s: %d/%d done (%d failed)", job_id, state_name(job.state),
-                         counts.completed + counts.failed, counts.total, counts.failed)  # fmt: skip
-            continue
-        bar.total = counts.total or None
-        bar.n = counts.completed + counts.failed
-        elapsed = max(time.monotonic() - start, 1e-9)
-        bar.set_postfix(state=state_name(job.state), failed=counts.failed,
-                        tok_s=f"{job.completion_tokens / elapsed:.0f}", refresh=False)  # fmt: skip
-        bar.refresh()
-    if bar is not None:
-        bar.close()
-    return job
-
-
-_LOG_EVERY_S = 2.0
-
-
-def _show(job: Any, as_json: bool) -> None:
-    from google.protobuf.json_format import MessageToDict
-
-    from prefixgrove.planner.client import state_name
-
-    if as_json:
-        print(json.dumps(MessageToDict(job, preserving_proto_field_name=True)), flush=True)
-        return
-    c = job.request_counts
-    line = (f"{job.id}  {state_name(job.state):<11} {c.completed + c.failed}/{c.total} done "
-            f"({c.failed} failed)  queue {job.queue.depth}  model {job.model}")  # fmt: skip
-    if "namespace" in job.metadata and "name" in job.metadata:  # the operator's BatchJob
-        line += f"  batchjob {job.metadata['namespace']}/{job.metadata['name']}"
-    if job.error.code:
-        line += f"  error {job.error.code}: {job.error.message}"
-    print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from tqdm import tqdm
 
+from prefixgrove.engine_settings import EngineSettings
 from prefixgrove.grouping import PrefixGroup
 from prefixgrove.jobs.ingest import JobIngestor, JobPlan
 from prefixgrove.jobs.ordered_writer import Answered, OrderedWriter, answered_prefix
@@ -55,7 +56,8 @@ class RunSummary:
     completion_tokens: int
     prefix_tokens_saved: int
     num_groups: int
-    seconds: float
+    seconds: float  # the whole run, loading included
+    decode_seconds: float  # running the requests through the engine
     errors_by_code: dict[str, int]
 
 
@@ -77,41 +79,34 @@ def run_local(
     errors_path: Path,
     model: str,
     ingest: IngestSettings,
-    engine_args: dict[str, Any],
+    engine: EngineSettings,
     use_tqdm: bool | Callable[..., tqdm] = True,
     resume: bool = False,
     served_model_name: str = "",
     progress_every_s: float = PROGRESS_EVERY_S,
 ) -> RunSummary:
     """Runs the job, appending each answer to its file once every line before it is answered.
-    resume: keep what the files already answer of this input (ResumeMismatch if they answer
-    another) and run the rest; otherwise they are overwritten. served_model_name: the name
-    lines call the model by (default: `model`); a line naming another model is a
-    `model_not_found` error, as a worker serving this model would answer it.
+    engine: the engine's knobs, as `LLM(...)` and a worker take them; the job's context limit is
+    ingest's max_model_len where set, else the engine's. resume: keep what the files already answer
+    of this input (ResumeMismatch if they answer another) and run the rest; otherwise they are
+    overwritten. served_model_name: the name lines call the model by (default: `model`); a line
+    naming another model is a `model_not_found` error, as a worker serving this model would
+    answer it.
 
     Each phase logs its progress on logger prefixgrove.run (at most every progress_every_s) and
     its end: loading the tokenizer and the model, reading and tokenizing the lines, grouping
     them, and (when use_tqdm is False: no bar shows it) decoding."""
-    from prefixgrove.engine import LLM, EngineConfig
-
     start = time.perf_counter()
-    engine_args = {**engine_args, "max_model_len": ingest.max_model_len}
-    progress.info("loading the tokenizer of %s", model)
-    limit = EngineConfig.create(model, **engine_args).model.max_model_len  # no weights yet
+    engine = engine.replace(max_model_len=ingest.max_model_len or engine.max_model_len)
     name = served_model_name or model
-    ingestor = JobIngestor({name: PromptTokenizer(model, limit)}, ingest)
-    progress.info("tokenizer loaded in %.1fs", time.perf_counter() - start)
+    ingestor = _ingestor(model, name, ingest, engine)
     requests, errors = _read_job(ingestor, input_path, progress_every_s)
     done = Answered(0, 0, 0)
     if resume:
         done = _resume_point(output_path, errors_path, ingestor.total, requests, errors)
     plan = _plan(ingestor, name)
-    progress.info("loading model %s (%s)", model, _engine_text(engine_args))
-    loading = time.perf_counter()
-    llm = LLM(model, **engine_args)
-    progress.info("model %s loaded in %.1fs", model, time.perf_counter() - loading)
-    runnable = _runnable(llm, requests, errors)
-    todo = [item for item in runnable if item[0].index >= done.count]
+    llm = _load(model, engine)
+    todo = [item for item in _runnable(llm, requests, errors) if item[0].index >= done.count]
     failures = [e for e in errors if e.index >= done.count]
     with _open(output_path, resume) as out, _open(errors_path, resume) as err:
         writer = OrderedWriter(out, err, done.count)
@@ -120,6 +115,7 @@ def run_local(
         writer.flush()
         answer = _Answer(name, llm.get_tokenizer(), writer, failures)
         groups = _engine_groups(plan, [request.index for request, _, _ in todo])
+        decoding = time.perf_counter()
         completion_tokens = _generate(llm, todo, groups, answer, use_tqdm, progress_every_s)
     return RunSummary(
         total=ingestor.total,
@@ -131,8 +127,33 @@ def run_local(
         prefix_tokens_saved=plan.prefix_tokens_saved,
         num_groups=plan.num_groups,
         seconds=time.perf_counter() - start,
+        decode_seconds=time.perf_counter() - decoding,
         errors_by_code=dict(Counter(e.code for e in failures)),
     )
+
+
+def _ingestor(model: str, name: str, ingest: IngestSettings, engine: EngineSettings) -> JobIngestor:
+    """Reads and tokenizes lines under the engine's context limit (known before any weights)."""
+    from prefixgrove.engine import EngineConfig
+
+    start = time.perf_counter()
+    progress.info("loading the tokenizer of %s", model)
+    limit = EngineConfig.from_settings(model, engine).model.max_model_len
+    ingestor = JobIngestor({name: PromptTokenizer(model, limit)}, ingest)
+    progress.info("tokenizer loaded in %.1fs", time.perf_counter() - start)
+    return ingestor
+
+
+def _load(model: str, engine: EngineSettings) -> LLM:
+    from prefixgrove.engine import LLM
+
+    defaults = EngineSettings().as_kwargs()
+    changed = {k: v for k, v in engine.as_kwargs().items() if v != defaults[k]}
+    progress.info("loading model %s (%s)", model, _engine_text(changed) or "engine defaults")
+    start = time.perf_counter()
+    llm = LLM(model, **engine.as_kwargs())
+    progress.info("model %s loaded in %.1fs", model, time.perf_counter() - start)
+    return llm
 
 
 def _resume_point(

@@ -9,15 +9,15 @@ import math
 import os
 import tempfile
 from collections.abc import Mapping
-from dataclasses import Field, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
 ENV_PREFIX = "PREFIXGROVE_"
 T = TypeVar("T")
 _KEEPS_EMPTY = "keeps_empty"
-_HELP = "help"  # field metadata: what --help says of the setting before its default
-_REPEATED = "repeated"  # field metadata: the flag may be given several times, values joined by ","
+HELP = "help"  # field metadata: what --help says of the setting before its default
+REPEATED = "repeated"  # field metadata: the flag may be given several times, values joined by ","
 REDIS_URL_HELP = (
     "redis://[:password@]host:port/db (rediss:// for TLS, or unix://path); a Redis Cluster: "
     "redis+cluster://host:port[,host:port...]; a master found through Sentinels: "
@@ -87,7 +87,7 @@ class SecuritySettings:
 class ClientSettings:
     """Where the command-line client finds the planner (`--planner`, PREFIXGROVE_PLANNER)."""
 
-    planner: str = field(default="127.0.0.1:50051", metadata={_HELP: "the planner's HOST:PORT"})
+    planner: str = field(default="127.0.0.1:50051", metadata={HELP: "the planner's HOST:PORT"})
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ class LogSettings:
     """How every `prefixgrove` command writes its logs and progress on stderr."""
 
     log_format: str = field(
-        default="text", metadata={_HELP: "text, or json: one JSON object a line"}
+        default="text", metadata={HELP: "text, or json: one JSON object a line"}
     )
 
     def __post_init__(self) -> None:
@@ -132,10 +132,10 @@ MODELS_HELP = (
 
 @dataclass(frozen=True)
 class PlannerSettings:
-    redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={_HELP: REDIS_URL_HELP})
+    redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={HELP: REDIS_URL_HELP})
     host: str = "127.0.0.1"  # loopback unless told otherwise (a container passes 0.0.0.0)
     port: int = 50051
-    model: str = field(default="tiny-random-llama", metadata={_HELP: MODELS_HELP, _REPEATED: True})
+    model: str = field(default="tiny-random-llama", metadata={HELP: MODELS_HELP, REPEATED: True})
     metrics_port: int = 0  # 0: no Prometheus endpoint
     # the OpenAI Batch API (/v1/files, /v1/batches) over HTTP beside gRPC; 0: not served
     http_port: int = 0
@@ -192,17 +192,13 @@ class PlannerSettings:
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={_HELP: REDIS_URL_HELP})
+    """How a worker leases and runs groups; the engine's own knobs are EngineSettings
+    (prefixgrove/engine_settings.py), read beside these."""
+
+    redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={HELP: REDIS_URL_HELP})
     model: str = "tiny-random-llama"  # what loads the weights and tokenizer
     # the name jobs call the model by: the worker leases from its queue; empty: model
     served_model_name: str = ""
-    device: str = "auto"
-    dtype: str = "auto"
-    # "fp8": W8A8 linear layers quantized at load time (vLLM's quantization); empty: none
-    quantization: str = ""
-    # "fp8" (or "fp8_e4m3"): keys and values cached in FP8, twice the blocks in the same memory
-    # (vLLM's kv_cache_dtype); "auto": in the model's dtype (the engine refuses other values)
-    kv_cache_dtype: str = "auto"
     consumer: str = ""  # empty: host name and process id
     lease_timeout_s: float = 30.0  # a group idle this long in another worker's hands is taken over
     # a group delivered this many times to workers that failed on it fails its requests instead
@@ -212,32 +208,18 @@ class WorkerSettings:
     # leased beyond what the engine runs at once (its requests and KV tokens), so the next groups are
     # ready when running ones finish; more keeps the GPU fuller, less leaves more to other workers
     lease_ahead: float = 0.25
-    # None: the engine's best measured for the device (engine/batch_defaults.py)
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
     cancel_poll_s: float = 1.0
     drain_timeout_s: float = (
         120.0  # on SIGTERM: finish groups in flight for this long, then give back
     )
     # on SIGTERM while Redis does not answer: give back what can be, then exit within about this
     stop_timeout_s: float = 10.0
-    max_model_len: int | None = None  # None: the engine's default for the model and device
     metrics_port: int = 0
-    seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device={self.device!r} is invalid: expected auto, cpu or cuda")
-        if self.quantization not in ("", "fp8"):
-            raise ValueError(
-                f"quantization={self.quantization!r} is invalid: expected fp8 or empty"
-            )
         if self.lease_timeout_s < 1.0:
             raise ValueError(f"lease_timeout_s={self.lease_timeout_s} is invalid: expected >= 1")
         positive(self, "stop_timeout_s", "max_deliveries")
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
-            if getattr(self, name) is not None:
-                positive(self, name)
         if self.max_groups_in_flight < 0:
             raise ValueError(
                 f"max_groups_in_flight={self.max_groups_in_flight} is invalid: expected >= 0 "
@@ -259,31 +241,6 @@ class WorkerSettings:
 def env_name(field_name: str) -> str:
     """The variable that sets a field (load reads it, --help names it)."""
     return ENV_PREFIX + field_name.upper()
-
-
-def add_arguments(parser: argparse.ArgumentParser, *classes: type, suppress: bool = False) -> None:
-    """Adds one --flag per field of the given settings classes; defaults stay None so the
-    environment and the dataclass default can fill what the command line leaves out (suppress:
-    a flag left out leaves no attribute at all, for a subcommand's copy of a global flag that
-    must not overwrite what was given before the subcommand)."""
-    unset = argparse.SUPPRESS if suppress else None
-    seen: set[str] = set()
-    for cls in classes:
-        for f in fields(cls):
-            if f.name in seen:
-                continue
-            seen.add(f.name)
-            flag = "--" + f.name.replace("_", "-")
-            action = "append" if f.metadata.get(_REPEATED) else "store"
-            parser.add_argument(flag, dest=f.name, default=unset, action=action, help=field_help(f))
-
-
-def field_help(f: Field[Any]) -> str:
-    """What --help says of a setting: its default and the variable that sets it."""
-    secret = f.name.endswith(("_token", "_key"))  # not default_max_tokens, tokenize_batch
-    default = "unset" if f.default in (None, "") or secret else f"{f.default}"
-    described = f"{f.metadata[_HELP]}; " if _HELP in f.metadata else ""
-    return f"{described}default: {default}; environment: {env_name(f.name)}"
 
 
 def load(

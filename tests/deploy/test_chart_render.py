@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 from deploy_tools import CHART, container, env_of, find, helm, kinds, parse_cli, template
 
+from prefixgrove.engine_settings import EngineSettings
 from prefixgrove.planner.metrics import PlannerMetrics
 from prefixgrove.settings import PlannerSettings, SecuritySettings, WorkerSettings, load
 from prefixgrove.worker.metrics import WorkerMetrics
@@ -131,7 +132,8 @@ def test_worker_flags_are_what_the_worker_reads() -> None:
         parse_cli(c["args"]),
         env={"PREFIXGROVE_REDIS_URL": env["PREFIXGROVE_REDIS_URL"]},
     )
-    assert (settings.model, settings.device, settings.metrics_port) == (
+    engine = load(EngineSettings, parse_cli(c["args"]), env={})
+    assert (settings.model, engine.device, settings.metrics_port) == (
         "tiny-random-llama",
         "cuda",
         9091,

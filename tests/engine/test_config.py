@@ -17,7 +17,7 @@ from prefixgrove.jobs.tokenize import PromptTokenizer
         ({"block_size": 12}, r"block_size=12: must be a power of two"),
         ({"block_size": 4}, r"block_size=4"),
         ({"gpu_memory_utilization": 1.5}, r"gpu_memory_utilization=1.5"),
-        ({"num_gpu_blocks": 1}, r"num_blocks=1"),
+        ({"num_gpu_blocks_override": 1}, r"num_blocks=1"),
         ({"max_num_seqs": 0}, r"max_num_seqs=0"),
         ({"max_num_seqs": 64, "max_num_batched_tokens": 32}, r"max_num_batched_tokens=32"),
         ({"num_scheduler_steps": 0}, r"num_scheduler_steps=0"),

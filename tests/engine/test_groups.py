@@ -150,7 +150,7 @@ def test_many_groups_through_a_small_cache_finish_without_leaking(llama_dir):
     # 60 groups of 3 (64-token prefixes); the cache holds only a few groups at a time.
     prompts = shared_prefix_job(num_prefixes=60, per_prefix=3, prefix_len=64, seed=5)
     params = greedy(4, ignore_eos=True)
-    llm = engine(llama_dir, num_gpu_blocks=24, max_num_batched_tokens=256)
+    llm = engine(llama_dir, num_gpu_blocks_override=24, max_num_batched_tokens=256)
     outs = run(llm, prompts, params)
     assert llm.engine.metrics.prefix_tokens_reused >= 60 * 3 * 64
     assert [o.num_cached_tokens for o in outs] == [64] * len(prompts)
@@ -162,7 +162,7 @@ def test_many_groups_through_a_small_cache_finish_without_leaking(llama_dir):
 def test_groups_under_preemption_give_the_same_tokens(llama_dir, job, ungrouped):
     # A member grows to ~105 tokens = 7 blocks, 5 of them the shared prefix; 9 usable blocks cannot hold
     # a whole group's own blocks, so members are preempted while their group's prefix is in use.
-    llm = engine(llama_dir, num_gpu_blocks=10, max_num_batched_tokens=64, max_num_seqs=8)
+    llm = engine(llama_dir, num_gpu_blocks_override=10, max_num_batched_tokens=64, max_num_seqs=8)
     outs = run(llm, job, greedy(12, ignore_eos=True))
     assert llm.engine.metrics.preemptions > 0
     assert [t[: PARAMS.max_tokens] for t in token_ids(outs)] == ungrouped
@@ -307,7 +307,7 @@ def test_group_larger_than_the_cache_still_runs_when_each_request_fits(llama_dir
     prefix = random_prompts([32], seed=15)[0]
     prompts = [[*prefix, *suffix] for suffix in random_prompts([20] * 4, seed=16)]
     params = greedy(10, ignore_eos=True)
-    llm = engine(llama_dir, num_gpu_blocks=7)
+    llm = engine(llama_dir, num_gpu_blocks_override=7)
     outs = run(llm, prompts, params)
     reference = engine(llama_dir, enable_prefix_grouping=False)
     assert token_ids(outs) == token_ids(run(reference, prompts, params))

@@ -96,7 +96,9 @@ def test_grouped_cascade_decode_is_unchanged(llama_dir):
 
 def test_windows_under_block_pressure_are_unchanged(llama_dir):
     prompts = random_prompts((20, 20, 20, 20), seed=13)
-    single, window = both(llama_dir, prompts, greedy(40, ignore_eos=True), num_gpu_blocks=9)
+    single, window = both(
+        llama_dir, prompts, greedy(40, ignore_eos=True), num_gpu_blocks_override=9
+    )
     assert completions(window) == completions(single)
 
 

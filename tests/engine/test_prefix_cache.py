@@ -240,7 +240,7 @@ def test_eviction_under_memory_pressure_keeps_outputs_exact(llama_dir):
     prompts = shared_prefix_job(num_prefixes=12, per_prefix=3, prefix_len=64, seed=25)
     params = greedy(4, ignore_eos=True)
     expected = token_ids(run(engine(llama_dir, **UNCACHED), prompts, params))
-    llm = engine(llama_dir, num_gpu_blocks=24, max_num_batched_tokens=256)
+    llm = engine(llama_dir, num_gpu_blocks_override=24, max_num_batched_tokens=256)
     assert token_ids(run(llm, prompts, params)) == expected
     prefilled = llm.engine.metrics.prefill_tokens
     assert token_ids(run(llm, prompts, params)) == expected
@@ -253,7 +253,7 @@ def test_eviction_under_memory_pressure_keeps_outputs_exact(llama_dir):
 def test_preemption_with_cached_blocks_keeps_outputs_exact(llama_dir, system_job):
     params = greedy(24, ignore_eos=True)
     expected = token_ids(run(engine(llama_dir, **UNCACHED), system_job, params))
-    llm = engine(llama_dir, num_gpu_blocks=20, max_num_batched_tokens=64, max_num_seqs=8)
+    llm = engine(llama_dir, num_gpu_blocks_override=20, max_num_batched_tokens=64, max_num_seqs=8)
     for _ in range(2):
         assert token_ids(run(llm, system_job, params)) == expected
     assert llm.engine.metrics.preemptions > 0

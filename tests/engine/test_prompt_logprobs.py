@@ -125,7 +125,7 @@ def test_preempted_requests_are_scored_once_and_whole(path: str, hf_model: PreTr
     """Each request ends at 20 + 40 tokens = 4 blocks of 16; four need 16 of 8 usable blocks, so
     some are preempted and their prompts computed again."""
     prompts = random_prompts([20] * 4, seed=27)
-    llm = engine(path, num_gpu_blocks=9)
+    llm = engine(path, num_gpu_blocks_override=9)
     outs = run(llm, prompts, greedy(40, ignore_eos=True, prompt_logprobs=K))
     assert llm.engine.metrics.preemptions > 0
     for out in outs:

@@ -53,7 +53,7 @@ def test_random_job_under_random_limits_matches_the_unconstrained_run(llama_dir,
     limits = {
         "block_size": block_size,
         # Room for a group's prefix and its first wave of four requests (see test_groups for less).
-        "num_gpu_blocks": 4 * need + 1 + rng.choice([0, 2, 30]),
+        "num_gpu_blocks_override": 4 * need + 1 + rng.choice([0, 2, 30]),
         "max_num_seqs": max_num_seqs,
         "max_num_batched_tokens": max(max_num_seqs, rng.choice([8, 16, 33, 2048])),
         "num_scheduler_steps": rng.choice([1, 4]),

@@ -87,7 +87,7 @@ def test_out_of_blocks_preempts_and_recomputes_without_changing_outputs(llama_di
     # Each request ends at 20 + 40 = 60 tokens = 4 blocks of 16; four of them need 16 of 8 usable blocks.
     prompts = random_prompts((20, 20, 20, 20), seed=13)
     params = greedy(40, ignore_eos=True)
-    llm = engine(llama_dir, num_gpu_blocks=9)
+    llm = engine(llama_dir, num_gpu_blocks_override=9)
     outs = run(llm, prompts, params)
     assert llm.engine.metrics.preemptions > 0
     assert llm.engine.scheduler.num_preemptions == llm.engine.metrics.preemptions
@@ -104,7 +104,7 @@ def test_no_preemption_when_the_cache_is_large_enough(llama_dir: str):
 
 
 def test_a_request_larger_than_the_whole_cache_is_refused(llama_dir: str):
-    llm = engine(llama_dir, num_gpu_blocks=3)
+    llm = engine(llama_dir, num_gpu_blocks_override=3)
     try:
         run(llm, [[1] * 30], greedy(10))
     except ValueError as e:
@@ -130,7 +130,7 @@ def test_seeded_sampling_survives_preemption(llama_dir: str):
         SamplingParams(max_tokens=40, temperature=1.0, seed=i, ignore_eos=True, logprobs=2)
         for i in range(4)
     ]
-    tight = engine(llama_dir, num_gpu_blocks=9)
+    tight = engine(llama_dir, num_gpu_blocks_override=9)
     outs = run(tight, prompts, params)
     assert tight.engine.metrics.preemptions > 0
     reference = run(engine(llama_dir), prompts, params)

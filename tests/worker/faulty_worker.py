@@ -15,8 +15,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from prefixgrove import settings as cfg
+from prefixgrove.cli_flags import add_arguments
+from prefixgrove.engine_settings import EngineSettings
 from prefixgrove.settings import WorkerSettings
-from prefixgrove.worker.runner import Worker
+from prefixgrove.worker.runner import Worker, make_engine
 
 FAULT = "injected fault: a poisoned request"
 
@@ -58,14 +60,15 @@ class FaultyEngine:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    cfg.add_arguments(parser, WorkerSettings)
+    add_arguments(parser, WorkerSettings, EngineSettings)
     parser.add_argument("--poison-token", type=int, required=True)
     parser.add_argument("--fault", choices=["raise", "die"], required=True)
     args = parser.parse_args()
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    worker = Worker(cfg.load(WorkerSettings, args))
+    settings = cfg.load(WorkerSettings, args)
+    worker = Worker(settings, make_engine(settings.model, cfg.load(EngineSettings, args)))
     worker.engine = FaultyEngine(worker.engine, args.poison_token, args.fault)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -80,7 +80,7 @@ def engine(**limits: int) -> LLMEngine:
     ("limits", "per_group", "max_tokens"),
     [
         ({"max_num_seqs": 24}, 4, 16),  # the batch limits: 24 requests, 30 with the lease ahead
-        ({"max_num_seqs": 256, "num_gpu_blocks": 40}, 4, 40),  # the KV cache limits
+        ({"max_num_seqs": 256, "num_gpu_blocks_override": 40}, 4, 40),  # the KV cache limits
     ],
 )
 def test_a_worker_leases_what_its_engine_holds_and_no_more(

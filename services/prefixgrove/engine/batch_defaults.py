@@ -1,11 +1,11 @@
-"""The batch limits a serving process takes when none are given: the engine's best measured settings
-for the device it finds (benchmarks/RESULTS.md), so that a deployment with defaults runs as the
-benchmarks do.
+"""The batch limits an engine takes when none are given: the engine's best measured settings for the
+device it finds (benchmarks/RESULTS.md, "Batch limits"), so that `LLM(model)`, `prefixgrove run`, a
+worker and the benchmarks run alike with defaults.
 
-On an H100 80GB the canonical job runs best at 512 requests per batch and 16,384 tokens per prefill
-step (docs/performance.md): past ~256 requests a decode step's matmuls turn compute-bound, yet the
-larger batch still moves more requests per second; the larger step keeps the matmuls near cuBLAS's
-ceiling. A GPU with less memory keeps `LLM`'s defaults: its KV cache would not hold 512 requests.
+A large GPU (the H100/H200 class) takes the larger batch and prefill step: past a few hundred
+requests a decode step's matmuls turn compute-bound, yet the larger batch still moves more requests
+per second, and the larger step keeps the prefill matmuls near their ceiling. A GPU with less memory
+keeps the smaller limits: its KV cache would not hold the larger batch.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ def best_batch_limits(device: str) -> BatchLimits:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if not device.startswith("cuda"):
         return CPU
+    if not torch.cuda.is_available():  # a config made where it will not run: no size to read
+        return SMALL_GPU
     index = torch.device(device).index
     total = torch.cuda.get_device_properties(
         torch.cuda.current_device() if index is None else index

@@ -10,10 +10,13 @@ import torch
 
 from prefixgrove.catalog.context import context_limit
 from prefixgrove.catalog.presets import load_hf_config
+from prefixgrove.engine_settings import EngineSettings, engine_settings
 
 from .attention.kv_cache import FP8_KV_DTYPE, cache_torch_dtype, check_kv_cache_dtype
-from .models.arch import ModelArch
+from .batch_defaults import best_batch_limits
+from .models.arch import ModelArch, architecture_of
 from .models.fp8_linear import check_quantization, checkpoint_quantization
+from .models.registry import model_class
 
 _DTYPES = {
     "float32": torch.float32,
@@ -170,75 +173,67 @@ class EngineConfig:
         return self.device.startswith("cuda")
 
     @classmethod
-    def create(
-        cls,
-        model: str,
-        *,
-        dtype: str | torch.dtype = "auto",
-        device: str = "auto",
-        seed: int = 0,
-        max_model_len: int | None = None,
-        gpu_memory_utilization: float = 0.9,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int | None = None,
-        block_size: int = 16,
-        num_gpu_blocks: int | None = None,
-        attention_backend: str = "auto",
-        enable_prefix_grouping: bool = True,
-        enable_prefix_caching: bool = True,
-        enable_cascade_attention: bool = True,
-        cascade_decode_kernel: str = "auto",
-        cascade_prefill_kernel: str = "auto",
-        num_scheduler_steps: int | None = None,
-        async_scheduling: bool = True,
-        structured_outputs_jump_forward: bool = True,
-        enforce_eager: bool = False,
-        tokenizer: str | None = None,
-        skip_tokenizer_init: bool = False,
-        quantization: str | None = None,
-        kv_cache_dtype: str = "auto",
-        **unknown: Any,
-    ) -> EngineConfig:
-        """Builds a config from vLLM-style keyword arguments, resolving the 'auto' choices."""
-        if unknown:
-            raise TypeError(f"unknown engine argument(s): {', '.join(sorted(unknown))}")
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+    def create(cls, model: str, **kwargs: Any) -> EngineConfig:
+        """A config from vLLM-style keyword arguments (EngineSettings' fields); an unknown one is a
+        TypeError that names it."""
+        return cls.from_settings(model, engine_settings(**kwargs))
+
+    @classmethod
+    def from_settings(cls, model: str, settings: EngineSettings) -> EngineConfig:
+        """The config `settings` give for `model`, each 'auto' and unset knob resolved for the
+        device: what `LLM(...)`, `prefixgrove run`, a worker and the benchmarks all run."""
+        s = settings
+        device = _resolve_device(s.device)
         cuda = device.startswith("cuda")
-        model_cfg = _model_config(model, dtype, max_model_len, seed, cuda, quantization)
-        if max_num_batched_tokens is None:
-            max_num_batched_tokens = max(8192 if cuda else 2048, max_num_seqs)
-        if attention_backend == "auto":
-            attention_backend = (
-                "triton" if cuda and kernels_take(model_cfg.arch.head_dim) else "torch"
-            )
+        model_cfg = _model_config(model, s.dtype, s.max_model_len, s.seed, cuda, s.quantization)
+        backend = s.attention_backend
+        if backend == "auto":
+            backend = "triton" if cuda and kernels_take(model_cfg.arch.head_dim) else "torch"
         decode_kernel, prefill_kernel = _cascade_kernels(
-            cuda and attention_backend == "triton", cascade_decode_kernel, cascade_prefill_kernel
+            cuda and backend == "triton", s.cascade_decode_kernel, s.cascade_prefill_kernel
         )
         return cls(
             model=model_cfg,
             cache=CacheConfig(
-                block_size, gpu_memory_utilization, num_gpu_blocks, kv_cache_dtype=kv_cache_dtype
+                s.block_size,
+                s.gpu_memory_utilization,
+                s.num_gpu_blocks_override,
+                kv_cache_dtype=s.kv_cache_dtype,
             ),
-            scheduler=SchedulerConfig(
-                max_num_seqs,
-                max_num_batched_tokens,
-                (8 if cuda else 1) if num_scheduler_steps is None else num_scheduler_steps,
-                async_scheduling=async_scheduling,
-                jump_forward=structured_outputs_jump_forward,
-            ),
+            scheduler=_scheduler_config(s, device),
             device=device,
-            attention_backend=attention_backend,
-            enable_prefix_grouping=enable_prefix_grouping,
-            enable_prefix_caching=enable_prefix_caching,
-            enable_cascade_attention=enable_cascade_attention,
+            attention_backend=backend,
+            enable_prefix_grouping=s.enable_prefix_grouping,
+            enable_prefix_caching=s.enable_prefix_caching,
+            enable_cascade_attention=s.enable_cascade_attention,
             cascade_decode_kernel=decode_kernel,
             cascade_prefill_kernel=prefill_kernel,
             # the torch references synchronise: no CUDA graphs
-            enforce_eager=enforce_eager or not cuda or attention_backend == "torch",
-            tokenizer=tokenizer,
-            skip_tokenizer_init=skip_tokenizer_init,
+            enforce_eager=s.enforce_eager or not cuda or backend == "torch",
+            tokenizer=s.tokenizer,
+            skip_tokenizer_init=s.skip_tokenizer_init,
         )
+
+
+def _resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def _scheduler_config(s: EngineSettings, device: str) -> SchedulerConfig:
+    """Batch limits and decode windows: what the user set, else the best measured for the device."""
+    best = best_batch_limits(device)
+    max_num_seqs = s.max_num_seqs or best.max_num_seqs
+    batched = s.max_num_batched_tokens or max(best.max_num_batched_tokens, max_num_seqs)
+    steps = s.num_scheduler_steps or (8 if device.startswith("cuda") else 1)
+    return SchedulerConfig(
+        max_num_seqs,
+        batched,
+        steps,
+        async_scheduling=s.async_scheduling,
+        jump_forward=s.structured_outputs_jump_forward,
+    )
 
 
 def _model_config(
@@ -250,6 +245,7 @@ def _model_config(
     quantization: str | None = None,
 ) -> ModelConfig:
     hf_config = load_hf_config(model)
+    model_class(architecture_of(hf_config))  # refuses an unsupported architecture, naming it
     arch = ModelArch.from_hf_config(hf_config)
     limit = context_limit(hf_config)
     if max_model_len is None:

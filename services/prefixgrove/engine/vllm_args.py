@@ -1,22 +1,15 @@
 """vLLM's `LLM(...)` keyword arguments, as a script ported by changing its import passes them.
 
-Each is taken over where it means something here (under its own name, or renamed), accepted where it
+Each is taken over where it means something here (EngineSettings' fields are vLLM's names), accepted where it
 asks for what prefixgrove does anyway, and refused, by name, where it asks for something prefixgrove
-does not do; a silent no-op would leave a user believing a setting took effect. Names the engine
-shares with vLLM (seed, max_model_len, enable_prefix_caching, skip_tokenizer_init, kv_cache_dtype
-("auto", "fp8", "fp8_e4m3"), ...) pass through to
-`EngineConfig.create`; `generation_config` and `override_generation_config` are `LLM`'s own (they set
+does not do; a silent no-op would leave a user believing a setting took effect. The engine's knobs
+(engine_settings.EngineSettings) pass through; `generation_config` and `override_generation_config` are `LLM`'s own (they set
 its default sampling).
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-# vLLM name -> the engine's name, same meaning.
-RENAMED = {
-    "num_gpu_blocks_override": "num_gpu_blocks",
-}
 
 # Accepted when they hold one of these values (what prefixgrove does); refused otherwise.
 _ONLY = {
@@ -55,9 +48,7 @@ def engine_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The engine's keyword arguments for vLLM-style `kwargs`; ValueError names a refused one."""
     out: dict[str, Any] = {}
     for name, value in kwargs.items():
-        if name in RENAMED:
-            out[RENAMED[name]] = value
-        elif name in _ONLY:
+        if name in _ONLY:
             if value not in _ONLY[name]:
                 allowed = " or ".join(repr(v) for v in _ONLY[name])
                 raise ValueError(

@@ -25,6 +25,7 @@ from typing import Any
 
 import redis
 
+from prefixgrove.engine_settings import EngineSettings
 from prefixgrove.grouping import PrefixGroup
 from prefixgrove.jobs.output_lines import success_line
 from prefixgrove.jobs.redis_store.connection import connect
@@ -84,7 +85,7 @@ class _Pending:
 
 
 class Worker:
-    def __init__(self, settings: WorkerSettings, engine: Any = None) -> None:
+    def __init__(self, settings: WorkerSettings, engine: Any) -> None:
         self.settings = settings
         self.consumer = settings.consumer or f"{socket.gethostname()}-{os.getpid()}"
         self._give_up = threading.Event()  # set: Redis is not waited for any more (stopping)
@@ -92,7 +93,7 @@ class Worker:
         self.queue = GroupQueue(
             self.store.r, settings.served_name, self.consumer, settings.lease_timeout_s
         )
-        self.engine = engine if engine is not None else _make_engine(settings)
+        self.engine = engine
         self.budget = LeaseBudget(
             _capacity(self.engine), settings.lease_ahead, settings.max_groups_in_flight
         )
@@ -589,22 +590,9 @@ def _params(record: RequestRecord) -> Any:
     return SamplingParams(**sampling_kwargs(record.params))
 
 
-def _make_engine(settings: WorkerSettings) -> Any:
+def make_engine(model: str, settings: EngineSettings) -> Any:
+    """The engine a worker runs `model` on: built from the same settings, through the same
+    resolution of defaults, as `LLM(...)` and `prefixgrove run`."""
     from prefixgrove.engine import EngineConfig, LLMEngine
-    from prefixgrove.engine.batch_defaults import best_batch_limits
 
-    best = best_batch_limits(settings.device)
-    max_num_seqs = settings.max_num_seqs or best.max_num_seqs
-    config = EngineConfig.create(
-        settings.model,
-        device=settings.device,
-        dtype=settings.dtype,
-        quantization=settings.quantization or None,
-        kv_cache_dtype=settings.kv_cache_dtype,
-        seed=settings.seed,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=settings.max_num_batched_tokens
-        or max(best.max_num_batched_tokens, max_num_seqs),
-        max_model_len=settings.max_model_len,
-    )
-    return LLMEngine(config)
+    return LLMEngine(EngineConfig.from_settings(model, settings))

@@ -1,0 +1,164 @@
+"""The `prefixgrove` commands that talk to a planner: submit, status, cancel, results, list."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from prefixgrove import settings as cfg
+from prefixgrove.settings import ClientSettings, LogSettings, SecuritySettings
+
+log = logging.getLogger("prefixgrove.client")
+
+
+def check_input(path: Path) -> None:
+    """A missing input is one line of error (exit 2), not a traceback."""
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file")
+
+
+def progress_bars(args: argparse.Namespace) -> bool:
+    """Whether a progress bar may draw on stderr: text logs, not quiet, no JSON output."""
+    return not (args.quiet or args.json or cfg.load(LogSettings, args).log_format == "json")
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from prefixgrove.planner.client import PlannerClient
+
+    target = cfg.load(ClientSettings, args).planner
+    return PlannerClient(target, cfg.load(SecuritySettings, args), tls=args.tls)
+
+
+def submit(args: argparse.Namespace) -> int:
+    check_input(args.input)
+    client = _client(args)
+    if args.wait and args.output is None:
+        raise ValueError("--wait needs -o OUTPUT")
+    job = client.submit_file(args.input, args.model, args.idempotency_key)
+    _show(job, args.json)
+    if not args.wait:
+        return 0
+    # The results stream into the files while the job runs; the progress bar follows it meanwhile.
+    download = _Download(client, job.id, args)
+    download.start()
+    job = _follow(client, job.id, args)
+    download.join()
+    return download.report(job, args)
+
+
+def status(args: argparse.Namespace) -> int:
+    client = _client(args)
+    job = _follow(client, args.job, args) if args.watch else client.get(args.job)
+    _show(job, args.json)
+    return 0
+
+
+def cancel(args: argparse.Namespace) -> int:
+    _show(_client(args).cancel(args.job), args.json)
+    return 0
+
+
+def list(args: argparse.Namespace) -> int:
+    for job in _client(args).list():
+        _show(job, args.json)
+    return 0
+
+
+def results(args: argparse.Namespace) -> int:
+    client = _client(args)
+    return _download(client, client.get(args.job), args)
+
+
+def _download(client: Any, job: Any, args: argparse.Namespace) -> int:
+    download = _Download(client, job.id, args)
+    download.run()
+    return download.report(job, args)
+
+
+class _Download(threading.Thread):
+    """A job's results into its output and error files (resumable: see PlannerClient.download),
+    on a thread of its own so that `submit --wait` writes them while the job runs."""
+
+    def __init__(self, client: Any, job_id: str, args: argparse.Namespace) -> None:
+        super().__init__(name="download", daemon=True)
+        self.client, self.job_id, self.output = client, job_id, args.output
+        self.errors = args.errors or args.output.with_name(args.output.stem + ".errors.jsonl")
+        self.counts: tuple[int, int] | None = None
+        self.failure: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.counts = self.client.download(self.job_id, self.output, self.errors)
+        except BaseException as exc:  # raised again on the caller's thread, in report()
+            self.failure = exc
+
+    def report(self, job: Any, args: argparse.Namespace) -> int:
+        from prefixgrove_proto import planner_pb2 as pb
+
+        if self.failure is not None:
+            raise self.failure
+        assert self.counts is not None
+        done, failed = self.counts
+        if args.json:
+            print(json.dumps({"job": job.id, "output": str(self.output), "errors": str(self.errors),
+                              "completed": done, "failed": failed}))  # fmt: skip
+        else:
+            print(f"{done} results -> {self.output}, {failed} errors -> {self.errors}")
+        return 0 if job.state == pb.JOB_STATE_COMPLETED else 1
+
+
+def _follow(client: Any, job_id: str, args: argparse.Namespace) -> Any:
+    """Watches a job to its end with a progress bar (requests, req/s, tokens/s, ETA); with --json,
+    prints each update; with JSON logs (or --quiet), logs the progress every few seconds."""
+    from tqdm import tqdm
+
+    from prefixgrove.planner.client import state_name
+
+    bar = tqdm(unit="req", desc=job_id, dynamic_ncols=True) if progress_bars(args) else None
+    start, job, logged, state = time.monotonic(), None, 0.0, -1
+    for job in client.watch(job_id):
+        counts = job.request_counts
+        if args.json:
+            _show(job, True)
+            continue
+        if bar is None:
+            if time.monotonic() - logged >= _LOG_EVERY_S or job.state != state:
+                logged, state = time.monotonic(), job.state
+                log.info("job %s %s: %d/%d done (%d failed)", job_id, state_name(job.state),
+                         counts.completed + counts.failed, counts.total, counts.failed)  # fmt: skip
+            continue
+        bar.total = counts.total or None
+        bar.n = counts.completed + counts.failed
+        elapsed = max(time.monotonic() - start, 1e-9)
+        bar.set_postfix(state=state_name(job.state), failed=counts.failed,
+                        tok_s=f"{job.completion_tokens / elapsed:.0f}", refresh=False)  # fmt: skip
+        bar.refresh()
+    if bar is not None:
+        bar.close()
+    return job
+
+
+_LOG_EVERY_S = 2.0
+
+
+def _show(job: Any, as_json: bool) -> None:
+    from google.protobuf.json_format import MessageToDict
+
+    from prefixgrove.planner.client import state_name
+
+    if as_json:
+        print(json.dumps(MessageToDict(job, preserving_proto_field_name=True)), flush=True)
+        return
+    c = job.request_counts
+    line = (f"{job.id}  {state_name(job.state):<11} {c.completed + c.failed}/{c.total} done "
+            f"({c.failed} failed)  queue {job.queue.depth}  model {job.model}")  # fmt: skip
+    if "namespace" in job.metadata and "name" in job.metadata:  # the operator's BatchJob
+        line += f"  batchjob {job.metadata['namespace']}/{job.metadata['name']}"
+    if job.error.code:
+        line += f"  error {job.error.code}: {job.error.message}"
+    print(line, flush=True)
