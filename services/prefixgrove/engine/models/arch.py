@@ -9,12 +9,11 @@ from prefixgrove.catalog.context import sliding_window
 
 from .rotary import rope_parameters, supported_rope_types
 
-SUPPORTED_ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-)
+
+def architecture_of(hf_config: Any) -> str:
+    """The config's first `architectures` entry (LlamaForCausalLM when it names none); whether it
+    is supported is `registry.model_class`'s to say."""
+    return str((getattr(hf_config, "architectures", None) or ["LlamaForCausalLM"])[0])
 
 
 @dataclass(frozen=True)
@@ -40,11 +39,6 @@ class ModelArch:
     eos_token_ids: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        if self.architecture not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(
-                f"architecture {self.architecture!r} is not supported; supported: "
-                f"{', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_attention_heads={self.num_heads} is not a multiple of "
@@ -77,8 +71,7 @@ class ModelArch:
 
     @classmethod
     def from_hf_config(cls, config: Any) -> ModelArch:
-        archs = getattr(config, "architectures", None) or ["LlamaForCausalLM"]
-        arch = archs[0]
+        arch = architecture_of(config)
         head_dim = (
             getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         )

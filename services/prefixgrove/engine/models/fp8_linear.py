@@ -28,7 +28,7 @@ from prefixgrove_kernels.reference_math import to_e4m3_ref
 from .linear import RowInvariantLinear, row_invariant_linear
 
 if TYPE_CHECKING:
-    from .llama import LlamaForCausalLM
+    from .base import CausalLM
 
 
 @dataclass(frozen=True)
@@ -221,11 +221,12 @@ def dequantize_checkpoint(
 
 @torch.no_grad()
 def quantize_model(
-    net: LlamaForCausalLM,
+    net: CausalLM,
     weight_scales: dict[str, torch.Tensor] | None = None,
     input_scales: dict[str, torch.Tensor] | None = None,
 ) -> None:
-    """Replaces every decoder-layer `RowInvariantLinear` (qkv, o, gate_up, down) by an `Fp8Linear`.
+    """Replaces every `RowInvariantLinear` inside `net.layers` (Llama's qkv, o, gate_up, down) by an
+    `Fp8Linear`, whatever the family.
 
     The embedding and lm_head stay in the model's dtype, as vLLM's fp8 keeps them: the logits set the
     sampled token directly and cost a small share of the step. `weight_scales` / `input_scales` (by
@@ -233,11 +234,14 @@ def quantize_model(
     Then the norms and activations before layers that take `QuantizedRows` are set to write them.
     """
     weight_scales, input_scales = weight_scales or {}, input_scales or {}
+    # NOTE: one layer at a time, so each layer's unquantized weights are freed before the next
+    # layer is quantized
     for i, layer in enumerate(net.layers):
-        for parent_name, parent in list(layer.named_modules()):
+        # keys are the model's own parameter names, e.g. layers.0.mlp.down_proj.weight
+        for parent_name, parent in list(layer.named_modules(prefix=f"layers.{i}")):
             for name, child in list(parent.named_children()):
                 if isinstance(child, RowInvariantLinear):
-                    key = f"layers.{i}.{parent_name}.{name}.weight"
+                    key = f"{parent_name}.{name}.weight"
                     fp8 = Fp8Linear.from_linear(
                         child, weight_scales.get(key), input_scales.get(key)
                     )

@@ -1,4 +1,5 @@
-"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) over a flat batch of tokens.
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) over a flat batch of tokens: the one
+class `registry.py` builds for each of those architectures.
 
 The batch is one flat token list mixing prefill chunks and decode tokens of many sequences; attention reads
 and writes the paged KV cache through the step's `ForwardContext`. q/k/v and gate/up are fused into one
@@ -14,6 +15,7 @@ import torch
 from torch import nn
 
 from .arch import ModelArch
+from .base import CausalLM
 from .fp8_linear import QuantizedRows, takes_quantized_rows
 from .linear import RowInvariantLinear, row_invariant_linear
 from .ops import ModelOps
@@ -151,10 +153,19 @@ class DecoderLayer(nn.Module):
         return self.mlp(x), residual
 
 
-class LlamaForCausalLM(nn.Module):
+# A checkpoint's separate projections -> (the fused parameter they fill, their shard of it).
+_FUSED = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", "gate"),
+    "up_proj": ("gate_up_proj", "up"),
+}
+
+
+class LlamaForCausalLM(CausalLM):
     def __init__(self, arch: ModelArch, max_positions: int, ops: ModelOps) -> None:
-        super().__init__()
-        self.arch = arch
+        super().__init__(arch, max_positions, ops)
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(arch, i, ops) for i in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, ops)
@@ -206,7 +217,7 @@ class LlamaForCausalLM(nn.Module):
         params = dict(self.named_parameters())
         filled: set[str] = set()
         for hf_name, tensor in weights:
-            target = _map_name(hf_name)
+            target = self.map_checkpoint_name(hf_name)
             if target is None:
                 continue
             name, shard = target
@@ -218,12 +229,22 @@ class LlamaForCausalLM(nn.Module):
                 )
             self._copy_shard(params[name], name, shard, tensor)
             filled.add(f"{name}:{shard}")
-        expected = {f"{n}:{s}" for n in params for s in self._shards_of(n)}
+        expected = {f"{n}:{s}" for n in params for s in self.shards_of(n)}
         missing = sorted(expected - filled)
         if missing:
             raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
 
-    def _shards_of(self, name: str) -> tuple[str, ...]:
+    def map_checkpoint_name(self, hf_name: str) -> tuple[str, str] | None:
+        """HF name -> (our parameter name, shard of a fused matrix or '')."""
+        if "rotary_emb.inv_freq" in hf_name:
+            return None
+        name = hf_name.removeprefix("model.")
+        for part, (fused, shard) in _FUSED.items():
+            if f".{part}." in name:
+                return name.replace(f".{part}.", f".{fused}."), shard
+        return name, ""
+
+    def shards_of(self, name: str) -> tuple[str, ...]:
         if ".qkv_proj." in name:
             return ("q", "k", "v")
         if ".gate_up_proj." in name:
@@ -246,23 +267,3 @@ class LlamaForCausalLM(nn.Module):
                 f"expected {tuple(dest.shape)}"
             )
         dest.copy_(tensor)
-
-
-_FUSED = {
-    "q_proj": ("qkv_proj", "q"),
-    "k_proj": ("qkv_proj", "k"),
-    "v_proj": ("qkv_proj", "v"),
-    "gate_proj": ("gate_up_proj", "gate"),
-    "up_proj": ("gate_up_proj", "up"),
-}
-
-
-def _map_name(hf_name: str) -> tuple[str, str] | None:
-    """HF name -> (our parameter name, shard of a fused matrix or '')."""
-    if "rotary_emb.inv_freq" in hf_name:
-        return None
-    name = hf_name.removeprefix("model.")
-    for part, (fused, shard) in _FUSED.items():
-        if f".{part}." in name:
-            return name.replace(f".{part}.", f".{fused}."), shard
-    return name, ""

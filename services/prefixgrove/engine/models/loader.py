@@ -1,5 +1,5 @@
-"""Builds the model on its device: weights from local safetensors or a GGUF file, or random for the
-random presets."""
+"""Builds the model on its device, of the class the registry names for its architecture: weights
+from local safetensors or a GGUF file, or random for the random presets."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from prefixgrove.catalog import gguf
 from prefixgrove.catalog.presets import gguf_path, is_preset
 
 from .arch import ModelArch
+from .base import CausalLM
 from .fp8_linear import dequantize_checkpoint, quantize_model
-from .llama import LlamaForCausalLM, _map_name
 from .ops import ModelOps
+from .registry import model_class
 
 
 def load_model(
@@ -29,12 +30,13 @@ def load_model(
     seed: int,
     ops: ModelOps,
     quantization: str | None = None,
-) -> LlamaForCausalLM:
+) -> CausalLM:
+    cls = model_class(arch.architecture)
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # build in the target dtype: no fp32 copy of an 8B model
     try:
         with torch.device(device):
-            net = LlamaForCausalLM(arch, max_positions, ops)
+            net = cls(arch, max_positions, ops)
     finally:
         torch.set_default_dtype(default_dtype)
     scales: dict[str, torch.Tensor] = {}
@@ -59,14 +61,14 @@ def load_model(
 
 
 def _fused_scales(
-    scales: dict[str, torch.Tensor], input_scales: dict[str, torch.Tensor], net: LlamaForCausalLM
+    scales: dict[str, torch.Tensor], input_scales: dict[str, torch.Tensor], net: CausalLM
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Checkpoint scales by Hugging Face name -> by the model's parameter name, the shards of a fused
     matrix (q, k, v; gate, up) concatenated in the order they sit in it."""
     shards: dict[str, dict[str, torch.Tensor]] = {}
     statics: dict[str, list[torch.Tensor]] = {}
     for hf_name, scale in scales.items():
-        target = _map_name(hf_name)
+        target = net.map_checkpoint_name(hf_name)
         if target is None:
             continue
         name, shard = target
@@ -75,7 +77,7 @@ def _fused_scales(
             statics.setdefault(name, []).append(input_scales[hf_name])
     fused = {}
     for name, parts in shards.items():
-        order = net._shards_of(name)
+        order = net.shards_of(name)
         if set(parts) != set(order):
             raise ValueError(f"{name}: the checkpoint quantizes shards {sorted(parts)} of {order}")
         fused[name] = torch.cat([parts[s] for s in order])
@@ -84,7 +86,7 @@ def _fused_scales(
 
 
 @torch.no_grad()
-def init_random_weights(net: LlamaForCausalLM, seed: int, std: float = 0.02) -> None:
+def init_random_weights(net: CausalLM, seed: int, std: float = 0.02) -> None:
     """Deterministic random weights, generated on the model's own device (seconds for 8B on a GPU)."""
     device = next(net.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)

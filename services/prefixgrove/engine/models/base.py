@@ -1,0 +1,68 @@
+"""What every model family's class provides: the loader, the FP8 quantizer and the runner reach a
+model through these names alone, so a family is one module and one registry line (`registry.py`)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from .arch import ModelArch
+from .ops import ModelOps
+
+if TYPE_CHECKING:
+    from ..attention.backend import ForwardContext
+
+
+class CausalLM(nn.Module, ABC):
+    """A decoder over a flat batch of tokens, built from (arch, max_positions, ops).
+
+    The rules a family keeps:
+    - Parameters are created in the dtype and on the device that are current when it is built (the
+      loader sets both), and named as `map_checkpoint_name` names them.
+    - `layers` holds the decoder layers in order: FP8 quantization replaces every
+      `RowInvariantLinear` inside them by an `Fp8Linear` and leaves the rest (embedding, lm_head)
+      in the model's dtype; `fuse_fp8_inputs` then runs once.
+    - `forward` writes every layer's keys and values of every token into `ctx`'s paged cache and
+      returns the hidden states of `ctx.sampled`'s rows only, when it names some; `compute_logits`
+      turns them into logits. Both run inside CUDA graphs: no host synchronisation in them.
+    """
+
+    arch: ModelArch
+    layers: nn.ModuleList
+
+    def __init__(self, arch: ModelArch, max_positions: int, ops: ModelOps) -> None:
+        super().__init__()
+        self.arch = arch
+
+    @abstractmethod
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
+        """input_ids, positions: [num_tokens] -> hidden states [num_tokens or num_sampled, hidden]."""
+
+    @abstractmethod
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 logits [rows, vocab]; into `out` when given (the decode graphs' shared buffer)."""
+
+    @abstractmethod
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copies (Hugging Face name, tensor) pairs in; ValueError for a tensor with no place, a
+        wrong shape, or a parameter left unfilled."""
+
+    @abstractmethod
+    def map_checkpoint_name(self, hf_name: str) -> tuple[str, str] | None:
+        """A checkpoint tensor's name -> (the parameter it fills, the shard of it: '' for all of
+        it), or None for a tensor the model does not use."""
+
+    @abstractmethod
+    def shards_of(self, name: str) -> tuple[str, ...]:
+        """The shards of parameter `name` in the order they are stacked in it (('',): unfused)."""
+
+    def fuse_fp8_inputs(self) -> None:
+        """Called once after FP8 quantization: lets the norms and activations before FP8 layers
+        write their output already quantized. Optional: without it every layer quantizes its own
+        input, to the same values."""
