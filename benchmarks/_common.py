@@ -17,8 +17,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Ceilings measured on an H100 80GB (benchmarks/RESULTS.md): dense bf16 matmul on a cool GPU, and
-# device-to-device copy bandwidth (bytes read + written).
+# Ceilings measured on an H100 80GB (benchmarks/HISTORY.md, "Where the time goes"): dense bf16 matmul
+# on a cool GPU, and device-to-device copy bandwidth (bytes read + written).
 H100_BF16_FLOPS = 798e12
 H100_HBM_BYTES_PER_S = 3.0e12
 
@@ -280,9 +280,9 @@ def median_us_clean_l2(
     256 MB buffer, so that fn starts from a cold L2 holding only clean lines. That is what a decode
     step's attention finds in the engine, right after the QKV projection read ~50 MB of weights.
     triton.testing.do_bench (median_us) empties the L2 by *writing* 256 MB instead, which leaves the
-    L2 full of dirty lines that the timed kernel then writes back while it reads: ~9 us of the
-    one-pass decode kernel's ~141 at degree 16 / 2,000 tokens, and next to nothing of the plain
-    kernel's time (H100, RESULTS.md). CPU (interpreter smoke runs): wall time, as median_us."""
+    L2 full of dirty lines that the timed kernel then writes back while it reads: the one-pass decode
+    kernel pays for them, the plain kernel next to nothing (benchmarks/RESULTS.md, "Kernels", the
+    do_bench column). CPU (interpreter smoke runs): wall time, as median_us."""
     if device == "cpu":
         return median_us(fn, device, use_graph)
     run = as_graph(fn) if use_graph else fn

@@ -7,7 +7,7 @@ and the most any kernel reading those bytes could gain over the plain one. The b
 whatever they hold: an FP8 cache's bytes (one a value) are read here as bf16 elements, as a bf16
 cache's are. The read is timed as the kernels are (a CUDA graph, from a cold, clean L2) under a few
 launch shapes, and the fastest counts: on the H100 four programs per SM of 4,096-element blocks and
-two of 8,192 both reach ~2.9 TB/s at a few hundred MB, fewer or smaller ones do not (RESULTS.md).
+two of 8,192, at a few hundred MB (benchmarks/HISTORY.md, "Decode attention kernels").
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ then a suffix pass that merges: what steps with prefill rows run), the KV bytes 
 the GB/s that makes, the speedups, and the largest difference from the plain result. The plain and
 one-pass times are also given as triton.testing.do_bench takes them (`*_dirty_l2`: its L2 flush
 writes 256 MB, and the timed kernel then writes those dirty lines back; the earlier rounds' figures
-in RESULTS.md were taken that way). On a GPU each point also carries the machine's read ceiling
+in HISTORY.md were taken that way). On a GPU each point also carries the machine's read ceiling
 (`_read_ceiling.py`): the time a plain streaming read of the one-pass kernel's KV bytes takes, the
 fraction of it the one-pass kernel reaches, and the speed-up over the plain kernel that a kernel
 reading those bytes at the ceiling would have (`read_ceiling_us`, `one_pass_of_ceiling`,

@@ -319,9 +319,10 @@ def num_sms(device_index: int) -> int:
 def _tile_shape(head_dim: int, elem_bytes: int, group: int, max_group_q: int) -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N): M covers a whole group's rows when it can (up to 128 for narrow rows).
     Narrow-row tiles of decode steps stream 32 keys at a time, four tiles in flight (see
-    `_num_stages`): as fast as 64 x 3 at degree 16 and 4-7% faster at degrees 4 and 64 (H100). The
-    widest M (a group's prefill chunk) takes 64 keys, two stages and at most 128 registers: 5% faster
-    than 128 x 32 with three on the canonical prefill (benchmarks/probes/tune_prefill.py, H100)."""
+    `_num_stages`): no slower than 64 x 3 at degree 16 and faster at degrees 4 and 64. The widest M
+    (a group's prefill chunk) takes 64 keys, two stages and at most 128 registers: faster than
+    128 x 32 with three on the canonical prefill (benchmarks/probes/tune_prefill.py; the figures in
+    benchmarks/HISTORY.md, "Decode attention kernels" and "Prefill attention")."""
     tier = tile_tier(head_dim, elem_bytes)
     min_m = max(16, triton.next_power_of_2(group))
     block_m = triton.next_power_of_2(max(1, max_group_q * group))

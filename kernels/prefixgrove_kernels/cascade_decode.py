@@ -291,7 +291,7 @@ def _default_num_splits(q: torch.Tensor, programs: int, block_m: int) -> int:
     64-row tiles, 3 for 32, 5 for 16: fewer leave SMs idle, more only shorten every program's stream.
     An empirical rule (benchmarks/attention_kernels.py, H100): since the key loop pipelines its copies,
     a 64-row program takes 116 KB of shared memory and the SM holds one, and the rule still picks the
-    fastest count at degree 16 / 2,000 tokens (1, 2, 4 splits: 226, 143, 154 us)."""
+    fastest count at degree 16 / 2,000 tokens (benchmarks/HISTORY.md, "Decode attention kernels")."""
     if q.device.type != "cuda":
         return 1
     resident = num_sms(q.device.index or 0) * (2 if block_m >= 64 else 3 if block_m >= 32 else 5)

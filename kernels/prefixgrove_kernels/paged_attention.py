@@ -8,12 +8,11 @@ prefix result (o, lse) given, this is the suffix pass of cascade attention and t
 An FP8 cache (float8_e4m3fn, one fp32 scale for the keys and one for the values) is read as e4m3, and
 the queries are taken in e4m3 too, each row under its own scale (`score_queries`): with 64 rows or
 more in a tile (wgmma's M) q.k runs on the FP8 tensor cores against the bare key codes, which need no
-conversion and no round trip through shared memory (the one-pass decode kernel went from 119 to 94 us
-at degree 16 / 2,000 tokens on the H100, the canonical prefill step's prefix pass from 1,276 to 1,164
-us); with fewer, the same values enter fp16 dots against keys converted to fp16 (exact). k_scale and
-the rows' scales multiply the scores (`scores`, `fold_kv_scales`). The value scale reaches the math
-one of two ways, each kernel taking the one that measures faster for it (benchmarks/RESULTS.md, "FP8
-cascade decode kernel"):
+conversion and no round trip through shared memory (benchmarks/RESULTS.md, "Kernels", against the
+kernels before in benchmarks/HISTORY.md); with fewer, the same values enter fp16 dots against keys
+converted to fp16 (exact). k_scale and the rows' scales multiply the scores (`scores`,
+`fold_kv_scales`). The value scale reaches the math one of two ways, each kernel taking the one that
+measures faster for it (benchmarks/HISTORY.md, "Decode attention kernels" and "Prefill attention"):
 - folded (these kernels and the one-pass decode kernel): the value codes enter p @ v as they are, in
   fp16 (exact: every e4m3 value is an fp16 value; e4m3 -> fp16 is one instruction per pair, -> bf16
   three), and v_scale multiplies the output's normalisation (`finish_rows`).
@@ -234,7 +233,8 @@ def attend_whole_tiles(
     TABLE_CHUNK entries at a time into registers and each tile's block ids are gathered from there:
     the key and value copies then depend on no load inside the loop, so the pipeliner keeps
     num_stages - 1 tiles in flight (with the ids loaded from memory in the loop it waits for every
-    copy at the top of each iteration; 15% slower on the prefix pass's prefill chunks)."""
+    copy at the top of each iteration: slower on the prefix pass's prefill chunks, see
+    benchmarks/HISTORY.md, "Prefill attention")."""
     TILES_PER_CHUNK: tl.constexpr = TABLE_CHUNK * BLOCK_SIZE // BLOCK_N
     entries = tl.arange(0, TABLE_CHUNK)
     for chunk in range(tile_lo // TILES_PER_CHUNK, tl.cdiv(tile_hi, TILES_PER_CHUNK)):
@@ -520,8 +520,8 @@ def paged_attention_launch(
         # The suffix pass (kv_start given) streams one request's own keys, a few hundred: there one
         # masked loop beats three loops' pipeline start-ups. But a prefill step's one launch also
         # holds the causal prefills of new prefixes, thousands of keys each, which the unmasked
-        # loop takes ~15% faster: with such a sequence in the launch (a long query), every program
-        # takes the three loops.
+        # loop takes faster (benchmarks/HISTORY.md, "Prefill attention"): with such a sequence in
+        # the launch (a long query), every program takes the three loops.
         "UNMASKED_BODY": kv_start is None or meta.max_query_len > LONG_QUERY,
         "HAS_KV_START": kv_start is not None,
         "HAS_PREFIX": prefix_out is not None,

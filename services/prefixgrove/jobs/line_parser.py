@@ -1,7 +1,7 @@
 """Request lines parsed in several processes: JSON decoding and validation are pure Python and hold
 the GIL, so one process parses one line at a time however many cores the machine has. A job of
-long token-id prompts spends most of its upload there (benchmarks/services.py: 4 to 6 s of the
-canonical job's 85 s on an H100 machine, while its GPU waited for the seal).
+long token-id prompts spends most of its upload there, while the GPU waits for the seal
+(benchmarks/services.py; benchmarks/HISTORY.md, "The deployed path").
 
 Lines go out in slices, one per process, and come back in order: the result is exactly what
 `parse_line` gives line by line (tests/jobs/test_line_parser.py checks it on fuzzed lines).
