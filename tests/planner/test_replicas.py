@@ -132,7 +132,7 @@ def test_an_upload_left_idle_on_a_live_replica_is_expired_by_another(
         assert (failed.state, failed.error.code) == (pb.JOB_STATE_FAILED, "upload_abandoned")
         assert redis_server.client().exists(*UploadKeys(job.id).all()) == 0
         server.service.forget_ended_uploads()
-        assert job.id not in server.service._ingests
+        assert job.id not in server.service.ingests
         assert client.create_job(idempotency_key="idle-upload").id != job.id
 
 

@@ -422,7 +422,7 @@ def test_results_stream_in_windows_of_a_few_megabytes_whatever_their_lines() -> 
     """A stream holds one window of results: few lines when they are large (logprobs), many when
     they are small; benchmarks/planner.py --mode http measures the planner's memory for it."""
     from prefixgrove.jobs.redis_store.schema import ResultRecord
-    from prefixgrove.planner.service import _RESULT_WINDOW, _RESULT_WINDOW_BYTES, _next_window
+    from prefixgrove.planner.results import _RESULT_WINDOW, _RESULT_WINDOW_BYTES, _next_window
 
     def lines(size: int, n: int) -> list[ResultRecord | None]:
         return [ResultRecord(False, "x" * size) for _ in range(n)]

@@ -1,0 +1,59 @@
+"""A job as the planner's calls see it: found by id (NOT_FOUND otherwise), answered as its proto
+message, and looked at again every POLL_S while a call waits for it to change."""
+
+from __future__ import annotations
+
+import grpc
+
+from prefixgrove.jobs.redis_store.schema import JobRecord, JobState
+from prefixgrove.jobs.redis_store.store import JobStore, QueueDepth
+from prefixgrove_proto import planner_pb2 as pb
+
+POLL_S = 0.25
+# NOTE: the proto's JOB_STATE_FINALIZING has no JobState: results are final as workers write them.
+_PB_STATES = {
+    JobState.VALIDATING: pb.JOB_STATE_VALIDATING,
+    JobState.IN_PROGRESS: pb.JOB_STATE_IN_PROGRESS,
+    JobState.COMPLETED: pb.JOB_STATE_COMPLETED,
+    JobState.FAILED: pb.JOB_STATE_FAILED,
+    JobState.CANCELLING: pb.JOB_STATE_CANCELLING,
+    JobState.CANCELLED: pb.JOB_STATE_CANCELLED,
+}
+
+
+def find_job(store: JobStore, job_id: str, context: grpc.ServicerContext) -> JobRecord:
+    job = store.get_job(job_id) if job_id else None
+    if job is None:
+        context.abort(grpc.StatusCode.NOT_FOUND, f"job {job_id!r} does not exist")
+    return job  # type: ignore[return-value]
+
+
+def job_to_pb(job: JobRecord, store: JobStore) -> pb.Job:
+    return pb.Job(
+        id=job.id,
+        idempotency_key=job.idempotency_key,
+        model=job.model,
+        state=_PB_STATES[job.state],
+        request_counts=pb.RequestCounts(
+            total=job.total, completed=job.completed, failed=job.failed
+        ),
+        queue=queue_depth_to_pb(store.job_queue(job)),
+        groups_total=job.groups_total,
+        groups_done=job.groups_done,
+        prefix_tokens_saved=job.prefix_tokens_saved,
+        prompt_tokens=job.prompt_tokens,
+        completion_tokens=job.completion_tokens,
+        created_at=job.created_at,
+        in_progress_at=job.in_progress_at,
+        finished_at=job.finished_at,
+        error=pb.JobError(code=job.error_code, message=job.error_message)
+        if job.error_code
+        else None,
+        metadata=job.metadata,
+    )
+
+
+def queue_depth_to_pb(depth: QueueDepth) -> pb.QueueDepth:
+    return pb.QueueDepth(
+        groups_waiting=depth.waiting, groups_leased=depth.leased, depth=depth.depth
+    )

@@ -1,0 +1,134 @@
+"""SealJob: the end of a job's input. One call on one replica seals a job (a claim in Redis says
+which); the job is grouped and its groups queued, or it fails when its input is not a batch or
+lost lines. A second call waits for that seal and answers the job it left."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import grpc
+
+from prefixgrove.jobs.ingest import JobPlan, UploadCounts, job_error
+from prefixgrove.jobs.redis_store.schema import JobRecord, JobState
+from prefixgrove.jobs.redis_store.store import JobStore
+from prefixgrove.jobs.redis_store.uploads import Uploads, rebuild_plan
+from prefixgrove.planner.ingests import Ingests
+from prefixgrove.planner.job_messages import POLL_S, find_job, job_to_pb
+from prefixgrove.planner.metrics import PlannerMetrics
+from prefixgrove_proto import planner_pb2 as pb
+
+log = logging.getLogger(__name__)
+_STORE_WAIT_S = 10.0  # how long a seal waits for lines other streams took and still write
+_SEAL_WAIT_S = 30.0  # how long a second SealJob waits for the seal running elsewhere
+
+
+class Sealer:
+    """Seals jobs on this replica: notes which it seals right now, so a second call here waits."""
+
+    def __init__(
+        self, store: JobStore, uploads: Uploads, ingests: Ingests, metrics: PlannerMetrics
+    ) -> None:
+        self.store = store
+        self.uploads = uploads
+        self.ingests = ingests
+        self.metrics = metrics
+        self._sealing: set[str] = set()  # jobs this replica seals right now
+        self._lock = threading.Lock()
+
+    @property
+    def instance(self) -> str:
+        return self.ingests.instance
+
+    def seal(self, job_id: str, context: grpc.ServicerContext) -> pb.Job:
+        job = find_job(self.store, job_id, context)
+        if job.state != JobState.VALIDATING:
+            return job_to_pb(job, self.store)  # sealing twice is harmless
+        with self._lock:
+            busy = job.id in self._sealing
+            self._sealing.add(job.id)
+        if busy:
+            return job_to_pb(self._sealed_elsewhere(job.id, self.instance, context), self.store)
+        try:
+            claim = self.uploads.claim_seal(job.id, self.instance)
+            if claim.counts is None:
+                return job_to_pb(self._sealed_elsewhere(job.id, claim.holder, context), self.store)
+            self.store.claim_ingest(job.id, self.instance)  # if we stop now, others fail the job
+            self.metrics.job_sealed(job.id)
+            self._seal(job, claim.counts, context)
+        finally:
+            with self._lock:
+                self._sealing.discard(job.id)
+        return job_to_pb(find_job(self.store, job.id, context), self.store)
+
+    def _seal(self, job: JobRecord, counts: UploadCounts, context: grpc.ServicerContext) -> None:
+        """Groups the job and queues its groups; fails it (and the call) when its input is not
+        a batch or lost lines."""
+        error = job_error(counts)
+        if error is not None:
+            self.ingests.fail(job.id, *error)
+            code = (
+                grpc.StatusCode.FAILED_PRECONDITION
+                if error[0] == "empty_file"
+                else grpc.StatusCode.INVALID_ARGUMENT
+            )
+            context.abort(code, f"job {job.id} failed: {error[1]}")
+        if not self._all_lines_stored(job.id, counts.lines):
+            message = (
+                "lines of the input were taken but never stored (a planner stopped while it "
+                "took them); submit the job again"
+            )
+            self.ingests.fail(job.id, "ingest_interrupted", message)
+            context.abort(grpc.StatusCode.ABORTED, f"job {job.id} failed: {message}")
+        start = time.perf_counter()
+        plans, path = self._plan(job, counts.lines)
+        self.uploads.write_totals(job.id, counts)
+        if self.store.job_state(job.id) == JobState.VALIDATING:
+            self.store.queue_plans(job.id, plans)
+        else:
+            self.store.cancel(job.id)  # cancelled while streaming in: nothing to queue
+        self.ingests.end(job.id)
+        units = {model: len(plan.units) for model, plan in plans.items()}
+        saved = sum(plan.prefix_tokens_saved for plan in plans.values())
+        log.info("sealed job %s: units %s, %d tokens saved, grouped (%s) in %.2fs", job.id,
+                 units, saved, path, time.perf_counter() - start)  # fmt: skip
+
+    def _plan(self, job: JobRecord, lines: int) -> tuple[dict[str, JobPlan], str]:
+        """The job's plan per model, and how it was built: from this replica's indexes when
+        every request came through here, else from the request records in Redis."""
+        plans = self.ingests.cached_plan(job.id)
+        if plans is not None:
+            return plans, "cached index"
+        settings = self.ingests.settings
+        return rebuild_plan(self.uploads, job.id, lines, settings, job.model), "rebuilt index"
+
+    def _all_lines_stored(self, job_id: str, lines: int) -> bool:
+        """Waits a little for streams still writing lines they took before the seal."""
+        deadline = time.monotonic() + _STORE_WAIT_S
+        while self.uploads.stored(job_id) < lines:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(POLL_S / 5)
+        return True
+
+    def _sealed_elsewhere(
+        self, job_id: str, holder: str, context: grpc.ServicerContext
+    ) -> JobRecord:
+        """The job once the seal another call runs (here or on `holder`) has ended it."""
+        deadline = time.monotonic() + _SEAL_WAIT_S
+        while context.is_active() and time.monotonic() < deadline:
+            job = find_job(self.store, job_id, context)
+            if job.state != JobState.VALIDATING:
+                return job
+            if not holder:  # no upload open and no seal running: nothing will seal it
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"job {job_id} has no upload open to seal (its input is gone)",
+                )
+            time.sleep(POLL_S)
+        context.abort(
+            grpc.StatusCode.UNAVAILABLE,
+            f"job {job_id} is being sealed by planner {holder}; ask again",
+        )
+        raise AssertionError("abort raises")  # for the type checker
