@@ -498,7 +498,7 @@ def test_when_the_next_step_computes_outputs_alone_windows_take_the_forced_token
     job = (prompts * 4)[: len(params)]
     options = {"num_scheduler_steps": 8, "enable_prefix_grouping": grouping, "max_num_seqs": seats}
     windows = engine(SMOLLM2, **options)
-    requests, masker = windows.engine._requests, windows.engine.runner.masker
+    requests, masker = windows.engine.intake.requests, windows.engine.runner.masker
     forced_runs, seen = masker.forced_runs, []
 
     def recorded(*args, **kwargs):

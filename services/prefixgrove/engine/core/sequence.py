@@ -27,7 +27,9 @@ class Sequence:
     `block_table` belong to the group's prefix and are shared, not owned. `num_pending_tokens` counts
     tokens already sampled on the device whose ids the host has not seen yet (a step enqueued before
     the previous one's tokens came back): they count as tokens, and their ids reach the next step's
-    inputs on the device. `block_hashes` are the prefix cache's hashes of its leading full blocks.
+    inputs on the device. It and `num_resolved_in_flight` are written by `InFlightTokens`
+    (in_flight_tokens.py) alone. `block_hashes` are the prefix cache's hashes of its leading full
+    blocks.
     """
 
     seq_id: int
@@ -79,11 +81,6 @@ class Sequence:
     def num_generated(self) -> int:
         """Output tokens sampled so far, those still on their way to the host included."""
         return len(self.output_token_ids) + self.num_pending_tokens
-
-    @property
-    def awaits_last_token(self) -> bool:
-        """Its last token (max_tokens) is sampled and on its way: nothing more to compute for it."""
-        return self.num_pending_tokens > 0 and self.num_generated >= self.max_tokens
 
     @property
     def num_uncomputed(self) -> int:

@@ -3,6 +3,7 @@
 Decode-only batches replay CUDA graphs and may run a window of several steps without a CPU round trip: the
 sampled tokens are written straight into the next step's inputs on the device, positions, sequence lengths
 and cache slots advance there too, and each step's tokens stream back on a side stream while the GPU goes on.
+What it launched whose tokens the host has not seen yet (a step, or a window) is `in_flight.py`'s.
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 import torch
@@ -27,6 +26,7 @@ from ..sampling.prompt_logprobs import PromptSpan, prompt_spans, record_prompt_l
 from ..sampling.sampler import Sampler, SamplingBatch
 from ..structured.masks import StepMasker, TokenMask
 from .cuda_graphs import DecodeGraphs
+from .in_flight import DecodeWindow, InFlight, PendingStep, StepResult
 from .input_builder import InputBuilder, StepInputs
 from .step_timeline import StepTimeline, recorded_event
 
@@ -34,40 +34,6 @@ logger = logging.getLogger(__name__)
 
 _CPU_DEFAULT_CACHE_TOKENS = 65536
 _GRAPH_HEADROOM = 2 << 30  # bytes left free for CUDA graphs' pool and allocator slack
-StepResult = tuple[
-    list[ScheduledSeq], np.ndarray
-]  # rows in batch order, one host row per sampled seq
-
-
-@dataclass
-class DecodeWindow:
-    """Decode steps enqueued on the device for one batch, their tokens still on their way back."""
-
-    inputs: StepInputs  # the arena views the steps run on (advanced on the device step by step)
-    copies: list[tuple[torch.Tensor, torch.cuda.Event | None]]  # per step: host rows, copy done
-    # [num_rows] the last step's tokens, on the device: what a step enqueued behind the window takes
-    # as its rows' last tokens (as PendingStep.tokens)
-    tokens: torch.Tensor
-
-    @cached_property
-    def sampled_rows(self) -> dict[int, int]:
-        """seq_id -> its row (every row samples); built once, read once per row of the next step."""
-        return {item.seq.seq_id: i for i, item in enumerate(self.inputs.order)}
-
-
-@dataclass
-class PendingStep:
-    """One step on the device whose sampled tokens are still on their way back to the host."""
-
-    order: list[ScheduledSeq]  # the batch in row order
-    host: torch.Tensor | None  # host rows, one per sampling sequence (None: nothing sampled)
-    done: torch.cuda.Event | None  # the copy into `host` has landed
-    tokens: torch.Tensor | None  # [num_sampled] the sampled ids on the device (as floats)
-    sampled_rows: dict[int, int]  # seq_id -> its row among the sampled ones
-
-
-# A step or a window on the device whose sampled tokens the host has not seen yet.
-InFlight = PendingStep | DecodeWindow
 
 
 class ModelRunner:
