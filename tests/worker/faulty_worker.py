@@ -68,8 +68,8 @@ def main() -> None:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     settings = cfg.load(WorkerSettings, args)
-    worker = Worker(settings, make_engine(settings.model, cfg.load(EngineSettings, args)))
-    worker.engine = FaultyEngine(worker.engine, args.poison_token, args.fault)
+    engine = make_engine(settings.model, cfg.load(EngineSettings, args))
+    worker = Worker(settings, FaultyEngine(engine, args.poison_token, args.fault))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     worker.run(stop)

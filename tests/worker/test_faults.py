@@ -33,7 +33,7 @@ from prefixgrove.jobs.redis_store.schema import (
     ResultRecord,
 )
 from prefixgrove.jobs.redis_store.store import JobStore
-from prefixgrove.worker.runner import DIED_ALONE
+from prefixgrove.worker.isolation_policy import DIED_ALONE
 
 POISON = 3  # a token id no other prompt here holds
 SCRIPT = str(Path(__file__).with_name("faulty_worker.py"))

@@ -90,8 +90,8 @@ def test_a_worker_leases_what_its_engine_holds_and_no_more(
     queue_groups(store, groups=40, per_group=per_group, max_tokens=max_tokens)
     worker = Worker(WorkerSettings(redis_url=redis_server.url, model=MODEL), engine(**limits))
     worker.store.ensure_queue(MODEL)
-    worker._lease_more()
-    held = worker._held()
+    worker.leasing.lease_more()
+    held = worker.flights.held()
     capacity, scale = worker.budget.capacity, 1 + worker.budget.ahead
     max_requests, max_tokens_held = capacity.requests * scale, capacity.kv_tokens * scale
     group_tokens = 32 + per_group * (8 + max_tokens)

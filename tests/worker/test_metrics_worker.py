@@ -77,6 +77,21 @@ def queue_job(store: JobStore) -> str:
     return job.id
 
 
+def iterate_until_done(worker: Worker, store: JobStore, job_id: str) -> list[list[float]]:
+    """Runs the worker's loop until the job completes and the worker holds nothing (500 times at
+    most); returns the gauges (KV use, running, waiting) after each iteration."""
+    gauges = ("kv_cache_usage_ratio", "requests_running", "requests_waiting")
+    seen: list[list[float]] = []
+    for _ in range(500):
+        worker._iteration(taking=True)
+        registry = worker.metrics.registry
+        seen.append([registry.get_sample_value(f"prefixgrove_worker_{g}", {"model": SERVED})
+                     for g in gauges])  # fmt: skip
+        if store.job_state(job_id) == JobState.COMPLETED and not worker.flights:
+            break
+    return seen
+
+
 def test_a_worker_running_a_job_moves_its_counters_histograms_and_gauges(
     redis_server: RedisServer,
 ) -> None:
@@ -88,15 +103,7 @@ def test_a_worker_running_a_job_moves_its_counters_histograms_and_gauges(
     settings = WorkerSettings(redis_url=redis_server.url, model=MODEL, served_model_name=SERVED)
     worker = Worker(settings, LLMEngine(config))
     worker.store.ensure_queue(SERVED)
-    gauges = ("kv_cache_usage_ratio", "requests_running", "requests_waiting")
-    seen: list[list[float]] = []  # (KV use, running, waiting) after each iteration
-    for _ in range(500):
-        worker._iteration(taking=True)
-        registry = worker.metrics.registry
-        seen.append([registry.get_sample_value(f"prefixgrove_worker_{g}", {"model": SERVED})
-                     for g in gauges])  # fmt: skip
-        if store.job_state(job_id) == JobState.COMPLETED and not worker._inflight:
-            break
+    seen = iterate_until_done(worker, store, job_id)
     assert store.job_state(job_id) == JobState.COMPLETED
 
     port = free_port()
