@@ -17,6 +17,7 @@ from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import llguidance
 import llguidance.numpy as llnp
@@ -34,6 +35,8 @@ _AHEAD_BATCH = 16
 # states built ahead and not sampled yet, at most: a matcher and its first mask hold about 25 KB on
 # Llama 3's vocabulary, and a job of a million requests must not hold them all at once
 _AHEAD_LIMIT = 2048
+_Rows: TypeAlias = "Seq[GrammarState | None]"
+TokensFrom: TypeAlias = Callable[[int, int], Seq[int]]
 
 
 def default_builder_threads(device: torch.device) -> int:
@@ -234,28 +237,12 @@ class StepMasker:
             self._ahead += fresh
             self.stats.matchers_built_ahead += len(fresh)
 
-    def masks(
-        self,
-        states: Seq[GrammarState | None],
-        tokens_from: Callable[[int, int], Seq[int]],
-        produced: Seq[int],
-    ) -> TokenMask | None:
+    def masks(self, states: _Rows, tokens_from: TokensFrom, produced: Seq[int]) -> TokenMask | None:
         """The masks for rows whose state constrains. `produced[r]` is how many output tokens row r
         sampled before this step; `tokens_from(r, i)` returns those from the i-th on (called only
         for rows whose matcher has not consumed them all)."""
         start = time.perf_counter()
-        # Rows sampling for the first time build their matchers (on the builder threads) before the
-        # wait for the tokens in flight below, in time the host would spend waiting.
-        present = [s for s in states if s is not None]
-        self._build(present)
-        for s in present:
-            s.masked = True
-        behind = {
-            r: tokens_from(r, state.consumed)[: produced[r] - state.consumed]
-            for r, state in enumerate(states)
-            if state is not None and state.consumed < produced[r]
-        }
-        self._catch_up(states, behind)
+        self._catch_up(states, tokens_from, produced)
         rows = [r for r, state in enumerate(states) if state is not None and state.constrains]
         if not rows:
             self.stats.seconds += time.perf_counter() - start
@@ -263,6 +250,21 @@ class StepMasker:
         vocab = states[rows[0]].matcher_vocab  # type: ignore[union-attr]
         bitmask = llnp.allocate_token_bitmask(len(rows), vocab)
         bits = bitmask.view(np.uint32)
+        self._fill_rows(states, rows, bitmask, bits)
+        ends = self._allow_eos(states, rows, bits, vocab)
+        rows_at = to_device(np.array(rows, dtype=np.int64), self.device)
+        mask = TokenMask(rows_at, to_device(bitmask, self.device), ends)
+        if self.jump_forward:  # looked at later, off the step's critical path, for forced tokens
+            self._recent.append((bits, [(states[r], produced[r]) for r in rows]))  # type: ignore[misc]
+        self.stats.seconds += time.perf_counter() - start
+        self.stats.steps += 1
+        self.stats.rows += len(rows)
+        return mask
+
+    def _fill_rows(
+        self, states: _Rows, rows: list[int], bitmask: np.ndarray, bits: np.ndarray
+    ) -> None:
+        """Row i of `bits` (`bitmask` as uint32): next_bits kept for this step, else filled now."""
         to_fill = []
         for i, r in enumerate(rows):
             state = states[r]
@@ -277,6 +279,10 @@ class StepMasker:
         if to_fill:
             llnp.fill_next_token_bitmask_par(self.executor, to_fill, bitmask)
         self.stats.fill_seconds += time.perf_counter() - filling
+
+    @staticmethod
+    def _allow_eos(states: _Rows, rows: list[int], bits: np.ndarray, vocab: int) -> list[int]:
+        """Allows every EOS where a grammar is complete; the rows where only EOS may follow."""
         ends = []
         for i, r in enumerate(rows):
             state = states[r]
@@ -287,14 +293,7 @@ class StepMasker:
                     bits[i, t >> 5] |= np.uint32(1 << (t & 31))
                 if eos and int(np.bitwise_count(bits[i]).sum()) == len(eos):
                     ends.append(r)
-        rows_at = to_device(np.array(rows, dtype=np.int64), self.device)
-        mask = TokenMask(rows_at, to_device(bitmask, self.device), ends)
-        if self.jump_forward:  # looked at later, off the step's critical path, for forced tokens
-            self._recent.append((bits, [(states[r], produced[r]) for r in rows]))  # type: ignore[misc]
-        self.stats.seconds += time.perf_counter() - start
-        self.stats.steps += 1
-        self.stats.rows += len(rows)
-        return mask
+        return ends
 
     def _filled(self, states: Seq[GrammarState]) -> np.ndarray:
         """The next-token masks of `states`' matchers as they stand, a row each ([rows, words]
@@ -365,9 +364,20 @@ class StepMasker:
         # an accepting grammar also allows EOS (added to masks beside the matcher's own bits)
         return state.constrains and not state.matcher.is_accepting()
 
-    def _catch_up(self, states: Seq[GrammarState | None], behind: dict[int, Seq[int]]) -> None:
-        """Each row's matcher consumes its tokens in `behind`, in order; the k-th tokens of all rows
-        at once on llguidance's threads (a window's step adds one token to every row)."""
+    def _catch_up(self, states: _Rows, tokens_from: TokensFrom, produced: Seq[int]) -> None:
+        """Each row's matcher consumes, in order, the tokens sampled before this step: the k-th
+        of all rows at once on llguidance's threads (a window's step adds a token to every row)."""
+        # Rows sampling for the first time build their matchers (on the builder threads) before the
+        # wait for the tokens in flight below, in time the host would spend waiting.
+        present = [s for s in states if s is not None]
+        self._build(present)
+        for s in present:
+            s.masked = True
+        behind = {
+            r: tokens_from(r, state.consumed)[: produced[r] - state.consumed]
+            for r, state in enumerate(states)
+            if state is not None and state.consumed < produced[r]
+        }
         depth = max((len(tokens) for tokens in behind.values()), default=0)
         for k in range(depth):
             batch: list[tuple[llguidance.LLMatcher, int]] = []
