@@ -178,16 +178,18 @@ class WatchJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class StreamResultsRequest(_message.Message):
-    __slots__ = ("job_id", "offset", "kind", "follow")
+    __slots__ = ("job_id", "offset", "kind", "follow", "unanswered")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    UNANSWERED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     offset: int
     kind: ResultKind
     follow: bool
-    def __init__(self, job_id: _Optional[str] = ..., offset: _Optional[int] = ..., kind: _Optional[_Union[ResultKind, str]] = ..., follow: _Optional[bool] = ...) -> None: ...
+    unanswered: bool
+    def __init__(self, job_id: _Optional[str] = ..., offset: _Optional[int] = ..., kind: _Optional[_Union[ResultKind, str]] = ..., follow: _Optional[bool] = ..., unanswered: _Optional[bool] = ...) -> None: ...
 
 class ResultLine(_message.Message):
     __slots__ = ("index", "is_error", "line")

@@ -222,8 +222,12 @@ class PlannerClient:
         offset: int = 0,
         kind: pb.ResultKind = pb.RESULT_KIND_ALL,
         follow: bool = False,
+        unanswered: bool = False,
     ) -> Iterator[pb.ResultLine]:
-        request = pb.StreamResultsRequest(job_id=job_id, offset=offset, kind=kind, follow=follow)
+        """`unanswered`: a finished job's requests never answered come as error lines too."""
+        request = pb.StreamResultsRequest(
+            job_id=job_id, offset=offset, kind=kind, follow=follow, unanswered=unanswered
+        )
         return self._stream("StreamResults", request, None if follow else self._long())
 
     def download(self, job_id: str, output: Path, errors: Path) -> tuple[int, int]:

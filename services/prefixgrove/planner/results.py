@@ -8,8 +8,9 @@ from collections.abc import Iterator
 
 import grpc
 
-from prefixgrove.jobs.redis_store.schema import JobState, ResultRecord
+from prefixgrove.jobs.redis_store.schema import JobRecord, JobState, ResultRecord
 from prefixgrove.jobs.redis_store.store import JobStore
+from prefixgrove.jobs.request_errors import RequestError
 from prefixgrove.planner.job_messages import POLL_S, find_job
 from prefixgrove_proto import planner_pb2 as pb
 
@@ -38,11 +39,14 @@ def stream_results(
             return
         results = store.read_results(job.id, index, window)
         window = _next_window(results)
+        missing = _unanswered_lines(store, job, index, results) if request.unanswered else {}
         for result in results:
             if result is None:
                 if not job.state.terminal:
                     break
-                # never answered (a cancelled or failed job): nothing to send
+                # never answered (a cancelled or failed job): sent only when asked for
+                if index in missing and kind != pb.RESULT_KIND_OUTPUT:
+                    yield pb.ResultLine(index=index, is_error=True, line=missing[index])
             elif kind == pb.RESULT_KIND_ALL or result.is_error == (kind == pb.RESULT_KIND_ERROR):
                 yield pb.ResultLine(index=index, is_error=result.is_error, line=result.line)
             index += 1
@@ -51,6 +55,26 @@ def stream_results(
         if not request.follow:
             return
         time.sleep(POLL_S)
+
+
+def _unanswered_lines(
+    store: JobStore, job: JobRecord, start: int, results: list[ResultRecord | None]
+) -> dict[int, str]:
+    """The error line of each request of a finished job in `results` (from index `start`) that
+    was never answered; none while the job may still answer them."""
+    if not job.state.terminal:
+        return {}
+    indices = [start + i for i, result in enumerate(results) if result is None]
+    indices = [i for i in indices if i < job.total]
+    if job.state == JobState.CANCELLED:
+        code, message = "cancelled", "the job was cancelled before this request was answered"
+    else:
+        why = f" ({job.error_code}: {job.error_message})" if job.error_code else ""
+        code, message = "not_run", f"the job failed before this request was answered{why}"
+    ids = store.read_custom_ids(job.id, indices)
+    return {
+        i: RequestError(i, c, code, message).to_line() for i, c in zip(indices, ids, strict=True)
+    }
 
 
 def _next_window(results: list[ResultRecord | None]) -> int:

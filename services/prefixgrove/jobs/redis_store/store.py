@@ -294,6 +294,15 @@ class JobStore:
         blobs = self.r.hmget(JobKeys(job_id).results, fields)
         return [None if b is None else ResultRecord.decode(b) for b in blobs]  # type: ignore[union-attr,arg-type]
 
+    def read_custom_ids(self, job_id: str, indices: Sequence[int]) -> list[str | None]:
+        """The custom_id of each request at `indices`; None where the job holds no such request."""
+        if not indices:
+            return []
+        blobs: list[bytes | None] = self.r.hmget(  # type: ignore[assignment]
+            JobKeys(job_id).requests, [str(i) for i in indices]
+        )
+        return [None if b is None else schema.RequestRecord.decode(b).custom_id for b in blobs]
+
     def job_queue(self, job: JobRecord) -> QueueDepth:
         if job.state.terminal or job.groups_total == 0:
             return QueueDepth(0, 0)
