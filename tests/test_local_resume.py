@@ -4,6 +4,7 @@ interrupted run: the files end byte for byte as one uninterrupted run leaves the
 from __future__ import annotations
 
 import io
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,16 @@ from services_testbed import MAX_MODEL_LEN, MODEL, batch_line
 
 from prefixgrove.cli import main as cli
 from prefixgrove.engine_settings import EngineSettings
-from prefixgrove.jobs.ordered_writer import Answered, OrderedWriter, ResumeMismatch, answered_prefix
-from prefixgrove.local import RunSummary, run_local
+from prefixgrove.jobs.kept_answers import CHANGED, NO_FINGERPRINT
+from prefixgrove.jobs.ordered_writer import (
+    KEEP,
+    NOT_THEIRS,
+    Judged,
+    OrderedWriter,
+    ResumeMismatch,
+    read_back,
+)
+from prefixgrove.local import Rerun, RunSummary, run_local
 from prefixgrove.settings import IngestSettings
 
 # Two requests at a time: the job takes several engine steps, and finishes over several of them.
@@ -95,11 +104,12 @@ def test_lines_one_file_wrote_ahead_of_the_other_are_cut_back(tmp_path: Path) ->
     out.write_text("ok0\nok1\nok")
     err.write_text("bad3\n")
 
-    def belongs(index: int, line: str, failed: bool) -> bool:
-        return line == (f"bad{index}" if index == 3 else f"ok{index}") and failed == (index == 3)
+    def judge(index: int, line: str, failed: bool) -> Judged:
+        mine = line == (f"bad{index}" if index == 3 else f"ok{index}") and failed == (index == 3)
+        return KEEP if mine else NOT_THEIRS
 
-    assert answered_prefix(out, err, 5, belongs) == Answered(2, 2, 0)
-    assert (out.read_text(), err.read_text()) == ("ok0\nok1\n", "")
+    done = read_back(out, err, 5, judge)
+    assert (done.start, done.count, done.sizes, done.kept, done.stale) == (2, 2, (8, 0), {}, {})
 
 
 def test_answers_reach_the_files_while_the_run_is_still_going(tmp_path: Path) -> None:
@@ -156,3 +166,77 @@ def test_resume_without_an_output_file_runs_the_whole_job(
     assert cli(args) == 0
     assert '"skipped": 0' in capsys.readouterr().out
     assert lines_in(out) == 10
+
+
+def rewrite_lines(job: Path, new: dict[int, str]) -> None:
+    """Replaces the job's lines at these 0-based positions."""
+    lines = job.read_text().splitlines()
+    for index, line in new.items():
+        lines[index] = line
+    job.write_text("".join(line + "\n" for line in lines))
+
+
+def question(custom_id: str, prompt: str, max_tokens: int = 3) -> str:
+    return batch_line(custom_id, {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+
+
+def test_lines_whose_request_changed_run_again_and_the_rest_are_kept(tmp_path: Path) -> None:
+    """Same custom_ids, a new prompt on one line and a new max_tokens on another: those two run
+    again, the rest are kept, and the files end as a fresh run of the new input leaves them."""
+    job, out = write_job(tmp_path / "in.jsonl"), tmp_path / "resumed" / "out.jsonl"
+    run(job, out)
+    rewrite_lines(job, {1: question("c1", "another question"), 6: question("c5", "question 5", 5)})
+    summary = run(job, out, resume=True)
+    assert summary.rerun == (Rerun(2, "c1", CHANGED), Rerun(7, "c5", CHANGED))
+    assert (summary.skipped, summary.completed, summary.failed) == (8, 2, 0)
+    fresh = tmp_path / "fresh" / "out.jsonl"
+    run(job, fresh)
+    assert same_files(out, fresh)
+
+
+def test_a_line_fixed_since_it_failed_runs_and_one_broken_since_fails(tmp_path: Path) -> None:
+    job, out = write_job(tmp_path / "in.jsonl"), tmp_path / "resumed" / "out.jsonl"
+    run(job, out)
+    rewrite_lines(job, {3: question("fixed", "question 3"), 5: "{broken since"})
+    summary = run(job, out, resume=True)
+    assert summary.rerun == (
+        Rerun(4, "fixed", "was an error (invalid_json), now runs"),
+        Rerun(6, None, "now fails (invalid_json)"),  # a line that does not parse names none
+    )
+    fresh = tmp_path / "fresh" / "out.jsonl"
+    run(job, fresh)
+    assert same_files(out, fresh)
+
+
+def test_answers_written_without_a_request_fingerprint_run_again(tmp_path: Path) -> None:
+    """Output ids of earlier versions name the position and custom_id only (`batch_req_<h>`):
+    nothing ties such an answer to its request, so it is answered again."""
+    job, out = write_job(tmp_path / "in.jsonl"), tmp_path / "out.jsonl"
+    run(job, out)
+    answered = out.read_bytes()
+    old = [json.loads(line) for line in out.read_text().splitlines()]
+    for line in old:
+        line["id"] = line["id"][: len("batch_req_") + len(line["response"]["request_id"])]
+    out.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in old))
+    summary = run(job, out, resume=True)
+    assert [r.reason for r in summary.rerun] == [NO_FINGERPRINT] * 9
+    assert (summary.skipped, summary.completed) == (1, 9)  # the invalid line's error is kept
+    assert out.read_bytes() == answered
+
+
+def test_the_run_summary_names_each_line_run_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job, out = write_job(tmp_path / "in.jsonl"), tmp_path / "out.jsonl"
+    run(job, out)
+    rewrite_lines(job, {0: question("c0", "a new first question")})
+    args = ["run", str(job), "-o", str(out), "--model", MODEL, "--device", "cpu", "--dtype",
+            "float32", "--max-model-len", str(MAX_MODEL_LEN), "--resume"]  # fmt: skip
+    assert cli([*args, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["rerun"] == [{"line": 1, "custom_id": "c0", "reason": CHANGED}]
+    rewrite_lines(job, {0: question("c0", "and another one")})
+    assert cli(args) == 0
+    said = capsys.readouterr()
+    assert "1 answered before, run again: line 1 (c0): request changed" in said.out
+    assert "answered lines run again, their answers being stale: line 1 (c0)" in said.err

@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 import threading
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -213,7 +214,7 @@ def _note_defaults(parser: argparse.ArgumentParser) -> None:
 
 # --- local run ---------------------------------------------------------------------------------
 def _run(args: argparse.Namespace) -> int:
-    from prefixgrove.local import JobInputError, run_local
+    from prefixgrove.local import JobInputError, rerun_text, run_local
 
     check_input(args.input)
     ingest = cfg.load(IngestSettings, args)
@@ -233,7 +234,7 @@ def _run(args: argparse.Namespace) -> int:
         )
     except JobInputError as exc:
         raise ValueError(f"{exc.code}: {exc}") from None
-    info = {**summary.__dict__, "output": str(args.output), "errors": str(errors)}
+    info = {**asdict(summary), "output": str(args.output), "errors": str(errors)}
     if args.json:
         print(json.dumps(info))
     else:
@@ -241,6 +242,8 @@ def _run(args: argparse.Namespace) -> int:
         rate = ran / max(summary.seconds, 1e-9)
         if summary.skipped:
             print(f"{summary.skipped} of {summary.total} already answered, skipped")
+        if summary.rerun:
+            print(f"{len(summary.rerun)} answered before, run again: {rerun_text(summary.rerun)}")
         print(f"{summary.completed} completed, {summary.failed} failed of {summary.total} in "
               f"{summary.seconds:.1f}s ({rate:.1f} req/s); output {args.output}, errors {errors}")  # fmt: skip
     return 0
@@ -264,7 +267,7 @@ def _serve_worker(args: argparse.Namespace) -> int:
     settings = cfg.load(WorkerSettings, args)
     worker = Worker(settings, make_engine(settings.model, cfg.load(EngineSettings, args)))
     if settings.metrics_port:
-        worker.metrics.serve(settings.metrics_port)
+        worker.metrics.serve(settings.metrics_port, settings.host)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -4,26 +4,28 @@ lines as the planner and the workers.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
 from prefixgrove.engine_settings import EngineSettings
 from prefixgrove.grouping import PrefixGroup
+from prefixgrove.input_lines import line_batches
 from prefixgrove.jobs.ingest import JobIngestor, JobPlan
-from prefixgrove.jobs.ordered_writer import Answered, OrderedWriter, answered_prefix
-from prefixgrove.jobs.output_lines import request_hash, success_line
+from prefixgrove.jobs.kept_answers import ExpectedAnswers
+from prefixgrove.jobs.ordered_writer import OrderedWriter, Resumed, read_back
+from prefixgrove.jobs.output_lines import request_fingerprint, success_line
 from prefixgrove.jobs.request_errors import RequestError, engine_error
 from prefixgrove.jobs.requests import BatchRequest
 from prefixgrove.jobs.sampling_fields import sampling_kwargs
 from prefixgrove.jobs.tokenize import PromptTokenizer
+from prefixgrove.output_files import check_outputs, open_output
 from prefixgrove.settings import IngestSettings
 
 if TYPE_CHECKING:
@@ -45,6 +47,15 @@ class JobInputError(ValueError):
 
 
 @dataclass(frozen=True)
+class Rerun:
+    """A line an earlier run answered that this one ran again (--resume), and why."""
+
+    line: int  # 1-based, as people count the input's lines
+    custom_id: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
 class RunSummary:
     """What a local run did (the CLI prints it)."""
 
@@ -52,6 +63,7 @@ class RunSummary:
     completed: int  # by this run, as are failed and errors_by_code
     failed: int
     skipped: int  # answered by an earlier run (--resume); total = skipped + completed + failed
+    rerun: tuple[Rerun, ...]  # answered by an earlier run, but run again: their answers were stale
     prompt_tokens: int
     completion_tokens: int
     prefix_tokens_saved: int
@@ -61,16 +73,12 @@ class RunSummary:
     errors_by_code: dict[str, int]
 
 
-def read_lines(path: Path, chunk: int = _READ_LINES) -> Iterator[list[bytes]]:
-    with path.open("rb") as f:
-        lines: list[bytes] = []
-        for line in f:
-            lines.append(line.rstrip(b"\r\n"))
-            if len(lines) >= chunk:
-                yield lines
-                lines = []
-        if lines:
-            yield lines
+def read_lines(
+    path: Path, max_line_bytes: int, chunk: int = _READ_LINES
+) -> Iterator[list[bytes]]:
+    """The input's lines in batches, in bounded memory: a line over `max_line_bytes` is never
+    held whole (input_lines.py), and it fails alone as `line_too_large`."""
+    return line_batches(path, max_line_bytes, chunk)
 
 
 def run_local(
@@ -88,28 +96,34 @@ def run_local(
     """Runs the job, appending each answer to its file once every line before it is answered.
     engine: the engine's knobs, as `LLM(...)` and a worker take them; the job's context limit is
     ingest's max_model_len where set, else the engine's. resume: keep what the files already answer
-    of this input (ResumeMismatch if they answer another) and run the rest; otherwise they are
-    overwritten. served_model_name: the name lines call the model by (default: `model`); a line
-    naming another model is a `model_not_found` error, as a worker serving this model would
-    answer it.
+    of this input (ResumeMismatch if they answer another) and run the rest, and the lines whose
+    answer is stale (kept_answers.py); otherwise they are overwritten. An output path that is a
+    symbolic link is refused (OutputPathRefused) before anything runs. served_model_name: the
+    name lines call the model by (default: `model`); a line naming another model is a
+    `model_not_found` error, as a worker serving this model would answer it.
 
     Each phase logs its progress on logger prefixgrove.run (at most every progress_every_s) and
     its end: loading the tokenizer and the model, reading and tokenizing the lines, grouping
     them, and (when use_tqdm is False: no bar shows it) decoding."""
     start = time.perf_counter()
+    check_outputs(output_path, errors_path)
     engine = engine.replace(max_model_len=ingest.max_model_len or engine.max_model_len)
     name = served_model_name or model
     ingestor = _ingestor(model, name, ingest, engine)
     requests, errors = _read_job(ingestor, input_path, progress_every_s)
-    done = Answered(0, 0, 0)
-    if resume:
-        done = _resume_point(output_path, errors_path, ingestor.total, requests, errors)
     plan = _plan(ingestor, name)
     llm = _load(model, engine)
-    todo = [item for item in _runnable(llm, requests, errors) if item[0].index >= done.count]
-    failures = [e for e in errors if e.index >= done.count]
-    with _open(output_path, resume) as out, _open(errors_path, resume) as err:
-        writer = OrderedWriter(out, err, done.count)
+    runnable = _runnable(llm, requests, errors)
+    done, reruns = Resumed(), ()
+    if resume:  # once the engine said which requests it refuses: their error lines are known
+        done, reruns = _resume(output_path, errors_path, ingestor.total, runnable, errors)
+    todo = [item for item in runnable if done.runs(item[0].index)]
+    failures = [e for e in errors if done.runs(e.index)]
+    with (
+        open_output(output_path, done.sizes[0]) as out,
+        open_output(errors_path, done.sizes[1]) as err,
+    ):
+        writer = OrderedWriter(out, err, done.start, done.kept)
         for e in failures:
             writer.put(e.index, e.to_line(), failed=True)
         writer.flush()
@@ -121,7 +135,8 @@ def run_local(
         total=ingestor.total,
         completed=writer.written[0],
         failed=writer.written[1],
-        skipped=done.count,
+        skipped=done.skipped,
+        rerun=reruns,
         prompt_tokens=ingestor.prompt_tokens,
         completion_tokens=completion_tokens,
         prefix_tokens_saved=plan.prefix_tokens_saved,
@@ -156,39 +171,45 @@ def _load(model: str, engine: EngineSettings) -> LLM:
     return llm
 
 
-def _resume_point(
+def _resume(
     output: Path,
     errors: Path,
     total: int,
-    requests: list[tuple[BatchRequest, Any]],
+    runnable: list[tuple[BatchRequest, list[int], SamplingParams]],
     failed: list[RequestError],
-) -> Answered:
-    """How much of the job the files already answer (cut to whole lines of this job)."""
-    by_index: dict[int, BatchRequest | RequestError] = {e.index: e for e in failed}
-    by_index.update((request.index, request) for request, _ in requests)
-
-    def belongs(index: int, line: str, is_error: bool) -> bool:
-        item = by_index[index]
-        if isinstance(item, RequestError):  # known before any run: the very same line
-            return is_error and line == item.to_line()
-        if not is_error:
-            return line.startswith(f'{{"id": "batch_req_{request_hash(index, item.custom_id)}", ')
-        try:  # the engine refused it, or its output line failed
-            error = json.loads(line)
-            named = error["custom_id"]
-            return named == item.custom_id or (
-                named is None and error["error"]["code"] == "output_failed"
+) -> tuple[Resumed, tuple[Rerun, ...]]:
+    """What the files already answer of this job (cut to whole lines of it), and the lines they
+    answered that run again, their answers being stale."""
+    expected = ExpectedAnswers(
+        runs={
+            request.index: (
+                request.custom_id,
+                request_fingerprint(request.endpoint, request.params, ids, request.model),
             )
-        except (ValueError, TypeError, KeyError):
-            return False
-
-    done = answered_prefix(output, errors, total, belongs)
+            for request, ids, _ in runnable
+        },
+        fails={e.index: e for e in failed},
+    )
+    done = read_back(output, errors, total, expected.judge)
+    reruns = tuple(
+        Rerun(index + 1, expected.custom_id(index), why) for index, why in done.stale.items()
+    )
     if done.count:
-        log.info(
-            "resuming: %d of %d lines already answered (%d in %s, %d in %s); running the rest",
-            done.count, total, done.completed, output, done.failed, errors,
-        )  # fmt: skip
-    return done
+        log.info("resuming: %d of %d lines already answered in %s and %s; running the rest",
+                 done.skipped, total, output, errors)  # fmt: skip
+    if reruns:
+        log.warning("resuming: %d answered lines run again, their answers being stale: %s",
+                    len(reruns), rerun_text(reruns))  # fmt: skip
+    return done, reruns
+
+
+def rerun_text(reruns: tuple[Rerun, ...], most: int = 20) -> str:
+    """`line 4 (c3): request changed; ...`, the first `most` of them and how many more."""
+    text = "; ".join(
+        f"line {r.line}{'' if r.custom_id is None else f' ({r.custom_id})'}: {r.reason}"
+        for r in reruns[:most]
+    )
+    return text + (f"; and {len(reruns) - most} more" if len(reruns) > most else "")
 
 
 class _Every:
@@ -218,7 +239,7 @@ def _read_job(
     errors: list[RequestError] = []
     progress.info("reading and tokenizing %s", path)
     start, due, count = time.perf_counter(), _Every(every_s), 0
-    for lines in read_lines(path, _READ_LINES):
+    for lines in read_lines(path, ingestor.settings.max_line_bytes, _READ_LINES):
         batch = ingestor.add(lines)
         requests.extend(batch.requests)
         errors.extend(batch.errors)
@@ -350,8 +371,3 @@ def _engine_groups(plan: JobPlan, lines: list[int]) -> list[PrefixGroup]:
         if unit.prefix_len and len(members) >= 2:
             groups.append(PrefixGroup(unit.prefix_len, members))
     return groups
-
-
-def _open(path: Path, append: bool) -> BinaryIO:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path.open("ab" if append else "wb")

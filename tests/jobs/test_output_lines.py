@@ -76,7 +76,8 @@ def test_every_success_line_is_an_openai_batch_line(answered: tuple[dict, dict])
     assert _body(answered, "chat-json")["choices"][0]["message"]["content"].startswith("{")
     for custom_id, line in outputs.items():
         h = request_hash(REQUESTS.index(next(r for r in REQUESTS if r[0] == custom_id)), custom_id)
-        assert line["id"] == f"batch_req_{h}" and line["error"] is None
+        assert line["id"].startswith(f"batch_req_{h}") and line["error"] is None
+        assert len(line["id"]) == len(f"batch_req_{h}") + 16  # and the request's fingerprint
         assert line["response"]["status_code"] == 200 and line["response"]["request_id"] == h
 
 

@@ -3,20 +3,20 @@ and picked up again after an interruption.
 
 The rule that makes a resume safe: line i of the job reaches a file only once every line before it
 has reached one, so the files always answer a prefix of the job. A kill can leave a torn last line,
-and one file a flush ahead of the other; `answered_prefix` repairs both and refuses files that do
-not answer this job.
+and one file a flush ahead of the other; `read_back` cuts both back to whole lines of that prefix
+and refuses files that do not answer this job. Within the prefix, an answer whose request changed
+since (the judge says which) is answered again: the files are cut before the first of them, and
+the answers kept after it are written again in their turn.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-# belongs(index, line, failed): could `line` of the output file (failed=False) or of the error
-# file (failed=True) be the answer to the job's line `index`?
-Belongs = Callable[[int, str, bool], bool]
+from prefixgrove.output_files import read_output
 
 
 class ResumeMismatch(ValueError):
@@ -24,24 +24,59 @@ class ResumeMismatch(ValueError):
 
 
 @dataclass(frozen=True)
-class Answered:
-    """The job's lines 0..count-1 are answered by the files' first `completed` output lines and
-    first `failed` error lines."""
+class Judged:
+    """What a line of the files is to one line of the job."""
 
-    count: int
-    completed: int
-    failed: int
+    theirs: bool  # it answers that line: the same position and custom_id
+    stale: str = ""  # why that answer cannot be kept (its request changed...); "" keeps it
+
+
+NOT_THEIRS = Judged(False)
+KEEP = Judged(True)
+
+# judge(index, line, failed): what `line` of the output file (failed=False) or of the error file
+# (failed=True) is to the job's line `index`
+Judge = Callable[[int, str, bool], Judged]
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """How a resumed run takes up what an earlier one wrote: each file keeps its first `sizes`
+    bytes, which answer the job's lines 0..start-1; `kept` holds the answers of later lines that
+    are kept all the same (written again in their turn); the lines in `stale` (with why) and
+    those from `count` on run."""
+
+    start: int = 0
+    count: int = 0
+    sizes: tuple[int, int] = (0, 0)
+    kept: dict[int, tuple[str, bool]] = field(default_factory=dict)  # index: (line, failed)
+    stale: dict[int, str] = field(default_factory=dict)
+
+    def runs(self, index: int) -> bool:
+        return index >= self.count or index in self.stale
+
+    @property
+    def skipped(self) -> int:
+        """Lines answered by the earlier run and kept."""
+        return self.count - len(self.stale)
 
 
 class OrderedWriter:
     """Holds finished lines until every line before them is answered, then appends them to their
-    file; `flush` writes what is ready and flushes both files, so a kill leaves whole lines."""
+    file; `flush` writes what is ready and flushes both files, so a kill leaves whole lines.
+    `kept`: answers of an earlier run (Resumed.kept), written in their turn but not counted."""
 
-    def __init__(self, output: BinaryIO, errors: BinaryIO, start: int = 0) -> None:
+    def __init__(
+        self,
+        output: BinaryIO,
+        errors: BinaryIO,
+        start: int = 0,
+        kept: dict[int, tuple[str, bool]] | None = None,
+    ) -> None:
         self._files = (output, errors)
         self._next = start  # the first line index not yet written
-        self._held: dict[int, tuple[str, bool]] = {}
-        self.written = [0, 0]  # output lines, error lines written by this writer
+        self._held = {i: (line, failed, False) for i, (line, failed) in (kept or {}).items()}
+        self.written = [0, 0]  # output lines, error lines this run answered and wrote
 
     @property
     def next_index(self) -> int:
@@ -50,44 +85,66 @@ class OrderedWriter:
     def put(self, index: int, line: str, failed: bool = False) -> None:
         if index < self._next or index in self._held:
             raise ValueError(f"line {index} was already answered")
-        self._held[index] = (line, failed)
+        self._held[index] = (line, failed, True)
 
     def flush(self) -> None:
         while self._next in self._held:
-            line, failed = self._held.pop(self._next)
+            line, failed, counted = self._held.pop(self._next)
             self._files[failed].write(line.encode("utf-8") + b"\n")
-            self.written[failed] += 1
+            self.written[failed] += counted
             self._next += 1
         for f in self._files:
             f.flush()
 
 
-def answered_prefix(output: Path, errors: Path, total: int, belongs: Belongs) -> Answered:
-    """Reads back what an earlier run wrote for a job of `total` lines, cuts both files to the lines
-    that answer a prefix of it (a torn last line, or lines one file wrote ahead of the other), and
-    says how far that prefix goes; raises ResumeMismatch when the files answer another job."""
-    outs, errs = _whole_lines(output), _whole_lines(errors)
-    done = completed = failed = 0
-    while done < total:
-        if completed < len(outs) and belongs(done, outs[completed], False):
-            completed += 1
-        elif failed < len(errs) and belongs(done, errs[failed], True):
-            failed += 1
-        else:
+def read_back(output: Path, errors: Path, total: int, judge: Judge) -> Resumed:
+    """Reads back what an earlier run wrote for a job of `total` lines: how far the answered
+    prefix goes (a torn last line, or lines one file wrote ahead of the other, are left out),
+    which of its answers are stale, and where to cut the files; raises ResumeMismatch when the
+    files answer another job. Changes nothing on disk."""
+    files = (_whole_lines(output), _whole_lines(errors))
+    taken = [0, 0]  # lines of each file read as answers
+    cut: tuple[int, int] | None = None  # lines of each file before the first stale answer
+    kept: dict[int, tuple[str, bool]] = {}
+    stale: dict[int, str] = {}
+    start = index = 0
+    while index < total:
+        found = _answer(index, files, taken, judge)
+        if found is None:
             break
-        done += 1
-    _check_ahead(output, outs[completed:], completed, done, total, belongs, False)
-    _check_ahead(errors, errs[failed:], failed, done, total, belongs, True)
-    _truncate(output, outs[:completed])
-    _truncate(errors, errs[:failed])
-    return Answered(done, completed, failed)
+        failed, verdict = found
+        line = files[failed][taken[failed]]
+        if verdict.stale:
+            stale[index] = verdict.stale
+            if cut is None:
+                cut, start = (taken[0], taken[1]), index
+        elif cut is not None:
+            kept[index] = (line, failed)
+        taken[failed] += 1
+        index += 1
+    for failed, path in enumerate((output, errors)):
+        _check_ahead(path, files[failed][taken[failed] :], taken[failed], index, total, judge,
+                     bool(failed))  # fmt: skip
+    lines = cut or (taken[0], taken[1])
+    sizes = (_size(files[0][: lines[0]]), _size(files[1][: lines[1]]))
+    return Resumed(index if cut is None else start, index, sizes, kept, stale)
+
+
+def _answer(
+    index: int, files: tuple[list[str], list[str]], taken: list[int], judge: Judge
+) -> tuple[bool, Judged] | None:
+    """Which file's next line answers line `index` (False: the output file), and how."""
+    for failed in (False, True):
+        if taken[failed] < len(files[failed]):
+            verdict = judge(index, files[failed][taken[failed]], failed)
+            if verdict.theirs:
+                return failed, verdict
+    return None
 
 
 def _whole_lines(path: Path) -> list[str]:
     """The file's complete lines (a last line without its newline is torn, so dropped)."""
-    if not path.exists():
-        return []
-    data = path.read_bytes()
+    data = read_output(path)
     # NOTE: split on b"\n" alone: a JSON line may hold U+2028 and other breaks that splitlines cuts.
     lines = data.split(b"\n")[:-1]
     try:
@@ -97,12 +154,12 @@ def _whole_lines(path: Path) -> list[str]:
 
 
 def _check_ahead(
-    path: Path, lines: list[str], kept: int, start: int, total: int, belongs: Belongs, failed: bool
+    path: Path, lines: list[str], kept: int, start: int, total: int, judge: Judge, failed: bool
 ) -> None:
     """Lines past the answered prefix are only acceptable as answers to later lines, in order."""
     index = start
     for number, line in enumerate(lines, kept + 1):
-        while index < total and not belongs(index, line, failed):
+        while index < total and not judge(index, line, failed).theirs:
             index += 1
         if index == total:
             raise ResumeMismatch(
@@ -113,9 +170,5 @@ def _check_ahead(
         index += 1
 
 
-def _truncate(path: Path, kept: list[str]) -> None:
-    if not path.exists():
-        return
-    size = sum(len(line.encode("utf-8")) + 1 for line in kept)
-    with path.open("r+b") as f:
-        f.truncate(size)
+def _size(lines: list[str]) -> int:
+    return sum(len(line.encode("utf-8")) + 1 for line in lines)

@@ -1,12 +1,16 @@
 """A finished request -> its OpenAI Batch output line; a refused one -> its error line. The worker
 and the local run both write these, so one input gives the same lines either way: no wall-clock
-fields, and ids derive from the request's position and custom_id.
+fields, and ids derive from the request's position and custom_id (`<h>`) and, in a success line,
+from the request as it ran (`<f>`: its fingerprint).
 
 A success line is what OpenAI's Batch API writes, its body a ChatCompletion or a Completion that
 the `openai` package's types accept strictly (tests/jobs/test_output_lines.py checks them):
 
-  {"id": "batch_req_<h>", "custom_id": ..., "error": null,
+  {"id": "batch_req_<h><f>", "custom_id": ..., "error": null,
    "response": {"status_code": 200, "request_id": "<h>", "body": <chat.completion | text_completion>}}
+
+A resumed `prefixgrove run` keeps a success line only while `<f>` is the fingerprint of the line's
+request now, so an answer never outlives a change to the request it answers.
 
 An error line: {"id": "batch_req_<h>", "custom_id": ..., "response": null,
 "error": {"code": ..., "message": ...}}.
@@ -16,7 +20,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 if TYPE_CHECKING:  # the shared job model imports no engine; these are only types
     from prefixgrove.engine.sampling.outputs import CompletionOutput, RequestOutput
@@ -31,6 +38,19 @@ def request_hash(index: int, custom_id: str | None) -> str:
     # what fails a request after all its tokens were generated.
     key = f"{index}:{custom_id or ''}".encode("utf-8", "surrogatepass")
     return hashlib.blake2b(key, digest_size=12).hexdigest()
+
+
+def request_fingerprint(
+    endpoint: str, params: dict[str, Any], prompt_token_ids: Sequence[int], model: str | None
+) -> str:
+    """What the engine was asked, canonical: the endpoint, the prompt's token ids (after any
+    truncation), the sampling settings and the body's model. Two bodies that differ only in how
+    they are written (key order, spacing, 1 or 1.0) ask the same; any change that can change the
+    answer changes it."""
+    head = json.dumps([endpoint, model, params], sort_keys=True, separators=(",", ":"))
+    digest = hashlib.blake2b(head.encode("utf-8", "surrogatepass"), digest_size=8)
+    digest.update(np.asarray(prompt_token_ids, dtype="<i8").tobytes())
+    return digest.hexdigest()
 
 
 def served_model_name(model: str) -> str:
@@ -65,6 +85,7 @@ def success_line(
     The body names the request's `model` when it gave one, else the served `model` (named as
     `served_model_name` says)."""
     h = request_hash(index, custom_id)
+    fingerprint = request_fingerprint(endpoint, params, out.prompt_token_ids, requested_model)
     top = int(params.get("logprobs") or 0)
     choices = [_choice(c, endpoint, tokenizer, top) for c in out.outputs]
     prompt_tokens = len(out.prompt_token_ids)
@@ -85,7 +106,7 @@ def success_line(
         },
     }
     line = {
-        "id": f"batch_req_{h}",
+        "id": f"batch_req_{h}{fingerprint}",
         "custom_id": custom_id,
         "response": {"status_code": 200, "request_id": h, "body": body},
         "error": None,
