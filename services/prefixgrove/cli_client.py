@@ -39,6 +39,10 @@ def submit(args: argparse.Namespace) -> int:
     client = _client(args)
     if args.wait and args.output is None:
         raise ValueError("--wait needs -o OUTPUT")
+    if args.wait:  # before the job exists: a path that would be refused submits nothing
+        from prefixgrove.planner.download import check_paths
+
+        check_paths(args.output, errors_path(args))
     job = client.submit_file(args.input, args.model, args.idempotency_key)
     _show(job, args.json)
     if not args.wait:
@@ -77,17 +81,25 @@ def results(args: argparse.Namespace) -> int:
 def _download(client: Any, job: Any, args: argparse.Namespace) -> int:
     download = _Download(client, job.id, args)
     download.run()
+    if download.failure is None:
+        job = client.get(job.id)  # the download followed it to its end
     return download.report(job, args)
 
 
+def errors_path(args: argparse.Namespace) -> Path:
+    """--errors, else OUTPUT with .errors.jsonl."""
+    return args.errors or args.output.with_name(args.output.stem + ".errors.jsonl")
+
+
 class _Download(threading.Thread):
-    """A job's results into its output and error files (resumable: see PlannerClient.download),
-    on a thread of its own so that `submit --wait` writes them while the job runs."""
+    """A job's results into its output and error files (resumable, and never through a link:
+    see planner/download.py), on a thread of its own so that `submit --wait` writes them while
+    the job runs."""
 
     def __init__(self, client: Any, job_id: str, args: argparse.Namespace) -> None:
         super().__init__(name="download", daemon=True)
         self.client, self.job_id, self.output = client, job_id, args.output
-        self.errors = args.errors or args.output.with_name(args.output.stem + ".errors.jsonl")
+        self.errors = errors_path(args)
         self.counts: tuple[int, int] | None = None
         self.failure: BaseException | None = None
 

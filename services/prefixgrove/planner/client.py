@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -18,6 +16,8 @@ from typing import Any
 
 import grpc
 
+from prefixgrove.output_files import replaced
+from prefixgrove.planner.download import download as download_results
 from prefixgrove.planner.security import channel
 from prefixgrove.settings import MAX_LINE_BYTES_LIMIT, SecuritySettings
 from prefixgrove_proto import planner_pb2 as pb
@@ -231,52 +231,26 @@ class PlannerClient:
         return self._stream("StreamResults", request, None if follow else self._long())
 
     def download(self, job_id: str, output: Path, errors: Path) -> tuple[int, int]:
-        """Follows the job, writing its output and error files. An interrupted download resumes
-        where it stopped: `<output>.offset` names the job and holds the next input index and both
-        files' sizes; a marker of another job is refused (ValueError), never resumed from."""
-        marker = output.with_name(output.name + ".offset")
-        offset, sizes = 0, (0, 0)
-        if marker.exists() and output.exists() and errors.exists():
-            offset, sizes = _resume_point(marker, job_id)
-        counts = [0, 0]
-        with (
-            output.open("ab" if offset else "wb") as out,
-            errors.open("ab" if offset else "wb") as err,
-        ):
-            out.truncate(sizes[0])
-            err.truncate(sizes[1])
-            for n, line in enumerate(self.results(job_id, offset, pb.RESULT_KIND_ALL, follow=True)):
-                (err if line.is_error else out).write(line.line.encode() + b"\n")
-                counts[line.is_error] += 1
-                if n % 1000 == 999:
-                    out.flush()
-                    err.flush()
-                    marker.write_text(f"{job_id} {line.index + 1} {out.tell()} {err.tell()}")
-        marker.unlink(missing_ok=True)
-        return counts[0], counts[1]
+        """Follows the job, writing its output and error files (download.py); returns the lines
+        each holds. An interrupted download goes on where it can verify what it wrote, else starts
+        over; a marker of another job is refused (ValueError), a link at any path too."""
+
+        def results(offset: int) -> Iterator[pb.ResultLine]:
+            return self.results(job_id, offset, pb.RESULT_KIND_ALL, follow=True)
+
+        return download_results(results, job_id, output, errors)
 
     def write_results(self, job_id: str, output: Path, errors: Path) -> tuple[int, int]:
         """Writes the outputs and the errors of a finished job, in input order, each file replaced
-        whole so a retry never leaves a half-written one; returns (outputs, errors) written.
-
-        Each file is written to a temporary file the call creates itself in the same folder (never
-        an existing path, so a link planted there redirects nothing) and renamed over `path` (which
-        replaces a link at `path` rather than writing through it)."""
+        whole so a retry never leaves a half-written one; returns (outputs, errors) written. A
+        link at `output` or `errors` is replaced, its target untouched (output_files.replaced)."""
         written = []
         for kind, path in ((pb.RESULT_KIND_OUTPUT, output), (pb.RESULT_KIND_ERROR, errors)):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, partial = tempfile.mkstemp(
-                dir=path.parent, prefix=f".{path.name}.", suffix=".partial"
-            )
             count = 0
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as out:
-                    for line in self.results(job_id, 0, kind):
-                        out.write(line.line + "\n")
-                        count += 1
-                os.replace(partial, path)
-            finally:
-                Path(partial).unlink(missing_ok=True)
+            with replaced(path) as out:
+                for line in self.results(job_id, 0, kind):
+                    out.write(line.line.encode() + b"\n")
+                    count += 1
             written.append(count)
         return written[0], written[1]
 
@@ -327,17 +301,3 @@ def _translate(exc: grpc.RpcError, method: str) -> PlannerError:
     if code in _RETRYABLE:
         return PlannerUnavailable(code, message)
     return PlannerRejected(code, message)
-
-
-def _resume_point(marker: Path, job_id: str) -> tuple[int, tuple[int, int]]:
-    """(next input index, (output size, errors size)) from an interrupted download of `job_id`."""
-    fields = marker.read_text().split()
-    if len(fields) != 4 or not all(f.isdigit() for f in fields[1:]):
-        raise ValueError(f"{marker} is not a download marker: delete it to start the download over")
-    if fields[0] != job_id:
-        raise ValueError(
-            f"{marker} belongs to an interrupted download of job {fields[0]}, not {job_id}: "
-            f"finish that one, or delete the marker to write job {job_id} over its files"
-        )
-    offset, out_size, err_size = (int(f) for f in fields[1:])
-    return offset, (out_size, err_size)
