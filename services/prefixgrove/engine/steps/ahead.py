@@ -2,10 +2,10 @@
 enqueued behind the work in flight before the host has seen that work's tokens, and the host then
 waits for and takes in the earlier tokens while the device runs the new batch.
 
-A request whose last token is in flight gives its slot and blocks back when the batch is enqueued:
-whatever reuses them is enqueued behind that batch. Its tokens still on their way are counted by
-`InFlightTokens`; their ids reach the next step's inputs on the device (`ModelRunner.launch`'s
-`feed`).
+A request that ends while work in flight still computes a row for it (its last token is on the
+way, or the tokens taken in after a launch stop it) gives its slot and blocks back at once: whatever
+could reuse them is enqueued behind that work. Tokens on their way are counted on each request by `InFlightTokens`; their ids reach the
+next step's inputs on the device (`ModelRunner.launch`'s `feed`).
 """
 
 from __future__ import annotations
