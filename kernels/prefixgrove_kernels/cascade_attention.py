@@ -24,7 +24,14 @@ import triton
 import triton.language as tl
 
 from prefixgrove_kernels import checks
-from prefixgrove_kernels.launch import CascadeMetadata, KernelLaunch, PagedMetadata, SuffixChunks
+from prefixgrove_kernels.launch import (
+    CascadeMetadata,
+    KernelLaunch,
+    PagedMetadata,
+    PrefixCall,
+    SuffixChunks,
+    takes_arguments_of,
+)
 from prefixgrove_kernels.merge_states import (
     merge_attention_states,
     merge_attention_states_ref,
@@ -49,6 +56,7 @@ from prefixgrove_kernels.paged_attention import (
     tile_tier,
 )
 from prefixgrove_kernels.reference_math import attend, fp8_query_values, gather_keys
+from prefixgrove_kernels.segments import find_owner, search_segments, segment_begin
 
 __all__ = [
     "SuffixChunks",
@@ -59,31 +67,6 @@ __all__ = [
 ]
 
 MAX_SPLITS = 16
-
-
-@triton.jit
-def segment_begin(cu_ptr, j, num_groups, num_tokens):
-    """Row where segment j begins: segment 0 is [0, cu[0]), j in 1..num_groups is group j - 1,
-    segment num_groups + 1 is [cu[num_groups], num_tokens); j = num_groups + 2 ends it all."""
-    inside = (j >= 1) & (j <= num_groups + 1)
-    begin = tl.load(cu_ptr + j - 1, mask=inside, other=0)
-    return tl.where(j > num_groups + 1, num_tokens, begin)
-
-
-@triton.jit
-def find_group_segment(cu_ptr, tile_idx, num_groups, num_tokens, BLOCK_Q: tl.constexpr):
-    """The segment (as in segment_begin) owning global row tile tile_idx, where segment j's tiles
-    start at segment_begin(j) // BLOCK_Q + j."""
-    lo: tl.int32 = 0
-    hi = num_groups + 2
-    while lo < hi:
-        mid = (lo + hi) // 2
-        start = segment_begin(cu_ptr, mid, num_groups, num_tokens) // BLOCK_Q + mid
-        if start <= tile_idx:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo - 1
 
 
 @triton.jit
@@ -102,26 +85,12 @@ def group_row_tile(
     kv_head = pid % num_kv_heads
     split = (pid // num_kv_heads) % num_splits
     tile_idx = pid // (num_kv_heads * num_splits)
-    segment = find_group_segment(group_cu_ptr, tile_idx, num_groups, num_rows, BLOCK_Q)
+    segment = search_segments(group_cu_ptr, tile_idx, num_groups, num_rows, BLOCK_Q, True)
     seg_begin = segment_begin(group_cu_ptr, segment, num_groups, num_rows)
     seg_len = segment_begin(group_cu_ptr, segment + 1, num_groups, num_rows) - seg_begin
     q_tile = tile_idx - (seg_begin // BLOCK_Q + segment)
     is_group = (segment >= 1) & (segment <= num_groups)
     return kv_head, split, seg_begin, seg_len, q_tile, segment - 1, is_group
-
-
-@triton.jit
-def find_owner(cu_ptr, token, num_seqs):
-    """The sequence owning a query token: the largest s with cu[s] <= token."""
-    lo: tl.int32 = 0
-    hi = num_seqs
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if tl.load(cu_ptr + mid) <= token:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo - 1
 
 
 @triton.jit
@@ -355,22 +324,12 @@ def default_num_splits(
 
 
 def _check_prefix_args(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    groups: CascadeMetadata,
-    scale: float,
-    suffix_chunks: SuffixChunks | None,
-    kernel: bool = True,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
+    call: PrefixCall, kernel: bool = True
 ) -> tuple[int, int, int, tuple[torch.Tensor, torch.Tensor]]:
     """Validates on the host; returns (num_groups, GQA ratio, suffix chunks' sequences or 0, the
     launch's scale arguments: `checks.kv_scale_args`). kernel: as `checks.check_queries`."""
-    checks.check_queries(q, kernel)
-    group = checks.check_kv_cache(q, k_cache, v_cache)
-    scales = checks.kv_scale_args(q.device, k_cache, k_scale, v_scale)
-    checks.check_scale(scale)
+    group, scales = checks.check_attention_call(call, kernel)
+    q, groups, suffix_chunks = call.q, call.groups, call.suffix_chunks
     num_groups = checks.check_segments(
         q, "group_cu_q", groups.group_cu_q, {"group_prefix_lens": groups.group_prefix_lens},
         "group_block_tables", groups.group_block_tables, "max_group_q", groups.max_group_q,
@@ -389,9 +348,8 @@ def _check_prefix_args(
     return num_groups, group, num_seqs, scales
 
 
-def _outputs(
-    q: torch.Tensor, out: torch.Tensor | None, out_lse: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _outputs(call: PrefixCall) -> tuple[torch.Tensor, torch.Tensor]:
+    q, out, out_lse = call.q, call.out, call.out_lse
     if out is None:
         out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     if out_lse is None:
@@ -425,18 +383,16 @@ def _prefix_options(
     return options
 
 
+@takes_arguments_of(PrefixCall)
 def prefix_attention_launches(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, groups: CascadeMetadata, *,
-    scale: float, out: torch.Tensor | None = None, out_lse: torch.Tensor | None = None,
-    num_splits: int | None = None, suffix_chunks: SuffixChunks | None = None,
-    tile_rows: int | None = None, k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-) -> tuple[list[KernelLaunch], torch.Tensor, torch.Tensor]:  # fmt: skip
+    *args: Any, **kwargs: Any
+) -> tuple[list[KernelLaunch], torch.Tensor, torch.Tensor]:
     """Checks the arguments and plans the launches `prefix_attention` makes, with its outputs."""
-    num_groups, group, num_seqs, scales = _check_prefix_args(
-        q, k_cache, v_cache, groups, scale, suffix_chunks, True, k_scale, v_scale
-    )
-    out, out_lse = _outputs(q, out, out_lse)
+    call = PrefixCall(*args, **kwargs)
+    num_groups, group, num_seqs, scales = _check_prefix_args(call)
+    out, out_lse = _outputs(call)
+    q, k_cache, groups, suffix_chunks = call.q, call.k_cache, call.groups, call.suffix_chunks
+    num_splits = call.num_splits
     if suffix_chunks is not None:
         # A suffix chunk's own keys follow its prefix in one program's online softmax.
         if num_splits not in (None, 1):
@@ -444,7 +400,7 @@ def prefix_attention_launches(
         num_splits = 1
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    tile_rows = groups.max_group_q if tile_rows is None else tile_rows
+    tile_rows = groups.max_group_q if call.tile_rows is None else call.tile_rows
     block_m, block_n = _tile_shape(head_dim, q.element_size(), group, tile_rows)
     block_q = block_m // group
     if num_splits is None:
@@ -461,10 +417,10 @@ def prefix_attention_launches(
     # Without suffix chunks their pointers are never read: tensors of the call stand in.
     chunks_out, chunks = suffix_chunks or (part_o, _stand_in_seqs(groups))
     args = (
-        q, k_cache, v_cache, *scales, part_o, part_lse,
+        q, k_cache, call.v_cache, *scales, part_o, part_lse,
         groups.group_cu_q, groups.group_prefix_lens, groups.group_block_tables,
         chunks_out, chunks.cu_seqlens_q, chunks.seq_lens, chunks.kv_start, chunks.block_tables,
-        num_groups, num_tokens, num_heads, num_splits, num_seqs, scale * LOG2E,
+        num_groups, num_tokens, num_heads, num_splits, num_seqs, call.scale * LOG2E,
         q.stride(0), q.stride(1), *cache_strides(k_cache), groups.group_block_tables.stride(0),
         chunks_out.stride(0), chunks_out.stride(1), chunks.block_tables.stride(0),
     )  # fmt: skip
@@ -486,13 +442,8 @@ def _stand_in_seqs(groups: CascadeMetadata) -> PagedMetadata:
     )
 
 
-def prefix_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, groups: CascadeMetadata, *,
-    scale: float, out: torch.Tensor | None = None, out_lse: torch.Tensor | None = None,
-    num_splits: int | None = None, suffix_chunks: SuffixChunks | None = None,
-    tile_rows: int | None = None, k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+@takes_arguments_of(PrefixCall)
+def prefix_attention(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Non-causal attention of every group's query rows over the group's whole prefix.
 
     q: [num_tokens, num_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size,
@@ -515,30 +466,21 @@ def prefix_attention(
     chunks' prefix state and a pass of programs over their few hundred own keys (one split only).
     The grid depends on host ints only, so the call can be captured in a CUDA graph.
     """
-    launches, out, out_lse = prefix_attention_launches(
-        q, k_cache, v_cache, groups, scale=scale, out=out, out_lse=out_lse,
-        num_splits=num_splits, suffix_chunks=suffix_chunks, tile_rows=tile_rows, k_scale=k_scale,
-        v_scale=v_scale,
-    )  # fmt: skip
+    launches, out, out_lse = prefix_attention_launches(*args, **kwargs)
     for launch in launches:
         launch.run()
     return out, out_lse
 
 
-def prefix_attention_ref(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, groups: CascadeMetadata, *,
-    scale: float, out: torch.Tensor | None = None, out_lse: torch.Tensor | None = None,
-    num_splits: int | None = None, suffix_chunks: SuffixChunks | None = None,
-    tile_rows: int | None = None, k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+@takes_arguments_of(PrefixCall)
+def prefix_attention_ref(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Torch version of `prefix_attention` (same contract), one group at a time in fp32; suffix
     chunks are finished by the paged kernel's reference over the prefix state (the merge the
     kernel's one online softmax is equal to)."""
-    num_groups, _, _, _ = _check_prefix_args(
-        q, k_cache, v_cache, groups, scale, suffix_chunks, False, k_scale, v_scale
-    )
-    out, out_lse = _outputs(q, out, out_lse)
+    call = PrefixCall(*args, **kwargs)
+    num_groups, _, _, _ = _check_prefix_args(call, kernel=False)
+    out, out_lse = _outputs(call)
+    q, k_cache, v_cache, groups = call.q, call.k_cache, call.v_cache, call.groups
     cu = groups.group_cu_q.tolist()
     prefix_lens = groups.group_prefix_lens.tolist()
     queries = fp8_query_values(q) if k_cache.dtype == checks.FP8_KV_DTYPE else q
@@ -546,28 +488,18 @@ def prefix_attention_ref(
         if cu[g + 1] == cu[g] or prefix_lens[g] == 0:
             continue
         table = groups.group_block_tables[g]
-        k, v = gather_keys(k_cache, v_cache, table, 0, prefix_lens[g], k_scale, v_scale)
+        k, v = gather_keys(k_cache, v_cache, table, 0, prefix_lens[g], call.k_scale, call.v_scale)
         allowed = torch.ones(cu[g + 1] - cu[g], k.shape[0], dtype=torch.bool, device=q.device)
         out[cu[g] : cu[g + 1]], out_lse[cu[g] : cu[g + 1]] = attend(
-            queries[cu[g] : cu[g + 1]], k, v, scale, allowed
+            queries[cu[g] : cu[g + 1]], k, v, call.scale, allowed
         )
-    if suffix_chunks is not None:
-        _finish_suffix_chunks_ref(
-            q, k_cache, v_cache, scale, suffix_chunks, out, out_lse, k_scale, v_scale
-        )
+    if call.suffix_chunks is not None:
+        _finish_suffix_chunks_ref(call, call.suffix_chunks, out, out_lse)
     return out, out_lse
 
 
 def _finish_suffix_chunks_ref(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    scale: float,
-    chunks: SuffixChunks,
-    prefix_out: torch.Tensor,
-    prefix_lse: torch.Tensor,
-    k_scale: torch.Tensor | None,
-    v_scale: torch.Tensor | None,
+    call: PrefixCall, chunks: SuffixChunks, prefix_out: torch.Tensor, prefix_lse: torch.Tensor
 ) -> None:
     """The suffix chunks' rows of chunks.out: the suffix pass over their own keys, merged with
     their prefix state, one suffix chunk at a time."""
@@ -588,7 +520,7 @@ def _finish_suffix_chunks_ref(
             kv_start=seqs.kv_start[s : s + 1],
         )
         paged_attention_ref(
-            q[rows], k_cache, v_cache, chunks.out[rows], one, scale=scale,
-            prefix_out=prefix_out[rows], prefix_lse=prefix_lse[rows], k_scale=k_scale,
-            v_scale=v_scale,
+            call.q[rows], call.k_cache, call.v_cache, chunks.out[rows], one, scale=call.scale,
+            prefix_out=prefix_out[rows], prefix_lse=prefix_lse[rows], k_scale=call.k_scale,
+            v_scale=call.v_scale,
         )  # fmt: skip

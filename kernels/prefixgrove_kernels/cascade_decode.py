@@ -20,6 +20,8 @@ length or 0 without one, block_tables) and the groups' CascadeMetadata.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -31,7 +33,7 @@ from prefixgrove_kernels.cascade_attention import (
     group_row_tile,
     num_sms,
 )
-from prefixgrove_kernels.launch import CascadeMetadata, KernelLaunch, PagedMetadata
+from prefixgrove_kernels.launch import DecodeCall, KernelLaunch, takes_arguments_of
 from prefixgrove_kernels.merge_states import reduce_splits_launch
 from prefixgrove_kernels.paged_attention import (
     LOG2E,
@@ -237,24 +239,13 @@ def _cascade_decode_kernel(
 
 
 def _check_args(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    out: torch.Tensor,
-    meta: PagedMetadata,
-    groups: CascadeMetadata,
-    scale: float,
-    kernel: bool = True,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
+    call: DecodeCall, kernel: bool = True
 ) -> tuple[int, int, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Validates on the host; returns (num_groups, GQA ratio, kv_start, the launch's scale
     arguments: `checks.kv_scale_args`). kernel: as `checks.check_queries`."""
-    checks.check_queries(q, kernel)
-    group = checks.check_kv_cache(q, k_cache, v_cache)
-    scales = checks.kv_scale_args(q.device, k_cache, k_scale, v_scale)
-    checks.check_output("out", out, q, q.dtype, contiguous=False)
-    checks.check_scale(scale)
+    group, scales = checks.check_attention_call(call, kernel)
+    q, meta, groups = call.q, call.meta, call.groups
+    checks.check_output("out", call.out, q, q.dtype, contiguous=False)
     if meta.kv_start is None:
         raise ValueError("cascade decode needs meta.kv_start (each sequence's first own key)")
     num_seqs = q.shape[0]  # one query row per sequence
@@ -301,15 +292,13 @@ def _default_num_splits(q: torch.Tensor, programs: int, block_m: int) -> int:
     return splits
 
 
-def cascade_decode_attention_launches(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
-    meta: PagedMetadata, groups: CascadeMetadata, *, scale: float, num_splits: int | None = None,
-    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-) -> list[KernelLaunch]:  # fmt: skip
+@takes_arguments_of(DecodeCall)
+def cascade_decode_attention_launches(*args: Any, **kwargs: Any) -> list[KernelLaunch]:
     """Checks the arguments and plans the launches `cascade_decode_attention` makes."""
-    num_groups, group, kv_start, scales = _check_args(
-        q, k_cache, v_cache, out, meta, groups, scale, True, k_scale, v_scale
-    )
+    call = DecodeCall(*args, **kwargs)
+    num_groups, group, kv_start, scales = _check_args(call)
+    q, k_cache, out, meta, groups = call.q, call.k_cache, call.out, call.meta, call.groups
+    num_splits = call.num_splits
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     block_q, block_m, block_n = _tile_shape(head_dim, q.element_size(), group, groups.max_group_q)
@@ -325,9 +314,9 @@ def cascade_decode_attention_launches(
     else:
         part_o, part_lse = out, meta.seq_lens  # unused
     args = (
-        q, k_cache, v_cache, *scales, out, part_o, part_lse, meta.seq_lens, kv_start, meta.block_tables,
-        groups.group_cu_q, groups.group_prefix_lens, groups.group_block_tables,
-        num_groups, num_seqs, num_heads, num_splits, scale * LOG2E,
+        q, k_cache, call.v_cache, *scales, out, part_o, part_lse, meta.seq_lens, kv_start,
+        meta.block_tables, groups.group_cu_q, groups.group_prefix_lens, groups.group_block_tables,
+        num_groups, num_seqs, num_heads, num_splits, call.scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), *cache_strides(k_cache),
         meta.block_tables.stride(0), groups.group_block_tables.stride(0),
     )  # fmt: skip
@@ -345,11 +334,8 @@ def cascade_decode_attention_launches(
     return launches
 
 
-def cascade_decode_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
-    meta: PagedMetadata, groups: CascadeMetadata, *, scale: float, num_splits: int | None = None,
-    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-) -> None:  # fmt: skip
+@takes_arguments_of(DecodeCall)
+def cascade_decode_attention(*args: Any, **kwargs: Any) -> None:
     """Decode attention with shared prefixes, in one pass; writes `out`.
 
     q, out: [num_seqs, num_heads, head_dim], one query row per sequence, at position
@@ -363,24 +349,18 @@ def cascade_decode_attention(
     splits each program's key stream; by default it is picked from the SM count. The grid depends
     on host ints only, so the call can be captured in a CUDA graph.
     """
-    launches = cascade_decode_attention_launches(
-        q, k_cache, v_cache, out, meta, groups, scale=scale, num_splits=num_splits,
-        k_scale=k_scale, v_scale=v_scale,
-    )  # fmt: skip
-    for launch in launches:
+    for launch in cascade_decode_attention_launches(*args, **kwargs):
         launch.run()
 
 
-def cascade_decode_attention_ref(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
-    meta: PagedMetadata, groups: CascadeMetadata, *, scale: float, num_splits: int | None = None,
-    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-) -> None:  # fmt: skip
+@takes_arguments_of(DecodeCall)
+def cascade_decode_attention_ref(*args: Any, **kwargs: Any) -> None:
     """Torch version of `cascade_decode_attention` (same contract), one sequence at a time in fp32:
     softmax attention over [prefix keys ; own keys]."""
-    num_groups, _, kv_start, _ = _check_args(
-        q, k_cache, v_cache, out, meta, groups, scale, False, k_scale, v_scale
-    )
+    call = DecodeCall(*args, **kwargs)
+    num_groups, _, kv_start, _ = _check_args(call, kernel=False)
+    q, k_cache, v_cache, meta, groups = call.q, call.k_cache, call.v_cache, call.meta, call.groups
+    k_scale, v_scale = call.k_scale, call.v_scale
     cu = groups.group_cu_q.tolist()
     prefix_lens = groups.group_prefix_lens.tolist()
     lens, starts = meta.seq_lens.tolist(), kv_start.tolist()
@@ -395,5 +375,5 @@ def cascade_decode_attention_ref(
             k_p, v_p = gather_keys(k_cache, v_cache, table, 0, prefix_lens[g], k_scale, v_scale)
             k, v = torch.cat([k_p, k]), torch.cat([v_p, v])
         allowed = torch.ones(1, k.shape[0], dtype=torch.bool, device=q.device)
-        o, _ = attend(queries[s : s + 1], k, v, scale, allowed)
-        out[s] = o[0].to(out.dtype)
+        o, _ = attend(queries[s : s + 1], k, v, call.scale, allowed)
+        call.out[s] = o[0].to(call.out.dtype)

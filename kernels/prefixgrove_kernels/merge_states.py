@@ -6,12 +6,14 @@ a standalone kernel (the unfused fallback).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
 
 from prefixgrove_kernels import checks
-from prefixgrove_kernels.launch import KernelLaunch
+from prefixgrove_kernels.launch import KernelLaunch, takes_arguments_of
 from prefixgrove_kernels.reference_math import merge_states
 
 
@@ -147,23 +149,14 @@ def merge_attention_states_launch(
     )
 
 
-def merge_attention_states(
-    o_a: torch.Tensor,
-    lse_a: torch.Tensor,
-    o_b: torch.Tensor,
-    lse_b: torch.Tensor,
-    *,
-    out: torch.Tensor | None = None,
-    out_lse: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@takes_arguments_of(merge_attention_states_launch)
+def merge_attention_states(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention over the union of two disjoint key sets from the results over each.
 
     o_a, o_b: [num_tokens, num_heads, head_dim] (same dtype); lse_a, lse_b: [num_tokens,
     num_heads] fp32, natural log, -inf for an empty key set. Returns (o, lse); o has o_a's dtype.
     """
-    launch, out, out_lse = merge_attention_states_launch(
-        o_a, lse_a, o_b, lse_b, out=out, out_lse=out_lse
-    )
+    launch, out, out_lse = merge_attention_states_launch(*args, **kwargs)
     if launch is not None:
         launch.run()
     return out, out_lse

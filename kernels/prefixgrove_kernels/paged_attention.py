@@ -35,29 +35,15 @@ import triton.language as tl
 from prefixgrove_kernels import checks
 from prefixgrove_kernels.checks import FP8_MAX, MIN_SCALE
 from prefixgrove_kernels.fp8_quant import row_scale
-from prefixgrove_kernels.launch import KernelLaunch, PagedMetadata
+from prefixgrove_kernels.launch import KernelLaunch, PagedCall, takes_arguments_of
 from prefixgrove_kernels.merge_states import merge_pair
 from prefixgrove_kernels.reference_math import attend, fp8_query_values, gather_keys, merge_states
 from prefixgrove_kernels.rotary import to_e4m3
+from prefixgrove_kernels.segments import search_segments
 
 LOG2E = 1.4426950408889634
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _MIN_SCALE = tl.constexpr(MIN_SCALE)
-
-
-@triton.jit
-def find_segment(cu_ptr, tile_idx, num_segments, BLOCK_Q: tl.constexpr):
-    """Largest s with cu[s] // BLOCK_Q + s <= tile_idx: the segment owning a global query tile."""
-    lo: tl.int32 = 0
-    hi = num_segments
-    while lo < hi:
-        mid = (lo + hi) // 2
-        start = tl.load(cu_ptr + mid) // BLOCK_Q + mid
-        if start <= tile_idx:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo - 1
 
 
 @triton.jit
@@ -313,7 +299,7 @@ def _paged_attention_kernel(
         seq = tile_idx // tiles_per_seq
         q_tile = tile_idx % tiles_per_seq
     else:
-        seq = find_segment(cu_q_ptr, tile_idx, num_seqs, BLOCK_Q)
+        seq = search_segments(cu_q_ptr, tile_idx, num_seqs, 0, BLOCK_Q, False)
         q_tile = tile_idx - (tl.load(cu_q_ptr + seq) // BLOCK_Q + seq)
     q_begin = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_begin
@@ -430,30 +416,18 @@ def _tile_shape(head_dim: int, elem_bytes: int, group: int, max_query_len: int) 
 
 
 def check_paged_attention_args(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    out: torch.Tensor,
-    meta: PagedMetadata,
-    scale: float,
-    prefix_out: torch.Tensor | None,
-    prefix_lse: torch.Tensor | None,
-    kernel: bool = True,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
+    call: PagedCall, kernel: bool = True
 ) -> tuple[int, int, tuple[torch.Tensor, torch.Tensor]]:
     """Validates everything on the host; returns (num_seqs, GQA ratio, the launch's scale
     arguments: `checks.kv_scale_args`). kernel: as `checks.check_queries`."""
-    checks.check_queries(q, kernel)
-    group = checks.check_kv_cache(q, k_cache, v_cache)
-    scales = checks.kv_scale_args(q.device, k_cache, k_scale, v_scale)
-    checks.check_output("out", out, q, q.dtype, contiguous=False)
-    checks.check_scale(scale)
+    group, scales = checks.check_attention_call(call, kernel)
+    q, meta = call.q, call.meta
+    checks.check_output("out", call.out, q, q.dtype, contiguous=False)
     num_seqs = checks.check_segments(
         q, "cu_seqlens_q", meta.cu_seqlens_q, {"seq_lens": meta.seq_lens, "kv_start": meta.kv_start},
         "block_tables", meta.block_tables, "max_query_len", meta.max_query_len,
     )  # fmt: skip
-    checks.check_state(q, "prefix_out", prefix_out, "prefix_lse", prefix_lse)
+    checks.check_state(q, "prefix_out", call.prefix_out, "prefix_lse", call.prefix_lse)
     return num_seqs, group, scales
 
 
@@ -478,22 +452,18 @@ def cache_strides(k_cache: torch.Tensor) -> tuple[int, int, int]:
     return k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)
 
 
-def paged_attention_launch(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
-    meta: PagedMetadata, *, scale: float, prefix_out: torch.Tensor | None = None,
-    prefix_lse: torch.Tensor | None = None, skip_suffix_chunks: bool = False,
-    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-) -> KernelLaunch | None:  # fmt: skip
+@takes_arguments_of(PagedCall)
+def paged_attention_launch(*args: Any, **kwargs: Any) -> KernelLaunch | None:
     """Checks the arguments and plans the launch `paged_attention` makes (None: nothing to do)."""
-    num_seqs, group, scales = check_paged_attention_args(
-        q, k_cache, v_cache, out, meta, scale, prefix_out, prefix_lse, True, k_scale, v_scale
-    )
+    call = PagedCall(*args, **kwargs)
+    num_seqs, group, scales = check_paged_attention_args(call)
+    q, k_cache, out, meta, prefix_out = call.q, call.k_cache, call.out, call.meta, call.prefix_out
     kv_start = meta.kv_start
     if prefix_out is not None and kv_start is None:
         raise ValueError(
             "prefix_out needs kv_start (the state merges into sequences with kv_start > 0)"
         )
-    if skip_suffix_chunks and kv_start is None:
+    if call.skip_suffix_chunks and kv_start is None:
         raise ValueError("skip_suffix_chunks needs kv_start (suffix chunks are grouped sequences)")
     num_tokens, _, head_dim = q.shape
     if num_tokens == 0 or num_seqs == 0 or meta.max_query_len == 0:
@@ -505,13 +475,13 @@ def paged_attention_launch(
     direct = num_seqs * tiles_per_seq <= searched_tiles
     grid = (num_seqs * tiles_per_seq if direct else searched_tiles, k_cache.shape[2])
     args = (
-        q, k_cache, v_cache, *scales, out,
+        q, k_cache, call.v_cache, *scales, out,
         prefix_out if prefix_out is not None else out,
-        prefix_lse if prefix_lse is not None else meta.seq_lens,
+        call.prefix_lse if call.prefix_lse is not None else meta.seq_lens,
         meta.cu_seqlens_q, meta.seq_lens,
         kv_start if kv_start is not None else meta.seq_lens,
-        meta.block_tables, num_seqs, tiles_per_seq if direct else 0, int(skip_suffix_chunks),
-        q.shape[1], scale * LOG2E,
+        meta.block_tables, num_seqs, tiles_per_seq if direct else 0, int(call.skip_suffix_chunks),
+        q.shape[1], call.scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         *cache_strides(k_cache), meta.block_tables.stride(0),
     )  # fmt: skip
@@ -531,12 +501,8 @@ def paged_attention_launch(
     return KernelLaunch(_paged_attention_kernel, grid, args, options)
 
 
-def paged_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
-    meta: PagedMetadata, *, scale: float, prefix_out: torch.Tensor | None = None,
-    prefix_lse: torch.Tensor | None = None, skip_suffix_chunks: bool = False,
-    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-) -> None:  # fmt: skip
+@takes_arguments_of(PagedCall)
+def paged_attention(*args: Any, **kwargs: Any) -> None:
     """Causal attention of each sequence's new queries over its paged keys; writes `out`.
 
     q, out: [num_tokens, num_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size,
@@ -549,33 +515,26 @@ def paged_attention(
     with kv_start > 0 and more than one query: see `prefix_attention`'s suffix_chunks) are left as
     they are. The grid depends on host ints only, so the call can be captured in a CUDA graph.
     """
-    launch = paged_attention_launch(
-        q, k_cache, v_cache, out, meta, scale=scale, prefix_out=prefix_out,
-        prefix_lse=prefix_lse, skip_suffix_chunks=skip_suffix_chunks, k_scale=k_scale,
-        v_scale=v_scale,
-    )  # fmt: skip
+    launch = paged_attention_launch(*args, **kwargs)
     if launch is not None:
         launch.run()
 
 
-def paged_attention_ref(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
-    meta: PagedMetadata, *, scale: float, prefix_out: torch.Tensor | None = None,
-    prefix_lse: torch.Tensor | None = None, skip_suffix_chunks: bool = False,
-    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-) -> None:  # fmt: skip
+@takes_arguments_of(PagedCall)
+def paged_attention_ref(*args: Any, **kwargs: Any) -> None:
     """Torch version of `paged_attention` (same contract), one sequence at a time in fp32 (an FP8
     cache dequantized: `reference_math.dequantize_kv`)."""
-    num_seqs, _, _ = check_paged_attention_args(
-        q, k_cache, v_cache, out, meta, scale, prefix_out, prefix_lse, False, k_scale, v_scale
-    )
+    call = PagedCall(*args, **kwargs)
+    num_seqs, _, _ = check_paged_attention_args(call, kernel=False)
+    q, k_cache, v_cache, out, meta = call.q, call.k_cache, call.v_cache, call.out, call.meta
+    k_scale, v_scale = call.k_scale, call.v_scale
     cu = meta.cu_seqlens_q.tolist()
     lens = meta.seq_lens.tolist()
     starts = meta.kv_start.tolist() if meta.kv_start is not None else [0] * num_seqs
     queries = fp8_query_values(q) if k_cache.dtype == checks.FP8_KV_DTYPE else q
     for s in range(num_seqs):
         q_len = cu[s + 1] - cu[s]
-        if q_len == 0 or (skip_suffix_chunks and is_suffix_chunk_host(starts[s], q_len)):
+        if q_len == 0 or (call.skip_suffix_chunks and is_suffix_chunk_host(starts[s], q_len)):
             continue
         seq_len, lo = lens[s], starts[s]
         k, v = gather_keys(k_cache, v_cache, meta.block_tables[s], lo, seq_len, k_scale, v_scale)
@@ -583,7 +542,7 @@ def paged_attention_ref(
         key_pos = torch.arange(lo, seq_len, device=q.device)
         allowed = key_pos[None, :] <= positions[:, None]
         rows = slice(cu[s], cu[s + 1])
-        o, lse = attend(queries[rows], k, v, scale, allowed)
-        if prefix_out is not None and prefix_lse is not None and lo > 0:
-            o, _ = merge_states(prefix_out[rows].float(), prefix_lse[rows], o, lse)
+        o, lse = attend(queries[rows], k, v, call.scale, allowed)
+        if call.prefix_out is not None and call.prefix_lse is not None and lo > 0:
+            o, _ = merge_states(call.prefix_out[rows].float(), call.prefix_lse[rows], o, lse)
         out[rows] = o.to(out.dtype)

@@ -21,7 +21,7 @@ import triton.language as tl
 from prefixgrove_kernels import checks
 from prefixgrove_kernels.checks import FP8_KV_DTYPE
 from prefixgrove_kernels.fp8_quant import ROW_SCALE_OPTIONS, quantize_rows_ref, row_scale
-from prefixgrove_kernels.launch import KernelLaunch
+from prefixgrove_kernels.launch import KernelLaunch, takes_arguments_of
 from prefixgrove_kernels.rotary import to_e4m3
 
 NORM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -263,17 +263,15 @@ def rms_norm_fp8_launch(
     return plan, q, scale, residual_out
 
 
+@takes_arguments_of(rms_norm_fp8_launch)
 def rms_norm_fp8(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    residual: torch.Tensor | None = None,
+    *args: Any, **kwargs: Any
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """`rms_norm`'s output as an FP8 linear layer takes it: (e4m3 values [rows, hidden], float32
     scales [rows, 1], x + residual or None), the bytes `quantize_rows(rms_norm(...))` writes.
 
     x: [rows, hidden], unit last stride, row stride free; weight: [hidden] in x's dtype."""
-    launch, q, scale, residual_out = rms_norm_fp8_launch(x, weight, eps, residual)
+    launch, q, scale, residual_out = rms_norm_fp8_launch(*args, **kwargs)
     if launch is not None:
         launch.run()
     return q, scale, residual_out

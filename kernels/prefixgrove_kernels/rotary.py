@@ -13,6 +13,7 @@ even), after the rotated key is rounded to k's dtype as the unfused path rounds 
 
 from __future__ import annotations
 
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import torch
@@ -20,7 +21,7 @@ import triton
 import triton.language as tl
 
 from prefixgrove_kernels import checks
-from prefixgrove_kernels.launch import KernelLaunch
+from prefixgrove_kernels.launch import KernelLaunch, takes_arguments_of
 from prefixgrove_kernels.reference_math import quantize_kv
 
 ROTARY_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -29,6 +30,25 @@ POSITION_DTYPES = (torch.int32, torch.int64)
 MIN_HEAD_DIM = 8
 # Elements (heads x half head_dim) one tile holds.
 TILE_ELEMENTS = 2048
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class RotaryToCacheCall:
+    """`apply_rotary_to_cache`'s arguments (see there), which its launch planner and its torch
+    reference take too."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    positions: torch.Tensor
+    cos_sin: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    slots: torch.Tensor
+    _: KW_ONLY
+    q_out: torch.Tensor | None = None
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
 
 
 @triton.jit
@@ -60,54 +80,37 @@ def _to_dst(x, like, scale, dst_ptr):
 
 
 @triton.jit
-def _rotate_heads(
+def _write_heads(
     src_ptr,  # [tokens, heads, HEAD_DIM] of one token's row, already offset
     dst_ptr,
     num_heads,
     src_stride_h,
     dst_stride_h,
-    cos,  # [HALF] fp32
+    cos,  # [WIDTH] fp32 (ROTATE only)
     sin,
     scale,  # with an FP8 dst: what it stores is x / scale
     BLOCK_H: tl.constexpr,
-    HALF: tl.constexpr,
+    WIDTH: tl.constexpr,  # ROTATE: half the head (one half at a time); else the whole head
+    ROTATE: tl.constexpr,  # rotate the two halves by cos and sin; else copy as it is
 ):
-    dims = tl.arange(0, HALF)
+    dims = tl.arange(0, WIDTH)
     for h0 in range(0, num_heads, BLOCK_H):
         heads = h0 + tl.arange(0, BLOCK_H)
         mask = (heads < num_heads)[:, None]
         src = src_ptr + heads[:, None] * src_stride_h + dims[None, :]
-        x1_in = tl.load(src, mask=mask, other=0.0)
-        x1 = x1_in.to(tl.float32)
-        x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
-        o1 = x1 * cos[None, :] - x2 * sin[None, :]
-        o2 = x2 * cos[None, :] + x1 * sin[None, :]
-        dst = dst_ptr + heads[:, None] * dst_stride_h + dims[None, :]
-        tl.store(dst, _to_dst(o1, x1_in, scale, dst_ptr), mask=mask)
-        tl.store(dst + HALF, _to_dst(o2, x1_in, scale, dst_ptr), mask=mask)
-
-
-@triton.jit
-def _copy_heads(
-    src_ptr,
-    dst_ptr,
-    num_heads,
-    src_stride_h,
-    dst_stride_h,
-    scale,  # with an FP8 dst: what it stores is x / scale
-    BLOCK_H: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-):
-    dims = tl.arange(0, HEAD_DIM)
-    for h0 in range(0, num_heads, BLOCK_H):
-        heads = h0 + tl.arange(0, BLOCK_H)
-        mask = (heads < num_heads)[:, None]
-        x = tl.load(src_ptr + heads[:, None] * src_stride_h + dims[None, :], mask=mask)
-        dst = dst_ptr + heads[:, None] * dst_stride_h + dims[None, :]
-        if dst_ptr.dtype.element_ty == tl.float8e4nv:
-            tl.store(dst, to_e4m3(x.to(tl.float32), scale), mask=mask)
+        if ROTATE:
+            x1_in = tl.load(src, mask=mask, other=0.0)
+            x1 = x1_in.to(tl.float32)
+            x2 = tl.load(src + WIDTH, mask=mask, other=0.0).to(tl.float32)
+            o1 = x1 * cos[None, :] - x2 * sin[None, :]
+            o2 = x2 * cos[None, :] + x1 * sin[None, :]
+            dst = dst_ptr + heads[:, None] * dst_stride_h + dims[None, :]
+            tl.store(dst, _to_dst(o1, x1_in, scale, dst_ptr), mask=mask)
+            tl.store(dst + WIDTH, _to_dst(o2, x1_in, scale, dst_ptr), mask=mask)
         else:
-            tl.store(dst, x.to(dst_ptr.dtype.element_ty), mask=mask)
+            x = tl.load(src, mask=mask)
+            dst = dst_ptr + heads[:, None] * dst_stride_h + dims[None, :]
+            tl.store(dst, _to_dst(x, x, scale, dst_ptr), mask=mask)  # x in its own dtype
 
 
 @triton.jit
@@ -155,41 +158,19 @@ def _rotary_kernel(
         if k_out_ptr.dtype.element_ty == tl.float8e4nv:
             k_scale = tl.load(k_scale_ptr)
             v_scale = tl.load(v_scale_ptr)
-    _rotate_heads(
-        q_ptr + token * q_stride_t,
-        q_out_ptr + token * q_out_stride_t,
-        num_heads,
-        q_stride_h,
-        q_out_stride_h,
-        cos,
-        sin,
-        1.0,
-        BLOCK_HQ,
-        HALF,
-    )
-    _rotate_heads(
-        k_ptr + token * k_stride_t,
-        k_out_ptr + k_row * k_out_stride_t,
-        num_kv_heads,
-        k_stride_h,
-        k_out_stride_h,
-        cos,
-        sin,
-        k_scale,
-        BLOCK_HK,
-        HALF,
-    )
+    _write_heads(
+        q_ptr + token * q_stride_t, q_out_ptr + token * q_out_stride_t, num_heads, q_stride_h,
+        q_out_stride_h, cos, sin, 1.0, BLOCK_HQ, HALF, True,
+    )  # fmt: skip
+    _write_heads(
+        k_ptr + token * k_stride_t, k_out_ptr + k_row * k_out_stride_t, num_kv_heads, k_stride_h,
+        k_out_stride_h, cos, sin, k_scale, BLOCK_HK, HALF, True,
+    )  # fmt: skip
     if TO_CACHE:
-        _copy_heads(
-            v_ptr + token * v_stride_t,
-            v_out_ptr + k_row * k_out_stride_t,
-            num_kv_heads,
-            v_stride_h,
-            k_out_stride_h,
-            v_scale,
-            BLOCK_HK,
-            HEAD_DIM,
-        )
+        _write_heads(
+            v_ptr + token * v_stride_t, v_out_ptr + k_row * k_out_stride_t, num_kv_heads,
+            v_stride_h, k_out_stride_h, cos, sin, v_scale, BLOCK_HK, HEAD_DIM, False,
+        )  # fmt: skip
 
 
 def _check_heads(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
@@ -234,6 +215,10 @@ def _check_like(name: str, t: torch.Tensor, like: torch.Tensor) -> None:
     checks.check_shape(name, t, tuple(like.shape))
 
 
+def _new_like(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
 def _block_heads(num_heads: int, head_dim: int) -> int:
     cap = max(1, TILE_ELEMENTS // (head_dim // 2))
     return min(triton.next_power_of_2(max(num_heads, 1)), cap)
@@ -250,8 +235,8 @@ def apply_rotary_launch(
 ) -> tuple[KernelLaunch | None, torch.Tensor, torch.Tensor]:
     """Checks the arguments and plans the launch `apply_rotary` makes."""
     _check_inputs(q, k, positions, cos_sin)
-    q_out = torch.empty_like(q, memory_format=torch.contiguous_format) if q_out is None else q_out
-    k_out = torch.empty_like(k, memory_format=torch.contiguous_format) if k_out is None else k_out
+    q_out = _new_like(q) if q_out is None else q_out
+    k_out = _new_like(k) if k_out is None else k_out
     _check_like("q_out", q_out, q)
     _check_like("k_out", k_out, k)
     if q.shape[0] == 0:
@@ -296,15 +281,8 @@ def _launch(
     return KernelLaunch(_rotary_kernel, (q.shape[0],), args, options)
 
 
-def apply_rotary(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin: torch.Tensor,
-    *,
-    q_out: torch.Tensor | None = None,
-    k_out: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@takes_arguments_of(apply_rotary_launch)
+def apply_rotary(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotates q and k by their tokens' positions; returns (q_out, k_out).
 
     q: [tokens, num_heads, head_dim], k: [tokens, num_kv_heads, head_dim] (unit last stride,
@@ -312,23 +290,19 @@ def apply_rotary(
     [0, max_positions) (not checked: that would sync with the device), cos_sin: [max_positions,
     head_dim] fp32. Pass q_out=q, k_out=k to rotate in place.
     """
-    launch, q_out, k_out = apply_rotary_launch(q, k, positions, cos_sin, q_out=q_out, k_out=k_out)
+    launch, q_out, k_out = apply_rotary_launch(*args, **kwargs)
     if launch is not None:
         launch.run()
     return q_out, k_out
 
 
-def _check_cache_args(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slots: torch.Tensor,
-    k_scale: torch.Tensor | None,
-    v_scale: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns the scale arguments of the launch (see `checks.kv_scale_args`)."""
-    _check_like("v", v, k)
+def _check_cache_args(call: RotaryToCacheCall) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checks what `_check_inputs` does not; returns the scale arguments of the launch (see
+    `checks.kv_scale_args`)."""
+    k, k_cache, v_cache = call.k, call.k_cache, call.v_cache
+    _check_like("v", call.v, k)
+    if call.q_out is not None:
+        _check_like("q_out", call.q_out, call.q)
     cache_shape = (k_cache.shape[0], k_cache.shape[1], *k.shape[1:]) if k_cache.ndim == 4 else None
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         checks.check_tensor(name, cache, ndim=4, dtypes=CACHE_DTYPES, device=k.device)
@@ -339,52 +313,33 @@ def _check_cache_args(
             )
     if v_cache.dtype != k_cache.dtype:
         raise ValueError(f"v_cache is {v_cache.dtype} but k_cache is {k_cache.dtype}")
-    checks.check_tensor("slots", slots, ndim=1, dtypes=POSITION_DTYPES, device=k.device)
-    checks.check_shape("slots", slots, (k.shape[0],))
-    return checks.kv_scale_args(k.device, k_cache, k_scale, v_scale)
+    checks.check_tensor("slots", call.slots, ndim=1, dtypes=POSITION_DTYPES, device=k.device)
+    checks.check_shape("slots", call.slots, (k.shape[0],))
+    return checks.kv_scale_args(k.device, k_cache, call.k_scale, call.v_scale)
 
 
+@takes_arguments_of(RotaryToCacheCall)
 def apply_rotary_to_cache_launch(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slots: torch.Tensor,
-    *,
-    q_out: torch.Tensor | None = None,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
+    *args: Any, **kwargs: Any
 ) -> tuple[KernelLaunch | None, torch.Tensor]:
     """Checks the arguments and plans the launch `apply_rotary_to_cache` makes."""
-    _check_inputs(q, k, positions, cos_sin)
-    scales = _check_cache_args(k, v, k_cache, v_cache, slots, k_scale, v_scale)
-    q_out = torch.empty_like(q, memory_format=torch.contiguous_format) if q_out is None else q_out
-    _check_like("q_out", q_out, q)
+    call = RotaryToCacheCall(*args, **kwargs)
+    q, k = call.q, call.k
+    _check_inputs(q, k, call.positions, call.cos_sin)
+    scales = _check_cache_args(call)
+    q_out = _new_like(q) if call.q_out is None else call.q_out
     if q.shape[0] == 0:
         return None, q_out
-    k_slots = k_cache.view(-1, *k_cache.shape[2:])
-    v_slots = v_cache.view(-1, *v_cache.shape[2:])
-    args = _launch_args(q, k, v, q_out, k_slots, v_slots, positions, slots, cos_sin, scales)
+    k_slots = call.k_cache.view(-1, *call.k_cache.shape[2:])
+    v_slots = call.v_cache.view(-1, *call.v_cache.shape[2:])
+    args = _launch_args(
+        q, k, call.v, q_out, k_slots, v_slots, call.positions, call.slots, call.cos_sin, scales
+    )
     return _launch(args, q, k, to_cache=True), q_out
 
 
-def apply_rotary_to_cache(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slots: torch.Tensor,
-    *,
-    q_out: torch.Tensor | None = None,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-) -> torch.Tensor:
+@takes_arguments_of(RotaryToCacheCall)
+def apply_rotary_to_cache(*args: Any, **kwargs: Any) -> torch.Tensor:
     """Rotates q (into q_out, or q_out=q in place) and writes each token's rotated key and its
     value into its slot of the paged cache; returns q_out. k is left as it was.
 
@@ -396,10 +351,7 @@ def apply_rotary_to_cache(
     checked: that would sync with the device; a token whose slot is shared with another may leave
     either one's key there).
     """
-    launch, q_out = apply_rotary_to_cache_launch(
-        q, k, v, positions, cos_sin, k_cache, v_cache, slots, q_out=q_out, k_scale=k_scale,
-        v_scale=v_scale,
-    )  # fmt: skip
+    launch, q_out = apply_rotary_to_cache_launch(*args, **kwargs)
     if launch is not None:
         launch.run()
     return q_out
@@ -420,31 +372,22 @@ def apply_rotary_ref(
     return _rotate_ref(q, cos, sin), _rotate_ref(k, cos, sin)
 
 
-def apply_rotary_to_cache_ref(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slots: torch.Tensor,
-    *,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-) -> torch.Tensor:
+@takes_arguments_of(RotaryToCacheCall)
+def apply_rotary_to_cache_ref(*args: Any, **kwargs: Any) -> torch.Tensor:
     """Torch version of `apply_rotary_to_cache`: rotary, then index_copy_ of k and v into the cache
     (quantized for an FP8 cache)."""
-    _check_cache_args(k, v, k_cache, v_cache, slots, k_scale, v_scale)
-    q, k = apply_rotary_ref(q, k, positions, cos_sin)
-    index = slots.long()
-    if k_scale is not None and v_scale is not None:
+    call = RotaryToCacheCall(*args, **kwargs)
+    _check_cache_args(call)
+    q, k = apply_rotary_ref(call.q, call.k, call.positions, call.cos_sin)
+    k_cache, v_cache, v, index = call.k_cache, call.v_cache, call.v, call.slots.long()
+    if call.k_scale is not None and call.v_scale is not None:
         # The codes copied as bytes (index_copy_ has no float8 kernel on the CPU).
-        for cache, x in ((k_cache, quantize_kv(k, k_scale)), (v_cache, quantize_kv(v, v_scale))):
+        k_codes, v_codes = quantize_kv(k, call.k_scale), quantize_kv(v, call.v_scale)
+        for cache, x in ((k_cache, k_codes), (v_cache, v_codes)):
             cache.view(torch.uint8).view(-1, *x.shape[1:]).index_copy_(
                 0, index, x.view(torch.uint8)
             )
-        return q
-    k_cache.view(-1, *k.shape[1:]).index_copy_(0, index, k.to(k_cache.dtype))
-    v_cache.view(-1, *v.shape[1:]).index_copy_(0, index, v.to(v_cache.dtype))
-    return q
+    else:
+        k_cache.view(-1, *k.shape[1:]).index_copy_(0, index, k.to(k_cache.dtype))
+        v_cache.view(-1, *v.shape[1:]).index_copy_(0, index, v.to(v_cache.dtype))
+    return q if call.q_out is None else call.q_out.copy_(q)
