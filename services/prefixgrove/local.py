@@ -117,7 +117,7 @@ def run_local(
     plan = _plan(ingestor, name)
     llm = _load(model, engine)
     runnable = _runnable(llm, requests, errors)
-    done, reruns = Resumed(), ()
+    done, reruns = Resumed(), tuple[Rerun, ...]()
     if resume:  # once the engine said which requests it refuses: their error lines are known
         done, reruns = _resume(output_path, errors_path, ingestor.total, runnable, errors)
     todo = [item for item in runnable if done.runs(item[0].index)]

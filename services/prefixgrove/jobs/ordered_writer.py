@@ -122,10 +122,10 @@ def read_back(output: Path, errors: Path, total: int, judge: Judge) -> Resumed:
             kept[index] = (line, failed)
         taken[failed] += 1
         index += 1
-    for failed, path in enumerate((output, errors)):
-        _check_ahead(path, files[failed][taken[failed] :], taken[failed], index, total, judge,
-                     bool(failed))  # fmt: skip
-    lines = cut or (taken[0], taken[1])
+    for side, path in enumerate((output, errors)):
+        _check_ahead(path, files[side][taken[side] :], taken[side], index, total, judge,
+                     bool(side))  # fmt: skip
+    lines = (taken[0], taken[1]) if cut is None else cut
     sizes = (_size(files[0][: lines[0]]), _size(files[1][: lines[1]]))
     return Resumed(index if cut is None else start, index, sizes, kept, stale)
 
