@@ -6,6 +6,7 @@ Run with `kopf run -m prefixgrove_operator.handlers --all-namespaces` (or `--nam
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import os
 import time
@@ -17,20 +18,27 @@ from kubernetes.client.exceptions import ApiException
 
 from prefixgrove.planner.client import PlannerClient, PlannerRejected, PlannerUnavailable
 from prefixgrove_operator.autoscaler import pool_autoscalers
+from prefixgrove_operator.finishing import (
+    warn_of_failed_requests,
+    why,
+    write_results,
+    wrote_message,
+)
 from prefixgrove_operator.results import append_new_results
 from prefixgrove_operator.settings import GROUP, PLURAL, VERSION, OperatorSettings
 from prefixgrove_operator.spec import BatchJobSpec, InvalidSpec, on_volume
 from prefixgrove_operator.status import (
     TERMINAL_PHASES,
     JobView,
-    failed_message,
     failed_status,
     job_status,
     job_view,
-    rfc3339,
     with_condition,
 )
 from prefixgrove_operator.verdicts import (
+    FAILURE_TARGET,
+    Verdict,
+    failure_target,
     stop_verdict,
     unserved_message,
     unserved_warning_s,
@@ -109,6 +117,7 @@ def submit(
     operator restart finds the job it already created."""
     conditions = status.get("conditions")
     namespace = namespace or "default"  # BatchJobs are namespaced; kopf's types allow None
+    patch.status["observedGeneration"] = body.metadata.get("generation")
     try:
         job_spec = BatchJobSpec.parse(spec, SETTINGS.shared_volume_root)
         lines = job_spec.request_lines(memo.core, namespace)
@@ -120,24 +129,21 @@ def submit(
             memo.planner.add_lines(job.id, lines, skip=job.total)
             job = job_view(memo.planner.seal(job.id))
     except InvalidSpec as exc:
-        patch.status.update(failed_status(exc.reason, str(exc), conditions))
-        kopf.warn(body, reason=exc.reason, message=str(exc))
+        _fail(patch, body, exc.reason, str(exc), conditions)
         return
     except PlannerRejected as exc:
-        patch.status.update(failed_status("PlannerRejected", str(exc), conditions))
-        kopf.warn(body, reason="PlannerRejected", message=str(exc))
+        _fail(patch, body, "PlannerRejected", str(exc), conditions)
         return
     except PlannerUnavailable as exc:
         patch.status.update({"phase": "Pending", "message": f"waiting for the planner: {exc}"})
         raise kopf.TemporaryError(str(exc), delay=SETTINGS.retry_delay_s) from None
+    # a job already final (every line refused) is Finalizing: the status timer writes its results
     new = job_status(job, conditions)
-    new.setdefault("message", None)  # clears "waiting for the planner"
-    new["observedGeneration"] = body.metadata.get("generation")
+    new["message"] = None  # clears "waiting for the planner"
     new["conditions"] = with_condition(
         new.get("conditions", conditions), "Submitted", True, "Submitted", f"planner job {job.id}"
     )
     patch.status.update(new)
-    _warn_of_failed_requests(body, status, new)
     kopf.event(
         body,
         type="Normal",
@@ -174,44 +180,57 @@ def sync(
     **_: Any,
 ) -> None:
     """Keeps status in step with the planner, appends the results answered since the last round to
-    the output files, and stops a job that was cancelled, is unserved or failed too often."""
+    the output files, and stops a job that was cancelled, is unserved or failed too often. The
+    BatchJob ends only once its planner job is final and the last results are written."""
     conditions = status.get("conditions")
     try:
         job_spec = BatchJobSpec.parse(spec, SETTINGS.shared_volume_root)
     except InvalidSpec as exc:  # e.g. the output folder became a link out of the volume
-        patch.status.update(failed_status(exc.reason, str(exc), conditions))
-        kopf.warn(body, reason=exc.reason, message=str(exc))
+        _fail(patch, body, exc.reason, str(exc), conditions)
         return
     try:
-        job = job_view(memo.planner.get(status["jobId"]))
-        if job_spec.cancel and job.phase not in (*TERMINAL_PHASES, "Cancelling"):
-            job = job_view(memo.planner.cancel(job.id))
-            kopf.event(body, type="Normal", reason="Cancelling", message="spec.cancel is true")
-        queued_s = _unserved_s(job, job_spec, memo.planner)
-        verdict = None
-        if job.phase in ("Queued", "Running", "Succeeded"):  # not one cancelled or failed already
-            verdict = stop_verdict(job, job_spec, SETTINGS, queued_s)
-        if verdict is not None and not job.terminal:
-            job = job_view(memo.planner.cancel(job.id))
+        job, queued_s, target = _steer(job_spec, status, body, memo.planner)
     except PlannerUnavailable as exc:
         raise kopf.TemporaryError(str(exc), delay=SETTINGS.retry_delay_s) from None
     except PlannerRejected as exc:
         message = f"the planner no longer knows job {status['jobId']}: {exc}"
-        patch.status.update(failed_status("JobLost", message, conditions))
-        kopf.warn(body, reason="JobLost", message=message)
+        _fail(patch, body, "JobLost", message, conditions)
         return
     new = job_status(job, conditions, status.get("firstFailure", ""))
-    if verdict is not None:
-        new.update(failed_status(verdict.reason, verdict.message, new.get("conditions")))
-    else:
-        new["conditions"] = _served_condition(
-            job, job_spec, body, new.get("conditions", conditions), queued_s
+    new["observedGeneration"] = body.metadata.get("generation")
+    conditions = new.get("conditions", conditions)
+    if target is not None:
+        new["message"] = f"stopping: {target.message}"
+        new["conditions"] = with_condition(
+            conditions, FAILURE_TARGET, True, target.reason, target.message
         )
-    new.update(_write_results(job, job_spec, body, memo, new))
-    _warn_of_failed_requests(body, status, new)
+    else:
+        new["conditions"] = _served_condition(job, job_spec, body, conditions, queued_s)
+    new.update(write_results(job, job_spec, body, memo.planner, new, target))
+    warn_of_failed_requests(body, status, new)
     if new["phase"] != status.get("phase"):
         _announce(body, job, new)
     patch.status.update(new)
+
+
+def _steer(
+    job_spec: BatchJobSpec, status: kopf.Status, body: kopf.Body, planner: PlannerClient
+) -> tuple[JobView, float, Verdict | None]:
+    """The planner job after what the spec or a stop verdict asks of it (a cancel), how long it
+    has been queued unserved, and the verdict that stops it (reached now or in an earlier round)."""
+    job = job_view(planner.get(status["jobId"]))
+    if job_spec.cancel and job.phase not in (*TERMINAL_PHASES, "Cancelling"):
+        job = job_view(planner.cancel(job.id))
+        kopf.event(body, type="Normal", reason="Cancelling", message="spec.cancel is true")
+    queued_s = _unserved_s(job, job_spec, planner)
+    target = failure_target(status.get("conditions"))
+    if target is None and job.phase in ("Queued", "Running", "Succeeded"):
+        target = stop_verdict(job, job_spec, SETTINGS, queued_s)
+        if target is not None:
+            kopf.warn(body, reason=target.reason, message=target.message)
+            if not job.terminal:
+                job = job_view(planner.cancel(job.id))
+    return job, queued_s, target
 
 
 def _unserved_s(job: JobView, job_spec: BatchJobSpec, planner: PlannerClient) -> float:
@@ -242,54 +261,10 @@ def _served_condition(
     return conditions
 
 
-def _write_results(
-    job: JobView, job_spec: BatchJobSpec, body: kopf.Body, memo: kopf.Memo, new: dict[str, Any]
-) -> dict[str, Any]:
-    """Appends new results; a succeeded or cancelled job whose files cannot be written is
-    Finalizing until they can."""
-    finished = new["phase"] in TERMINAL_PHASES
-    output = on_volume(job_spec.volume_root, job_spec.output_path)
-    try:
-        written, failure = append_new_results(
-            memo.planner, job.id, job_spec.output_path, job_spec.errors_path, finished
-        )
-    except (PlannerUnavailable, OSError) as exc:
-        # an OSError's strerror, not its text: that names the operator's own paths
-        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
-        kopf.warn(body, reason="OutputNotWritten", message=f"retrying {output}: {reason}")
-        if new["phase"] in ("Succeeded", "Cancelled"):  # the planner's answer holds next round
-            return {"phase": "Finalizing", "completionTime": None}
-        return {}
-    update: dict[str, Any] = {}
-    if failure is not None and not new.get("firstFailure"):
-        update["firstFailure"] = str(failure)
-        update["conditions"] = with_condition(
-            new.get("conditions"), "RequestsFailed", True, "RequestsFailed",
-            failed_message(job, str(failure)),
-        )  # fmt: skip
-    if finished:
-        errors = on_volume(job_spec.volume_root, job_spec.errors_path)
-        wrote = (
-            f"wrote {written.outputs} outputs to {output} and {written.errors} errors to {errors}"
-        )
-        update["message"] = f"{new['message']}; {wrote}" if new.get("message") else wrote
-        if new["phase"] == "Succeeded":
-            update["completionTime"] = rfc3339(job.finished_at or None)
-            update["conditions"] = with_condition(
-                update.get("conditions", new.get("conditions")),
-                "Complete",
-                True,
-                "Succeeded",
-                wrote,
-            )
-    return update
-
-
-def _warn_of_failed_requests(body: kopf.Body, status: kopf.Status, new: dict[str, Any]) -> None:
-    before = (status.get("requestCounts") or {}).get("failed", 0)
-    if new["requestCounts"]["failed"] > before:
-        (condition,) = [c for c in new["conditions"] if c["type"] == "RequestsFailed"]
-        kopf.warn(body, reason="RequestsFailed", message=condition["message"])
+def _fail(patch: kopf.Patch, body: kopf.Body, reason: str, message: str, conditions: Any) -> None:
+    patch.status.update(failed_status(reason, message, conditions))
+    patch.status["observedGeneration"] = body.metadata.get("generation")
+    kopf.warn(body, reason=reason, message=message)
 
 
 def _announce(body: kopf.Body, job: JobView, new: dict[str, Any]) -> None:
@@ -302,9 +277,12 @@ def _announce(body: kopf.Body, job: JobView, new: dict[str, Any]) -> None:
 
 
 @kopf.on.update(*BATCHJOBS, field="spec")
-def refuse_spec_change(body: kopf.Body, status: kopf.Status, old: Any, new: Any, **_: Any) -> None:
+def refuse_spec_change(
+    body: kopf.Body, status: kopf.Status, patch: kopf.Patch, old: Any, new: Any, **_: Any
+) -> None:
     """Warns of spec changes after submission; spec.cancel is the one change the operator acts on
-    (the status timer reads it)."""
+    (the status timer reads it). Either way the change is seen: observedGeneration follows it."""
+    patch.status["observedGeneration"] = body.metadata.get("generation")
     changed = {
         key for key in {*(old or {}), *(new or {})} if (old or {}).get(key) != (new or {}).get(key)
     }
@@ -317,24 +295,69 @@ def refuse_spec_change(body: kopf.Body, status: kopf.Status, old: Any, new: Any,
 
 
 @kopf.on.delete(*BATCHJOBS, timeout=SETTINGS.cancel_timeout_s)
-def cancel(uid: str, status: kopf.Status, memo: kopf.Memo, logger: Any, **_: Any) -> None:
-    """Cancels the planner job of a BatchJob deleted before it finished."""
+async def cancel(
+    spec: kopf.Spec,
+    uid: str,
+    status: kopf.Status,
+    body: kopf.Body,
+    memo: kopf.Memo,
+    logger: Any,
+    **_: Any,
+) -> None:
+    """Cancels the planner job of a BatchJob deleted before it ended, follows it until it is final,
+    then writes its last results: every answered line, and the requests never run as errors. A
+    job not final PREFIXGROVE_CANCEL_TIMEOUT_S after the deletion is let go as it stands.
+    NOTE: async, so a job that drains for minutes holds no thread while it waits."""
     if status.get("phase") in TERMINAL_PHASES:
         return
+    planner = memo.planner
     try:
-        job_id = status.get("jobId") or _find_job_id(memo.planner, uid)
-        if job_id is None:
+        job = await asyncio.to_thread(_cancel_job, planner, status.get("jobId"), uid)
+        while job is not None and not job.terminal and _time_left(body) > 0:
+            await asyncio.sleep(min(SETTINGS.status_interval_s, _time_left(body)))
+            job = job_view(await asyncio.to_thread(planner.get, job.id))
+        if job is None or not job.terminal:
+            if job is not None:
+                logger.warning(
+                    "planner job %s is still %s: its files are left as they are", job.id, job.phase
+                )
             return
-        job = job_view(memo.planner.cancel(job_id))
-    except PlannerUnavailable as exc:
-        raise kopf.TemporaryError(str(exc), delay=SETTINGS.retry_delay_s) from None
-    except PlannerRejected as exc:
-        logger.warning("planner job not cancelled (already gone or finished): %s", exc)
+        job_spec = BatchJobSpec.parse(spec, SETTINGS.shared_volume_root)
+        output, errors = job_spec.output_path, job_spec.errors_path
+        written, _failure = await asyncio.to_thread(
+            append_new_results, planner, job.id, output, errors, True
+        )
+    except (PlannerUnavailable, OSError) as exc:
+        raise kopf.TemporaryError(why(exc), delay=SETTINGS.retry_delay_s) from None
+    except (PlannerRejected, InvalidSpec) as exc:
+        logger.warning("the results of the deleted BatchJob are not written: %s", exc)
         return
-    logger.info("planner job %s is %s", job.id, job.phase)
+    shown = on_volume(job_spec.volume_root, output)
+    logger.info(
+        "planner job %s is %s; %s", job.id, job.phase, wrote_message(job, job_spec, shown, written)
+    )
+
+
+def _cancel_job(planner: PlannerClient, job_id: str | None, uid: str) -> JobView | None:
+    """The BatchJob's planner job, cancelled unless it has ended; None when there is none."""
+    # deleted while its submission was under way: the job may exist without status.jobId yet
+    found = job_id or _find_job_id(planner, uid)
+    if found is None:
+        return None
+    job = job_view(planner.get(found))
+    if job.phase not in (*TERMINAL_PHASES, "Cancelling"):
+        job = job_view(planner.cancel(found))
+    return job
+
+
+def _time_left(body: kopf.Body) -> float:
+    """Seconds left of PREFIXGROVE_CANCEL_TIMEOUT_S since the BatchJob was deleted."""
+    deleted = body.metadata.deletion_timestamp
+    since = dt.datetime.fromisoformat(deleted.replace("Z", "+00:00")) if deleted else None
+    start = since.timestamp() if since else time.time()
+    return start + SETTINGS.cancel_timeout_s - time.time()
 
 
 def _find_job_id(planner: PlannerClient, uid: str) -> str | None:
-    # deleted while its submission was under way: the job may exist without status.jobId yet
     job = planner.find_job(uid)
     return job.id if job else None

@@ -1,18 +1,23 @@
-"""A BatchJob's results written to the shared volume as they arrive, so a job cancelled or deleted
-half-way leaves every answer it got.
+"""A BatchJob's results written to the shared volume as they arrive, so a job cancelled, stopped or
+deleted half-way leaves every answer it got.
 
-Each call appends the lines answered since the last one, in input order. A marker beside the output,
-`.<output name>.written`, holds `<job id> <next input index> <output size> <errors size> <outputs>
-<errors>`: a call interrupted between writing and updating the marker truncates the files back to
-the sizes it names, so no line is written twice. The marker of another job (a re-created BatchJob
-with the same output path) is ignored and both files start over. The last call, on a finished job,
-removes the marker.
+Each call appends the lines answered since the last one, in input order: a round of a job still
+running writes up to the first request not answered yet. The last call, once the planner job is
+final, writes every line left, the requests never answered included: the planner sends each as an
+error line (code `cancelled` or `not_run`), so the output and errors files together name every
+request. A marker beside the output, `.<output name>.written`, holds `<job id> <next input index>
+<output size> <errors size> <outputs> <errors>`: a call interrupted between writing and updating the
+marker truncates the files back to the sizes it names, so no line is written twice. The marker of
+another job (a re-created BatchJob with the same output path) is ignored and both files start over.
+The last call removes the marker; a last call made again writes both files over, with the same lines.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -46,6 +51,13 @@ class Failure:
         return f"request line {self.line}{named}: {self.code}: {self.message}"
 
 
+# codes of the error lines the planner sends for requests a finished job never answered
+UNANSWERED_CODES = frozenset({"cancelled", "not_run"})
+# NOTE: the status timer and the deletion handler may write one job's files at once; writers of one
+# output path take the same lock (a fixed set of them: memory stays bounded however many jobs ran)
+_LOCKS = tuple(threading.Lock() for _ in range(64))
+
+
 def marker_path(output: Path) -> Path:
     return output.with_name(f".{output.name}.written")
 
@@ -54,29 +66,40 @@ def append_new_results(
     planner: PlannerClient, job_id: str, output: Path, errors: Path, finished: bool
 ) -> tuple[Progress, Failure | None]:
     """Appends the results answered since the last call; returns where the files stand and the
-    first failure among the new lines. `finished`: the job is terminal and this is the last call."""
+    first failed request among the new lines. `finished`: the planner job is final (completed,
+    failed or cancelled), so this call writes every line left and removes the marker."""
     output.parent.mkdir(parents=True, exist_ok=True)
     errors.parent.mkdir(parents=True, exist_ok=True)
-    marker = marker_path(output)
-    start = _read_marker(marker, job_id)
+    with _LOCKS[zlib.crc32(bytes(output)) % len(_LOCKS)]:
+        marker = marker_path(output)
+        progress, first_failure = _append(
+            planner, job_id, output, errors, _read_marker(marker, job_id)
+        )
+        if finished:
+            marker.unlink(missing_ok=True)
+        else:
+            _write_marker(marker, job_id, progress)
+    return progress, first_failure
+
+
+def _append(
+    planner: PlannerClient, job_id: str, output: Path, errors: Path, start: Progress
+) -> tuple[Progress, Failure | None]:
     first_failure: Failure | None = None
     counts = [start.outputs, start.errors]
     index = start.next_index
     with _open_at(output, start.output_size) as out, _open_at(errors, start.errors_size) as err:
-        for result in planner.results(job_id, start.next_index, pb.RESULT_KIND_ALL):
+        lines = planner.results(job_id, start.next_index, pb.RESULT_KIND_ALL, unanswered=True)
+        for result in lines:
             (err if result.is_error else out).write(result.line.encode() + b"\n")
             counts[result.is_error] += 1
             index = result.index + 1
             if result.is_error and first_failure is None:
-                first_failure = failure_of(result.index, result.line)
+                failure = failure_of(result.index, result.line)
+                first_failure = None if failure.code in UNANSWERED_CODES else failure
         out.flush()
         err.flush()
-        progress = Progress(index, out.tell(), err.tell(), counts[0], counts[1])
-    if finished:
-        marker.unlink(missing_ok=True)
-    else:
-        _write_marker(marker, job_id, progress)
-    return progress, first_failure
+        return Progress(index, out.tell(), err.tell(), counts[0], counts[1]), first_failure
 
 
 def failure_of(index: int, line: str) -> Failure:

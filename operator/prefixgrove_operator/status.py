@@ -10,8 +10,8 @@ from typing import Any
 from prefixgrove_proto import planner_pb2 as pb
 
 # planner job state -> BatchJob status.phase. NOTE: the proto's JOB_STATE_FINALIZING is never sent
-# by the planner; the operator's own "Finalizing" means its outputs are not written yet, and its own
-# "Queued" is an in-progress job that no worker has leased a group of yet.
+# by the planner; the operator's own "Finalizing" is a job whose planner job is final while its last
+# results are not written yet, and its own "Queued" an in-progress job no worker has run any of.
 PHASES = {
     pb.JOB_STATE_VALIDATING: "Validating",
     pb.JOB_STATE_IN_PROGRESS: "Running",
@@ -55,7 +55,8 @@ def job_view(job: pb.Job) -> JobView:
     counts = job.request_counts
     error = f"{job.error.code}: {job.error.message}" if job.error.code else job.error.message
     phase = PHASES.get(job.state, "Pending")
-    served = job.queue.groups_leased or job.groups_done or counts.completed or counts.failed
+    # NOTE: not counts.failed: the planner fails invalid lines itself, before any worker runs
+    served = job.queue.groups_leased or job.groups_done or counts.completed
     if phase == "Running" and not served:
         phase = "Queued"
     return JobView(
@@ -119,36 +120,49 @@ def with_condition(
 def job_status(
     job: JobView, conditions: Sequence[Mapping[str, Any]] | None, first_failure: str = ""
 ) -> dict[str, Any]:
-    """The status patch for a job as the planner sees it (outputs not yet written for a finished
-    one); `first_failure` is the first failed request seen so far, for the RequestsFailed message."""
-    done = job.answered
+    """The status patch for a job as the planner sees it, before its last results are written: a
+    final planner job is Finalizing until then (final_status ends it). `first_failure` is the first
+    failed request seen so far, for the RequestsFailed message."""
     status: dict[str, Any] = {
         "jobId": job.id,
-        "phase": job.phase,
+        "phase": "Finalizing" if job.terminal else job.phase,
         "requestCounts": {"total": job.total, "completed": job.completed, "failed": job.failed},
-        "progress": progress(done, job.total),
+        "progress": progress(job.answered, job.total),
     }
     if job.started_at:
         status["startTime"] = rfc3339(job.started_at)
-    if job.terminal and job.finished_at:
-        status["completionTime"] = rfc3339(job.finished_at)
     if first_failure:
         status["firstFailure"] = first_failure
     if job.failed:
-        conditions = with_condition(
+        status["conditions"] = with_condition(
             conditions, "RequestsFailed", True, "RequestsFailed", failed_message(job, first_failure)
         )
-        status["conditions"] = conditions
-    if job.phase == "Failed":
-        message = job.error or "the planner marked the job failed"
-        status["message"] = message
-        status["conditions"] = with_condition(conditions, "Failed", True, "JobFailed", message)
-    elif job.phase == "Cancelled":
-        status["message"] = "cancelled"
-        status["conditions"] = with_condition(
-            conditions, "Cancelled", True, "Cancelled", "cancelled"
-        )
     return status
+
+
+def final_status(
+    job: JobView,
+    conditions: Sequence[Mapping[str, Any]] | None,
+    wrote: str,
+    stopped: tuple[str, str] | None = None,
+) -> dict[str, Any]:
+    """The status of a BatchJob whose planner job is final and whose results are all written;
+    `wrote` says where. `stopped`, (reason, message), is the operator's own verdict, which
+    decides over the planner's: a job it stopped ends Failed, never also Cancelled."""
+    if stopped is None and job.phase == "Failed":
+        stopped = ("JobFailed", job.error or "the planner marked the job failed")
+    if stopped is not None:
+        (phase, kind), (reason, why) = ("Failed", "Failed"), stopped
+    elif job.phase == "Cancelled":
+        phase, kind, reason, why = "Cancelled", "Cancelled", "Cancelled", "cancelled"
+    else:
+        phase, kind, reason, why = "Succeeded", "Complete", "Succeeded", wrote
+    return {
+        "phase": phase,
+        "message": wrote if phase == "Succeeded" else f"{why}; {wrote}",
+        "completionTime": rfc3339(job.finished_at or None),
+        "conditions": with_condition(conditions, kind, True, reason, why),
+    }
 
 
 def failed_message(job: JobView, first_failure: str = "") -> str:

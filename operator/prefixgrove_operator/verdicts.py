@@ -1,13 +1,22 @@
 """When the operator itself ends a BatchJob the planner would keep running: no worker serves its
-model, or more of its requests failed than its owner accepts."""
+model, or more of its requests failed than its owner accepts.
+
+A verdict cancels the planner job and is kept as the BatchJob's FailureTarget condition (as a
+Kubernetes Job keeps its own) while the cancel drains; the BatchJob ends Failed with that reason
+once the planner job is final and its last results are written.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from prefixgrove_operator.settings import OperatorSettings
 from prefixgrove_operator.spec import BatchJobSpec
 from prefixgrove_operator.status import JobView
+
+FAILURE_TARGET = "FailureTarget"
 
 
 @dataclass(frozen=True)
@@ -46,4 +55,12 @@ def stop_verdict(
         )
     if job.phase == "Queued" and queued_s >= queue_timeout_s(spec, settings):
         return Verdict("Unserved", unserved_message(spec, settings, queued_s))
+    return None
+
+
+def failure_target(conditions: Sequence[Mapping[str, Any]] | None) -> Verdict | None:
+    """The verdict an earlier round reached and kept as the FailureTarget condition, or None."""
+    for condition in conditions or ():
+        if condition.get("type") == FAILURE_TARGET and condition.get("status") == "True":
+            return Verdict(str(condition.get("reason")), str(condition.get("message")))
     return None

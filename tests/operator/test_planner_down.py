@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from k8s_fixtures import KubeApi, free_port
 from operator_testbed import MODEL, BatchJobs, Service, start_planner
+from polling import wait_for
 
 NAMESPACE = "planner-down"
 
@@ -47,7 +48,10 @@ def test_a_batchjob_waits_pending_for_the_planner_then_runs(
     jobs.apply(
         name, {"model": MODEL, "input": {"inline": [request]}, "output": {"path": f"{name}.jsonl"}}
     )
-    pending = jobs.wait_phase(name, "Pending", "Queued", "Running", timeout=60)
+    # Pending from its creation on; the operator's first try adds why it still is
+    pending = wait_for(
+        "the operator to say it waits", lambda: (s := jobs.status(name)).get("message") and s, 60
+    )
     assert pending["phase"] == "Pending"
     assert "waiting for the planner" in pending["message"]
     assert "UNAVAILABLE" in pending["message"]

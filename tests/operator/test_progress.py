@@ -16,7 +16,7 @@ from prefixgrove_proto import planner_pb2 as pb
 
 RUN_TIMEOUT_S = 300.0
 # the order a BatchJob's phases come in; a short job may skip Queued
-PHASE_ORDER = ["Validating", "Queued", "Running", "Succeeded"]
+PHASE_ORDER = ["Pending", "Validating", "Queued", "Running", "Succeeded"]
 
 
 def slow_requests(count: int, step: int) -> list[dict[str, Any]]:
@@ -42,7 +42,7 @@ def output_ids(path: Path) -> list[str]:
     return [json.loads(line)["custom_id"] for line in text.splitlines()]
 
 
-def test_a_job_shows_validating_then_running_then_succeeded_to_a_watch(
+def test_a_job_shows_pending_validating_running_then_succeeded_to_a_watch(
     batchjobs: BatchJobs, operator: Any, cpu_worker: Service, logs_dir: Path
 ) -> None:
     name = f"phases-{uuid.uuid4().hex[:8]}"
@@ -59,7 +59,7 @@ def test_a_job_shows_validating_then_running_then_succeeded_to_a_watch(
         phases = wait_for(
             "the watch to see the end", lambda: "Succeeded" in (p := watch.phases()) and p
         )
-    assert phases[0] == "Validating", phases
+    assert phases[:2] == ["Pending", "Validating"], phases
     assert "Running" in phases, phases
     assert phases[-1] == "Succeeded", phases
     assert phases == sorted(phases, key=PHASE_ORDER.index), phases

@@ -56,6 +56,23 @@ def test_a_failed_request_gets_a_condition_naming_its_line_and_a_warning(
     assert "1 of 3 requests failed" in batchjobs.warnings(name)["RequestsFailed"]
 
 
+def test_the_requests_failed_warning_names_the_first_failed_line(
+    batchjobs: BatchJobs, operator: Any, cpu_worker: Service
+) -> None:
+    name = f"named-{uuid.uuid4().hex[:8]}"
+    requests = [
+        {"custom_id": cid, "url": "/v1/completions", "body": {"prompt": "Hi", "max_tokens": n}}
+        for cid, n in (("a", 2), ("b", 0), ("c", 2))
+    ]
+    spec = {"model": MODEL, "input": {"inline": requests}, "output": {"path": f"{name}.jsonl"}}
+    batchjobs.apply(name, spec)
+    status = batchjobs.wait_phase(name, "Succeeded", "Failed", timeout=RUN_TIMEOUT_S)
+    assert status["phase"] == "Succeeded", status
+    warning = batchjobs.warnings(name)["RequestsFailed"]
+    assert "request line 2 (custom_id 'b'): invalid_value: " in warning, warning
+    assert warning == condition(status, "RequestsFailed")["message"]
+
+
 def test_a_job_without_failures_has_no_requests_failed_condition(
     batchjobs: BatchJobs, operator: Any, cpu_worker: Service
 ) -> None:

@@ -11,7 +11,14 @@ from prefixgrove_operator.autoscaler import ScaleDecider, desired_replicas
 from prefixgrove_operator.results import failure_of
 from prefixgrove_operator.settings import OperatorSettings
 from prefixgrove_operator.spec import BatchJobSpec, InvalidSpec, confine, on_volume
-from prefixgrove_operator.status import JobView, job_status, job_view, progress, with_condition
+from prefixgrove_operator.status import (
+    JobView,
+    final_status,
+    job_status,
+    job_view,
+    progress,
+    with_condition,
+)
 from prefixgrove_operator.verdicts import stop_verdict
 from prefixgrove_proto import planner_pb2 as pb
 
@@ -155,12 +162,23 @@ def test_condition_keeps_transition_time_while_status_holds() -> None:
     assert len(flipped) == 1
 
 
-def test_job_status_of_failed_job_carries_the_planner_error() -> None:
+def test_a_failed_planner_job_is_finalizing_until_its_results_are_written() -> None:
     job = JobView("j1", "Failed", 0, 0, 0, 0.0, 1_700_000_000.0, "empty_file: no requests")
-    status = job_status(job, None)
+    assert job_status(job, None)["phase"] == "Finalizing"
+    status = final_status(job, None, "wrote 0 outputs")
     assert status["phase"] == "Failed"
     assert status["completionTime"] == "2023-11-14T22:13:20Z"
     assert status["conditions"][0]["message"] == "empty_file: no requests"
+    assert status["message"] == "empty_file: no requests; wrote 0 outputs"
+
+
+def test_a_job_the_operator_stopped_ends_failed_and_never_also_cancelled() -> None:
+    job = JobView("j1", "Cancelled", 4, 1, 2, 1.0, 2.0, "")
+    status = final_status(job, None, "wrote 1 outputs", ("TooManyFailedRequests", "2 of 4"))
+    assert status["phase"] == "Failed"
+    assert [(c["type"], c["reason"]) for c in status["conditions"]] == [
+        ("Failed", "TooManyFailedRequests")
+    ]
 
 
 def test_the_operator_loads_without_the_engine_stack() -> None:
@@ -206,6 +224,10 @@ def _running(leased: int = 0, done: int = 0, completed: int = 0) -> pb.Job:
 
 def test_a_job_no_worker_has_leased_from_is_queued() -> None:
     assert job_view(_running()).phase == "Queued"
+    # lines the planner refused itself are failed, yet no worker ran anything
+    refused = _running()
+    refused.request_counts.failed = 2
+    assert job_view(refused).phase == "Queued"
     assert job_view(_running(leased=1)).phase == "Running"
     assert job_view(_running(done=1)).phase == "Running"
 
