@@ -98,12 +98,11 @@ def run_local(
 ) -> RunSummary:
     """Runs the job, appending each answer to its file once every line before it is answered.
     engine: the engine's knobs, as `LLM(...)` and a worker take them; the job's context limit is
-    ingest's max_model_len where set, else the engine's. resume: keep what the files already answer
-    of this input (ResumeMismatch if they answer another) and run the rest, and the lines whose
-    answer is stale (kept_answers.py); otherwise they are overwritten. An output path that is a
-    symbolic link is refused (OutputPathRefused) before anything runs. served_model_name: the
-    name lines call the model by (default: `model`); a line naming another model is a
-    `model_not_found` error, as a worker serving this model would answer it.
+    ingest's max_model_len where set, else the engine's. resume: keep the files' answers to this
+    input's unchanged requests (kept_answers.py; ResumeMismatch if they answer another input) and
+    run the rest; otherwise they are overwritten. A link at an output path is refused before
+    anything runs. served_model_name: the name lines call the model by (default: `model`); a
+    line naming another model is a `model_not_found` error, as a worker serving it answers.
 
     Each phase logs its progress on logger prefixgrove.run (at most every progress_every_s) and
     its end: loading the tokenizer and the model, reading and tokenizing the lines, grouping
@@ -117,9 +116,10 @@ def run_local(
     plan = _plan(ingestor, name)
     llm = _load(model, engine)
     runnable = _runnable(llm, requests, errors)
-    done, reruns = Resumed(), tuple[Rerun, ...]()
-    if resume:  # once the engine said which requests it refuses: their error lines are known
-        done, reruns = _resume(output_path, errors_path, ingestor.total, runnable, errors)
+    # read once the engine said which requests it refuses: their error lines are known then
+    done, reruns = (
+        _resume(output_path, errors_path, ingestor.total, runnable, errors) if resume else _FRESH
+    )
     todo = [item for item in runnable if done.runs(item[0].index)]
     failures = [e for e in errors if done.runs(e.index)]
     with (
@@ -172,6 +172,9 @@ def _load(model: str, engine: EngineSettings) -> LLM:
     llm = LLM(model, **engine.as_kwargs())
     progress.info("model %s loaded in %.1fs", model, time.perf_counter() - start)
     return llm
+
+
+_FRESH: tuple[Resumed, tuple[Rerun, ...]] = (Resumed(), ())
 
 
 def _resume(

@@ -24,6 +24,7 @@ from deploy_tools import (
 )
 from k8s_fixtures import KubeApi
 
+from prefixgrove.engine_settings import EngineSettings
 from prefixgrove.settings import PlannerSettings, ServedModel, WorkerSettings, load
 from prefixgrove_operator.settings import OperatorSettings, WorkerPool
 
@@ -43,6 +44,7 @@ MODELS = [
     },
 ]
 LLAMA, QWEN = f"{PREFIX}-worker-llama", f"{PREFIX}-worker-qwen2-5-7b"
+MODEL_NAMES = ("llama", "trial", "pinned")
 
 
 def render(tmp_path: Path, values: dict[str, Any], *args: str) -> list[dict[str, Any]]:
@@ -65,6 +67,10 @@ def worker_settings(deployment: dict[str, Any]) -> WorkerSettings:
     return load(WorkerSettings, parse_cli(c["args"]), env=env)
 
 
+def engine_settings(deployment: dict[str, Any]) -> EngineSettings:
+    return load(EngineSettings, parse_cli(container(deployment, "worker")["args"]), env={})
+
+
 def test_each_model_gets_its_own_worker_deployment(tmp_path: Path) -> None:
     objects = render(tmp_path, {"models": MODELS})
     workers = [
@@ -76,10 +82,12 @@ def test_each_model_gets_its_own_worker_deployment(tmp_path: Path) -> None:
     assert sorted(o["metadata"]["name"] for o in workers) == [LLAMA, QWEN]
 
     llama, qwen = find(objects, "Deployment", LLAMA), find(objects, "Deployment", QWEN)
-    s = worker_settings(llama)
-    assert (s.model, s.served_name, s.device) == ("/models/llama-3.1-8b", "llama", "cuda")
-    s = worker_settings(qwen)
-    assert (s.model, s.served_name, s.dtype) == ("/models/qwen2.5-7b", "Qwen2.5_7B", "bfloat16")
+    s, engine = worker_settings(llama), engine_settings(llama)
+    assert (s.model, s.served_name, engine.device) == ("/models/llama-3.1-8b", "llama", "cuda")
+    s, engine = worker_settings(qwen), engine_settings(qwen)
+    assert (s.model, s.served_name, engine.dtype) == (
+        "/models/qwen2.5-7b", "Qwen2.5_7B", "bfloat16"
+    )  # fmt: skip
 
     # overrides replace the worker.* value; what an entry leaves out comes from worker.*
     llama_pod, qwen_pod = (d["spec"]["template"]["spec"] for d in (llama, qwen))
@@ -196,12 +204,30 @@ def test_the_operator_scales_each_pool_from_its_models_queue(tmp_path: Path) -> 
             "models[0].device is cuda but models[0].gpus is 0",
         ),
         ([{"name": "llama", "source": "/a", "gpu": 1}], "Additional property gpu is not allowed"),
+        (
+            [{"name": "llama", "source": "/a", "device": "cpu", "gpus": 2}],
+            "models[0].device is cpu but models[0].gpus is 2",
+        ),
     ],
 )
 def test_bad_models_are_refused_naming_the_entry(
     tmp_path: Path, models: list[dict[str, Any]], complaint: str
 ) -> None:
     assert complaint in refusal(tmp_path, {"models": models})
+
+
+def test_a_cpu_pool_beside_gpu_pools_asks_for_no_gpu_node(tmp_path: Path) -> None:
+    trial = {"name": "trial", "source": "tiny-random-llama", "device": "cpu"}
+    pinned = {**trial, "name": "pinned", "nodeSelector": {"pool": "cpu"}}
+    objects = render(tmp_path, {"models": [MODELS[0], trial, pinned]})
+    gpu, cpu, own = (find(objects, "Deployment", f"{PREFIX}-worker-{n}") for n in MODEL_NAMES)
+    assert "nvidia.com/gpu" not in json.dumps(cpu)
+    assert container(cpu, "worker")["resources"] == {"requests": {"cpu": "1", "memory": "2Gi"}}
+    assert not {"nodeSelector", "tolerations"} & set(cpu["spec"]["template"]["spec"])
+    # what a CPU entry sets itself is kept; the GPU pool keeps the GPU nodes' settings
+    assert own["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "cpu"}
+    assert gpu["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert container(gpu, "worker")["resources"]["limits"] == {"nvidia.com/gpu": 1}
 
 
 def test_models_pass_helm_lint_strict(tmp_path: Path) -> None:
@@ -301,11 +327,11 @@ def test_installed_pools_are_what_the_operator_may_scale(
 def test_fp8_is_set_for_every_pool_or_per_pool(tmp_path: Path) -> None:
     models = [MODELS[0], {**MODELS[1], "quantization": "", "kvCacheDtype": "fp8"}]
     objects = render(tmp_path, {"models": models, "worker": {"quantization": "fp8"}})
-    llama = worker_settings(find(objects, "Deployment", LLAMA))
-    qwen = worker_settings(find(objects, "Deployment", QWEN))
+    llama = engine_settings(find(objects, "Deployment", LLAMA))
+    qwen = engine_settings(find(objects, "Deployment", QWEN))
     assert (llama.quantization, llama.kv_cache_dtype) == ("fp8", "auto")
-    assert (qwen.quantization, qwen.kv_cache_dtype) == ("", "fp8")
+    assert (qwen.quantization, qwen.kv_cache_dtype) == (None, "fp8")
     # the defaults leave both off
-    plain = worker_settings(find(render(tmp_path, {}), "Deployment", f"{PREFIX}-worker"))
-    assert (plain.quantization, plain.kv_cache_dtype) == ("", "auto")
+    plain = engine_settings(find(render(tmp_path, {}), "Deployment", f"{PREFIX}-worker"))
+    assert (plain.quantization, plain.kv_cache_dtype) == (None, "auto")
     assert "kvCacheDtype" in refusal(tmp_path, {"worker": {"kvCacheDtype": "int8"}})

@@ -80,11 +80,16 @@ def test_workers_compile_into_their_own_tmp_by_default() -> None:
     assert all(v["name"] != "kernel-cache" for v in worker["spec"]["template"]["spec"]["volumes"])
 
 
-def test_cpu_workers_reserve_no_gpu() -> None:
-    objects = template("--set", "worker.device=cpu", "--set", "worker.gpus=0")
-    c = container(find(objects, "Deployment", f"{PREFIX}-worker"), "worker")
-    assert "nvidia.com/gpu" not in c["resources"].get("limits", {})
+def test_a_cpu_trial_is_a_worker_any_node_can_schedule() -> None:
+    """worker.device=cpu alone: no GPU limit, no GPU node selector or toleration, and requests
+    sized for a CPU (worker.cpu.*), not for a GPU node."""
+    worker = find(template("--set", "worker.device=cpu"), "Deployment", f"{PREFIX}-worker")
+    pod = worker["spec"]["template"]["spec"]
+    c = container(worker, "worker")
     assert c["args"][c["args"].index("--device") + 1] == "cpu"
+    assert "nvidia.com/gpu" not in json.dumps(worker)
+    assert c["resources"] == {"requests": {"cpu": "1", "memory": "2Gi"}}
+    assert "nodeSelector" not in pod and "tolerations" not in pod
 
 
 def test_autoscaled_workers_leave_replicas_to_the_operator() -> None:

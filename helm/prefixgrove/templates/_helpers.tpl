@@ -178,7 +178,8 @@ TLS on the planner's API: the values must name the Secrets they need.
 The worker pools, as JSON {"pools": [...]}: one per entry of models, or, with models empty, the one
 pool of worker.* serving worker.model (name "": no --served-model-name, no pool label). Each pool
 has its served name, source, Deployment name, pool label (the name as a DNS label) and every
-per-pool setting, from the entry or else from worker.* and autoscaling.*.
+per-pool setting, from the entry or else from worker.* and autoscaling.*; a pool with device cpu
+as "prefixgrove.onDevice" says.
 Read it with (fromJson (include "prefixgrove.workerPools" .)).pools.
 */}}
 {{- define "prefixgrove.workerPools" -}}
@@ -191,7 +192,8 @@ Read it with (fromJson (include "prefixgrove.workerPools" .)).pools.
 {{- $worker := include "prefixgrove.worker.fullname" . }}
 {{- $pools := list }}
 {{- if not .Values.models }}
-{{- $pools = append $pools (merge (dict "name" "" "source" $w.model "pool" "" "deployment" $worker "where" "worker") $defaults) }}
+{{- $single := merge (dict "name" "" "source" $w.model "pool" "" "deployment" $worker "where" "worker") $defaults }}
+{{- $pools = append $pools (fromJson (include "prefixgrove.onDevice" (dict "pool" $single "own" dict "cpu" $w.cpu))) }}
 {{- else }}
 {{- $seen := dict }}
 {{- range $i, $m := .Values.models }}
@@ -225,8 +227,30 @@ Read it with (fromJson (include "prefixgrove.workerPools" .)).pools.
 {{- if lt (int $entry.maxReplicas) (int $entry.minReplicas) }}
 {{- fail (printf "%s.maxReplicas (%v) must be >= %s.minReplicas (%v) (each falls back to autoscaling.*)" $where $entry.maxReplicas $where $entry.minReplicas) }}
 {{- end }}
-{{- $pools = append $pools $entry }}
+{{- $pools = append $pools (fromJson (include "prefixgrove.onDevice" (dict "pool" $entry "own" $m "cpu" $w.cpu))) }}
 {{- end }}
 {{- end }}
 {{- toJson (dict "pools" $pools) }}
+{{- end }}
+
+{{/*
+A worker pool (dict "pool" POOL "own" ENTRY "cpu" worker.cpu) fitted to its device, as JSON. A CPU
+pool reserves no GPU, and takes worker.cpu's resources, nodeSelector and tolerations for those its
+own entry (a models entry; none for worker.*) leaves out, never the GPU nodes' ones of worker.*, so a
+CPU trial schedules on any node. An entry asking for device cpu and GPUs is refused.
+*/}}
+{{- define "prefixgrove.onDevice" -}}
+{{- $p := .pool }}
+{{- if eq $p.device "cpu" }}
+{{- if gt (int (default 0 .own.gpus)) 0 }}
+{{- fail (printf "%s.device is cpu but %s.gpus is %d: set %s.gpus=0 so no GPU is reserved for nothing" $p.where $p.where (int .own.gpus) $p.where) }}
+{{- end }}
+{{- $_ := set $p "gpus" 0 }}
+{{- range $key := list "resources" "nodeSelector" "tolerations" }}
+{{- if not (hasKey $.own $key) }}
+{{- $_ := set $p $key (index $.cpu $key) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- toJson $p }}
 {{- end }}
