@@ -8,6 +8,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -122,11 +123,7 @@ def run_local(
     )
     todo = [item for item in runnable if done.runs(item[0].index)]
     failures = [e for e in errors if done.runs(e.index)]
-    with (
-        open_output(output_path, done.sizes[0]) as out,
-        open_output(errors_path, done.sizes[1]) as err,
-    ):
-        writer = OrderedWriter(out, err, done.start, done.kept)
+    with _writer(output_path, errors_path, done) as writer:
         for e in failures:
             writer.put(e.index, e.to_line(), failed=True)
         writer.flush()
@@ -175,6 +172,13 @@ def _load(model: str, engine: EngineSettings) -> LLM:
 
 
 _FRESH: tuple[Resumed, tuple[Rerun, ...]] = (Resumed(), ())
+
+
+@contextmanager
+def _writer(output: Path, errors: Path, done: Resumed) -> Iterator[OrderedWriter]:
+    """The job's writer, going on after what `done` keeps of the files (all of them: none)."""
+    with open_output(output, done.sizes[0]) as out, open_output(errors, done.sizes[1]) as err:
+        yield OrderedWriter(out, err, done.start, done.kept)
 
 
 def _resume(
