@@ -24,14 +24,8 @@ import triton
 import triton.language as tl
 
 from prefixgrove_kernels import checks
-from prefixgrove_kernels.launch import (
-    CascadeMetadata,
-    KernelLaunch,
-    PagedMetadata,
-    PrefixCall,
-    SuffixChunks,
-    takes_arguments_of,
-)
+from prefixgrove_kernels.calls import PrefixCall, takes_arguments_of
+from prefixgrove_kernels.launch import CascadeMetadata, KernelLaunch, PagedMetadata, SuffixChunks
 from prefixgrove_kernels.merge_states import (
     merge_attention_states,
     merge_attention_states_ref,
@@ -328,7 +322,7 @@ def _check_prefix_args(
 ) -> tuple[int, int, int, tuple[torch.Tensor, torch.Tensor]]:
     """Validates on the host; returns (num_groups, GQA ratio, suffix chunks' sequences or 0, the
     launch's scale arguments: `checks.kv_scale_args`). kernel: as `checks.check_queries`."""
-    group, scales = checks.check_attention_call(call, kernel)
+    group, scales = call.check(kernel)
     q, groups, suffix_chunks = call.q, call.groups, call.suffix_chunks
     num_groups = checks.check_segments(
         q, "group_cu_q", groups.group_cu_q, {"group_prefix_lens": groups.group_prefix_lens},

@@ -27,13 +27,14 @@ import triton
 import triton.language as tl
 
 from prefixgrove_kernels import checks
+from prefixgrove_kernels.calls import DecodeCall, takes_arguments_of
 from prefixgrove_kernels.cascade_attention import (
     MAX_SPLITS,
     check_num_splits,
     group_row_tile,
     num_sms,
 )
-from prefixgrove_kernels.launch import DecodeCall, KernelLaunch, takes_arguments_of
+from prefixgrove_kernels.launch import KernelLaunch
 from prefixgrove_kernels.merge_states import reduce_splits_launch
 from prefixgrove_kernels.paged_attention import (
     LOG2E,
@@ -243,7 +244,7 @@ def _check_args(
 ) -> tuple[int, int, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Validates on the host; returns (num_groups, GQA ratio, kv_start, the launch's scale
     arguments: `checks.kv_scale_args`). kernel: as `checks.check_queries`."""
-    group, scales = checks.check_attention_call(call, kernel)
+    group, scales = call.check(kernel)
     q, meta, groups = call.q, call.meta, call.groups
     checks.check_output("out", call.out, q, q.dtype, contiguous=False)
     if meta.kv_start is None:

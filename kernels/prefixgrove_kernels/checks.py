@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from prefixgrove_kernels.launch import AttentionCall
-
 ATTENTION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # A paged cache is in the queries' dtype, or in FP8 e4m3 with one float32 scale per cache (a stored code
 # c stands for c * scale; |c| <= FP8_MAX)
@@ -122,18 +120,6 @@ def kv_scale_args(
                 f"{name} must hold one value (a per-tensor scale), got {tuple(t.shape)}"
             )
     return k_scale, v_scale
-
-
-def check_attention_call(
-    call: AttentionCall, kernel: bool
-) -> tuple[int, tuple[torch.Tensor, torch.Tensor]]:
-    """What every attention kernel takes (queries, cache, scales, scale); returns (the GQA ratio, the
-    launch's scale arguments: `kv_scale_args`). kernel: as `check_queries`."""
-    check_queries(call.q, kernel)
-    group = check_kv_cache(call.q, call.k_cache, call.v_cache)
-    scales = kv_scale_args(call.q.device, call.k_cache, call.k_scale, call.v_scale)
-    check_scale(call.scale)
-    return group, scales
 
 
 def check_output(

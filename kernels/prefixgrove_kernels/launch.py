@@ -1,6 +1,5 @@
-"""What the attention launchers take and plan: a step's metadata and each kernel's arguments as typed
-objects, and a kernel launch as data, so it can be run, compiled ahead of time or captured in a CUDA
-graph.
+"""What the attention launchers take and plan: a step's metadata as typed objects, and a kernel launch
+as data, so it can be run, compiled ahead of time or captured in a CUDA graph.
 
 The metadata objects hold device tensors and host ints only; a launcher reads their shapes and ints,
 never their values, so the engine builds them once per step over static buffers and every layer (and
@@ -9,15 +8,10 @@ every replay of a captured step) reuses them.
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
-from dataclasses import KW_ONLY, dataclass
-from typing import Any, NamedTuple, ParamSpec, TypeVar
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,72 +47,6 @@ class SuffixChunks(NamedTuple):
 
     out: torch.Tensor  # [num_tokens, num_heads, head_dim], q's dtype (token, head strides free)
     seqs: PagedMetadata  # with kv_start
-
-
-@dataclass(frozen=True, eq=False, slots=True)
-class AttentionCall:
-    """What every attention kernel's call takes: the queries, the paged cache (q's dtype, or FP8 with
-    k_scale and v_scale) and the softmax scale. Each kernel's call record (below) adds its own
-    arguments; its launch planner, the function that runs it and its torch reference all take the
-    record's parameters (`takes_arguments_of`), which the kernel's docstring explains."""
-
-    q: torch.Tensor  # [num_tokens, num_heads, head_dim]
-    k_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
-    v_cache: torch.Tensor
-    _: KW_ONLY
-    scale: float
-    k_scale: torch.Tensor | None = None
-    v_scale: torch.Tensor | None = None
-
-
-@dataclass(frozen=True, eq=False, slots=True)
-class PagedCall(AttentionCall):
-    """`paged_attention.paged_attention`'s arguments."""
-
-    out: torch.Tensor
-    meta: PagedMetadata
-    _: KW_ONLY
-    prefix_out: torch.Tensor | None = None
-    prefix_lse: torch.Tensor | None = None
-    skip_suffix_chunks: bool = False
-
-
-@dataclass(frozen=True, eq=False, slots=True)
-class PrefixCall(AttentionCall):
-    """`cascade_attention.prefix_attention`'s arguments."""
-
-    groups: CascadeMetadata
-    _: KW_ONLY
-    out: torch.Tensor | None = None
-    out_lse: torch.Tensor | None = None
-    num_splits: int | None = None
-    suffix_chunks: SuffixChunks | None = None
-    tile_rows: int | None = None
-
-
-@dataclass(frozen=True, eq=False, slots=True)
-class DecodeCall(AttentionCall):
-    """`cascade_decode.cascade_decode_attention`'s arguments."""
-
-    out: torch.Tensor
-    meta: PagedMetadata
-    groups: CascadeMetadata
-    _: KW_ONLY
-    num_splits: int | None = None
-
-
-def takes_arguments_of(source: Callable[P, object]) -> Callable[[Callable[..., R]], Callable[P, R]]:
-    """Gives a function that passes its arguments on (`*args, **kwargs`) the parameters of `source`,
-    a call record or a launch planner, for its callers, type checkers and help(): a parameter list
-    written once for a kernel's planner, runner and reference."""
-
-    def typed(fn: Callable[..., R]) -> Callable[P, R]:
-        returns = inspect.signature(fn).return_annotation
-        signature = inspect.signature(source).replace(return_annotation=returns)
-        fn.__signature__ = signature  # type: ignore[attr-defined]
-        return fn
-
-    return typed
 
 
 class KernelLaunch(NamedTuple):

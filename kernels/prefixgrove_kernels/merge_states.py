@@ -13,7 +13,8 @@ import triton
 import triton.language as tl
 
 from prefixgrove_kernels import checks
-from prefixgrove_kernels.launch import KernelLaunch, takes_arguments_of
+from prefixgrove_kernels.calls import takes_arguments_of
+from prefixgrove_kernels.launch import KernelLaunch
 from prefixgrove_kernels.reference_math import merge_states
 
 

@@ -33,9 +33,10 @@ import triton
 import triton.language as tl
 
 from prefixgrove_kernels import checks
+from prefixgrove_kernels.calls import PagedCall, takes_arguments_of
 from prefixgrove_kernels.checks import FP8_MAX, MIN_SCALE
 from prefixgrove_kernels.fp8_quant import row_scale
-from prefixgrove_kernels.launch import KernelLaunch, PagedCall, takes_arguments_of
+from prefixgrove_kernels.launch import KernelLaunch
 from prefixgrove_kernels.merge_states import merge_pair
 from prefixgrove_kernels.reference_math import attend, fp8_query_values, gather_keys, merge_states
 from prefixgrove_kernels.rotary import to_e4m3
@@ -420,7 +421,7 @@ def check_paged_attention_args(
 ) -> tuple[int, int, tuple[torch.Tensor, torch.Tensor]]:
     """Validates everything on the host; returns (num_seqs, GQA ratio, the launch's scale
     arguments: `checks.kv_scale_args`). kernel: as `checks.check_queries`."""
-    group, scales = checks.check_attention_call(call, kernel)
+    group, scales = call.check(kernel)
     q, meta = call.q, call.meta
     checks.check_output("out", call.out, q, q.dtype, contiguous=False)
     num_seqs = checks.check_segments(

@@ -19,9 +19,10 @@ import triton
 import triton.language as tl
 
 from prefixgrove_kernels import checks
+from prefixgrove_kernels.calls import takes_arguments_of
 from prefixgrove_kernels.checks import FP8_KV_DTYPE
 from prefixgrove_kernels.fp8_quant import ROW_SCALE_OPTIONS, quantize_rows_ref, row_scale
-from prefixgrove_kernels.launch import KernelLaunch, takes_arguments_of
+from prefixgrove_kernels.launch import KernelLaunch
 from prefixgrove_kernels.rotary import to_e4m3
 
 NORM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
