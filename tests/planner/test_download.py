@@ -130,6 +130,15 @@ def test_an_interrupted_download_leaves_a_marker_at_its_last_whole_line(
     assert marker["output"]["size"] == out.stat().st_size
 
 
+def test_a_download_stopped_before_its_first_line_leaves_no_marker(
+    planner: Planner, tmp_path: Path
+) -> None:
+    out = tmp_path / "out.jsonl"
+    planner.interrupted(out, after=0)
+    assert not marker_path(out).exists()
+    assert out.read_bytes() == errors_of(out).read_bytes() == b""
+
+
 def test_a_download_stopped_by_ctrl_c_resumes_where_it_stopped(
     planner: Planner, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

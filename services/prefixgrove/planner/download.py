@@ -91,7 +91,7 @@ def download(results: Results, job_id: str, output: Path, errors: Path) -> tuple
     ):
         files = (out, err)
         # how far both files go, in one assignment: an interrupt lands before or after it
-        reached = _Reached(start, tallies[0].size, tallies[1].size)
+        reached = begun = _Reached(start, tallies[0].size, tallies[1].size)
         try:
             for n, result in enumerate(results(start), 1):
                 data = result.line.encode() + b"\n"
@@ -101,7 +101,8 @@ def download(results: Results, job_id: str, output: Path, errors: Path) -> tuple
                 if n % MARK_EVERY == 0:
                     _mark(marker, job_id, reached.next, files, tallies)
         except BaseException:
-            _mark_after_stop(marker, job_id, reached, files, (output, errors))
+            if reached != begun:  # else the files are as the marker there (if any) says
+                _mark_after_stop(marker, job_id, reached, files, (output, errors))
             raise
     marker.unlink(missing_ok=True)
     return tallies[0].lines, tallies[1].lines
