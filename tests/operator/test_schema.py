@@ -62,6 +62,17 @@ def test_schema_accepts_a_sound_batchjob(crd: KubeApi) -> None:
     )
 
 
+def test_unknown_fields_are_pruned_by_the_api_server_not_refused(crd: KubeApi) -> None:
+    """Only a validating client (kubectl without --validate=false) refuses them; docs/operator.md
+    says so."""
+    name = f"pruned-{uuid.uuid4().hex[:8]}"
+    body = batchjob(name, maxFailedRate=0.5)
+    args = ("apply", "--validate=false", "--dry-run=server", "-o", "json", "-f", "-")
+    stored = json.loads(crd.kubectl(*args, input=body))
+    assert "maxFailedRate" not in stored["spec"]
+    assert stored["spec"]["model"] == "tiny-random-llama"
+
+
 def _undescribed(schema: dict[str, Any], where: str) -> list[str]:
     missing = [] if schema.get("description") else [where]
     for name, field in (schema.get("properties") or {}).items():
