@@ -143,11 +143,14 @@ class PlannerSettings:
     data_dir: str = ""
     max_message_bytes: int = 64 << 20
     job_retention_s: int = 7 * 24 * 3600  # a finished job's keys expire after this; 0: kept
-    # calls that last as long as a job (status --watch, submit --wait's results) served at once;
-    # the thread pool holds this many and 8 more for everything else
+    # streaming calls (uploads, status --watch, submit --wait's results) served at once; the
+    # thread pool holds this many and 8 more for the short calls and the health check
     max_streams: int = 64
-    # a job whose input stops arriving this long before it is sealed fails (`upload_abandoned`)
+    # a job whose input stops arriving this long before it is sealed fails (`upload_abandoned`),
+    # and an upload stream whose client sends nothing this long is ended
     upload_idle_timeout_s: float = 900.0
+    # a watch or results stream whose client takes no message this long is ended
+    stream_stall_timeout_s: float = 300.0
     # processes that parse uploaded lines (JSON and validation hold the GIL); 0: half the cores,
     # at most 8; 1: parsed in the planner's own process
     parse_processes: int = 0
@@ -169,7 +172,7 @@ class PlannerSettings:
                 f"{MAX_LINE_BYTES_LIMIT} bytes)"
             )
         positive(self, "max_streams")
-        positive(self, "upload_idle_timeout_s")
+        positive(self, "upload_idle_timeout_s", "stream_stall_timeout_s")
         if self.parse_processes < 0:
             raise ValueError(
                 f"parse_processes={self.parse_processes} is invalid: expected >= 0 (0: automatic)"

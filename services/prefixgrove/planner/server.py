@@ -30,7 +30,7 @@ _HOUSEKEEPING_S = _HEARTBEAT_TTL_S / 3
 # a replica killed mid-upload: its heartbeat runs out, then the next round of another replica fails
 # the upload (ingest_interrupted)
 UPLOAD_FAILED_WITHIN_S = _HEARTBEAT_TTL_S + _HOUSEKEEPING_S
-_SHORT_CALL_THREADS = 8  # beyond the long-lived streams: calls that end, and the health check
+_SHORT_CALL_THREADS = 8  # beyond the streams (StreamLimit): calls that end, and the health check
 SERVICE_NAME = planner_pb2.DESCRIPTOR.services_by_name["Planner"].full_name
 
 
@@ -69,7 +69,12 @@ def build_server(
     service = PlannerService(store, planner.models, ingest, metrics, parser)
     service.heartbeat(_HEARTBEAT_TTL_S)
     service.recover()
-    interceptors: list[grpc.ServerInterceptor] = [StreamLimit(planner.max_streams)]
+    streams = StreamLimit(
+        planner.max_streams,
+        planner.stream_stall_timeout_s,
+        {"AddRequests": planner.upload_idle_timeout_s},
+    )
+    interceptors: list[grpc.ServerInterceptor] = [streams]
     if security.auth_token:  # first: a call without the token is refused before it takes a slot
         interceptors.insert(0, BearerTokenInterceptor(security.auth_token))
     server = grpc.server(
@@ -91,6 +96,7 @@ def build_server(
     running.threads.append(
         _start_housekeeping(service, running.stopping, planner.upload_idle_timeout_s)
     )
+    running.threads.append(streams.start(running.stopping))
     if planner.metrics_port:
         running.threads += metrics.serve(planner.metrics_port, store.model_queue, running.stopping)
     if planner.http_port:
