@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from prefixgrove.engine_settings import EngineSettings
 from prefixgrove.grouping import PrefixGroup
+from prefixgrove.input_lines import line_batches
 from prefixgrove.jobs.ingest import JobIngestor, JobPlan
 from prefixgrove.jobs.kept_answers import ExpectedAnswers
 from prefixgrove.jobs.ordered_writer import OrderedWriter, Resumed, read_back
@@ -73,16 +74,10 @@ class RunSummary:
     errors_by_code: dict[str, int]
 
 
-def read_lines(path: Path, chunk: int = _READ_LINES) -> Iterator[list[bytes]]:
-    with path.open("rb") as f:
-        lines: list[bytes] = []
-        for line in f:
-            lines.append(line.rstrip(b"\r\n"))
-            if len(lines) >= chunk:
-                yield lines
-                lines = []
-        if lines:
-            yield lines
+def read_lines(path: Path, max_line_bytes: int, chunk: int = _READ_LINES) -> Iterator[list[bytes]]:
+    """The input's lines in batches, in bounded memory: a line over `max_line_bytes` is never
+    held whole (input_lines.py), and it fails alone as `line_too_large`."""
+    return line_batches(path, max_line_bytes, chunk)
 
 
 def run_local(
@@ -249,7 +244,7 @@ def _read_job(
     errors: list[RequestError] = []
     progress.info("reading and tokenizing %s", path)
     start, due, count = time.perf_counter(), _Every(every_s), 0
-    for lines in read_lines(path, _READ_LINES):
+    for lines in read_lines(path, ingestor.settings.max_line_bytes, _READ_LINES):
         batch = ingestor.add(lines)
         requests.extend(batch.requests)
         errors.extend(batch.errors)

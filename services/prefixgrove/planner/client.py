@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 
+from prefixgrove.input_lines import bounded_lines
 from prefixgrove.output_files import replaced
 from prefixgrove.planner.download import download as download_results
 from prefixgrove.planner.security import channel
@@ -260,9 +261,9 @@ class PlannerClient:
 
 
 def _file_lines(path: Path) -> Iterator[bytes]:
+    """In bounded memory: a line over any planner's limit is never held whole (input_lines.py)."""
     with path.open("rb") as f:
-        for line in f:
-            yield line.rstrip(b"\r\n")
+        yield from bounded_lines(f, MAX_LINE_BYTES_LIMIT)
 
 
 def _chunks(job_id: str, lines: Iterable[bytes]) -> Iterator[pb.AddRequestsChunk]:

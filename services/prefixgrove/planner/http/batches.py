@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from prefixgrove.input_lines import line_batches
 from prefixgrove.jobs.redis_store import schema
 from prefixgrove.jobs.redis_store.schema import JobRecord, JobState
 from prefixgrove.planner.http.errors import ApiError, ServiceCall, not_found
@@ -26,6 +27,7 @@ ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 COMPLETION_WINDOW = "24h"
 _WINDOW_S = 24 * 3600
 _CHUNK_BYTES = 1 << 20  # lines handed to the service at once, as the gRPC client sends them
+_CHUNK_LINES = 1 << 16
 _MAX_LIST = 100
 _STATUS = {  # a job's results are final as workers write them: it never shows `finalizing`
     JobState.VALIDATING: "validating",
@@ -108,7 +110,8 @@ class Batches:
         record says why (the batch's `errors`)."""
         call = ServiceCall()
         try:
-            self.service.AddRequests(_chunks(job_id, input_path), call)
+            max_line_bytes = self.service.ingest_settings.max_line_bytes
+            self.service.AddRequests(_chunks(job_id, input_path, max_line_bytes), call)
             self.service.SealJob(pb.SealJobRequest(job_id=job_id), call)
         except ApiError as exc:
             log.info("batch %s was not queued: %s", job_id, exc.message)
@@ -200,15 +203,13 @@ def _checked_request(body: dict[str, Any]) -> dict[str, str]:
     return dict(metadata)
 
 
-def _chunks(job_id: str, path: Path) -> Iterator[pb.AddRequestsChunk]:
-    """The file's lines in chunks of about 1 MiB; an empty file still sends one chunk."""
-    batch: list[bytes] = []
-    size = 0
-    with path.open("rb") as f:
-        for line in f:
-            batch.append(line.rstrip(b"\r\n"))
-            size += len(line)
-            if size >= _CHUNK_BYTES:
-                yield pb.AddRequestsChunk(job_id=job_id, lines=batch)
-                batch, size = [], 0
-    yield pb.AddRequestsChunk(job_id=job_id, lines=batch)
+def _chunks(job_id: str, path: Path, max_line_bytes: int) -> Iterator[pb.AddRequestsChunk]:
+    """The file's lines in chunks of about 1 MiB, read in bounded memory (a line over the limit
+    is never held whole: input_lines.py); an empty file still sends one chunk."""
+    batches = line_batches(path, max_line_bytes, max_lines=_CHUNK_LINES, max_bytes=_CHUNK_BYTES)
+    sent = False
+    for batch in batches:
+        yield pb.AddRequestsChunk(job_id=job_id, lines=batch)
+        sent = True
+    if not sent:
+        yield pb.AddRequestsChunk(job_id=job_id, lines=[])
