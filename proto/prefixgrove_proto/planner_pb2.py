@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rplanner.proto\x12\x0eprefixgrove.v1\"A\n\rRequestCounts\x12\r\n\x05total\x18\x01 \x01(\x03\x12\x11\n\tcompleted\x18\x02 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x03 \x01(\x03\"J\n\nQueueDepth\x12\x16\n\x0egroups_waiting\x18\x01 \x01(\x03\x12\x15\n\rgroups_leased\x18\x02 \x01(\x03\x12\r\n\x05\x64\x65pth\x18\x03 \x01(\x03\")\n\x08JobError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x8e\x04\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\'\n\x05state\x18\x04 \x01(\x0e\x32\x18.prefixgrove.v1.JobState\x12\x35\n\x0erequest_counts\x18\x05 \x01(\x0b\x32\x1d.prefixgrove.v1.RequestCounts\x12)\n\x05queue\x18\x06 \x01(\x0b\x32\x1a.prefixgrove.v1.QueueDepth\x12\x14\n\x0cgroups_total\x18\x07 \x01(\x03\x12\x13\n\x0bgroups_done\x18\x08 \x01(\x03\x12\x1b\n\x13prefix_tokens_saved\x18\t \x01(\x03\x12\x15\n\rprompt_tokens\x18\n \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x0b \x01(\x03\x12\x12\n\ncreated_at\x18\x0c \x01(\x01\x12\x16\n\x0ein_progress_at\x18\r \x01(\x01\x12\x13\n\x0b\x66inished_at\x18\x0e \x01(\x01\x12\'\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x18.prefixgrove.v1.JobError\x12\x33\n\x08metadata\x18\x10 \x03(\x0b\x32!.prefixgrove.v1.Job.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xad\x01\n\x10\x43reateJobRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12@\n\x08metadata\x18\x03 \x03(\x0b\x32..prefixgrove.v1.CreateJobRequest.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"1\n\x10\x41\x64\x64RequestsChunk\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05lines\x18\x02 \x03(\x0c\"H\n\x13\x41\x64\x64RequestsResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x03\x12\x10\n\x08rejected\x18\x02 \x01(\x03\x12\r\n\x05total\x18\x03 \x01(\x03\" \n\x0eSealJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"4\n\x0fListJobsRequest\x12\r\n\x05limit\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"N\n\x10ListJobsResponse\x12!\n\x04jobs\x18\x01 \x03(\x0b\x32\x13.prefixgrove.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"!\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x84\x01\n\x14StreamResultsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12(\n\x04kind\x18\x03 \x01(\x0e\x32\x1a.prefixgrove.v1.ResultKind\x12\x0e\n\x06\x66ollow\x18\x04 \x01(\x08\x12\x12\n\nunanswered\x18\x05 \x01(\x08\";\n\nResultLine\x12\r\n\x05index\x18\x01 \x01(\x03\x12\x10\n\x08is_error\x18\x02 \x01(\x08\x12\x0c\n\x04line\x18\x03 \x01(\t\">\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x1a\n\x12upload_interrupted\x18\x02 \x01(\x08\"%\n\x14GetQueueDepthRequest\x12\r\n\x05model\x18\x01 \x01(\t*\xd6\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14JOB_STATE_VALIDATING\x10\x01\x12\x19\n\x15JOB_STATE_IN_PROGRESS\x10\x02\x12\x18\n\x14JOB_STATE_FINALIZING\x10\x03\x12\x17\n\x13JOB_STATE_COMPLETED\x10\x04\x12\x14\n\x10JOB_STATE_FAILED\x10\x05\x12\x18\n\x14JOB_STATE_CANCELLING\x10\x06\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x07*m\n\nResultKind\x12\x1b\n\x17RESULT_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12RESULT_KIND_OUTPUT\x10\x01\x12\x15\n\x11RESULT_KIND_ERROR\x10\x02\x12\x13\n\x0fRESULT_KIND_ALL\x10\x03\x32\xa2\x05\n\x07Planner\x12\x42\n\tCreateJob\x12 .prefixgrove.v1.CreateJobRequest\x1a\x13.prefixgrove.v1.Job\x12V\n\x0b\x41\x64\x64Requests\x12 .prefixgrove.v1.AddRequestsChunk\x1a#.prefixgrove.v1.AddRequestsResponse(\x01\x12>\n\x07SealJob\x12\x1e.prefixgrove.v1.SealJobRequest\x1a\x13.prefixgrove.v1.Job\x12<\n\x06GetJob\x12\x1d.prefixgrove.v1.GetJobRequest\x1a\x13.prefixgrove.v1.Job\x12M\n\x08ListJobs\x12\x1f.prefixgrove.v1.ListJobsRequest\x1a .prefixgrove.v1.ListJobsResponse\x12\x42\n\x08WatchJob\x12\x1f.prefixgrove.v1.WatchJobRequest\x1a\x13.prefixgrove.v1.Job0\x01\x12S\n\rStreamResults\x12$.prefixgrove.v1.StreamResultsRequest\x1a\x1a.prefixgrove.v1.ResultLine0\x01\x12\x42\n\tCancelJob\x12 .prefixgrove.v1.CancelJobRequest\x1a\x13.prefixgrove.v1.Job\x12Q\n\rGetQueueDepth\x12$.prefixgrove.v1.GetQueueDepthRequest\x1a\x1a.prefixgrove.v1.QueueDepthb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rplanner.proto\x12\x0eprefixgrove.v1\"A\n\rRequestCounts\x12\r\n\x05total\x18\x01 \x01(\x03\x12\x11\n\tcompleted\x18\x02 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x03 \x01(\x03\"J\n\nQueueDepth\x12\x16\n\x0egroups_waiting\x18\x01 \x01(\x03\x12\x15\n\rgroups_leased\x18\x02 \x01(\x03\x12\r\n\x05\x64\x65pth\x18\x03 \x01(\x03\")\n\x08JobError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x8e\x04\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\'\n\x05state\x18\x04 \x01(\x0e\x32\x18.prefixgrove.v1.JobState\x12\x35\n\x0erequest_counts\x18\x05 \x01(\x0b\x32\x1d.prefixgrove.v1.RequestCounts\x12)\n\x05queue\x18\x06 \x01(\x0b\x32\x1a.prefixgrove.v1.QueueDepth\x12\x14\n\x0cgroups_total\x18\x07 \x01(\x03\x12\x13\n\x0bgroups_done\x18\x08 \x01(\x03\x12\x1b\n\x13prefix_tokens_saved\x18\t \x01(\x03\x12\x15\n\rprompt_tokens\x18\n \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x0b \x01(\x03\x12\x12\n\ncreated_at\x18\x0c \x01(\x01\x12\x16\n\x0ein_progress_at\x18\r \x01(\x01\x12\x13\n\x0b\x66inished_at\x18\x0e \x01(\x01\x12\'\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x18.prefixgrove.v1.JobError\x12\x33\n\x08metadata\x18\x10 \x03(\x0b\x32!.prefixgrove.v1.Job.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xde\x01\n\x10\x43reateJobRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12@\n\x08metadata\x18\x03 \x03(\x0b\x32..prefixgrove.v1.CreateJobRequest.MetadataEntry\x12/\n\x05input\x18\x04 \x01(\x0b\x32 .prefixgrove.v1.InputFingerprint\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"1\n\x10InputFingerprint\x12\r\n\x05lines\x18\x01 \x01(\x03\x12\x0e\n\x06\x64igest\x18\x02 \x01(\t\"Y\n\x10\x41\x64\x64RequestsChunk\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05lines\x18\x02 \x03(\x0c\x12\x17\n\nfirst_line\x18\x03 \x01(\x03H\x00\x88\x01\x01\x42\r\n\x0b_first_line\"H\n\x13\x41\x64\x64RequestsResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x03\x12\x10\n\x08rejected\x18\x02 \x01(\x03\x12\r\n\x05total\x18\x03 \x01(\x03\" \n\x0eSealJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"4\n\x0fListJobsRequest\x12\r\n\x05limit\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"N\n\x10ListJobsResponse\x12!\n\x04jobs\x18\x01 \x03(\x0b\x32\x13.prefixgrove.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"!\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x84\x01\n\x14StreamResultsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12(\n\x04kind\x18\x03 \x01(\x0e\x32\x1a.prefixgrove.v1.ResultKind\x12\x0e\n\x06\x66ollow\x18\x04 \x01(\x08\x12\x12\n\nunanswered\x18\x05 \x01(\x08\";\n\nResultLine\x12\r\n\x05index\x18\x01 \x01(\x03\x12\x10\n\x08is_error\x18\x02 \x01(\x08\x12\x0c\n\x04line\x18\x03 \x01(\t\">\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x1a\n\x12upload_interrupted\x18\x02 \x01(\x08\"%\n\x14GetQueueDepthRequest\x12\r\n\x05model\x18\x01 \x01(\t*\xd6\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14JOB_STATE_VALIDATING\x10\x01\x12\x19\n\x15JOB_STATE_IN_PROGRESS\x10\x02\x12\x18\n\x14JOB_STATE_FINALIZING\x10\x03\x12\x17\n\x13JOB_STATE_COMPLETED\x10\x04\x12\x14\n\x10JOB_STATE_FAILED\x10\x05\x12\x18\n\x14JOB_STATE_CANCELLING\x10\x06\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x07*m\n\nResultKind\x12\x1b\n\x17RESULT_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12RESULT_KIND_OUTPUT\x10\x01\x12\x15\n\x11RESULT_KIND_ERROR\x10\x02\x12\x13\n\x0fRESULT_KIND_ALL\x10\x03\x32\xa2\x05\n\x07Planner\x12\x42\n\tCreateJob\x12 .prefixgrove.v1.CreateJobRequest\x1a\x13.prefixgrove.v1.Job\x12V\n\x0b\x41\x64\x64Requests\x12 .prefixgrove.v1.AddRequestsChunk\x1a#.prefixgrove.v1.AddRequestsResponse(\x01\x12>\n\x07SealJob\x12\x1e.prefixgrove.v1.SealJobRequest\x1a\x13.prefixgrove.v1.Job\x12<\n\x06GetJob\x12\x1d.prefixgrove.v1.GetJobRequest\x1a\x13.prefixgrove.v1.Job\x12M\n\x08ListJobs\x12\x1f.prefixgrove.v1.ListJobsRequest\x1a .prefixgrove.v1.ListJobsResponse\x12\x42\n\x08WatchJob\x12\x1f.prefixgrove.v1.WatchJobRequest\x1a\x13.prefixgrove.v1.Job0\x01\x12S\n\rStreamResults\x12$.prefixgrove.v1.StreamResultsRequest\x1a\x1a.prefixgrove.v1.ResultLine0\x01\x12\x42\n\tCancelJob\x12 .prefixgrove.v1.CancelJobRequest\x1a\x13.prefixgrove.v1.Job\x12Q\n\rGetQueueDepth\x12$.prefixgrove.v1.GetQueueDepthRequest\x1a\x1a.prefixgrove.v1.QueueDepthb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,10 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOB_METADATAENTRY']._serialized_options = b'8\001'
   _globals['_CREATEJOBREQUEST_METADATAENTRY']._loaded_options = None
   _globals['_CREATEJOBREQUEST_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_JOBSTATE']._serialized_start=1585
-  _globals['_JOBSTATE']._serialized_end=1799
-  _globals['_RESULTKIND']._serialized_start=1801
-  _globals['_RESULTKIND']._serialized_end=1910
+  _globals['_JOBSTATE']._serialized_start=1725
+  _globals['_JOBSTATE']._serialized_end=1939
+  _globals['_RESULTKIND']._serialized_start=1941
+  _globals['_RESULTKIND']._serialized_end=2050
   _globals['_REQUESTCOUNTS']._serialized_start=33
   _globals['_REQUESTCOUNTS']._serialized_end=98
   _globals['_QUEUEDEPTH']._serialized_start=100
@@ -50,31 +50,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOB_METADATAENTRY']._serialized_start=699
   _globals['_JOB_METADATAENTRY']._serialized_end=746
   _globals['_CREATEJOBREQUEST']._serialized_start=749
-  _globals['_CREATEJOBREQUEST']._serialized_end=922
+  _globals['_CREATEJOBREQUEST']._serialized_end=971
   _globals['_CREATEJOBREQUEST_METADATAENTRY']._serialized_start=699
   _globals['_CREATEJOBREQUEST_METADATAENTRY']._serialized_end=746
-  _globals['_ADDREQUESTSCHUNK']._serialized_start=924
-  _globals['_ADDREQUESTSCHUNK']._serialized_end=973
-  _globals['_ADDREQUESTSRESPONSE']._serialized_start=975
-  _globals['_ADDREQUESTSRESPONSE']._serialized_end=1047
-  _globals['_SEALJOBREQUEST']._serialized_start=1049
-  _globals['_SEALJOBREQUEST']._serialized_end=1081
-  _globals['_GETJOBREQUEST']._serialized_start=1083
-  _globals['_GETJOBREQUEST']._serialized_end=1114
-  _globals['_LISTJOBSREQUEST']._serialized_start=1116
-  _globals['_LISTJOBSREQUEST']._serialized_end=1168
-  _globals['_LISTJOBSRESPONSE']._serialized_start=1170
-  _globals['_LISTJOBSRESPONSE']._serialized_end=1248
-  _globals['_WATCHJOBREQUEST']._serialized_start=1250
-  _globals['_WATCHJOBREQUEST']._serialized_end=1283
-  _globals['_STREAMRESULTSREQUEST']._serialized_start=1286
-  _globals['_STREAMRESULTSREQUEST']._serialized_end=1418
-  _globals['_RESULTLINE']._serialized_start=1420
-  _globals['_RESULTLINE']._serialized_end=1479
-  _globals['_CANCELJOBREQUEST']._serialized_start=1481
-  _globals['_CANCELJOBREQUEST']._serialized_end=1543
-  _globals['_GETQUEUEDEPTHREQUEST']._serialized_start=1545
-  _globals['_GETQUEUEDEPTHREQUEST']._serialized_end=1582
-  _globals['_PLANNER']._serialized_start=1913
-  _globals['_PLANNER']._serialized_end=2587
+  _globals['_INPUTFINGERPRINT']._serialized_start=973
+  _globals['_INPUTFINGERPRINT']._serialized_end=1022
+  _globals['_ADDREQUESTSCHUNK']._serialized_start=1024
+  _globals['_ADDREQUESTSCHUNK']._serialized_end=1113
+  _globals['_ADDREQUESTSRESPONSE']._serialized_start=1115
+  _globals['_ADDREQUESTSRESPONSE']._serialized_end=1187
+  _globals['_SEALJOBREQUEST']._serialized_start=1189
+  _globals['_SEALJOBREQUEST']._serialized_end=1221
+  _globals['_GETJOBREQUEST']._serialized_start=1223
+  _globals['_GETJOBREQUEST']._serialized_end=1254
+  _globals['_LISTJOBSREQUEST']._serialized_start=1256
+  _globals['_LISTJOBSREQUEST']._serialized_end=1308
+  _globals['_LISTJOBSRESPONSE']._serialized_start=1310
+  _globals['_LISTJOBSRESPONSE']._serialized_end=1388
+  _globals['_WATCHJOBREQUEST']._serialized_start=1390
+  _globals['_WATCHJOBREQUEST']._serialized_end=1423
+  _globals['_STREAMRESULTSREQUEST']._serialized_start=1426
+  _globals['_STREAMRESULTSREQUEST']._serialized_end=1558
+  _globals['_RESULTLINE']._serialized_start=1560
+  _globals['_RESULTLINE']._serialized_end=1619
+  _globals['_CANCELJOBREQUEST']._serialized_start=1621
+  _globals['_CANCELJOBREQUEST']._serialized_end=1683
+  _globals['_GETQUEUEDEPTHREQUEST']._serialized_start=1685
+  _globals['_GETQUEUEDEPTHREQUEST']._serialized_end=1722
+  _globals['_PLANNER']._serialized_start=2053
+  _globals['_PLANNER']._serialized_end=2727
 # @@protoc_insertion_point(module_scope)

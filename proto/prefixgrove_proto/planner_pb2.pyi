@@ -109,7 +109,7 @@ class Job(_message.Message):
     def __init__(self, id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., model: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., request_counts: _Optional[_Union[RequestCounts, _Mapping]] = ..., queue: _Optional[_Union[QueueDepth, _Mapping]] = ..., groups_total: _Optional[int] = ..., groups_done: _Optional[int] = ..., prefix_tokens_saved: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., created_at: _Optional[float] = ..., in_progress_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., error: _Optional[_Union[JobError, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class CreateJobRequest(_message.Message):
-    __slots__ = ("model", "idempotency_key", "metadata")
+    __slots__ = ("model", "idempotency_key", "metadata", "input")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -120,18 +120,30 @@ class CreateJobRequest(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FIELD_NUMBER: _ClassVar[int]
     model: str
     idempotency_key: str
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, model: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    input: InputFingerprint
+    def __init__(self, model: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., input: _Optional[_Union[InputFingerprint, _Mapping]] = ...) -> None: ...
+
+class InputFingerprint(_message.Message):
+    __slots__ = ("lines", "digest")
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    lines: int
+    digest: str
+    def __init__(self, lines: _Optional[int] = ..., digest: _Optional[str] = ...) -> None: ...
 
 class AddRequestsChunk(_message.Message):
-    __slots__ = ("job_id", "lines")
+    __slots__ = ("job_id", "lines", "first_line")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     LINES_FIELD_NUMBER: _ClassVar[int]
+    FIRST_LINE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     lines: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, job_id: _Optional[str] = ..., lines: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    first_line: int
+    def __init__(self, job_id: _Optional[str] = ..., lines: _Optional[_Iterable[bytes]] = ..., first_line: _Optional[int] = ...) -> None: ...
 
 class AddRequestsResponse(_message.Message):
     __slots__ = ("accepted", "rejected", "total")

@@ -103,7 +103,10 @@ class PlannerServicer:
     def SealJob(self, request, context):
         """Ends the input: groups the whole job by shared prefix and queues its groups for the workers.
         Any replica seals any job; a job that lost lines (a replica stopped mid-stream) fails with
-        ABORTED and the error code "ingest_interrupted".
+        ABORTED and the error code "ingest_interrupted". A job created with its input's fingerprint is
+        sealed only once it holds exactly that input: holding fewer lines, the call fails with
+        FAILED_PRECONDITION and the job stays open for the rest; holding others, the job fails with
+        ABORTED and the error code "input_mismatch".
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -46,13 +46,20 @@ def submit(args: argparse.Namespace) -> int:
     job = client.submit_file(args.input, args.model, args.idempotency_key)
     _show(job, args.json)
     if not args.wait:
-        return 0
+        return 1 if _ended_unanswered(job) else 0
     # The results stream into the files while the job runs; the progress bar follows it meanwhile.
     download = _Download(client, job.id, args)
     download.start()
     job = _follow(client, job.id, args)
     download.join()
     return download.report(job, args)
+
+
+def _ended_unanswered(job: Any) -> bool:
+    """A submit that gives back a failed or cancelled job (its key's, say) did not submit it."""
+    from prefixgrove_proto import planner_pb2 as pb
+
+    return job.state in (pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLING, pb.JOB_STATE_CANCELLED)
 
 
 def status(args: argparse.Namespace) -> int:

@@ -28,6 +28,7 @@ from prefixgrove.jobs.redis_store.connection import connect
 from prefixgrove.jobs.redis_store.queue import GroupQueue
 from prefixgrove.jobs.redis_store.schema import GroupRecord, JobKeys, JobState, ResultRecord
 from prefixgrove.jobs.redis_store.store import JobStore, QueueDepth
+from prefixgrove.jobs.redis_store.uploads import Uploads
 from prefixgrove.jobs.request_errors import RequestError
 from prefixgrove.jobs.requests import BatchRequest
 
@@ -211,10 +212,11 @@ def test_an_idempotency_key_names_its_job_until_the_retention_ends(store: JobSto
 
 def test_a_failed_ingest_frees_its_idempotency_key(store: JobStore) -> None:
     job, _ = store.create_job(MODEL, idempotency_key="retry-me")
-    store.claim_ingest(job.id, "planner-a")
-    assert store.orphaned_ingests() == [job.id]  # planner-a never beat
+    uploads = Uploads(store.r)
+    uploads.claim_ingest(job.id, "planner-a")
+    assert uploads.orphaned_ingests() == [job.id]  # planner-a never beat
     store.fail_ingest(job.id, "ingest_interrupted", "the planner stopped")
-    store.release_ingest(job.id)
+    uploads.release_ingest(job.id)
     assert store.job_state(job.id) == JobState.FAILED
     assert store.r.exists("pg:idem:retry-me") == 0
     retried, created = store.create_job(MODEL, idempotency_key="retry-me")

@@ -19,6 +19,8 @@ import grpc
 from prefixgrove.input_lines import bounded_lines
 from prefixgrove.output_files import replaced
 from prefixgrove.planner.download import download as download_results
+from prefixgrove.planner import input_digest
+from prefixgrove.planner.input_digest import Fingerprint, is_request_line
 from prefixgrove.planner.security import channel
 from prefixgrove.settings import MAX_LINE_BYTES_LIMIT, SecuritySettings
 from prefixgrove_proto import planner_pb2 as pb
@@ -29,10 +31,8 @@ _CHUNK_BYTES = 1 << 20
 UPLOAD_ATTEMPTS = 3  # uploads of one submission, the first included
 _SEAL_ATTEMPTS = 5
 _RETRY_PAUSE_S = 1.0  # times the attempt number: the channel reconnects meanwhile
-_UPLOAD_LOST = (
-    "ingest_interrupted",
-    "upload_abandoned",
-)  # error codes of a job worth submitting again
+# error codes of a job whose upload failed, worth submitting again (its idempotency key is free)
+_UPLOAD_LOST = ("ingest_interrupted", "upload_abandoned", "input_mismatch", "redis_out_of_memory")
 # a call that moves a whole job's lines gets at least these deadlines, when calls have one at all
 _RESULTS_TIMEOUT_S = 600.0
 _UPLOAD_TIMEOUT_S = 300.0
@@ -94,20 +94,35 @@ class PlannerClient:
 
     # --- jobs ---------------------------------------------------------------------------------
     def create_job(
-        self, model: str = "", idempotency_key: str = "", metadata: dict[str, str] | None = None
+        self,
+        model: str = "",
+        idempotency_key: str = "",
+        metadata: dict[str, str] | None = None,
+        fingerprint: Fingerprint | None = None,
     ) -> pb.Job:
-        """Creates the job, or returns the one this key already created."""
+        """Creates the job, or returns the one this key already created (refused with
+        ALREADY_EXISTS when that one was created with another input's `fingerprint`)."""
         request = pb.CreateJobRequest(
             model=model, idempotency_key=idempotency_key, metadata=metadata or {}
         )
+        if fingerprint is not None:
+            request.input.lines, request.input.digest = fingerprint.lines, fingerprint.digest
         return self._call("CreateJob", request)
 
     def add_lines(
-        self, job_id: str, lines: Iterable[bytes], skip: int = 0
+        self, job_id: str, lines: Iterable[bytes], skip: int | None = None
     ) -> pb.AddRequestsResponse:
-        """Streams request lines into a VALIDATING job, leaving out the first `skip` (sent before
-        an interruption), in chunks of about 1 MiB; gRPC flow control paces the sender."""
-        chunks = _chunks(job_id, itertools.islice(lines, skip, None))
+        """Streams request lines into a VALIDATING job, in chunks of about 1 MiB; gRPC flow
+        control paces the sender. Without `skip` they are added after the lines the job holds.
+        With it, the lines from request line `skip` on (the first `skip` were sent before) are
+        placed by position: those the job already holds are compared and skipped (an earlier or
+        a concurrent upload's), never added twice; one that differs is refused (PlannerRejected,
+        ALREADY_EXISTS)."""
+        if skip is None:
+            return self._call("AddRequests", _chunks(job_id, lines, None),
+                              timeout=self._long(_UPLOAD_TIMEOUT_S))  # fmt: skip
+        request_lines = (line for line in lines if is_request_line(line))
+        chunks = _chunks(job_id, itertools.islice(request_lines, skip, None), skip)
         return self._call("AddRequests", chunks, timeout=self._long(_UPLOAD_TIMEOUT_S))
 
     def seal(self, job_id: str) -> pb.Job:
@@ -168,12 +183,17 @@ class PlannerClient:
     ) -> pb.Job:
         """Creates a job, streams `lines()` into it and seals it; returns the job.
 
-        When the planner goes away before the job is sealed (a replica stopped: the channel
-        reconnects, maybe to another replica), the broken job is failed as ingest_interrupted,
-        which frees its idempotency key, and the whole upload starts over as a new job with the
-        same key, up to `attempts` uploads in all; each retry logs a warning naming the job given
-        up. The job returned is the only one that runs: the ones given up ran nothing."""
-        broken = ""  # the job of an upload that broke, until it is given up
+        The job is created with the input's fingerprint (`lines()` is read once for it first), so
+        one idempotency key gives one job holding the input once: a submit under a key whose job
+        is sealed gets that job back without sending a line; one whose job still takes lines (an
+        upload that broke, a client that died, another client submitting at once) sends the
+        input again from its start, and the planner skips the lines it holds; a key used for
+        another input is refused (PlannerRejected, ALREADY_EXISTS). When an upload breaks (a
+        replica stopped: the channel reconnects, maybe to another replica) it is sent again, up
+        to `attempts` uploads in all, each retry logging a warning; a job whose upload failed
+        meanwhile (lines lost with a replica, Redis out of memory) freed its key, and the next
+        attempt starts a clean job under it."""
+        fingerprint = input_digest.fingerprint(_sent(line) for line in lines())
         reason = ""
         for attempt in range(1, attempts + 1):
             if attempt > 1:
@@ -181,28 +201,35 @@ class PlannerClient:
                             reason, attempt, attempts)  # fmt: skip
                 time.sleep(_RETRY_PAUSE_S * (attempt - 1))
             try:
-                if broken:
-                    given_up = self.abandon_upload(broken)
-                    if given_up.state != pb.JOB_STATE_FAILED:
-                        return given_up  # it was sealed before the break: it runs as it is
-                    broken = ""
-                job = self.create_job(model, idempotency_key)
-                if job.state != pb.JOB_STATE_VALIDATING:
-                    return job  # the key was used before: that job goes on as it is
-                broken = job.id
-                self.add_lines(job.id, lines())
-                job = self._seal_through_reconnects(job.id)
+                job = self.create_job(model, idempotency_key, fingerprint=fingerprint)
+                if job.state == pb.JOB_STATE_VALIDATING:
+                    job = self._upload(job.id, lines)
                 if job.error.code not in _UPLOAD_LOST:
                     return job
-                broken = ""  # failed already, its key freed
                 reason = f"job {job.id} failed ({job.error.code}: {job.error.message})"
             except PlannerUnavailable as exc:
-                reason = f"the upload of job {broken} broke ({exc})" if broken else str(exc)
+                reason = f"the upload broke ({exc})"
                 if attempt == attempts:
                     raise
         raise PlannerUnavailable(
             grpc.StatusCode.UNAVAILABLE, f"{reason}; gave up after {attempts} uploads"
         )
+
+    def _upload(self, job_id: str, lines: Callable[[], Iterable[bytes]]) -> pb.Job:
+        """Sends the input into a job from its first line and seals it. A job that stopped taking
+        lines meanwhile (sealed by another client under the same key, or failed) is answered as
+        the seal finds it: a seal running elsewhere is waited for; a job that still lacks lines of
+        the input is not sealed, and the refusal of the upload is raised."""
+        try:
+            self.add_lines(job_id, lines(), skip=0)
+        except PlannerRejected as exc:
+            if exc.code != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            try:
+                return self._seal_through_reconnects(job_id)
+            except PlannerRejected:
+                raise exc from None
+        return self._seal_through_reconnects(job_id)
 
     def _seal_through_reconnects(self, job_id: str) -> pb.Job:
         """Seals the job, asking again (any replica seals any job) while the planner is away;
@@ -266,18 +293,36 @@ def _file_lines(path: Path) -> Iterator[bytes]:
         yield from bounded_lines(f, MAX_LINE_BYTES_LIMIT)
 
 
-def _chunks(job_id: str, lines: Iterable[bytes]) -> Iterator[pb.AddRequestsChunk]:
-    """An empty input still sends one chunk, so the planner learns of the job at seal time."""
+def _sent(line: bytes) -> bytes:
+    """A line as it is sent: one over any planner's limit is cut there, so it fails alone
+    (line_too_large)."""
+    return line[: MAX_LINE_BYTES_LIMIT + 1]
+
+
+def _chunks(
+    job_id: str, lines: Iterable[bytes], first_line: int | None
+) -> Iterator[pb.AddRequestsChunk]:
+    """Lines in chunks; placed from request line `first_line` on when given (the first chunk
+    says where). An empty input still sends one chunk, so the planner learns of the job at seal
+    time."""
     batch: list[bytes] = []
     size = 0
+    placed = False
     for line in lines:
-        line = line[: MAX_LINE_BYTES_LIMIT + 1]  # over any planner's limit: that line's error
+        line = _sent(line)
         batch.append(line)
         size += len(line)
         if size >= _CHUNK_BYTES:
-            yield pb.AddRequestsChunk(job_id=job_id, lines=batch)
-            batch, size = [], 0
-    yield pb.AddRequestsChunk(job_id=job_id, lines=batch)
+            yield _chunk(job_id, batch, None if placed else first_line)
+            batch, size, placed = [], 0, True
+    yield _chunk(job_id, batch, None if placed else first_line)
+
+
+def _chunk(job_id: str, lines: list[bytes], first_line: int | None) -> pb.AddRequestsChunk:
+    chunk = pb.AddRequestsChunk(job_id=job_id, lines=lines)
+    if first_line is not None:
+        chunk.first_line = first_line
+    return chunk
 
 
 _RETRYABLE = {

@@ -7,16 +7,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
+from typing import NoReturn
 
 import grpc
+import redis
 
 from prefixgrove.jobs.ingest import IngestedBatch, JobIngestor, JobPlan
 from prefixgrove.jobs.line_parser import LineParser
+from prefixgrove.jobs.redis_store.idempotency import InputConflict, check_same_input
 from prefixgrove.jobs.redis_store.schema import JobRecord, JobState
 from prefixgrove.jobs.redis_store.store import JobStore
-from prefixgrove.jobs.redis_store.uploads import Uploads
+from prefixgrove.jobs.redis_store.uploads import LineDiffers, LineGap, RedisLedger, Uploads
 from prefixgrove.jobs.tokenize import PromptTokenizer
+from prefixgrove.planner.input_digest import is_request_line, line_digest
 from prefixgrove.settings import IngestSettings
 
 log = logging.getLogger(__name__)
@@ -26,17 +30,55 @@ class JobIngest:
     """This replica's cache of a job streaming in: the prefix index of the lines it took (the
     whole job's when every stream went through here), and a lock so its streams take turns."""
 
-    def __init__(self, job_id: str, ingestor: JobIngestor) -> None:
+    def __init__(self, job_id: str, ingestor: JobIngestor, ledger: RedisLedger) -> None:
         self.job_id = job_id
         self.ingestor = ingestor
+        self.ledger = ledger
         self.lock = threading.Lock()
 
-    def add(self, lines: Iterable[bytes], store: JobStore) -> IngestedBatch:
-        """Takes in a chunk of lines and writes its requests to the store."""
+    def add(self, lines: Sequence[bytes], first_line: int | None, store: JobStore) -> IngestedBatch:
+        """Takes in a chunk of request lines (none blank) placed from `first_line` (None: after
+        the lines the job holds) and writes the requests of those the job did not hold."""
+        digests = [line_digest(line) for line in lines]
         with self.lock:
+            skipped = self.ledger.place(first_line, digests)
             ing = self.ingestor
-            batch = ing.add(lines)
+            batch = ing.add(lines[skipped:])
             store.write_requests(self.job_id, batch, ing.total, ing.prompt_tokens)
+        return batch
+
+
+class UploadStream:
+    """One AddRequests call into a job: where its next line goes, when the call places its lines
+    (`first_line` on its first chunk), and the refusals it ends with."""
+
+    def __init__(self, ingests: Ingests, ingest: JobIngest, job: JobRecord,
+                 first_line: int | None, context: grpc.ServicerContext) -> None:  # fmt: skip
+        self.ingests, self.ingest, self.job, self.context = ingests, ingest, job, context
+        self.position = first_line
+
+    @property
+    def ingestor(self) -> JobIngestor:
+        return self.ingest.ingestor
+
+    def add(self, lines: Sequence[bytes], store: JobStore) -> IngestedBatch:
+        kept = [line for line in lines if is_request_line(line)]
+        try:
+            batch = self.ingest.add(kept, self.position, store)
+        except LineDiffers as exc:
+            key = self.job.idempotency_key
+            under = f" under idempotency key {key!r}" if key else ""
+            self.context.abort(
+                grpc.StatusCode.ALREADY_EXISTS,
+                f"{exc}, sent by an earlier upload{under}: this is another input; nothing of "
+                "this chunk was added (submit it under another key)",
+            )
+        except LineGap as exc:
+            self.context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except redis.OutOfMemoryError:
+            self.ingests.fail_out_of_memory(self.job, self.context)
+        if self.position is not None:
+            self.position += len(kept)
         return batch
 
 
@@ -69,8 +111,54 @@ class Ingests:
         with self._lock:
             return job_id in self._ingests
 
-    def open(self, job: JobRecord, context: grpc.ServicerContext) -> JobIngest:
-        """This replica's cache of the job, made on its first lines here; the job is ours now."""
+    def create(self, model: str, key: str, metadata: dict[str, str], input_lines: int,
+               input_digest: str, context: grpc.ServicerContext) -> tuple[JobRecord, bool]:  # fmt: skip
+        """(job, created): a new job with its upload open, or the job `key` already names (of the
+        same input: another is refused, ALREADY_EXISTS). The upload opens before the key names
+        the job, so whoever finds the job by its key can stream into it at once."""
+        try:
+            job = self.store.new_job(model, key, metadata, input_lines, input_digest)
+            existing = self._open_and_claim(job)
+            if existing is None:
+                return job, True
+            check_same_input(existing, input_lines, input_digest)
+            return existing, False
+        except InputConflict as exc:
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
+        except redis.OutOfMemoryError:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          "Redis is out of memory (it refuses writes past its maxmemory): no job "
+                          "was created; submit again once it has room")  # fmt: skip
+        raise AssertionError("abort raises")  # for the type checker
+
+    def _open_and_claim(self, job: JobRecord) -> JobRecord | None:
+        """Opens the new job's upload and lists it once its key names it; returns the job the key
+        names instead, if any (the new one is dropped then, as it is when Redis is full)."""
+        try:
+            self.uploads.claim_ingest(job.id, self.instance)  # should we stop, others fail it
+            self.uploads.open(job.id)
+            existing = self.store.claim_key(job)
+            if existing is None:
+                self.store.list_job(job)
+                return None
+        except redis.OutOfMemoryError:
+            self._drop(job)
+            raise
+        self._drop(job)
+        return existing
+
+    def _drop(self, job: JobRecord) -> None:
+        self.end(job.id)
+        self.store.drop_job(job.id)
+        if job.idempotency_key:  # names the job only if this call made it do so
+            self.store.keys.release(job.idempotency_key, job.id)
+
+    def open(
+        self, job: JobRecord, context: grpc.ServicerContext, first_line: int | None = None
+    ) -> UploadStream:
+        """A stream into the job, through this replica's cache of it (made on its first lines
+        here); the job is ours now. `first_line`: where the stream's lines go (None: after those
+        the job holds)."""
         if job.state != JobState.VALIDATING or not self.uploads.is_open(job.id):
             context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -83,9 +171,12 @@ class Ingests:
                 ledger = self.uploads.ledger(job.id)
                 ingestor = JobIngestor(tokenizers, self.settings, ledger, self.parser,
                                        default_model=job.model)  # fmt: skip
-                ingest = self._ingests[job.id] = JobIngest(job.id, ingestor)
-        self.store.claim_ingest(job.id, self.instance)
-        return ingest
+                ingest = self._ingests[job.id] = JobIngest(job.id, ingestor, ledger)
+        try:
+            self.uploads.claim_ingest(job.id, self.instance)
+        except redis.OutOfMemoryError:
+            self.fail_out_of_memory(job, context)
+        return UploadStream(self, ingest, job, first_line, context)
 
     def cached_plan(self, job_id: str) -> dict[str, JobPlan] | None:
         """The job's plan per model from this replica's cache, when every request of the job
@@ -101,13 +192,30 @@ class Ingests:
     def end(self, job_id: str) -> None:
         self.forget(job_id)
         self.uploads.close(job_id)
-        self.store.release_ingest(job_id)
+        self.uploads.release_ingest(job_id)
 
     def fail(self, job_id: str, code: str, message: str) -> None:
         """Fails the job before its upload ends: a seal elsewhere finds the job ended, not an
         upload gone."""
         self.store.fail_ingest(job_id, code, message)
         self.end(job_id)
+
+    def fail_out_of_memory(self, job: JobRecord, context: grpc.ServicerContext) -> NoReturn:
+        """Fails a job whose upload or seal Redis refused for lack of memory, and the call with
+        RESOURCE_EXHAUSTED: its lines go first (room for the rest), its key is freed."""
+        key = job.idempotency_key
+        freed = f", and its idempotency key {key!r} is free" if key else ""
+        message = (
+            "Redis is out of memory (it refuses writes past its maxmemory): the upload stopped, "
+            f"the job failed{freed}; submit again once Redis has room"
+        )
+        self.forget(job.id)
+        self.uploads.close(job.id)
+        self.store.fail_ingest_out_of_memory(job.id, message)
+        self.uploads.release_ingest(job.id)
+        log.warning("job %s failed: Redis is out of memory", job.id)
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"job {job.id} failed: {message}")
+        raise AssertionError("abort raises")  # for the type checker
 
     def forget(self, job_id: str) -> None:
         with self._lock:
@@ -126,7 +234,7 @@ class Ingests:
         stream it had open may have lost lines. Other planners' jobs (a rolling update, another
         replica) are left alone. Returns the jobs failed."""
         failed = []
-        for job_id in self.store.orphaned_ingests():
+        for job_id in self.uploads.orphaned_ingests():
             if self.store.job_state(job_id) == JobState.VALIDATING:
                 message = (
                     "the planner stopped while the input was streaming in; submit the job again"

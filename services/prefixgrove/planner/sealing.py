@@ -9,12 +9,14 @@ import threading
 import time
 
 import grpc
+import redis
 
 from prefixgrove.jobs.ingest import JobPlan, UploadCounts, job_error
 from prefixgrove.jobs.redis_store.schema import JobRecord, JobState
 from prefixgrove.jobs.redis_store.store import JobStore
 from prefixgrove.jobs.redis_store.uploads import Uploads, rebuild_plan
 from prefixgrove.planner.ingests import Ingests
+from prefixgrove.planner.input_digest import Fingerprint
 from prefixgrove.planner.job_messages import POLL_S, find_job, job_to_pb
 from prefixgrove.planner.metrics import PlannerMetrics
 from prefixgrove_proto import planner_pb2 as pb
@@ -54,9 +56,12 @@ class Sealer:
             claim = self.uploads.claim_seal(job.id, self.instance)
             if claim.counts is None:
                 return job_to_pb(self._sealed_elsewhere(job.id, claim.holder, context), self.store)
-            self.store.claim_ingest(job.id, self.instance)  # if we stop now, others fail the job
+            self.uploads.claim_ingest(job.id, self.instance)  # if we stop now, others fail the job
             self.metrics.job_sealed(job.id)
-            self._seal(job, claim.counts, context)
+            try:
+                self._seal(job, claim.counts, context)
+            except redis.OutOfMemoryError:
+                self.ingests.fail_out_of_memory(job, context)
         finally:
             with self._lock:
                 self._sealing.discard(job.id)
@@ -64,7 +69,8 @@ class Sealer:
 
     def _seal(self, job: JobRecord, counts: UploadCounts, context: grpc.ServicerContext) -> None:
         """Groups the job and queues its groups; fails it (and the call) when its input is not
-        a batch or lost lines."""
+        a batch, lost lines or is not the input it was created for."""
+        self._check_whole(job, counts.lines, context)
         error = job_error(counts)
         if error is not None:
             self.ingests.fail(job.id, *error)
@@ -74,6 +80,7 @@ class Sealer:
                 else grpc.StatusCode.INVALID_ARGUMENT
             )
             context.abort(code, f"job {job.id} failed: {error[1]}")
+        self._check_same_input(job, counts.lines, context)
         if not self._all_lines_stored(job.id, counts.lines):
             message = (
                 "lines of the input were taken but never stored (a planner stopped while it "
@@ -93,6 +100,35 @@ class Sealer:
         saved = sum(plan.prefix_tokens_saved for plan in plans.values())
         log.info("sealed job %s: units %s, %d tokens saved, grouped (%s) in %.2fs", job.id,
                  units, saved, path, time.perf_counter() - start)  # fmt: skip
+
+    def _check_whole(self, job: JobRecord, lines: int, context: grpc.ServicerContext) -> None:
+        """A job created with its input's fingerprint is sealed only once it holds every line of
+        that input: until then the call is refused and the job takes the rest."""
+        if job.input_digest and lines < job.input_lines:
+            self.uploads.release_seal(job.id, self.instance)
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"job {job.id} holds {lines} of the {job.input_lines} request lines of its input: "
+                f"send the rest (from line {lines}) and seal it again",
+            )
+
+    def _check_same_input(self, job: JobRecord, lines: int, context: grpc.ServicerContext) -> None:
+        """Fails a job whose lines are not the input it was created for (ABORTED: submitted again,
+        it starts over as a clean job)."""
+        if not job.input_digest:
+            return
+        held = Fingerprint()
+        for digests in self.uploads.line_digests(job.id, lines):
+            held.add_digests(digests)
+        if (held.lines, held.digest) == (job.input_lines, job.input_digest):
+            return
+        message = (
+            f"the job holds {held.lines} request lines of digest {held.digest[:16]}, not the "
+            f"{job.input_lines} lines of digest {job.input_digest[:16]} it was created for; "
+            "submit the job again"
+        )
+        self.ingests.fail(job.id, "input_mismatch", message)
+        context.abort(grpc.StatusCode.ABORTED, f"job {job.id} failed: {message}")
 
     def _plan(self, job: JobRecord, lines: int) -> tuple[dict[str, JobPlan], str]:
         """The job's plan per model, and how it was built: from this replica's indexes when

@@ -19,7 +19,7 @@ from prefixgrove.jobs.line_parser import LineParser, LineRules
 from prefixgrove.jobs.redis_store.schema import JobRecord, JobState
 from prefixgrove.jobs.redis_store.store import JobStore
 from prefixgrove.jobs.redis_store.uploads import Uploads
-from prefixgrove.planner.ingests import Ingests, JobIngest
+from prefixgrove.planner.ingests import Ingests, UploadStream
 from prefixgrove.planner.job_messages import POLL_S, find_job, job_to_pb, queue_depth_to_pb
 from prefixgrove.planner.metrics import PlannerMetrics
 from prefixgrove.planner.results import stream_results
@@ -94,11 +94,10 @@ class PlannerService(pb_grpc.PlannerServicer):
             )
         _check_metadata(request.metadata, context)
         self.ingests.tokenizers(context)  # refused now rather than at the first lines
-        job, created = self.store.create_job(model, request.idempotency_key, dict(request.metadata))
+        fingerprint = request.input
+        job, created = self.ingests.create(model, request.idempotency_key, dict(request.metadata),
+                                           fingerprint.lines, fingerprint.digest, context)  # fmt: skip
         if created:
-            # claimed first: should this planner stop before the upload opens, others fail the job
-            self.store.claim_ingest(job.id, self.instance)
-            self.uploads.open(job.id)
             self.metrics.jobs_created.labels(model).inc()
             log.info("created job %s for model %s", job.id, model)
         return job_to_pb(job, self.store)
@@ -107,13 +106,14 @@ class PlannerService(pb_grpc.PlannerServicer):
         self, request_iterator: Iterator[pb.AddRequestsChunk], context: grpc.ServicerContext
     ) -> pb.AddRequestsResponse:
         accepted = rejected = 0
-        ingest: JobIngest | None = None
+        ingest: UploadStream | None = None
         job_id = ""
         try:
             for chunk in request_iterator:
                 if ingest is None:
                     job_id = chunk.job_id
-                    ingest = self.ingests.open(self._job(job_id, context), context)
+                    first_line = chunk.first_line if chunk.HasField("first_line") else None
+                    ingest = self.ingests.open(self._job(job_id, context), context, first_line)
                 batch = ingest.add(chunk.lines, self.store)
                 accepted += len(batch.requests)
                 rejected += len(batch.errors)

@@ -3,7 +3,8 @@ Lua scripts that move counters exactly once.
 
 Layout (prefix `pg:`; `{...}` in a key is a literal Redis Cluster hash tag, `<...>` a value):
   pg:jobs                   sorted set of job ids by creation time
-  pg:idem:<key>             job id created under an idempotency key
+  pg:idem:<key>             job id created under an idempotency key (idempotency.py: freed when
+                            the job's upload fails, expires with the job)
   pg:job:{<id>}             hash: JobRecord, and model_groups: {model: [first, end)}, the run of
                             group ids each model's queue holds (a job may mix models)
   pg:job:{<id>}:req         hash: line index -> RequestRecord
@@ -18,7 +19,8 @@ Layout (prefix `pg:`; `{...}` in a key is a literal Redis Cluster hash tag, `<..
   pg:models                 set of models that have a queue
   pg:active:<model>         set of job ids with groups on the model's queue, not yet known to be
                             finished
-  pg:ingesting              hash: job id -> planner instance streaming its input in
+  pg:ingesting              hash: job id -> planner instance streaming its input in (an upload's
+                            own keys: uploads.py)
   pg:planner:<instance>     a live planner's heartbeat (expires when it stops)
 
 Cluster rules: every key of one job carries the job id as its hash tag, so they share one slot and
@@ -131,6 +133,8 @@ class JobRecord:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     retention_s: int = 0  # a finished job's keys expire this long after it finished; 0: never
+    input_lines: int = 0  # the request lines of the input its client declared (0: none declared)
+    input_digest: str = ""  # and their digest (planner/input_digest.py)
     created_at: float = 0.0
     in_progress_at: float = 0.0
     finished_at: float = 0.0
@@ -148,7 +152,8 @@ class JobRecord:
     def decode(cls, raw: dict[bytes, bytes] | dict[str, str]) -> JobRecord:
         h = {_s(k): _s(v) for k, v in raw.items()}
         ints = ("total", "completed", "failed", "groups_total", "groups_done",
-                "prefix_tokens_saved", "prompt_tokens", "completion_tokens", "retention_s")  # fmt: skip
+                "prefix_tokens_saved", "prompt_tokens", "completion_tokens", "retention_s",
+                "input_lines")  # fmt: skip
         floats = ("created_at", "in_progress_at", "finished_at")
         numbers: dict[str, Any] = {k: int(h.get(k) or 0) for k in ints}
         numbers.update({k: float(h.get(k) or 0.0) for k in floats})
@@ -157,6 +162,7 @@ class JobRecord:
             model=h["model"],
             state=JobState(h["state"]),
             idempotency_key=h.get("idempotency_key", ""),
+            input_digest=h.get("input_digest", ""),
             error_code=h.get("error_code", ""),
             error_message=h.get("error_message", ""),
             metadata=json.loads(h.get("metadata") or "{}"),
@@ -231,7 +237,7 @@ def _s(value: bytes | str) -> str:
 # once the job is terminal, every key of KEYS that has no TTL yet gets the job's retention (a key
 # created after the job finished, e.g. a late result, gets it too). The call that gives the job
 # hash its TTL also names the job's idempotency key and the retention: that key lives in another
-# slot, so the caller expires it (EXPIRE_IDEMPOTENCY_KEY); otherwise the two are '' and 0.
+# slot, so the caller expires it (idempotency.py); otherwise the two are '' and 0.
 _REPLY = """
 local function retain()
   local h = redis.call('HMGET', KEYS[1], 'state', 'retention_s', 'idempotency_key')
@@ -368,27 +374,4 @@ local function within(set)
   return n
 end
 return {h[1] or '', tostring(r[2] - r[1]), tostring(within(KEYS[3])), within(KEYS[2])}
-"""
-
-# KEYS: the idempotency key; ARGV: the job id, retention. Expires the key only while it still
-# names this job.
-EXPIRE_IDEMPOTENCY_KEY = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('EXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
-
-# KEYS: the idempotency key; ARGV: the job id. Frees the key only while it still names this job.
-RELEASE_IDEMPOTENCY_KEY = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
-# KEYS: the idempotency key; ARGV: the job id it names now, the new job id. Hands the key of a
-# job that is gone to a new job, unless another caller did so first. Returns 1 when it did.
-REPLACE_IDEMPOTENCY_KEY = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[2])
-  return 1
-end
-return 0
 """

@@ -15,6 +15,7 @@ from redis.commands.core import Script
 from prefixgrove.jobs.ingest import IngestedBatch, JobPlan
 from prefixgrove.jobs.redis_store import schema
 from prefixgrove.jobs.redis_store.connection import Redis
+from prefixgrove.jobs.redis_store.idempotency import IdempotencyKeys
 from prefixgrove.jobs.redis_store.schema import (
     GroupRecord,
     JobKeys,
@@ -51,51 +52,53 @@ class JobStore:
         self._cancel = client.register_script(schema.CANCEL)
         self._fail = client.register_script(schema.FAIL)
         self._start = client.register_script(schema.START)
-        self._expire_key = client.register_script(schema.EXPIRE_IDEMPOTENCY_KEY)
-        self._release_key = client.register_script(schema.RELEASE_IDEMPOTENCY_KEY)
-        self._replace_key = client.register_script(schema.REPLACE_IDEMPOTENCY_KEY)
+        self.keys = IdempotencyKeys(client)
 
     # --- jobs -------------------------------------------------------------------------------
-    def create_job(
-        self, model: str, idempotency_key: str = "", metadata: dict[str, str] | None = None
-    ) -> tuple[JobRecord, bool]:
-        """Returns (job, created); a key used before gives back its job while that job lasts."""
-        job = JobRecord(id=f"job_{uuid.uuid4().hex[:20]}", model=model, idempotency_key=idempotency_key,
-                        created_at=time.time(), metadata=dict(metadata or {}),
-                        retention_s=self.retention_s)  # fmt: skip
-        # The record exists before the key names it, so whoever finds the key finds a job.
-        self.r.hset(JobKeys(job.id).job, mapping=job.encode())  # type: ignore[arg-type]
-        if idempotency_key:
-            existing = self._claim_idempotency_key(idempotency_key, job.id)
-            if existing is not None:
-                self.r.delete(JobKeys(job.id).job)
-                return existing, False
-        self.r.zadd(schema.JOBS, {job.id: job.created_at})
+    def create_job(self, model: str, idempotency_key: str = "",
+                   metadata: dict[str, str] | None = None, input_lines: int = 0,
+                   input_digest: str = "") -> tuple[JobRecord, bool]:  # fmt: skip
+        """Returns (job, created); a key used before gives back its job while that job lasts
+        (idempotency.check_same_input tells whether it was made for the same input)."""
+        job = self.new_job(model, idempotency_key, metadata, input_lines, input_digest)
+        existing = self.claim_key(job)
+        if existing is not None:
+            self.drop_job(job.id)
+            return existing, False
+        self.list_job(job)
         return job, True
 
-    def _claim_idempotency_key(self, idempotency_key: str, job_id: str) -> JobRecord | None:
-        """Makes the key name `job_id`, unless it names a job that still exists: returns that one.
-        A key whose job is gone (expired, or lost by Redis) is free."""
-        key = schema.idempotency_key(idempotency_key)
-        while True:  # each round ends, or sees another caller move the key in between
-            if self.r.set(key, job_id, nx=True):
-                return None
-            named = self.r.get(key)
-            if named is None:
-                continue
-            existing = self.get_job(_s(named))  # type: ignore[arg-type]
-            if existing is not None:
-                return existing
-            if self._replace_key(keys=[key], args=[named, job_id]):
-                return None
+    def new_job(self, model: str, idempotency_key: str = "", metadata: dict[str, str] | None = None,
+                input_lines: int = 0, input_digest: str = "") -> JobRecord:  # fmt: skip
+        """Writes a new job's record, which neither its key names (claim_key) nor the list holds
+        (list_job) yet."""
+        job = JobRecord(id=f"job_{uuid.uuid4().hex[:20]}", model=model, idempotency_key=idempotency_key,
+                        created_at=time.time(), metadata=dict(metadata or {}),
+                        retention_s=self.retention_s, input_lines=input_lines,
+                        input_digest=input_digest)  # fmt: skip
+        self.r.hset(JobKeys(job.id).job, mapping=job.encode())  # type: ignore[arg-type]
+        return job
+
+    def claim_key(self, job: JobRecord) -> JobRecord | None:
+        """Makes the job's idempotency key name it, unless the key names a job that still exists:
+        returns that one (idempotency.py)."""
+        if not job.idempotency_key:
+            return None
+        return self.keys.claim(job.idempotency_key, job.id, self.get_job)
+
+    def list_job(self, job: JobRecord) -> None:
+        self.r.zadd(schema.JOBS, {job.id: job.created_at})
+
+    def drop_job(self, job_id: str) -> None:
+        """Deletes every key of a job that no list holds and no key names (claim_key said no)."""
+        self.r.delete(*JobKeys(job_id).all())
 
     def _run(self, script: Script, job_id: str, args: Sequence[Any]) -> Any:
         """Runs a job script (schema.py) and returns its result; when the call made the job's keys
         expire, the job's idempotency key, in a slot of its own, gets the same retention."""
         result, idempotency_key, retention_s = script(keys=JobKeys(job_id).all(), args=args)
         if idempotency_key:
-            key = schema.idempotency_key(_s(idempotency_key))
-            self._expire_key(keys=[key], args=[job_id, int(retention_s)])
+            self.keys.expire(_s(idempotency_key), job_id, int(retention_s))
         return result
 
     def get_job(self, job_id: str) -> JobRecord | None:
@@ -120,24 +123,10 @@ class JobStore:
             self.r.zrem(schema.JOBS, *expired)
         return [j for j in jobs if j is not None], len(raw) > limit  # type: ignore[arg-type]
 
-    # --- which planner streams a job in ---------------------------------------------------
+    # --- planners -------------------------------------------------------------------------
     def heartbeat(self, instance: str, ttl_s: int) -> None:
+        """A planner's: uploads.py tells by it whether the planner streaming a job in is alive."""
         self.r.set(schema.planner_key(instance), 1, ex=ttl_s)
-
-    def claim_ingest(self, job_id: str, instance: str) -> None:
-        self.r.hset(schema.INGESTING, job_id, instance)
-
-    def release_ingest(self, job_id: str) -> None:
-        self.r.hdel(schema.INGESTING, job_id)
-
-    def orphaned_ingests(self) -> list[str]:
-        """Jobs still streaming in whose planner has stopped beating."""
-        owners = {_s(k): _s(v) for k, v in self.r.hgetall(schema.INGESTING).items()}  # type: ignore[union-attr]
-        pipe = self.r.pipeline(transaction=False)
-        for owner in owners.values():
-            pipe.exists(schema.planner_key(owner))
-        alive = pipe.execute()
-        return [job for (job, _), live in zip(owners.items(), alive, strict=True) if not live]
 
     def fail_job(self, job_id: str, code: str, message: str) -> None:
         self._run(self._fail, job_id, [code, message, time.time()])
@@ -149,11 +138,26 @@ class JobStore:
 
     def fail_ingest(self, job_id: str, code: str, message: str) -> None:
         """Fails a job whose input never made it in (interrupted, empty, not JSONL). Its idempotency
-        key is freed: retrying the submission with the same key starts a new job."""
-        self.fail_job(job_id, code, message)
-        job = self.get_job(job_id)
-        if job is not None and job.idempotency_key:
-            self._release_key(keys=[schema.idempotency_key(job.idempotency_key)], args=[job_id])
+        key is freed, even when Redis refuses to mark the job failed: retrying the submission with
+        the same key starts a new job."""
+        try:
+            self.fail_job(job_id, code, message)
+        finally:
+            job = self.get_job(job_id)
+            if job is not None and job.idempotency_key:
+                self.keys.release(job.idempotency_key, job_id)
+
+    def fail_ingest_out_of_memory(self, job_id: str, message: str) -> None:
+        """Fails a job whose upload Redis refused for lack of memory, as fail_ingest does. Its
+        lines and answers are deleted first (which Redis allows when full, and which makes room);
+        a job Redis still refuses to mark failed is deleted whole."""
+        keys = JobKeys(job_id)
+        self.r.delete(keys.requests, keys.results)
+        try:
+            self.fail_ingest(job_id, "redis_out_of_memory", message)
+        except redis.OutOfMemoryError:
+            self.r.delete(*keys.all())
+            self.r.zrem(schema.JOBS, job_id)
 
     def cancel(self, job_id: str) -> JobState:
         return JobState(_s(self._run(self._cancel, job_id, [time.time()])))

@@ -9,8 +9,16 @@ Keys, beside the job's own (built on JobKeys(id).job, so they share its Cluster 
                          seal), sealer (the planner instance sealing the job; no line is taken
                          after it)
   pg:job:{<id>}:ids      set of the custom_ids taken
-Both live from CreateJob until the upload ends: the seal, a failure, an abandon or a cancel deletes
+  pg:job:{<id>}:digests  string: the 16-byte digest of each request line handed out, in index order
+                         (planner/input_digest.py): a line sent again at its index is compared with
+                         it, and the seal checks the whole input against the one the job declared
+All live from CreateJob until the upload ends: the seal, a failure, an abandon or a cancel deletes
 them. The jobs with an upload open are the fields of pg:ingesting (jobs/redis_store/schema.py).
+
+Placing lines: a stream may say where its lines go (the index of its first request line). The
+lines the job holds at those indices are compared with the ones sent and skipped, the rest are
+handed out after them; so a client that sends the input again from its start, or two clients
+sending it at once, add each line once. A stream that says nothing adds its lines after the rest.
 """
 
 from __future__ import annotations
@@ -29,14 +37,44 @@ from prefixgrove.settings import IngestSettings
 
 _READ_BATCH = 1000
 
-# KEYS: upload. ARGV: lines, now. {first index, encoding or ''}; -1 while the job is being sealed;
-# nil once the upload has ended.
-_RESERVE = """
+# NOTE: planner/input_digest.py's LINE_DIGEST_BYTES (the planner's, which this module cannot import)
+DIGEST_BYTES = 16
+_UNKNOWN_DIGEST = bytes(DIGEST_BYTES)  # of a line reserved without its digest
+
+# KEYS: upload, digests. ARGV: the index of the first line (-1: after the lines handed out), now,
+# then each line's digest. {first index handed out, encoding or '', lines skipped}; {-1} while the
+# job is being sealed; {-2, lines handed out} when the first line is past them; {-3, index} when
+# the line at that index differs from the one held (nothing is handed out); nil once ended.
+_PLACE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
-if redis.call('HEXISTS', KEYS[1], 'sealer') == 1 then return {-1, ''} end
-local last = redis.call('HINCRBY', KEYS[1], 'lines', ARGV[1])
+if redis.call('HEXISTS', KEYS[1], 'sealer') == 1 then return {-1} end
+local held = tonumber(redis.call('HGET', KEYS[1], 'lines'))
+local first = tonumber(ARGV[1])
+if first < 0 then first = held end
+if first > held then return {-2, held} end
+local n = #ARGV - 2
+local size = n > 0 and string.len(ARGV[3]) or 0  -- every digest is as long
+local overlap = math.min(held - first, n)
+if overlap > 0 then
+  local stored = redis.call('GETRANGE', KEYS[2], first * size, (first + overlap) * size - 1)
+  for i = 1, overlap do
+    if string.sub(stored, (i - 1) * size + 1, i * size) ~= ARGV[2 + i] then
+      return {-3, first + i - 1}
+    end
+  end
+end
+if n > overlap then
+  redis.call('APPEND', KEYS[2], table.concat(ARGV, '', 3 + overlap, 2 + n))
+  redis.call('HINCRBY', KEYS[1], 'lines', n - overlap)
+end
 redis.call('HSET', KEYS[1], 'touched', ARGV[2])
-return {last - tonumber(ARGV[1]), redis.call('HGET', KEYS[1], 'encoding') or ''}
+return {held, redis.call('HGET', KEYS[1], 'encoding') or '', overlap}
+"""
+
+# KEYS: upload. ARGV: instance. Gives up the seal `instance` claimed (the job stays open).
+_RELEASE_SEAL = """
+if redis.call('HGET', KEYS[1], 'sealer') == ARGV[1] then redis.call('HDEL', KEYS[1], 'sealer') end
+return 0
 """
 
 # KEYS: upload, ids. ARGV: custom_ids. 1 for each id no earlier call took, else 0; nil once ended.
@@ -100,8 +138,31 @@ class UploadKeys:
     def ids(self) -> str:
         return JobKeys(self.job_id).job + ":ids"
 
+    @property
+    def digests(self) -> str:
+        return JobKeys(self.job_id).job + ":digests"
+
     def all(self) -> list[str]:
-        return [self.upload, self.ids]
+        return [self.upload, self.ids, self.digests]
+
+
+class LineDiffers(ValueError):
+    """A line sent at an index the job holds differs from the line held there."""
+
+    def __init__(self, job_id: str, index: int) -> None:
+        super().__init__(f"request line {index} differs from line {index} of job {job_id}")
+        self.index = index
+
+
+class LineGap(ValueError):
+    """A stream's first line is past the lines the job holds: those between were never sent."""
+
+    def __init__(self, job_id: str, first: int, held: int) -> None:
+        super().__init__(
+            f"the stream starts at request line {first} but job {job_id} holds {held} lines: "
+            f"send from line {held} or before"
+        )
+        self.held = held
 
 
 @dataclass(frozen=True)
@@ -117,7 +178,7 @@ class _LedgerScripts:
     """The scripts a ledger runs, registered once per Redis client."""
 
     def __init__(self, client: Redis) -> None:
-        self.reserve = client.register_script(_RESERVE)
+        self.place = client.register_script(_PLACE)
         self.first_uses = client.register_script(_FIRST_USES)
         self.count = client.register_script(_COUNT)
 
@@ -129,6 +190,7 @@ class Uploads:
         self._claim_seal = client.register_script(_CLAIM_SEAL)
         self._claim_idle = client.register_script(_CLAIM_IDLE)
         self._drop_unsealed = client.register_script(_DROP_UNSEALED_REQUESTS)
+        self._release_seal = client.register_script(_RELEASE_SEAL)
 
     def open(self, job_id: str) -> None:
         self.r.hset(UploadKeys(job_id).upload, mapping={"lines": 0, "touched": time.time()})
@@ -146,6 +208,22 @@ class Uploads:
         """Every job with an upload open, whichever replica takes it."""
         return [_s(job) for job in self.r.hkeys(schema.INGESTING)]  # type: ignore[union-attr]
 
+    # --- which planner streams a job in -------------------------------------------------------
+    def claim_ingest(self, job_id: str, instance: str) -> None:
+        self.r.hset(schema.INGESTING, job_id, instance)
+
+    def release_ingest(self, job_id: str) -> None:
+        self.r.hdel(schema.INGESTING, job_id)
+
+    def orphaned_ingests(self) -> list[str]:
+        """Jobs still streaming in whose planner has stopped beating (JobStore.heartbeat)."""
+        owners = {_s(k): _s(v) for k, v in self.r.hgetall(schema.INGESTING).items()}  # type: ignore[union-attr]
+        pipe = self.r.pipeline(transaction=False)
+        for owner in owners.values():
+            pipe.exists(schema.planner_key(owner))
+        alive = pipe.execute()
+        return [job for (job, _), live in zip(owners.items(), alive, strict=True) if not live]
+
     # --- sealing ------------------------------------------------------------------------------
     def claim_seal(self, job_id: str, instance: str) -> SealClaim:
         """Lets `instance` seal the job unless a live planner seals it now (one whose heartbeat
@@ -162,6 +240,17 @@ class Uploads:
         if int(reply[0]) == 0:
             return SealClaim(holder=_s(reply[1]))
         return SealClaim(counts=_counts(reply[1:]))
+
+    def release_seal(self, job_id: str, instance: str) -> None:
+        """Gives up a seal claimed and not done: the job takes lines again."""
+        self._release_seal(keys=[UploadKeys(job_id).upload], args=[instance])
+
+    def line_digests(self, job_id: str, lines: int) -> Iterator[bytes]:
+        """The digests of the job's first `lines` request lines, in order, a run at a time."""
+        key, step = UploadKeys(job_id).digests, _READ_BATCH * DIGEST_BYTES * 64
+        for start in range(0, lines * DIGEST_BYTES, step):
+            end = min(start + step, lines * DIGEST_BYTES) - 1
+            yield self.r.getrange(key, start, end)  # type: ignore[misc]
 
     def stored(self, job_id: str) -> int:
         """Lines whose request record or error is written: every index handed out, once the
@@ -215,14 +304,41 @@ class RedisLedger:
     def __init__(self, scripts: _LedgerScripts, keys: UploadKeys) -> None:
         self.scripts = scripts
         self.keys = keys
+        self._placed: tuple[int, int, str | None] | None = None  # (first, lines, encoding)
+
+    def place(self, first_line: int | None, digests: Sequence[bytes]) -> int:
+        """Places lines of these digests from index `first_line` (None: after the lines handed
+        out), comparing and skipping those the job holds; returns how many it skipped. The next
+        `reserve` hands out the rest. Raises UploadClosed, LineDiffers or LineGap."""
+        if any(len(d) != DIGEST_BYTES for d in digests):
+            raise ValueError(f"a line digest is {DIGEST_BYTES} bytes long")
+        first = -1 if first_line is None else first_line
+        job_id = self.keys.job_id
+        reply = self.scripts.place(keys=[self.keys.upload, self.keys.digests],
+                                   args=[first, time.time(), *digests])  # fmt: skip
+        if not reply:
+            raise UploadClosed(f"job {job_id} no longer takes requests")
+        code = int(reply[0])
+        if code == -1:
+            raise UploadClosed(f"job {job_id} is being sealed: it takes no more lines")
+        if code == -2:
+            raise LineGap(job_id, first, int(reply[1]))
+        if code == -3:
+            raise LineDiffers(job_id, int(reply[1]))
+        skipped = int(reply[2])
+        self._placed = (code, len(digests) - skipped, _s(reply[1]) or None)
+        return skipped
 
     def reserve(self, lines: int) -> tuple[int, str | None]:
-        reply = self.scripts.reserve(keys=[self.keys.upload], args=[lines, time.time()])
-        if not reply:
-            raise UploadClosed(f"job {self.keys.job_id} no longer takes requests")
-        if int(reply[0]) < 0:
-            raise UploadClosed(f"job {self.keys.job_id} is being sealed: it takes no more lines")
-        return int(reply[0]), _s(reply[1]) or None
+        """The lines the last `place` handed out (the caller holds the job's lock in between);
+        without one, `lines` new lines after those held, whose digests are not known (no line
+        sent again matches them)."""
+        if self._placed is None:
+            self.place(None, [_UNKNOWN_DIGEST] * lines)
+        placed, self._placed = self._placed, None
+        if placed is None or placed[1] != lines:
+            raise RuntimeError(f"reserve({lines}) answers a place() of as many new lines")
+        return placed[0], placed[2]
 
     def note_encoding(self, name: str) -> None:
         self._counted(0, 0, name)

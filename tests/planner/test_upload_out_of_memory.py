@@ -1,0 +1,70 @@
+"""An upload that meets a Redis out of memory (`maxmemory` reached under `noeviction`) fails its job
+with RESOURCE_EXHAUSTED and frees its idempotency key; once Redis has room, the same submit makes a
+clean job. A real planner over gRPC on loopback, a real redis-server with a small maxmemory."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from services_testbed import RedisServer, batch_line, planner_in_process
+
+from prefixgrove.jobs.redis_store.schema import JobKeys
+from prefixgrove.planner.client import PlannerClient, PlannerUnavailable
+from prefixgrove.planner.server import PlannerServer
+from prefixgrove_proto import planner_pb2 as pb
+
+KEY = "too-big-for-redis"
+ROOM_BYTES = 256 << 10  # what the job may take of Redis: far less than its lines need
+
+
+@pytest.fixture
+def planner(redis_server: RedisServer) -> Iterator[tuple[PlannerServer, PlannerClient]]:
+    with planner_in_process(redis_server.url) as (server, client):
+        yield server, client
+
+
+def lines(n: int) -> list[bytes]:
+    text = "A long shared document for every request of the job. " * 8
+    return [
+        batch_line(f"r{i}", {"prompt": f"{text}item {i}", "max_tokens": 2}).encode()
+        for i in range(n)
+    ]
+
+
+def fill_up(redis_server: RedisServer) -> None:
+    r = redis_server.client()
+    used = int(r.info("memory")["used_memory"])
+    r.config_set("maxmemory-policy", "noeviction")
+    r.config_set("maxmemory", used + ROOM_BYTES)
+
+
+def test_an_upload_that_meets_redis_out_of_memory_fails_its_job_and_frees_its_key(
+    planner: tuple[PlannerServer, PlannerClient], redis_server: RedisServer
+) -> None:
+    _, client = planner
+    fill_up(redis_server)
+    content = lines(3000)
+    with pytest.raises(PlannerUnavailable) as refused:
+        client.submit_lines(lambda: iter(content), idempotency_key=KEY, attempts=1)
+    assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "Redis is out of memory" in str(refused.value) and repr(KEY) in str(refused.value)
+    r = redis_server.client()
+    assert r.exists(f"pg:idem:{KEY}") == 0
+    [failed] = client.list()
+    assert (failed.state, failed.error.code) == (pb.JOB_STATE_FAILED, "redis_out_of_memory")
+    assert r.exists(JobKeys(failed.id).requests) == 0  # its lines made room
+
+
+def test_once_redis_has_room_the_same_submit_makes_a_clean_job(
+    planner: tuple[PlannerServer, PlannerClient], redis_server: RedisServer
+) -> None:
+    _, client = planner
+    fill_up(redis_server)
+    content = lines(3000)
+    with pytest.raises(PlannerUnavailable):
+        client.submit_lines(lambda: iter(content), idempotency_key=KEY, attempts=1)
+    redis_server.client().config_set("maxmemory", 0)
+    job = client.submit_lines(lambda: iter(content), idempotency_key=KEY, attempts=1)
+    assert job.state == pb.JOB_STATE_IN_PROGRESS and job.request_counts.total == 3000
