@@ -73,7 +73,7 @@ def test_deleting_a_running_batchjob_cancels_its_planner_job(
 def test_rising_queue_depth_scales_the_workers_up_at_once(
     batchjobs: BatchJobs, operator: Any, planner: PlannerClient, crd: KubeApi
 ) -> None:
-    # cancelled groups of earlier tests stay queued until a worker drops them
+    # jobs earlier tests left queued count too
     before = expected_replicas(planner.queue_depth(MODEL).depth)
     wait_for(f"{before} worker replicas to start with", lambda: replicas(crd) == before, 30)
     name, _ = queue_job(batchjobs, groups=3)

@@ -4,6 +4,7 @@ Cancelled. No worker runs in this module."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -83,3 +84,16 @@ def test_a_job_the_operator_stops_ends_failed_and_not_also_cancelled(
     assert "Cancelled" not in conditions, conditions
     assert conditions["FailureTarget"]["reason"] == "Unserved"
     batchjobs.delete(name)
+
+
+def test_a_job_whose_every_line_was_refused_still_gets_its_errors_file(
+    batchjobs: BatchJobs, operator: Any, volume: Path
+) -> None:
+    """Its planner job is final at the seal: the BatchJob waits Finalizing for its last results."""
+    name = f"refused-all-{uuid.uuid4().hex[:8]}"
+    batchjobs.apply(name, _spec(name, _request("x", max_tokens=0), _request("y", max_tokens=0)))
+    status = batchjobs.wait_phase(name, "Succeeded", "Failed")
+    assert status["phase"] == "Succeeded", status
+    errors = (volume / f"{name}.jsonl.errors.jsonl").read_text().splitlines()
+    assert [json.loads(line)["custom_id"] for line in errors] == ["x", "y"]
+    assert (volume / f"{name}.jsonl").read_text() == ""
