@@ -121,8 +121,8 @@ class Fp8Linear(nn.Module):
                 scale_b=self.weight_scale.view(1, -1),
                 out_dtype=torch.bfloat16,
                 # Hopper's FP8 accumulation without the periodic promotion to fp32, as vLLM's
-                # FP8 kernels run: 14% faster on the 16,384-row layer (probes/fp8_matmul_shapes.py);
-                # the CPU emulation accumulates in fp32 (benchmarks/RESULTS.md, FP8)
+                # FP8 kernels run: faster on the large prefill layers (HISTORY.md, "Canonical job in
+                # FP8"); the CPU emulation accumulates in fp32
                 use_fast_accum=True,
             ).to(self.out_dtype)
             if self.bias is not None:

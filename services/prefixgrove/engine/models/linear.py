@@ -38,7 +38,7 @@ def row_invariant_linear(
     blocks = rows.view(-1, ROW_BLOCK, rows.shape[1])
     # One batched call of ROW_BLOCK-row products: the same kernel per block as one torch.mm of
     # ROW_BLOCK rows (bit for bit, any number of blocks), at the speed of one large product rather
-    # than a call per block (3.5x faster for a 912-row prefill chunk). The weight is expanded, not
+    # than a call per block (HISTORY.md, "Where the time goes"). The weight is expanded, not
     # copied.
     weight_t = weight.t().unsqueeze(0).expand(blocks.shape[0], -1, -1)
     out = torch.bmm(blocks, weight_t).view(padded_rows, weight.shape[0])[:n]

@@ -29,11 +29,10 @@ from ..device import to_device
 logger = logging.getLogger(__name__)
 # from this many matchers on, a step's tokens are consumed on llguidance's threads
 _PARALLEL_ROWS = 16
-# matchers built ahead between looks at whether the wait is over (about 0.5 ms each, spread over the
-# builder threads), whose first masks are then filled together
+# matchers built ahead between looks at whether the wait is over (spread over the builder threads), whose first masks are then filled together
 _AHEAD_BATCH = 16
-# states built ahead and not sampled yet, at most: a matcher and its first mask hold about 25 KB on
-# Llama 3's vocabulary, and a job of a million requests must not hold them all at once
+# states built ahead and not sampled yet, at most: a matcher and its first mask hold a vocabulary's
+# bits and more, and a job of a million requests must not hold them all at once
 _AHEAD_LIMIT = 2048
 _Rows: TypeAlias = "Seq[GrammarState | None]"
 TokensFrom: TypeAlias = Callable[[int, int], Seq[int]]
@@ -43,7 +42,7 @@ def default_builder_threads(device: torch.device) -> int:
     """Threads that build matchers, only while the host would wait anyway (a step's new rows, the
     batches built ahead): none on the CPU, whose cores run the model; on CUDA a quarter of the
     host's cores, at most 4 (a build holds no GIL). Threads building beside the host's own work
-    slowed it: the GIL's hand-overs slowed taking a job in 8x (benchmarks/RESULTS.md)."""
+    slowed it: the GIL's hand-overs slowed taking a job in several times over (benchmarks/HISTORY.md)."""
     if device.type != "cuda":
         return 0
     return max(1, min(4, (os.cpu_count() or 1) // 4))
@@ -54,7 +53,7 @@ class GrammarState:
     """A sequence's matcher and the output tokens it has consumed (it may run ahead of the tokens the
     host has taken in, never behind what a step samples after)."""
 
-    # builds the matcher (about 0.5 ms) when its first mask needs it, or ahead while the host waits
+    # builds the matcher (the costly part) when its first mask needs it, or ahead while the host waits
     # for the device (StepMasker.build_ahead); not as the request is taken in, where a job of
     # thousands would wait seconds for all of them before its first step
     new_matcher: Callable[[], llguidance.LLMatcher]
