@@ -1,6 +1,7 @@
 """Suite-wide setup. Without a GPU, Triton kernels run in Triton's interpreter on CPU tensors; the switch
 must be thrown before the first `@triton.jit` runs, which is why it lives here, at the root."""
 
+import gc
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,42 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# A test after which the process is this much larger than after the last collection triggers one.
+GC_GROWTH_BYTES = 512 * 2**20
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (Linux; 0 elsewhere, which never triggers a collection)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+@pytest.fixture(scope="session")
+def resident_floor() -> list[int]:
+    """The process's smallest resident size since the last garbage collection that the fixture
+    below ran."""
+    return [resident_bytes()]
+
+
+@pytest.fixture(autouse=True)
+def collect_dropped_engines(resident_floor: list[int]) -> Iterator[None]:
+    """An engine that a test dropped while it sat in a reference cycle (a test's patch of one of
+    its methods wrapping the original, say) keeps its weights and KV cache until a full garbage
+    collection, and LLM.generate thaws every object into the oldest generation, which Python
+    collects rarely: dozens of such engines piled up to gigabytes. A full collection costs about
+    a second here, so it runs only after a test that grew the process by GC_GROWTH_BYTES."""
+    yield
+    now = resident_bytes()
+    if now - resident_floor[0] > GC_GROWTH_BYTES:
+        gc.collect()
+        resident_floor[0] = resident_bytes()
+    else:
+        resident_floor[0] = min(resident_floor[0], now)
 
 
 @pytest.fixture

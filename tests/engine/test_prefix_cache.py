@@ -18,7 +18,8 @@ from engine_checkpoints import (
     token_ids,
 )
 
-from prefixgrove import LLM, SamplingParams
+from prefixgrove import SamplingParams
+from prefixgrove.catalog.presets import load_tokenizer
 from prefixgrove.engine.core.block_manager import ROOT_HASH, BlockManager
 from prefixgrove.grouping import PrefixGroup
 
@@ -331,8 +332,9 @@ QUESTIONS = ["What is in this room?", "When does it open?", "Is it open on Sunda
 @pytest.fixture(scope="module")
 def smollm2_prompts() -> list[list[int]]:
     smollm2_file()
-    tokenizer = LLM(SMOLLM2, device="cpu", dtype="float32").get_tokenizer()
-    return chat_ids(tokenizer, [(f"{SYSTEM} {doc}", q) for doc in DOCS for q in QUESTIONS])
+    return chat_ids(
+        load_tokenizer(SMOLLM2), [(f"{SYSTEM} {doc}", q) for doc in DOCS for q in QUESTIONS]
+    )
 
 
 def test_smollm2_grouped_ungrouped_and_cached_give_the_same_tokens(smollm2_prompts):

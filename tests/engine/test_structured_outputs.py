@@ -23,6 +23,7 @@ from engine_checkpoints import (
 )
 
 from prefixgrove import SamplingParams
+from prefixgrove.catalog.presets import load_tokenizer
 from prefixgrove.engine.structured import StructuredOutputsParams
 
 SYSTEM = "You extract facts from the user's note and answer with JSON only."
@@ -47,7 +48,7 @@ SCHEMA = {
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
     smollm2_file()
-    return chat_ids(engine(SMOLLM2).get_tokenizer(), [(SYSTEM, note) for note in NOTES])
+    return chat_ids(load_tokenizer(SMOLLM2), [(SYSTEM, note) for note in NOTES])
 
 
 def json_params() -> list[SamplingParams]:
@@ -66,7 +67,9 @@ def json_params() -> list[SamplingParams]:
     [{"num_scheduler_steps": 8}, {"num_scheduler_steps": 1, "enable_prefix_grouping": False}],
     ids=["grouped-window8", "ungrouped-step1"],
 )
-def test_json_schema_outputs_validate_and_match_across_windows_and_grouping(prompts, options):
+def test_json_schema_outputs_validate_and_match_across_windows_and_grouping(
+    prompts, options, smollm2_engines
+):
     windows: list[int] = []
     llm = engine(SMOLLM2, **options)
     start_window = llm.engine.runner.start_window
@@ -81,12 +84,12 @@ def test_json_schema_outputs_validate_and_match_across_windows_and_grouping(prom
     if options["num_scheduler_steps"] > 1:
         assert max(windows) > 1  # constrained rows keep their decode windows
     assert_no_leak(llm)
-    reference = run(engine(SMOLLM2, num_scheduler_steps=1), prompts + prompts, json_params())
+    reference = run(smollm2_engines(num_scheduler_steps=1), prompts + prompts, json_params())
     assert token_ids(outputs) == token_ids(reference)
 
 
-def test_regex_choice_grammar_and_json_object(prompts):
-    llm = engine(SMOLLM2, num_scheduler_steps=8)
+def test_regex_choice_grammar_and_json_object(prompts, smollm2_engines):
+    llm = smollm2_engines(num_scheduler_steps=8)
     kinds = {
         "regex": (r"[A-Z][a-z]+ is [0-9]{1,3} years old\.", 24),
         "choice": (("refund", "order", "complaint"), 8),
@@ -116,10 +119,10 @@ def test_regex_choice_grammar_and_json_object(prompts):
             assert text.startswith("{") and len(out.outputs[0].token_ids) == 48, text
 
 
-def test_constrained_and_unconstrained_rows_share_a_batch(prompts):
+def test_constrained_and_unconstrained_rows_share_a_batch(prompts, smollm2_engines):
     free = [SamplingParams(max_tokens=16, temperature=0.8, seed=i) for i in range(len(NOTES))]
-    alone = run(engine(SMOLLM2, num_scheduler_steps=8), prompts, free)
-    mixed = run(engine(SMOLLM2, num_scheduler_steps=8), prompts + prompts, free + json_params()[:3])
+    alone = run(smollm2_engines(num_scheduler_steps=8), prompts, free)
+    mixed = run(smollm2_engines(num_scheduler_steps=8), prompts + prompts, free + json_params()[:3])
     assert token_ids(mixed[: len(NOTES)]) == token_ids(alone)
     for out in mixed[len(NOTES) :]:
         jsonschema.validate(json.loads(out.outputs[0].text), SCHEMA)
@@ -134,8 +137,10 @@ def test_constrained_and_unconstrained_rows_share_a_batch(prompts):
         ({"grammar": "root ::= missing_rule"}, "missing_rule"),
     ],
 )
-def test_a_constraint_that_does_not_compile_fails_its_request_only(prompts, constraint, problem):
-    llm = engine(SMOLLM2)
+def test_a_constraint_that_does_not_compile_fails_its_request_only(
+    prompts, constraint, problem, smollm2_engines
+):
+    llm = smollm2_engines()
     bad = SamplingParams(max_tokens=4, structured_outputs=constraint)
     with pytest.raises(ValueError, match=re.escape(problem)) as caught:
         llm.engine.add_request("bad", prompts[0], bad)
@@ -528,7 +533,9 @@ def test_when_the_next_step_computes_outputs_alone_windows_take_the_forced_token
 
 
 @pytest.mark.parametrize("max_tokens", [1, 2, 5, 9])
-def test_a_forced_run_ends_where_max_tokens_or_a_stop_string_ends_it(prompts, max_tokens):
+def test_a_forced_run_ends_where_max_tokens_or_a_stop_string_ends_it(
+    prompts, max_tokens, smollm2_engines
+):
     """A run cut by max_tokens, or by a stop string inside it, ends the request exactly where
     step-by-step decoding ends it."""
     constraint = StructuredOutputsParams(regex=JUMP_KINDS["regex"])
@@ -539,9 +546,9 @@ def test_a_forced_run_ends_where_max_tokens_or_a_stop_string_ends_it(prompts, ma
                        structured_outputs=constraint),
     ]  # fmt: skip
     job = prompts[: len(params)]
-    outputs = run(engine(SMOLLM2, num_scheduler_steps=4), job, params)
+    outputs = run(smollm2_engines(num_scheduler_steps=4), job, params)
     reference = run(
-        engine(SMOLLM2, num_scheduler_steps=4, structured_outputs_jump_forward=False), job, params
+        smollm2_engines(num_scheduler_steps=4, structured_outputs_jump_forward=False), job, params
     )
     for out, ref in zip(outputs, reference, strict=True):
         a, b = out.outputs[0], ref.outputs[0]

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_checkpoints import chat_ids, smollm2_file
+from engine_checkpoints import SharedEngines, chat_ids, engine, smollm2_file
 from transformers import AutoModelForCausalLM
 
 from prefixgrove import LLM, SamplingParams
+from prefixgrove.catalog.presets import load_tokenizer
 
 MODEL = "smollm2-135m-instruct"
 SYSTEM = (
@@ -38,8 +39,7 @@ def model_file() -> str:
 @pytest.fixture(scope="module")
 def prompts(model_file: str) -> list[list[int]]:
     """Chat prompts that share one system prompt, so grouping has a real prefix to share."""
-    llm_tokenizer = LLM(MODEL, dtype="float32", attention_backend="torch").get_tokenizer()
-    return chat_ids(llm_tokenizer, [(SYSTEM, q) for q in QUESTIONS])
+    return chat_ids(load_tokenizer(MODEL), [(SYSTEM, q) for q in QUESTIONS])
 
 
 @pytest.fixture(scope="module")
@@ -68,11 +68,16 @@ def _greedy(llm: LLM, prompts: list[list[int]], max_tokens: int) -> list[list[in
     return [o.outputs[0].token_ids for o in outs]
 
 
-@pytest.mark.parametrize("grouping", [True, False], ids=["grouped", "ungrouped"])
+@pytest.mark.parametrize(
+    "options", [{}, {"enable_prefix_grouping": False}], ids=["grouped", "ungrouped"]
+)
 def test_greedy_tokens_match_transformers_on_the_trained_model(
-    prompts: list[list[int]], expected: list[list[int]], grouping: bool
+    prompts: list[list[int]],
+    expected: list[list[int]],
+    options: dict[str, bool],
+    smollm2_engines: SharedEngines,
 ) -> None:
-    llm = LLM(MODEL, dtype="float32", attention_backend="torch", enable_prefix_grouping=grouping)
+    llm = smollm2_engines(attention_backend="torch", **options)
     for question, got, want in zip(
         QUESTIONS, _greedy(llm, prompts, MAX_TOKENS), expected, strict=True
     ):
@@ -86,13 +91,13 @@ def test_triton_kernels_match_transformers_on_the_trained_model(
     interpreter runs a 30-layer step in seconds, so this takes a few prompts and tokens; a greedy
     continuation's first tokens are the shorter run's tokens."""
     few, tokens = 2, 6
-    llm = LLM(MODEL, dtype="float32", attention_backend="triton")
+    llm = engine(MODEL, attention_backend="triton")
     got = _greedy(llm, prompts[:few], tokens)
     assert got == [want[:tokens] for want in expected[:few]]
 
 
-def test_the_trained_model_answers_a_question(model_file: str) -> None:
-    llm = LLM(MODEL, dtype="float32", attention_backend="torch")
+def test_the_trained_model_answers_a_question(smollm2_engines: SharedEngines) -> None:
+    llm = smollm2_engines(attention_backend="torch")
     tokenizer = llm.get_tokenizer()
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}],
