@@ -42,4 +42,4 @@ HEALTHCHECK --interval=20s --timeout=5s --start-period=300s --retries=3 CMD \
   python -c "import os, urllib.request; \
 urllib.request.urlopen('http://127.0.0.1:%s/metrics' % os.environ.get('PREFIXGROVE_METRICS_PORT', '9091'), timeout=4)"
 ENTRYPOINT ["prefixgrove"]
-CMD ["serve", "worker", "--device", "cuda", "--metrics-port", "9091"]
+CMD ["serve", "worker", "--device", "cuda", "--host", "0.0.0.0", "--metrics-port", "9091"]

@@ -267,7 +267,7 @@ def _serve_worker(args: argparse.Namespace) -> int:
     settings = cfg.load(WorkerSettings, args)
     worker = Worker(settings, make_engine(settings.model, cfg.load(EngineSettings, args)))
     if settings.metrics_port:
-        worker.metrics.serve(settings.metrics_port)
+        worker.metrics.serve(settings.metrics_port, settings.host)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

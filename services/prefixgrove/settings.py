@@ -202,6 +202,8 @@ class WorkerSettings:
     model: str = "tiny-random-llama"  # what loads the weights and tokenizer
     # the name jobs call the model by: the worker leases from its queue; empty: model
     served_model_name: str = ""
+    # where the metrics endpoint listens: loopback unless told otherwise (a pod passes 0.0.0.0)
+    host: str = "127.0.0.1"
     consumer: str = ""  # empty: host name and process id
     lease_timeout_s: float = 30.0  # a group idle this long in another worker's hands is taken over
     # a group delivered this many times to workers that failed on it fails its requests instead

@@ -10,6 +10,9 @@ from prefixgrove.jobs.redis_store.store import JobStore, QueueDepth
 from prefixgrove_proto import planner_pb2 as pb
 
 POLL_S = 0.25
+# characters of a job id: ours are "job_" and 20 hex digits; a longer one is refused unread, and
+# unquoted (a status message travels in one HTTP/2 header, which clients cap)
+MAX_JOB_ID = 64
 # NOTE: the proto's JOB_STATE_FINALIZING has no JobState: results are final as workers write them.
 _PB_STATES = {
     JobState.VALIDATING: pb.JOB_STATE_VALIDATING,
@@ -22,6 +25,11 @@ _PB_STATES = {
 
 
 def find_job(store: JobStore, job_id: str, context: grpc.ServicerContext) -> JobRecord:
+    if len(job_id) > MAX_JOB_ID:
+        context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"a job_id of {len(job_id)} characters is no job's: ids are at most {MAX_JOB_ID}",
+        )
     job = store.get_job(job_id) if job_id else None
     if job is None:
         context.abort(grpc.StatusCode.NOT_FOUND, f"job {job_id!r} does not exist")

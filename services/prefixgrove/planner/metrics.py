@@ -128,11 +128,16 @@ class PlannerMetrics:
         return observed
 
     def serve(
-        self, port: int, queue: Callable[[], QueueDepth], stop: threading.Event
+        self,
+        port: int,
+        queue: Callable[[], QueueDepth],
+        stop: threading.Event,
+        host: str = "127.0.0.1",
     ) -> list[threading.Thread]:
-        """Serves /metrics and, every few seconds until `stop` is set, refreshes the queue gauges
-        and observes the jobs that ended; returns the threads doing it."""
-        httpd, http_thread = start_http_server(port, registry=self.registry)
+        """Serves /metrics on `host` (NOTE: prometheus_client's own default is every address)
+        and, every few seconds until `stop` is set, refreshes the queue gauges and observes the
+        jobs that ended; returns the threads doing it."""
+        httpd, http_thread = start_http_server(port, addr=host, registry=self.registry)
         self._serving = True
 
         def refresh() -> None:

@@ -18,6 +18,7 @@ from prefixgrove.jobs.redis_store.connection import connect
 from prefixgrove.jobs.redis_store.store import JobStore
 from prefixgrove.planner.http.runner import HttpApi, start_http_api
 from prefixgrove.planner.metrics import PlannerMetrics
+from prefixgrove.planner.redis_wait import wait_for_redis
 from prefixgrove.planner.security import BearerTokenInterceptor, server_credentials
 from prefixgrove.planner.service import PlannerService
 from prefixgrove.planner.stream_limit import StreamLimit
@@ -60,7 +61,8 @@ class PlannerServer:
 def build_server(
     planner: PlannerSettings, ingest: IngestSettings, security: SecuritySettings
 ) -> PlannerServer:
-    """A started server (port 0 picks a free one)."""
+    """A started server (port 0 picks a free one), once Redis answers."""
+    wait_for_redis(planner.redis_url)
     metrics = PlannerMetrics()
     store = JobStore(connect(planner.redis_url), retention_s=planner.job_retention_s)
     processes = planner.parse_processes or default_processes()
@@ -98,7 +100,9 @@ def build_server(
     )
     running.threads.append(streams.start(running.stopping))
     if planner.metrics_port:
-        running.threads += metrics.serve(planner.metrics_port, store.model_queue, running.stopping)
+        running.threads += metrics.serve(
+            planner.metrics_port, store.model_queue, running.stopping, planner.host
+        )
     if planner.http_port:
         running.http = start_http_api(service, planner, security)
     log.info("planner listening on %s:%d (%s)", planner.host, port, "TLS" if creds else "plaintext")

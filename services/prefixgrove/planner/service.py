@@ -30,6 +30,9 @@ from prefixgrove_proto import planner_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 _MAX_PAGE = 1000  # jobs in one ListJobs answer
+_DEFAULT_PAGE = 100
+_MAX_TOKEN_DIGITS = 15  # a position in the list of jobs, and far from Redis' integer bounds
+_MAX_QUOTED = 200  # characters of a value a message quotes
 _MAX_METADATA_ENTRIES = 64
 _MAX_METADATA_BYTES = 16 << 10
 
@@ -89,8 +92,8 @@ class PlannerService(pb_grpc.PlannerServicer):
             served = ", ".join(repr(m) for m in self.models)
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"model_not_found: model {model!r} is not served here; this planner and its "
-                f"workers serve {served} (leave the model out to use {self.default_model!r})",
+                f"model_not_found: model {_quoted(model)} is not served here; this planner and "
+                f"its workers serve {served} (leave the model out to use {self.default_model!r})",
             )
         _check_metadata(request.metadata, context)
         self.ingests.tokenizers(context)  # refused now rather than at the first lines
@@ -137,7 +140,7 @@ class PlannerService(pb_grpc.PlannerServicer):
     def ListJobs(
         self, request: pb.ListJobsRequest, context: grpc.ServicerContext
     ) -> pb.ListJobsResponse:
-        limit = min(request.limit or 100, _MAX_PAGE)
+        limit = _page_size(request.limit, context)
         start = _page_start(request.page_token, context)
         jobs, more = self.store.list_jobs(limit, start)
         return pb.ListJobsResponse(
@@ -193,9 +196,29 @@ def _page_start(token: str, context: grpc.ServicerContext) -> int:
     """A page token is the position of the page's first job in the newest-first list."""
     if not token:
         return 0
-    if not token.isdigit():
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"page_token {token!r} is not one we gave")
+    if not (token.isascii() and token.isdigit() and len(token) <= _MAX_TOKEN_DIGITS):
+        context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"page_token {_quoted(token)} is not one we gave: pass next_page_token back as it came",
+        )
     return int(token)
+
+
+def _page_size(limit: int, context: grpc.ServicerContext) -> int:
+    if limit < 0:
+        context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"limit {limit} is invalid: expected 1 to {_MAX_PAGE}, or 0 for {_DEFAULT_PAGE}",
+        )
+    return min(limit or _DEFAULT_PAGE, _MAX_PAGE)
+
+
+def _quoted(value: str) -> str:
+    """A value the caller sent, as a message quotes it: whole unless long (a status message
+    travels in one HTTP/2 header, which clients cap)."""
+    if len(value) <= _MAX_QUOTED:
+        return repr(value)
+    return f"{value[:_MAX_QUOTED]!r}... ({len(value)} characters)"
 
 
 def _check_metadata(metadata: Mapping[str, str], context: grpc.ServicerContext) -> None:

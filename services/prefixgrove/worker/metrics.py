@@ -137,5 +137,6 @@ class WorkerMetrics:
         self.requests_running.set(engine.num_running_requests())
         self.requests_waiting.set(engine.num_waiting_requests())
 
-    def serve(self, port: int) -> None:
-        start_http_server(port, registry=self.registry)
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+        """Serves /metrics on `host` (NOTE: prometheus_client's own default is every address)."""
+        start_http_server(port, addr=host, registry=self.registry)

@@ -8,18 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from aiohttp import BodyPartReader, web
+from aiohttp import BodyPartReader, MultipartReader, web
+from aiohttp.http_exceptions import BadHttpMessage
 
-from prefixgrove.planner.http.batches import Batches, is_result_file
-from prefixgrove.planner.http.errors import ApiError
-from prefixgrove.planner.http.files import READ_CHUNK, FileStore, file_object
+from prefixgrove.planner.http.batches import MAX_LIST, Batches, is_result_file
+from prefixgrove.planner.http.errors import ApiError, not_found
+from prefixgrove.planner.http.files import READ_CHUNK, FileStore, PartialFile, file_object
 
 _BATCHES = web.AppKey("batches", Batches)
 _FILES = web.AppKey("files", FileStore)
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_MAX_FIELD_BYTES = 1024  # an upload's form fields but its file
+_FILES_PAGE = 10_000  # files in one list answer, as OpenAI's API has it
+_BATCHES_PAGE = 20
 
 
 def build_app(batches: Batches, files: FileStore, token: str | None) -> web.Application:
@@ -69,38 +75,94 @@ def _token_middleware(token: str | None) -> Any:
 async def upload_file(request: web.Request) -> web.Response:
     """Streams the `file` part to disk a chunk at a time: the planner never holds a whole file."""
     files = request.app[_FILES]
-    purpose, filename, file_id = "", "", ""
+    form = _Form()
     try:
-        async for part in await request.multipart():
-            if not isinstance(part, BodyPartReader):
-                continue
-            if part.name == "purpose":
-                purpose = await part.text()
-            elif part.name == "file" and not file_id:
-                filename = part.filename or "upload.jsonl"
-                file_id, handle = files.create()
-                await _copy(part, handle)
-        if not file_id:
+        try:
+            await _read_form(request, files, form)
+        except _MALFORMED as exc:
+            raise ApiError(
+                400, f"the upload is not well-formed multipart/form-data: {exc}"
+            ) from None
+        if form.upload is None:
             raise ApiError(400, "the upload has no `file` part (multipart/form-data)")
-        if purpose != "batch":
-            raise ApiError(400, f"purpose {purpose!r} is not served: expected 'batch'")
-        return web.json_response(files.finish(file_id, filename, purpose))
+        if form.purpose != "batch":
+            raise ApiError(400, f"purpose {form.purpose!r} is not served: expected 'batch'")
+        return web.json_response(files.finish(form.upload, form.filename, form.purpose))
     finally:
-        if file_id:
-            files.discard(file_id)  # a finished file was renamed away: nothing to drop
+        if form.upload is not None:
+            files.discard(form.upload)  # a finished file was renamed away: only its lock goes
+
+
+@dataclass
+class _Form:
+    """What an upload's form gave so far."""
+
+    purpose: str = ""
+    filename: str = ""
+    upload: PartialFile | None = None
+
+
+async def _read_form(request: web.Request, files: FileStore, form: _Form) -> None:
+    async for part in await _multipart(request):
+        if not isinstance(part, BodyPartReader):
+            continue
+        if part.name == "purpose":
+            form.purpose = await _small_text(part, "purpose")
+        elif part.name == "file" and form.upload is None:
+            form.filename = part.filename or "upload.jsonl"
+            form.upload = files.create()
+            await _copy(part, form.upload.handle)
+
+
+# what aiohttp's multipart reader raises on a body it cannot read
+_MALFORMED = (ValueError, AssertionError, LookupError, RuntimeError, BadHttpMessage)
+
+
+async def _multipart(request: web.Request) -> MultipartReader:
+    if not request.content_type.startswith("multipart/"):
+        raise ApiError(400, f"Content-Type {request.content_type!r} is invalid: an upload is "
+                            "multipart/form-data")  # fmt: skip
+    return await request.multipart()
+
+
+async def _small_text(part: BodyPartReader, name: str) -> str:
+    """A form field's text, read no further than _MAX_FIELD_BYTES."""
+    data = b""
+    while chunk := await part.read_chunk(_MAX_FIELD_BYTES):
+        data += chunk
+        if len(data) > _MAX_FIELD_BYTES:
+            raise ApiError(400, f"{name} is longer than {_MAX_FIELD_BYTES} bytes")
+    return data.decode("utf-8", errors="replace")
 
 
 async def _copy(part: BodyPartReader, handle: BinaryIO) -> None:
-    with handle:
-        while chunk := await part.read_chunk(READ_CHUNK):
-            handle.write(chunk)
+    while chunk := await part.read_chunk(READ_CHUNK):
+        handle.write(chunk)
 
 
 async def list_files(request: web.Request) -> web.Response:
+    """Newest first; a page starts after the file `after` names."""
+    limit = _limit(request, _FILES_PAGE, _FILES_PAGE)
     objects = await asyncio.to_thread(request.app[_FILES].list)
     purpose = request.query.get("purpose")
     data = [o for o in objects if purpose is None or o["purpose"] == purpose]
-    return web.json_response({"object": "list", "data": data, "has_more": False})
+    after = request.query.get("after")
+    if after:
+        ids = [o["id"] for o in data]
+        if after not in ids:
+            raise not_found("file", after)
+        data = data[ids.index(after) + 1 :]
+    return web.json_response({"object": "list", "data": data[:limit],
+                              "has_more": len(data) > limit})  # fmt: skip
+
+
+def _limit(request: web.Request, default: int, most: int) -> int:
+    """The query's `limit`: a whole number from 1 to `most`."""
+    text = request.query.get("limit", str(default))
+    if not (text.isascii() and text.isdigit() and len(text) < 10 and 1 <= int(text) <= most):
+        raise ApiError(400, f"limit {text[:40]!r} is invalid: expected a whole number from 1 to "
+                            f"{most}")  # fmt: skip
+    return int(text)
 
 
 async def retrieve_file(request: web.Request) -> web.Response:
@@ -157,7 +219,10 @@ async def delete_file(request: web.Request) -> web.Response:
 
 # --- batches --------------------------------------------------------------------------------
 async def create_batch(request: web.Request) -> web.Response:
-    body = await request.json()
+    try:
+        body = json.loads(await request.read())
+    except ValueError as exc:  # not UTF-8, or not JSON
+        raise ApiError(400, f"the request body is not JSON: {exc}") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     batch = await asyncio.to_thread(request.app[_BATCHES].create, body)
@@ -176,9 +241,7 @@ async def cancel_batch(request: web.Request) -> web.Response:
 
 
 async def list_batches(request: web.Request) -> web.Response:
-    limit_text = request.query.get("limit", "20")
-    if not limit_text.isdigit():
-        raise ApiError(400, f"limit {limit_text!r} is invalid: expected a whole number")
+    limit = _limit(request, _BATCHES_PAGE, MAX_LIST)
     after = request.query.get("after")
-    page = await asyncio.to_thread(request.app[_BATCHES].list, after, int(limit_text))
+    page = await asyncio.to_thread(request.app[_BATCHES].list, after, limit)
     return web.json_response(page)

@@ -28,7 +28,7 @@ COMPLETION_WINDOW = "24h"
 _WINDOW_S = 24 * 3600
 _CHUNK_BYTES = 1 << 20  # lines handed to the service at once, as the gRPC client sends them
 _CHUNK_LINES = 1 << 16
-_MAX_LIST = 100
+MAX_LIST = 100  # batches in one list answer
 _STATUS = {  # a job's results are final as workers write them: it never shows `finalizing`
     JobState.VALIDATING: "validating",
     JobState.IN_PROGRESS: "in_progress",
@@ -74,9 +74,8 @@ class Batches:
         return self.get(batch_id)
 
     def list(self, after: str | None, limit: int) -> dict[str, Any]:
-        """Newest first; a page starts after the batch `after` names."""
-        if not 1 <= limit <= _MAX_LIST:
-            raise ApiError(400, f"limit={limit} is invalid: expected 1 to {_MAX_LIST}")
+        """Newest first, `limit` of them (1 to MAX_LIST); a page starts after the batch `after`
+        names."""
         start = 0
         if after:
             # NOTE: the position in the store's newest-first index of jobs, which list_jobs pages by

@@ -2,43 +2,86 @@
 
 Layout under `root`: `<file id>` holds the content, `<file id>.json` the file object OpenAI's
 clients read (id, bytes, created_at, filename, purpose). A file is written under a temporary name
-(`.<file id>.partial`) and renamed once whole, so a listed file is always complete."""
+(`.<file id>.partial`) and renamed once whole, so a listed file is always complete. The upload
+writing a partial file holds a lock on it (flock) until it is renamed or dropped: a partial file
+nobody holds was left by a planner that stopped mid-upload, and is deleted when a planner starts
+(replicas sharing the folder leave each other's uploads alone)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
 import os
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from prefixgrove.planner.http.errors import not_found
 
+log = logging.getLogger(__name__)
 READ_CHUNK = 64 << 10
+
+
+@dataclass(frozen=True)
+class PartialFile:
+    """An upload being written: its file id, and the open handle whose lock says it is alive."""
+
+    id: str
+    handle: BinaryIO
 
 
 class FileStore:
     def __init__(self, root: Path) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
+        self.reclaim_partials()
 
-    def create(self) -> tuple[str, BinaryIO]:
-        """A new file's id and the handle its content goes to; `finish` makes it visible."""
-        file_id = f"file-{uuid.uuid4().hex[:24]}"
-        return file_id, self._partial(file_id).open("wb")
+    def create(self) -> PartialFile:
+        """A new file, locked as alive until `finish` makes it visible or `discard` drops it."""
+        while True:
+            file_id = f"file-{uuid.uuid4().hex[:24]}"
+            path = self._partial(file_id)
+            handle = path.open("xb")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            # NOTE: a planner starting between the open and the lock may have reclaimed the
+            # file; its name then no longer leads to ours.
+            if _same_file(path, handle):
+                return PartialFile(file_id, handle)
+            handle.close()
 
-    def finish(self, file_id: str, filename: str, purpose: str) -> dict[str, Any]:
-        partial = self._partial(file_id)
-        obj = file_object(file_id, partial.stat().st_size, time.time(), filename, purpose)
-        (self.root / f"{file_id}.json").write_text(json.dumps(obj))
-        os.replace(partial, self.root / file_id)
+    def finish(self, upload: PartialFile, filename: str, purpose: str) -> dict[str, Any]:
+        upload.handle.flush()
+        size = os.fstat(upload.handle.fileno()).st_size
+        obj = file_object(upload.id, size, time.time(), filename, purpose)
+        (self.root / f"{upload.id}.json").write_text(json.dumps(obj))
+        os.replace(self._partial(upload.id), self.root / upload.id)
         return obj
 
-    def discard(self, file_id: str) -> None:
-        """Drops an upload that broke or was refused before `finish`."""
-        self._partial(file_id).unlink(missing_ok=True)
+    def discard(self, upload: PartialFile) -> None:
+        """Drops an upload that broke or was refused before `finish` (a finished one was renamed
+        away: nothing to drop), and lets its lock go."""
+        self._partial(upload.id).unlink(missing_ok=True)
+        upload.handle.close()
+
+    def reclaim_partials(self) -> list[str]:
+        """Deletes the partial files no upload holds (a planner stopped while writing them);
+        returns their names."""
+        reclaimed = []
+        for path in self.root.glob(".file-*.partial"):
+            try:
+                with path.open("rb") as f:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    path.unlink()
+            except (BlockingIOError, FileNotFoundError):  # being written, or gone meanwhile
+                continue
+            reclaimed.append(path.name)
+        if reclaimed:
+            log.info("deleted %d partial uploads left in %s", len(reclaimed), self.root)
+        return reclaimed
 
     def _partial(self, file_id: str) -> Path:
         return self.root / f".{file_id}.partial"
@@ -55,7 +98,7 @@ class FileStore:
         for meta in self.root.glob("file-*.json"):
             try:
                 objects.append(json.loads(meta.read_text()))
-            except FileNotFoundError:  # deleted meanwhile
+            except (FileNotFoundError, ValueError):  # deleted, or being written, meanwhile
                 continue
         return sorted(objects, key=lambda o: (-o["created_at"], o["id"]))
 
@@ -88,3 +131,10 @@ def _checked(file_id: str) -> str:
     if not file_id.startswith("file-") or not file_id[5:].replace("-", "").isalnum():
         raise not_found("file", file_id)
     return file_id
+
+
+def _same_file(path: Path, handle: BinaryIO) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+    except FileNotFoundError:
+        return False
