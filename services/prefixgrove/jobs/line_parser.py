@@ -61,12 +61,19 @@ class LineParser:
     def parse(self, lines: Sequence[bytes | str], first: int) -> list[BatchRequest | RequestError]:
         if self._pool is None or len(lines) < _MIN_LINES_TO_SHARE:
             return parse_slice(lines, first, self.rules)
+        lines = self._bounded(lines)
         step = -(-len(lines) // self.processes)
         futures = [
             self._pool.submit(parse_slice, lines[start : start + step], first + start, self.rules)
             for start in range(0, len(lines), step)
         ]
         return [item for future in futures for item in future.result()]
+
+    def _bounded(self, lines: Sequence[bytes | str]) -> list[bytes | str]:
+        """The lines as another process needs them: one over the limit fails on its length
+        alone, so only its first max_line_bytes + 1 go (not the whole line, copied and pickled)."""
+        cap = self.rules.max_line_bytes + 1
+        return [line if len(line) <= cap else line[:cap] for line in lines]
 
     def warm_up(self) -> None:
         """Starts every process now, so the first upload does not wait for them."""
