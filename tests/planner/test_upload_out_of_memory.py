@@ -1,6 +1,7 @@
 """An upload that meets a Redis out of memory (`maxmemory` reached under `noeviction`) fails its job
 with RESOURCE_EXHAUSTED and frees its idempotency key; once Redis has room, the same submit makes a
-clean job. A real planner over gRPC on loopback, a real redis-server with a small maxmemory."""
+clean job; a live planner's heartbeat is renewed meanwhile. A real planner over gRPC on loopback, a
+real redis-server with a small maxmemory."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from services_testbed import RedisServer, batch_line, planner_in_process
 
 from prefixgrove.jobs.redis_store.schema import JobKeys
+from prefixgrove.jobs.redis_store.store import JobStore
 from prefixgrove.planner.client import PlannerClient, PlannerUnavailable
 from prefixgrove.planner.server import PlannerServer
 from prefixgrove_proto import planner_pb2 as pb
@@ -68,3 +70,14 @@ def test_once_redis_has_room_the_same_submit_makes_a_clean_job(
     redis_server.client().config_set("maxmemory", 0)
     job = client.submit_lines(lambda: iter(content), idempotency_key=KEY, attempts=1)
     assert job.state == pb.JOB_STATE_IN_PROGRESS and job.request_counts.total == 3000
+
+
+def test_a_planners_heartbeat_is_renewed_while_redis_is_out_of_memory(
+    redis_server: RedisServer,
+) -> None:
+    store = JobStore(redis_server.client())
+    store.heartbeat("planner-a", 5)
+    redis_server.client().config_set("maxmemory-policy", "noeviction")
+    redis_server.client().config_set("maxmemory", 1)
+    store.heartbeat("planner-a", 30)  # a planner alive stays alive: its uploads are not failed
+    assert redis_server.client().ttl("pg:planner:planner-a") > 5

@@ -111,8 +111,15 @@ class Ingests:
         with self._lock:
             return job_id in self._ingests
 
-    def create(self, model: str, key: str, metadata: dict[str, str], input_lines: int,
-               input_digest: str, context: grpc.ServicerContext) -> tuple[JobRecord, bool]:  # fmt: skip
+    def create(
+        self,
+        model: str,
+        key: str,
+        metadata: dict[str, str],
+        input_lines: int,
+        input_digest: str,
+        context: grpc.ServicerContext,
+    ) -> tuple[JobRecord, bool]:
         """(job, created): a new job with its upload open, or the job `key` already names (of the
         same input: another is refused, ALREADY_EXISTS). The upload opens before the key names
         the job, so whoever finds the job by its key can stream into it at once."""

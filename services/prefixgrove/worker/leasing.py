@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import redis
+
 from prefixgrove.jobs.redis_store.queue import GroupQueue, Lease
 from prefixgrove.jobs.redis_store.schema import GroupRecord, RequestRecord
 from prefixgrove.jobs.redis_store.store import JobStore
@@ -61,6 +63,10 @@ class Leasing:
         for i, lease in enumerate(leases):
             try:
                 self.start(lease)
+            except redis.OutOfMemoryError:
+                for left in leases[i + 1 :]:  # given back as they came: no fault of theirs
+                    self.queue.release(left, failed=False)
+                raise
             except BaseException:
                 # Stop keeping it and those not started alive: after the lease timeout a
                 # worker takes them over.
@@ -70,12 +76,17 @@ class Leasing:
 
     def start(self, lease: Lease) -> None:
         """Loads a leased group and hands its requests to the engine (as the isolation policy
-        says); a group with nothing left to run is acknowledged at once."""
+        says); a group with nothing left to run is acknowledged at once. A group Redis has no
+        memory to note as leased is given back as it came (no delivery counted)."""
         leased_at = time.monotonic()
-        loaded = self._load(lease)
-        if loaded is None:
-            self.finish(lease)
-            return
+        try:
+            loaded = self._load(lease)
+            if loaded is None:
+                self.finish(lease)
+                return
+        except redis.OutOfMemoryError:
+            self.queue.release(lease, failed=False)
+            raise
         group, records = loaded
         history = self.isolation.history(lease)
         flight, accepted = self._admit(

@@ -8,9 +8,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from prefixgrove.metrics_registry import service_registry
+from prefixgrove.worker import metrics_server
 
 if TYPE_CHECKING:
     from prefixgrove.worker.engine_protocol import Engine
@@ -71,6 +72,13 @@ _METRICS = (
             "groups acknowledged)", by_phase=True),
     _Metric("requests_held", Gauge, "prefixgrove_worker_requests_held",
             "Leased requests not answered yet"),
+    _Metric("results_unwritten", Gauge, "prefixgrove_worker_results_unwritten",
+            "Results the worker holds and has not written to Redis yet"),
+    _Metric("redis_out_of_memory", Gauge, "prefixgrove_worker_redis_out_of_memory",
+            "1 while Redis refuses the worker's writes for lack of memory (results are kept, no "
+            "group is taken), else 0"),
+    _Metric("redis_refusals", Counter, "prefixgrove_worker_redis_refusals",
+            "Writes Redis refused for lack of memory (each tried again after a pause)"),
 )  # fmt: skip
 
 
@@ -91,6 +99,9 @@ class WorkerMetrics:
     requests_waiting: Gauge
     loop_seconds: dict[str, Counter]
     requests_held: Gauge
+    results_unwritten: Gauge
+    redis_out_of_memory: Gauge
+    redis_refusals: Counter
 
     def __init__(self, registry: CollectorRegistry | None = None, *, model: str = "") -> None:
         """`registry`: where the metrics go (a new one by default); the runtime collectors are
@@ -101,6 +112,7 @@ class WorkerMetrics:
             setattr(self, metric.attribute, self._register(metric))
         self._tokens_window = (time.monotonic(), 0)  # (since, output tokens since)
         self._reused_seen = self._prefill_seen = 0  # the engine's totals at the last look
+        self.not_ready = ""  # why the worker cannot do its work now, as /ready answers it
 
     def _register(self, metric: _Metric) -> _Child | dict[str, _Child]:
         labels = ["model", "phase"] if metric.by_phase else ["model"]
@@ -138,5 +150,5 @@ class WorkerMetrics:
         self.requests_waiting.set(engine.num_waiting_requests())
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
-        """Serves /metrics on `host` (NOTE: prometheus_client's own default is every address)."""
-        start_http_server(port, addr=host, registry=self.registry)
+        """Serves /metrics and /ready (metrics_server.py) on `host`."""
+        metrics_server.serve(port, host, self.registry, lambda: self.not_ready)

@@ -1,6 +1,7 @@
 """Results on their way to Redis: each answered or failed request's output line, kept until the end
-of the loop's iteration and then written in one batch per job. A write that fails keeps them all, to
-be written again: the store keeps the first result of a line index, so a result is never doubled.
+of the loop's iteration and then written in one batch per job. A write that fails (Redis away, or
+out of memory: redis_full.py) keeps them all, to be written again: the store keeps the first result
+of a line index, so a result is never doubled.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from prefixgrove.jobs.output_lines import success_line
+from prefixgrove.jobs.output_lines import failed_output, success_line
 from prefixgrove.jobs.redis_store.schema import ResultRecord
 from prefixgrove.jobs.redis_store.store import JobStore
 from prefixgrove.jobs.request_errors import RequestError
@@ -46,6 +47,11 @@ class Results:
     def answer(self, flight: InFlight, out: RequestOutput) -> None:
         """The output line of a request the engine finished; the flight has it no more to answer."""
         index, record = flight.requests[out.request_id]
+        failed = failed_output(out)
+        if failed is not None:  # the engine ended it as an error: its error line, not an answer
+            self.fail(flight.lease.job_id, RequestError(index, record.custom_id, *failed))
+            flight.outstanding.discard(out.request_id)
+            return
         line = success_line(index, record.custom_id, record.endpoint, record.params,
                             self.served_name, out, self.tokenizer,
                             requested_model=record.model)  # fmt: skip
@@ -55,9 +61,11 @@ class Results:
         self.metrics.answered(tokens)
 
     def write(self) -> None:
+        self.metrics.results_unwritten.set(len(self.pending))
         by_job: dict[str, list[tuple[int, ResultRecord, int]]] = {}
         for p in self.pending:
             by_job.setdefault(p.job_id, []).append((p.index, p.result, p.completion_tokens))
         for job_id, results in by_job.items():
             self.store.write_results(job_id, results)
         self.pending.clear()  # only once every write went through: a failed write is retried
+        self.metrics.results_unwritten.set(0)

@@ -31,6 +31,7 @@ from prefixgrove.worker.isolation_policy import DIED_ALONE, IsolationPolicy
 from prefixgrove.worker.lease_budget import Capacity, LeaseBudget
 from prefixgrove.worker.leasing import Leasing
 from prefixgrove.worker.metrics import WorkerMetrics
+from prefixgrove.worker.redis_full import RedisFull, has_room
 from prefixgrove.worker.results import Results
 from prefixgrove.worker.stopping import Drain, give_back, watch_redis
 
@@ -52,6 +53,7 @@ class Worker:
             _capacity(self._engine), settings.lease_ahead, settings.max_groups_in_flight
         )
         self.metrics = WorkerMetrics(model=settings.served_name)
+        self.redis_full = RedisFull(self.metrics, self._give_up.wait)
         self.flights = Flights()
         self.running = EngineRequests(engine)
         self.results = Results(self.store, self.metrics, settings.served_name, engine.tokenizer)
@@ -110,7 +112,7 @@ class Worker:
         idle = not (self.flights or self.results.pending)  # a lease now may wait for work to come
         self._drop_lost()
         self._poll_cancel()
-        if taking and not self.isolation.active:
+        if taking and not self.isolation.active and not self.redis_full.full:
             self.leasing.lease_more()
         if self.isolation.active and not self.running and not self.results.pending:
             self.isolation.next_piece()
@@ -130,13 +132,21 @@ class Worker:
     def _retry(self, fn: Callable[[], None]) -> None:
         try:
             fn()
+            self.redis_full.went_through(lambda: has_room(self.store.r))
+        except redis.OutOfMemoryError as exc:
+            self.redis_full.refused(exc, self._holding())
         except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
             log.warning("redis unavailable (%s); retrying", exc)
             self._give_up.wait(1.0)
         except redis.ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
-            self.store.ensure_queue(self.settings.served_name)  # Redis came back without its data
+            # Redis came back without its data
+            self._retry(lambda: self.store.ensure_queue(self.settings.served_name))
+
+    def _holding(self) -> str:
+        results, groups = len(self.results.pending), len(self.flights)
+        return f"{results} results not yet written, {groups} group(s) leased"
 
     def _step(self) -> None:
         try:
@@ -184,6 +194,10 @@ class Worker:
         by another worker after the lease timeout (counted too)."""
         try:
             self._flush()
+        except redis.OutOfMemoryError as exc:
+            log.warning("redis is out of memory (%s): %d results not written; their groups are "
+                        "given back and run again", exc, len(self.results.pending))  # fmt: skip
+        try:
             give_back(self.flights, self.running, self.queue, failed)
         except redis.RedisError as exc:
             if not self._give_up.is_set():

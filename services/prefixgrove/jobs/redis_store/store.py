@@ -90,7 +90,7 @@ class JobStore:
         self.r.zadd(schema.JOBS, {job.id: job.created_at})
 
     def drop_job(self, job_id: str) -> None:
-        """Deletes every key of a job that no list holds and no key names (claim_key said no)."""
+        """Deletes a job no list holds and no key names (claim_key said no)."""
         self.r.delete(*JobKeys(job_id).all())
 
     def _run(self, script: Script, job_id: str, args: Sequence[Any]) -> Any:
@@ -125,8 +125,11 @@ class JobStore:
 
     # --- planners -------------------------------------------------------------------------
     def heartbeat(self, instance: str, ttl_s: int) -> None:
-        """A planner's: uploads.py tells by it whether the planner streaming a job in is alive."""
-        self.r.set(schema.planner_key(instance), 1, ex=ttl_s)
+        """A planner's: uploads.py tells by it whether the planner streaming a job in is alive.
+        Renewed by EXPIRE, which a Redis out of memory still takes: a live planner stays alive."""
+        key = schema.planner_key(instance)
+        if not self.r.expire(key, ttl_s):
+            self.r.set(key, 1, ex=ttl_s)
 
     def fail_job(self, job_id: str, code: str, message: str) -> None:
         self._run(self._fail, job_id, [code, message, time.time()])
@@ -148,9 +151,8 @@ class JobStore:
                 self.keys.release(job.idempotency_key, job_id)
 
     def fail_ingest_out_of_memory(self, job_id: str, message: str) -> None:
-        """Fails a job whose upload Redis refused for lack of memory, as fail_ingest does. Its
-        lines and answers are deleted first (which Redis allows when full, and which makes room);
-        a job Redis still refuses to mark failed is deleted whole."""
+        """Fails a job whose upload Redis refused for lack of memory, as fail_ingest does, its
+        lines deleted first (room; Redis takes deletes when full), or deletes it whole."""
         keys = JobKeys(job_id)
         self.r.delete(keys.requests, keys.results)
         try:
