@@ -1,15 +1,19 @@
 """A fault campaign: one job through Redis (AOF), planner replicas and faulty workers on CPU while
 workers, planner replicas and Redis are killed with SIGKILL at seeded points and started again,
-with poison requests that kill every worker that runs them. The downloaded files must answer every
-custom_id exactly once, as `prefixgrove run` of the same file does (fault_verdict.py names the one
-departure it counts apart), the poison requests failed alone, within the duration bound.
+with poison requests that kill every worker that runs them; a client killed mid-upload before the
+job is submitted again under its idempotency key, clients stalling uploads and watches, and Redis
+refusing writes for lack of memory for a while. The downloaded files must answer every custom_id
+exactly once, as `prefixgrove run` of the same file does (fault_verdict.py names the one departure
+it counts apart), the poison requests failed alone, within the duration bound.
 
     python tests/faults/campaign.py --requests 10000 --workers 3 --planners 2 --seed 1 \\
         --duration-bound-s 3600
 
 Prints one JSON object and exits 1 when an invariant does not hold. The job is submitted as a
 Service's users submit, through one target naming every replica (`ipv4:A,B`): an `upload` kill
-stops the replica taking the upload in the middle of it, and the client submits again.
+stops the replica taking the upload in the middle of it, and the client carries the upload on; a
+`resubmit` has a first client (fault_client.py) send part of the input under the same idempotency
+key and die first, so the submit finds that client's half-uploaded job.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from prefixgrove_proto import planner_pb2 as pb
 
 _POLL_S = 0.2
 UPLOAD_KEY = "fault-campaign"
+_AT_SUBMIT = ("upload", "resubmit")  # the faults the submit itself meets
 T = TypeVar("T")
 _ENDED = (pb.JOB_STATE_COMPLETED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED)
 
@@ -50,6 +55,7 @@ class Run:
     """What happened to the job: its id, the kills fired, and the seconds from submit to files."""
 
     job_id: str = ""
+    dead_client_job: str = ""  # the job a client killed mid-upload left (resubmit)
     state: str = "not submitted"
     kills: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     wall_s: float = 0.0
@@ -77,6 +83,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--worker-kills", type=int, default=2)
     parser.add_argument("--planner-kills", type=int, default=1)
     parser.add_argument("--redis-kills", type=int, default=1)
+    parser.add_argument(
+        "--resubmits",
+        type=int,
+        choices=[0, 1],
+        default=1,
+        help="a client killed mid-upload before the job is submitted again",
+    )
+    parser.add_argument("--stalls", type=int, default=1, help="clients stalling streams")
+    parser.add_argument(
+        "--stalled-streams",
+        type=int,
+        default=4,
+        help="uploads, and as many watches, each stall holds",
+    )
+    parser.add_argument("--ooms", type=int, default=1, help="times Redis runs out of memory")
     parser.add_argument(
         "--max-deliveries", type=int, help="the workers' --max-deliveries (default: theirs)"
     )
@@ -109,11 +130,19 @@ def reference(job: Path, cache: Path | None, workdir: Path) -> tuple[Path, Path]
     return files
 
 
-def fire(stack: FaultStack, kill: Kill) -> int | None:
+def fire(stack: FaultStack, kill: Kill, job_id: str, stalled_streams: int) -> int | None:
     """Fires `kill` on its target, or on the next one up when it is down; returns the index of
-    the process killed (0 for Redis), None when none is up."""
+    the process killed (0 for Redis and for the faults that kill nothing), None when none is up."""
     if kill.kind == "redis":
         stack.kill_redis(kill.down_s)
+        return 0
+    if kill.kind == "oom":
+        stack.fill_redis(kill.down_s)
+        return 0
+    if kill.kind == "stall":
+        streams = str(stalled_streams)
+        stack.start_client("stall", "stall", target(stack), job_id, streams, streams,
+                           lasts_s=kill.down_s)  # fmt: skip
         return 0
     slots = stack.workers if kill.kind == "worker" else stack.planners
     for step in range(len(slots)):
@@ -126,16 +155,19 @@ def fire(stack: FaultStack, kill: Kill) -> int | None:
 
 
 class UploadSource:
-    """The job's lines for `submit_lines`, read again for each upload; the first upload has the
-    replica taking it (the first address of the target) killed once `kill.mark` of its lines are
-    handed over. gRPC sends them in chunks of about 1 MiB, so the replica holds part of them."""
+    """The job's lines for `submit_lines`, read once for their fingerprint and again for each
+    upload; the first upload has the replica taking it (the first address of the target) killed
+    once `kill.mark` of its lines are handed over. gRPC sends them in chunks of about 1 MiB, so the
+    replica holds part of them."""
 
     def __init__(self, stack: FaultStack, path: Path, kill: Kill | None, run: Run) -> None:
         self.stack, self.path, self.kill, self.run = stack, path, kill, run
         self.total = sum(1 for _ in path.open("rb"))
+        self.reads = 0
 
     def __call__(self) -> Iterator[bytes]:
-        kill, self.kill = self.kill, None  # the first upload only
+        self.reads += 1
+        kill = self.kill if self.reads == 2 else None  # the first upload only
         at = -1 if kill is None else int(kill.mark * self.total)
         with self.path.open("rb") as lines:
             for n, line in enumerate(lines):
@@ -146,22 +178,55 @@ class UploadSource:
                 yield line.rstrip(b"\r\n")
 
 
-def submit(stack: FaultStack, job: FaultJob, kill: Kill | None, run: Run) -> None:
-    target = "ipv4:" + ",".join(f"127.0.0.1:{s.port}" for s in stack.planners)
-    client = PlannerClient(target)  # no deadline: a busy machine makes a slow planner
+def target(stack: FaultStack) -> str:
+    """One target naming every planner replica, as a Service's name gives gRPC."""
+    return "ipv4:" + ",".join(f"127.0.0.1:{s.port}" for s in stack.planners)
+
+
+def submit(stack: FaultStack, job: FaultJob, kills: dict[str, Kill], run: Run) -> None:
+    """Submits the job under UPLOAD_KEY, after a client killed mid-upload under that key when a
+    `resubmit` is planned."""
+    if "resubmit" in kills:
+        run.dead_client_job = die_mid_upload(stack, job, kills["resubmit"])
+        run.kills["resubmit"] += 1
+    client = PlannerClient(target(stack))  # no deadline: a busy machine makes a slow planner
     try:
-        source = UploadSource(stack, job.path, kill, run)
+        source = UploadSource(stack, job.path, kills.get("upload"), run)
         run.job_id = client.submit_lines(source, idempotency_key=UPLOAD_KEY).id
     finally:
         client.close()
 
 
-def run_job(stack: FaultStack, job: FaultJob, kills: list[Kill], deadline: float, run: Run) -> None:
-    """Submits the job, then fires each kill once its mark is reached, until the job ends or the
+def die_mid_upload(stack: FaultStack, job: FaultJob, kill: Kill) -> str:
+    """A client sends `kill.mark` of the job's lines under UPLOAD_KEY and is killed once the job
+    holds them; returns its job."""
+    lines = max(1, int(kill.mark * sum(1 for _ in job.path.open("rb"))))
+    client = stack.start_client("dead-client", "upload", target(stack), UPLOAD_KEY,
+                                str(job.path), str(lines))  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            held = stack.call("find", lambda c: c.find_job(UPLOAD_KEY))
+        except PlannerUnavailable:
+            held = None
+        if held is not None and held.request_counts.total >= lines:
+            client.stop()
+            _log(f"a client sent {held.request_counts.total} lines of job {held.id}: killed")
+            return str(held.id)
+        if client.proc.poll() is not None:
+            raise RuntimeError(f"the client to kill mid-upload exited: {client.text()[-2000:]}")
+        time.sleep(_POLL_S)
+    raise RuntimeError(f"the client's {lines} lines never reached the job: {client.text()[-2000:]}")
+
+
+def run_job(
+    stack: FaultStack, job: FaultJob, kills: list[Kill], deadline: float, run: Run, streams: int
+) -> None:
+    """Submits the job, then fires each fault once its mark is reached, until the job ends or the
     deadline passes."""
     started = time.monotonic()
-    submit(stack, job, next((k for k in kills if k.kind == "upload"), None), run)
-    pending = [k for k in kills if k.kind != "upload"]
+    submit(stack, job, {k.kind: k for k in kills if k.kind in _AT_SUBMIT}, run)
+    pending = [k for k in kills if k.kind not in _AT_SUBMIT]
     while time.monotonic() < deadline:
         stack.supervise()
         try:
@@ -176,7 +241,7 @@ def run_job(stack: FaultStack, job: FaultJob, kills: list[Kill], deadline: float
         progress = (counts.completed + counts.failed) / max(counts.total, 1)
         while pending and pending[0].mark <= progress:
             kill = pending.pop(0)
-            killed = fire(stack, kill)
+            killed = fire(stack, kill, run.job_id, streams)
             run.kills[kill.kind] += killed is not None
             _log(f"+{time.monotonic() - started:.1f} s, {progress:.3f} answered: kill {kill.kind} "
                  f"{'(none up)' if killed is None else killed}, down {kill.down_s} s")  # fmt: skip
@@ -211,13 +276,13 @@ def ran_nothing(job: pb.Job) -> bool:
 
 
 def attack(
-    stack: FaultStack, job: FaultJob, kills: list[Kill], bound_s: float, run: Run
+    stack: FaultStack, job: FaultJob, kills: list[Kill], args: argparse.Namespace, run: Run
 ) -> tuple[tuple[Path, Path] | None, list[pb.Job]]:
     """Runs the job under `kills`; returns its files (None when it did not complete within the
     bound) and the uploads the client gave up."""
     start = time.monotonic()
-    deadline = start + bound_s
-    run_job(stack, job, kills, deadline, run)
+    deadline = start + args.duration_bound_s
+    run_job(stack, job, kills, deadline, run, args.stalled_streams)
     files = (stack.dir / "out.jsonl", stack.dir / "out.errors.jsonl")
     got = None
     if run.state == "JOB_STATE_COMPLETED":
@@ -236,13 +301,14 @@ def campaign(args: argparse.Namespace, workdir: Path) -> dict:
     job = build_job(workdir / "in.jsonl", args.requests, args.poison, args.job_seed)
     ref = reference(job.path, args.reference_cache, workdir)
     counts = {"upload": args.upload_kills, "worker": args.worker_kills,
-              "planner": args.planner_kills, "redis": args.redis_kills}  # fmt: skip
+              "planner": args.planner_kills, "redis": args.redis_kills,
+              "resubmit": args.resubmits, "stall": args.stalls, "oom": args.ooms}  # fmt: skip
     kills = plan_kills(args.seed, counts, {"worker": args.workers, "planner": args.planners})
     flags = () if args.max_deliveries is None else ("--max-deliveries", str(args.max_deliveries))
     stack = FaultStack.start(workdir, args.planners, args.workers, flags)
     run = Run()
     try:
-        got, given_up = attack(stack, job, kills, args.duration_bound_s, run)
+        got, given_up = attack(stack, job, kills, args, run)
     finally:
         stack.stop()
     finished = got is not None
@@ -254,6 +320,7 @@ def campaign(args: argparse.Namespace, workdir: Path) -> dict:
               "bound_s": args.duration_bound_s,
               "within_bound": finished and run.wall_s <= args.duration_bound_s,
               "uploads_given_up": len(given_up),
+              "resubmit_resumed": bool(run.dead_client_job) and run.dead_client_job == run.job_id,
               "given_up_ran_nothing": all(ran_nothing(j) for j in given_up)}  # fmt: skip
     verdict = judge(got, ref, job.poison_ids, run.kills["worker"]) if got else None
     if verdict is not None:

@@ -1,7 +1,9 @@
 """The system the campaign attacks: one redis-server with AOF, planner replicas on fixed ports and
 faulty workers (tests/worker/faulty_worker.py) as real processes. Every process can be killed with
 SIGKILL and started again in its place; a worker that dies by itself (on a poison request) is
-started again by `supervise`, which the campaign calls in its loop."""
+started again by `supervise`, which the campaign calls in its loop. Besides kills: clients of their
+own (fault_client.py) that stall streams or die mid-upload, and a Redis whose maxmemory is lowered
+until it refuses writes for a while; `supervise` ends both when their time is up."""
 
 from __future__ import annotations
 
@@ -28,7 +30,11 @@ from services_testbed import (
 from prefixgrove.planner.client import PlannerClient, PlannerUnavailable
 
 FAULTY_WORKER = str(Path(__file__).resolve().parents[1] / "worker" / "faulty_worker.py")
+FAULT_CLIENT = str(Path(__file__).with_name("fault_client.py"))
 LEASE_TIMEOUT_S = "3"
+# how long a planner's stream may wait on its client before the planner ends it: short, so the
+# stalled streams are ended while the job runs
+STREAM_TIMEOUT_S = "15"
 RESTART_AFTER_DEATH_S = 0.5  # a process that died by itself, as a supervisor would
 CALL_TIMEOUT_S = 10.0
 T = TypeVar("T")
@@ -53,6 +59,8 @@ class FaultStack:
     worker_flags: tuple[str, ...] = ()  # more `serve worker` flags, for every worker
     # processes that died by themselves: for workers, the poison requests' doing
     self_deaths: dict[str, int] = field(default_factory=lambda: {"worker": 0, "planner": 0})
+    clients: list[tuple[Process, float]] = field(default_factory=list)  # (client, killed at)
+    redis_full_until: float | None = None  # monotonic time to give Redis its memory back
 
     @classmethod
     def start(
@@ -76,7 +84,10 @@ class FaultStack:
         return stack
 
     def _start_planner(self, slot: Slot) -> None:
-        slot.proc = start_planner(self.redis.url, slot.port, self.dir / f"{slot.name}.log")
+        timeouts = ("--upload-idle-timeout-s", STREAM_TIMEOUT_S,
+                    "--stream-stall-timeout-s", STREAM_TIMEOUT_S)  # fmt: skip
+        slot.proc = start_planner(self.redis.url, slot.port, self.dir / f"{slot.name}.log",
+                                  *timeouts)  # fmt: skip
         slot.back_at = None
 
     def _start_worker(self, slot: Slot) -> None:
@@ -108,13 +119,37 @@ class FaultStack:
         time.sleep(down_s)
         self.redis.start()
 
+    def start_client(self, name: str, *args: str, lasts_s: float = float("inf")) -> Process:
+        """A fault_client.py process (its mode and arguments), killed after `lasts_s`."""
+        client = Process(list(args), self.dir / f"{name}.log", service_env(),
+                         program=(FAULT_CLIENT,))  # fmt: skip
+        self.clients.append((client, time.monotonic() + lasts_s))
+        return client
+
+    def fill_redis(self, full_s: float) -> None:
+        """Lowers Redis's maxmemory below what it holds (noeviction: every write that takes
+        memory is refused) for `full_s`; `supervise` gives it back. A Redis restarted meanwhile
+        starts with its memory back."""
+        r = self.redis.client()
+        r.config_set("maxmemory-policy", "noeviction")
+        r.config_set("maxmemory", 1)
+        self.redis_full_until = time.monotonic() + full_s
+
     def supervise(self) -> None:
         """Starts again what is due: killed processes after their time down, and at once (after
-        a short pause) workers that died by themselves."""
+        a short pause) workers that died by themselves; kills clients whose time is up and gives
+        Redis its memory back when due."""
         for kind, slots, start in (("worker", self.workers, self._start_worker),
                                    ("planner", self.planners, self._start_planner)):  # fmt: skip
             for slot in slots:
                 self._restart_if_due(kind, slot, start)
+        now = time.monotonic()
+        for client, until in [c for c in self.clients if c[1] <= now]:
+            client.stop()
+            self.clients.remove((client, until))
+        if self.redis_full_until is not None and now >= self.redis_full_until:
+            self.redis.client().config_set("maxmemory", 0)
+            self.redis_full_until = None
 
     def _restart_if_due(self, kind: str, slot: Slot, start: Callable[[Slot], None]) -> None:
         now = time.monotonic()
@@ -146,6 +181,8 @@ class FaultStack:
         raise last or PlannerUnavailable(grpc.StatusCode.UNAVAILABLE, f"{what}: no planner is up")
 
     def stop(self) -> None:
+        for client, _ in self.clients:
+            client.stop()
         for slot in [*self.planners, *self.workers]:
             if slot.proc is not None:
                 slot.proc.stop()

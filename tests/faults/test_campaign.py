@@ -1,8 +1,9 @@
 """The fault campaign, small: 600 requests with two poison requests through two planner replicas and
-two faulty workers, while the replica taking the upload is killed in the middle of it, a worker is
-killed twice, a planner replica once and Redis once, at the points each seed picks. The campaign
-script is run as people run it, with the workers' default max_deliveries, and its verdict must
-hold."""
+two faulty workers, submitted under an idempotency key a client killed mid-upload used first, while
+the replica taking the upload is killed in the middle of it, a worker is killed twice, a planner
+replica once and Redis once, a client stalls uploads and watches, and Redis refuses writes for lack
+of memory for a while, at the points each seed picks. The campaign script is run as people run it,
+with the workers' default max_deliveries, and its verdict must hold."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from services_testbed import need_redis
 
 pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).with_name("campaign.py")
-KILLS = {"upload": 1, "worker": 2, "planner": 1, "redis": 1}
+KILLS = {"upload": 1, "worker": 2, "planner": 1, "redis": 1, "resubmit": 1, "stall": 1, "oom": 1}
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +31,8 @@ def run_campaign(seed: int, workdir: Path, reference_cache: Path) -> dict:
             "--poison", "2", "--upload-kills", str(KILLS["upload"]),
             "--worker-kills", str(KILLS["worker"]),
             "--planner-kills", str(KILLS["planner"]), "--redis-kills", str(KILLS["redis"]),
+            "--resubmits", str(KILLS["resubmit"]), "--stalls", str(KILLS["stall"]),
+            "--ooms", str(KILLS["oom"]),
             "--duration-bound-s", "900", "--workdir", str(workdir),
             "--reference-cache", str(reference_cache)]  # fmt: skip
     run = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
@@ -48,7 +51,8 @@ def test_every_request_is_answered_once_as_locally_through_kills_and_poison(
     report = run_campaign(seed, tmp_path, reference_cache)
     assert report["kills"] == KILLS, report  # every planned fault landed while the job ran
     assert report["self_deaths"]["worker"] >= report["poison"] == 2, report
-    assert report["uploads_given_up"] == 1 and report["given_up_ran_nothing"], report
+    # the upload carried on in the dead client's job, or (lines lost with a replica) started over
+    assert report["uploads_given_up"] <= 1 and report["given_up_ran_nothing"], report
     assert report["duplicates"] == report["missing"] == report["mismatches"] == 0, report
     assert report["other_failed"] == [] and report["poison_ok"] and report["in_order"], report
     assert report["ok"], report
