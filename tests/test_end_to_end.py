@@ -29,7 +29,6 @@ from services_testbed import (
 
 from prefixgrove_proto import planner_pb2 as pb
 
-pytestmark = pytest.mark.slow
 LEASE_TIMEOUT_S = "3"
 
 

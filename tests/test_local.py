@@ -26,7 +26,6 @@ def run(tmp_path: Path, lines: list[str], *extra: str) -> subprocess.CompletedPr
     return subprocess.run(args, env=service_env(), capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.slow
 def test_local_run_answers_every_request_in_input_order(tmp_path: Path) -> None:
     shared = "You grade answers. Be brief and exact. " * 4
     lines = [batch_line(f"c{i}", {"prompt": f"{shared}Answer {i}", "max_tokens": 3, "temperature": 0}) for i in range(12)]  # fmt: skip
@@ -144,7 +143,6 @@ def test_an_input_in_utf16_is_one_file_error_naming_the_encoding(
     assert not (tmp_path / "out.jsonl").exists()
 
 
-@pytest.mark.slow
 def test_a_line_naming_a_model_the_run_does_not_serve_is_model_not_found_and_the_rest_runs(
     tmp_path: Path,
 ) -> None:

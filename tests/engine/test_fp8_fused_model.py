@@ -68,7 +68,7 @@ def job() -> list[list[int]]:
     )
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_fused_quantization_gives_the_unfused_logits(
     llama_dir: str, job: list[list[int]], backend: str
 ) -> None:

@@ -135,7 +135,9 @@ def test_preempted_requests_are_scored_once_and_whole(path: str, hf_model: PreTr
 @pytest.mark.slow
 def test_prompt_logprobs_match_transformers_on_the_trained_model(model_file: str):  # noqa: F811
     """SmolLM2 from its GGUF file on both sides: trained logits, with their close calls (measured
-    at most 2e-5 apart over this prompt)."""
+    at most 2e-5 apart over this prompt). Slow: the default run covers its path with
+    test_prompt_logprobs_match_transformers_across_chunks (the tiny checkpoint against
+    transformers' forward) and SmolLM2's parity with transformers in test_trained_model.py."""
     gguf = Path(model_file)
     hf = AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32

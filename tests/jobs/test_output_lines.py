@@ -68,7 +68,6 @@ def _body(answered: tuple[dict[str, Any], dict[str, Any]], custom_id: str) -> di
     return answered[0][custom_id]["response"]["body"]
 
 
-@pytest.mark.slow
 def test_every_success_line_is_an_openai_batch_line(answered: tuple[dict, dict]) -> None:
     outputs, _ = answered
     assert sorted(outputs) == sorted(cid for cid, _, _ in REQUESTS[:-2])
@@ -81,7 +80,6 @@ def test_every_success_line_is_an_openai_batch_line(answered: tuple[dict, dict])
         assert line["response"]["status_code"] == 200 and line["response"]["request_id"] == h
 
 
-@pytest.mark.slow
 def test_every_body_validates_strictly_as_the_openai_type(answered: tuple[dict, dict]) -> None:
     for custom_id, line in answered[0].items():
         body = line["response"]["body"]
@@ -91,7 +89,6 @@ def test_every_body_validates_strictly_as_the_openai_type(answered: tuple[dict, 
         assert {c.finish_reason for c in parsed.choices} <= {"stop", "length"}
 
 
-@pytest.mark.slow
 def test_cached_tokens_count_the_prompt_reused_from_a_shared_prefix(
     answered: tuple[dict, dict],
 ) -> None:
@@ -105,7 +102,6 @@ def test_cached_tokens_count_the_prompt_reused_from_a_shared_prefix(
     assert cached("alone")[0] == 0 and cached("alone-logprobs")[0] == 0
 
 
-@pytest.mark.slow
 def test_chat_logprobs_hold_token_logprob_bytes_and_top_logprobs(
     answered: tuple[dict, dict],
 ) -> None:
@@ -118,7 +114,6 @@ def test_chat_logprobs_hold_token_logprob_bytes_and_top_logprobs(
     assert _body(answered, "chat-grouped-0")["choices"][0]["logprobs"] is None
 
 
-@pytest.mark.slow
 def test_completion_logprobs_hold_tokens_logprobs_tops_and_offsets(
     answered: tuple[dict, dict],
 ) -> None:
@@ -130,7 +125,6 @@ def test_completion_logprobs_hold_tokens_logprobs_tops_and_offsets(
     assert logprobs["text_offset"][-1] == len(choice["text"]) - len(logprobs["tokens"][-1])
 
 
-@pytest.mark.slow
 def test_model_is_the_served_model_name_whether_the_body_names_it_or_not(
     answered: tuple[dict, dict],
 ) -> None:
@@ -139,7 +133,6 @@ def test_model_is_the_served_model_name_whether_the_body_names_it_or_not(
     assert others == {MODEL}
 
 
-@pytest.mark.slow
 def test_unserved_features_fail_their_request_naming_the_field(
     answered: tuple[dict, dict],
 ) -> None:
@@ -150,7 +143,6 @@ def test_unserved_features_fail_their_request_naming_the_field(
     assert "best_of 3" in errors["best-of"]["error"]["message"]
 
 
-@pytest.mark.slow
 def test_n_samples_are_n_choices_indexed_in_order(answered: tuple[dict, dict]) -> None:
     for custom_id, n in (("grouped-samples", 2), ("chat-samples", 3)):
         body = _body(answered, custom_id)
@@ -162,7 +154,6 @@ def test_n_samples_are_n_choices_indexed_in_order(answered: tuple[dict, dict]) -
     assert _body(answered, "grouped-samples")["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
 
-@pytest.mark.slow
 def test_error_lines_hold_id_custom_id_null_response_and_error(
     answered: tuple[dict, dict],
 ) -> None:

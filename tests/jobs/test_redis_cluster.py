@@ -239,7 +239,6 @@ def test_a_command_waits_for_its_node_to_restart(
     wait_until(cluster.healthy, 30, "the cluster to be whole again")
 
 
-@pytest.mark.slow
 def test_a_planner_and_a_worker_on_the_cluster_run_a_job(
     cluster: RedisClusterProcesses, store: JobStore, tmp_path: Path
 ) -> None:

@@ -121,7 +121,6 @@ def test_a_job_finishes_through_a_failover_with_every_request_answered_once(
     assert store.create_job(MODEL, idempotency_key="through-failover")[0].id == job.id
 
 
-@pytest.mark.slow
 def test_a_planner_and_a_worker_follow_the_failover_and_finish_a_job(
     sentinel: RedisSentinelProcesses, tmp_path: Path
 ) -> None:

@@ -274,7 +274,6 @@ def reduced_layout(ttgir: str) -> str:
     return definition.group(1)
 
 
-@pytest.mark.slow
 def test_rms_norm_fp8_sums_squares_in_the_unfused_kernels_layout_on_the_gpu() -> None:
     """An e4m3 value is one byte: left to itself, the compiler would store 16 of them a thread at
     once where it loads 8 bf16 values of x, and widen the tiles of the whole kernel to match; the

@@ -17,7 +17,6 @@ import pytest
 SCRIPT = Path(__file__).with_name("gpu_compile_check.py")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("sm", "dtype"), [(90, "bfloat16"), (80, "float16")])
 def test_every_kernel_configuration_compiles_for_the_gpu(sm: int, dtype: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -64,7 +64,6 @@ def by_custom_id(lines: list[str]) -> dict[str, str]:
     return {json.loads(line)["custom_id"]: line for line in lines}
 
 
-@pytest.mark.slow
 def test_a_mixed_job_runs_each_line_on_its_models_workers_as_the_local_run_does(
     stack: ServiceStack, tmp_path: Path
 ) -> None:
@@ -94,7 +93,6 @@ def test_a_mixed_job_runs_each_line_on_its_models_workers_as_the_local_run_does(
     assert json.loads(by_custom_id(first_err)[unknown])["error"]["code"] == "model_not_found"
 
 
-@pytest.mark.slow
 def test_each_models_groups_go_to_its_own_queue_and_only_its_worker_reads_them(
     stack: ServiceStack, tmp_path: Path
 ) -> None:

@@ -17,8 +17,6 @@ TINY = ("--model tiny-random-llama --device cpu --vocab 256 --groups 6 --warm-gr
         "--prefix-len 48 --suffix-len 8 --output-len 4 --requests 8 --prompt-len 24 "
         "--no-sharing-output-len 4")  # fmt: skip
 
-pytestmark = pytest.mark.slow
-
 
 def test_the_services_benchmark_reports_both_paths_for_every_shape() -> None:
     redis_server = need_redis()
