@@ -35,11 +35,12 @@ def lines(n: int) -> list[bytes]:
     ]
 
 
-def fill_up(redis_server: RedisServer) -> None:
+def fill_up(redis_server: RedisServer, room: int = ROOM_BYTES) -> None:
+    """Redis refuses writes once it holds `room` bytes more than now (0: from now on)."""
     r = redis_server.client()
     used = int(r.info("memory")["used_memory"])
     r.config_set("maxmemory-policy", "noeviction")
-    r.config_set("maxmemory", used + ROOM_BYTES)
+    r.config_set("maxmemory", used + room if room else 1)
 
 
 def test_an_upload_that_meets_redis_out_of_memory_fails_its_job_and_frees_its_key(
@@ -72,12 +73,26 @@ def test_once_redis_has_room_the_same_submit_makes_a_clean_job(
     assert job.state == pb.JOB_STATE_IN_PROGRESS and job.request_counts.total == 3000
 
 
+def test_a_seal_that_meets_redis_out_of_memory_fails_its_job_and_frees_its_key(
+    planner: tuple[PlannerServer, PlannerClient], redis_server: RedisServer
+) -> None:
+    _, client = planner
+    job = client.create_job(idempotency_key=KEY)
+    client.add_lines(job.id, lines(20))
+    fill_up(redis_server, room=0)
+    with pytest.raises(PlannerUnavailable) as refused:
+        client.seal(job.id)
+    assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert redis_server.client().exists(f"pg:idem:{KEY}") == 0
+    redis_server.client().config_set("maxmemory", 0)
+    assert client.create_job(idempotency_key=KEY).id != job.id
+
+
 def test_a_planners_heartbeat_is_renewed_while_redis_is_out_of_memory(
     redis_server: RedisServer,
 ) -> None:
     store = JobStore(redis_server.client())
     store.heartbeat("planner-a", 5)
-    redis_server.client().config_set("maxmemory-policy", "noeviction")
-    redis_server.client().config_set("maxmemory", 1)
+    fill_up(redis_server, room=0)
     store.heartbeat("planner-a", 30)  # a planner alive stays alive: its uploads are not failed
     assert redis_server.client().ttl("pg:planner:planner-a") > 5

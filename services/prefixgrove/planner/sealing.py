@@ -53,18 +53,21 @@ class Sealer:
         if busy:
             return job_to_pb(self._sealed_elsewhere(job.id, self.instance, context), self.store)
         try:
-            claim = self.uploads.claim_seal(job.id, self.instance)
-            if claim.counts is None:
-                return job_to_pb(self._sealed_elsewhere(job.id, claim.holder, context), self.store)
-            self.uploads.claim_ingest(job.id, self.instance)  # if we stop now, others fail the job
-            self.metrics.job_sealed(job.id)
-            try:
-                self._seal(job, claim.counts, context)
-            except redis.OutOfMemoryError:
-                self.ingests.fail_out_of_memory(job, context)
+            return self._claim_and_seal(job, context)
+        except redis.OutOfMemoryError:
+            self.ingests.fail_out_of_memory(job, context)
         finally:
             with self._lock:
                 self._sealing.discard(job.id)
+
+    def _claim_and_seal(self, job: JobRecord, context: grpc.ServicerContext) -> pb.Job:
+        """Seals the job here, or waits for the seal another replica claimed."""
+        claim = self.uploads.claim_seal(job.id, self.instance)
+        if claim.counts is None:
+            return job_to_pb(self._sealed_elsewhere(job.id, claim.holder, context), self.store)
+        self.uploads.claim_ingest(job.id, self.instance)  # if we stop now, others fail the job
+        self.metrics.job_sealed(job.id)
+        self._seal(job, claim.counts, context)
         return job_to_pb(find_job(self.store, job.id, context), self.store)
 
     def _seal(self, job: JobRecord, counts: UploadCounts, context: grpc.ServicerContext) -> None:
