@@ -84,6 +84,8 @@ def test_a_seal_that_meets_redis_out_of_memory_fails_its_job_and_frees_its_key(
         client.seal(job.id)
     assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert redis_server.client().exists(f"pg:idem:{KEY}") == 0
+    failed = client.get(job.id)  # marked failed though Redis is still full
+    assert (failed.state, failed.error.code) == (pb.JOB_STATE_FAILED, "redis_out_of_memory")
     redis_server.client().config_set("maxmemory", 0)
     assert client.create_job(idempotency_key=KEY).id != job.id
 

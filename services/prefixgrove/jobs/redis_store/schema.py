@@ -338,6 +338,10 @@ return reply('failed')
 """
 )
 
+# FAIL that Redis runs even when out of memory: a failed upload's job is marked failed rather than
+# left validating for good (a few fields more). Script flags need Redis 7.
+FAIL_WHEN_FULL = "#!lua flags=allow-oom\n" + FAIL
+
 # ARGV: now. Moves a validating job to in_progress, or straight to completed when every
 # request is already answered (all invalid). Result: the state after the call.
 START = (

@@ -51,6 +51,7 @@ class JobStore:
         self._mark_leased = client.register_script(schema.MARK_LEASED)
         self._cancel = client.register_script(schema.CANCEL)
         self._fail = client.register_script(schema.FAIL)
+        self._fail_when_full = client.register_script(schema.FAIL_WHEN_FULL)
         self._start = client.register_script(schema.START)
         self.keys = IdempotencyKeys(client)
 
@@ -70,8 +71,7 @@ class JobStore:
 
     def new_job(self, model: str, idempotency_key: str = "", metadata: dict[str, str] | None = None,
                 input_lines: int = 0, input_digest: str = "") -> JobRecord:  # fmt: skip
-        """Writes a new job's record, which neither its key names (claim_key) nor the list holds
-        (list_job) yet."""
+        """Writes a new job's record; neither its key (claim_key) nor the list (list_job) has it."""
         job = JobRecord(id=f"job_{uuid.uuid4().hex[:20]}", model=model, idempotency_key=idempotency_key,
                         created_at=time.time(), metadata=dict(metadata or {}),
                         retention_s=self.retention_s, input_lines=input_lines,
@@ -80,8 +80,7 @@ class JobStore:
         return job
 
     def claim_key(self, job: JobRecord) -> JobRecord | None:
-        """Makes the job's idempotency key name it, unless the key names a job that still exists:
-        returns that one (idempotency.py)."""
+        """Makes the job's key name it, unless it names a job still there: returns that one."""
         if not job.idempotency_key:
             return None
         return self.keys.claim(job.idempotency_key, job.id, self.get_job)
@@ -139,25 +138,25 @@ class JobStore:
         self.fail_ingest(job_id, "upload_abandoned", message)
         self.r.delete(JobKeys(job_id).requests)
 
-    def fail_ingest(self, job_id: str, code: str, message: str) -> None:
-        """Fails a job whose input never made it in (interrupted, empty, not JSONL). Its idempotency
-        key is freed, even when Redis refuses to mark the job failed: retrying the submission with
-        the same key starts a new job."""
+    def fail_ingest(self, job_id: str, code: str, message: str, when_full: bool = False) -> None:
+        """Fails a job whose input never made it in (interrupted, empty, not JSONL; `when_full`:
+        Redis out of memory). Its idempotency key is freed even when the failing is refused."""
         try:
-            self.fail_job(job_id, code, message)
+            script = self._fail_when_full if when_full else self._fail
+            self._run(script, job_id, [code, message, time.time()])
         finally:
             job = self.get_job(job_id)
             if job is not None and job.idempotency_key:
                 self.keys.release(job.idempotency_key, job_id)
 
     def fail_ingest_out_of_memory(self, job_id: str, message: str) -> None:
-        """Fails a job whose upload Redis refused for lack of memory, as fail_ingest does, its
-        lines deleted first (room; Redis takes deletes when full), or deletes it whole."""
+        """Fails a job whose upload Redis refused for lack of memory, its lines deleted first (Redis
+        takes deletes when full); a Redis before 7 (no script flags) has it deleted whole."""
         keys = JobKeys(job_id)
         self.r.delete(keys.requests, keys.results)
         try:
-            self.fail_ingest(job_id, "redis_out_of_memory", message)
-        except redis.OutOfMemoryError:
+            self.fail_ingest(job_id, "redis_out_of_memory", message, when_full=True)
+        except redis.ResponseError:
             self.r.delete(*keys.all())
             self.r.zrem(schema.JOBS, job_id)
 
