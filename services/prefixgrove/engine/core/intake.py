@@ -20,8 +20,8 @@ from ..config import EngineConfig
 from ..runner.model_runner import ModelRunner
 from ..sampling.parallel_samples import SampleSets
 from ..sampling.sampling_params import SamplingParams
+from ..structured.grammar_state import GrammarState
 from ..structured.grammars import GrammarCompiler
-from ..structured.masks import GrammarState
 from .block_manager import BlockManager
 from .metrics import EngineMetrics
 from .prompt_ids import checked_token_ids
@@ -254,6 +254,7 @@ class Intake:
                 partial(self.grammars.matcher, grammar),
                 frozenset(eos),
                 self.grammars.tokenizer.vocab_size,
+                f"structured_outputs.{params.structured_outputs.kind}",
             )
             self.runner.masker.expect(seq.grammar)
         self.requests[request_id] = seq

@@ -10,7 +10,7 @@ from ..sampling.outputs import Logprob, PromptLogprobs, RequestMetrics
 from ..sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from ..structured.masks import GrammarState
+    from ..structured.grammar_state import GrammarState
 
 
 class SeqStatus(enum.Enum):

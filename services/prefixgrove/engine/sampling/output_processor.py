@@ -35,6 +35,8 @@ class OutputProcessor:
 
     def append_token(self, seq: Sequence, row: np.ndarray) -> bool:
         """Adds the sampled token; returns whether the request is now finished."""
+        if self.constraint_failed(seq):
+            return True  # (as in append_known)
         token = int(row[0])
         if seq.params.logprobs is not None:
             self._record_logprobs(seq, token, row)
@@ -43,6 +45,8 @@ class OutputProcessor:
     def append_known(self, seq: Sequence, token: int) -> bool:
         """Adds a token known without its step's row (a forced one: jump-forward; never asked for
         logprobs); returns whether the request is now finished."""
+        if self.constraint_failed(seq):
+            return True  # `token` was sampled without its constraint: it is dropped
         seq.output_token_ids.append(token)
         seq.metrics.token(time.time())
         if self._stops(seq, token):
@@ -53,7 +57,20 @@ class OutputProcessor:
             or len(seq.prompt_token_ids) + len(seq.output_token_ids) >= self.max_model_len
         ):
             seq.finish_reason = "length"
+        if seq.finish_reason is not None and seq.grammar is not None:
+            seq.grammar.settle(seq.output_token_ids)
+            self.constraint_failed(seq)
         return seq.finish_reason is not None
+
+    @staticmethod
+    def constraint_failed(seq: Sequence) -> bool:
+        """Whether the request's structured-output constraint could not be enforced (its matcher
+        failed: grammar_state.py); it then ends with finish_reason "error", never decoding on
+        unconstrained nor passing for an answer."""
+        if seq.grammar is None or seq.grammar.error is None:
+            return False
+        seq.finish_reason = "error"
+        return True
 
     def _stops(self, seq: Sequence, token: int) -> bool:
         """Whether `token` (just appended) ends the request: a stop token, EOS or a stop string, none of
@@ -116,6 +133,7 @@ class OutputProcessor:
             stop_reason=seq.stop_reason,
             logprobs=seq.logprobs,
             cumulative_logprob=seq.cumulative_logprob if p.logprobs is not None else None,
+            error=seq.grammar.error if seq.grammar is not None else None,
         )
         return RequestOutput(
             request_id=seq.request_id,

@@ -76,10 +76,13 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None  # "stop" | "length" | "abort" | None while running
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error" | None while running
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     logprobs: SampleLogprobs | None = None
     cumulative_logprob: float | None = None
+    # with finish_reason "error": why (its structured-output constraint could not be enforced); the
+    # output is then not an answer, only what came before the failure
+    error: str | None = None
 
 
 @dataclass

@@ -91,6 +91,9 @@ class JumpForward:
         """Appends each request's forced run past the token it sampled; the requests it finished."""
         finished: list[Sequence] = []
         for seq, run in zip(starts, runs, strict=True):
+            if self.output_processor.constraint_failed(seq):
+                finished.append(seq)  # its matcher failed on the run: it ends now, as an error
+                continue
             if len(run) < 2:
                 continue  # nothing forced beyond the token the step samples anyway
             assert seq.grammar is not None

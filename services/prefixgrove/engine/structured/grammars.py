@@ -17,10 +17,15 @@ from typing import Any
 
 import llguidance
 import llguidance.hf
+import llguidance.numpy as llnp
 
+from .derivations import rules_deriving_nothing
 from .params import StructuredOutputsParams
 
 _CACHE_SIZE = 1024  # compiled grammars kept (a job usually has one or a few)
+# Matchers' limits are llguidance's own; its errors leave out the parser's state (a request's error
+# line quotes them)
+_LIMITS = llguidance.LLParserLimits(verbose_errors=False)
 
 
 class GrammarCompiler:
@@ -90,35 +95,40 @@ class GrammarCompiler:
         return grammar
 
     def _checked(self, key: tuple[str, str, bool]) -> str:
-        kind, text, compact = key
-        options: dict[str, Any] = {"whitespace_flexible": False} if compact else {}
+        """The grammar of `key`, refused (ValueError) where it does not compile or where it accepts
+        no output at all, which would otherwise fail its request mid-decode or run to max_tokens."""
+        kind = key[0]
         try:
-            if kind == "json_object":
-                grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                    {"type": "object"},
-                    overrides=options,  # type: ignore[arg-type]
-                )
-            elif kind == "json":
-                grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                    text,
-                    overrides=options,  # type: ignore[arg-type]
-                )
-            elif kind == "choice":
-                lark = "start: " + " | ".join(json.dumps(c) for c in json.loads(text))
-                grammar = llguidance.LLMatcher.grammar_from_lark(lark)
-            elif kind == "regex":
-                grammar = llguidance.LLMatcher.grammar_from_regex(text)
-            else:  # GBNF (llama.cpp) or Lark
-                grammar = llguidance.grammar_from("grammar", text)
+            grammar = _grammar(key)
         except (ValueError, TypeError) as e:
-            raise ValueError(f"structured_outputs.{kind} does not compile: {e}") from None
+            raise ValueError(_refusal(kind, str(e))) from None
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
             grammar, self.tokenizer
         )
         if failed:
-            raise ValueError(f"structured_outputs.{kind} does not compile: {_short(messages[0])}")
-        self.matcher(grammar)  # what a sequence builds later must not fail then
+            raise ValueError(_refusal(kind, messages[0]))
+        if kind == "grammar":
+            endless = rules_deriving_nothing(grammar)
+            if endless:
+                raise ValueError(
+                    f"structured_outputs.grammar accepts no output: no rule of {', '.join(endless)} "
+                    "ever ends (each of their alternatives needs one of them again); give one an "
+                    "alternative without them"
+                )
+        # what a sequence builds later must not fail then
+        self._check_first_mask(kind, self.matcher(grammar))
         return grammar
+
+    def _check_first_mask(self, kind: str, matcher: llguidance.LLMatcher) -> None:
+        """Refuses a constraint no token can start (an empty regex, a rule that only recurses
+        into itself first): its matcher fails on its first mask."""
+        bitmask = llnp.allocate_token_bitmask(1, self.tokenizer.vocab_size)
+        llnp.fill_next_token_bitmask(matcher, bitmask, 0)
+        if matcher.is_error() or not (bitmask.any() or matcher.is_accepting()):
+            reason = matcher.get_error().strip().split("\n")[0] or "no token is allowed"
+            raise ValueError(
+                f"structured_outputs.{kind} accepts no output: no token can start it ({reason})"
+            )
 
     def matcher(self, grammar: str) -> llguidance.LLMatcher:
         """A new matcher at the start of a grammar `compile` returned (which built one already, so
@@ -128,10 +138,41 @@ class GrammarCompiler:
         thread.
         Not `deep_copy` of a kept one: copies share their parser's lexer behind a lock, and a
         step's masks, filled in parallel, then took several times as long (benchmarks/HISTORY.md)."""
-        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=_LIMITS)
         if matcher.is_error():
             raise ValueError(f"structured_outputs does not compile: {_short(matcher.get_error())}")
         return matcher
+
+
+def _grammar(key: tuple[str, str, bool]) -> str:
+    """llguidance's grammar for a constraint's key (kind, canonical text, compact)."""
+    kind, text, compact = key
+    options: dict[str, Any] = {"whitespace_flexible": False} if compact else {}
+    if kind == "json_object":
+        return llguidance.LLMatcher.grammar_from_json_schema(
+            {"type": "object"},
+            overrides=options,  # type: ignore[arg-type]
+        )
+    if kind == "json":
+        return llguidance.LLMatcher.grammar_from_json_schema(
+            text,
+            overrides=options,  # type: ignore[arg-type]
+        )
+    if kind == "choice":
+        # One terminal, matched by the lexer: as alternatives of a rule, each choice is an item of
+        # the parser's row, and past 2,000 of them every request failed at its first token.
+        strings = " | ".join(json.dumps(c) for c in json.loads(text))
+        return llguidance.LLMatcher.grammar_from_lark(f"start: CHOICE\nCHOICE: {strings}")
+    if kind == "regex":
+        return llguidance.LLMatcher.grammar_from_regex(text)
+    return llguidance.grammar_from("grammar", text)  # GBNF (llama.cpp) or Lark
+
+
+def _refusal(kind: str, message: str) -> str:
+    """llguidance's reason a constraint does not compile; one it proved empty accepts no output."""
+    if "unsatisfiable" in message.lower():
+        return f"structured_outputs.{kind} accepts no output: {_short(message)}"
+    return f"structured_outputs.{kind} does not compile: {_short(message)}"
 
 
 def _short(message: str, limit: int = 300) -> str:

@@ -1,4 +1,4 @@
-"""Each constrained sequence's matcher, and the token masks of a step's constrained rows.
+"""The token masks of a step's constrained rows, from each row's GrammarState (grammar_state.py).
 
 A step's masks are built on the host from every token sampled before it, including tokens the host has
 not taken in yet (a step launched ahead, earlier steps of a decode window): the model runner waits for
@@ -9,7 +9,6 @@ advanced and their masks filled on llguidance's threads, without the GIL.
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections import deque
@@ -25,8 +24,8 @@ import numpy as np
 import torch
 
 from ..device import to_device
+from .grammar_state import GrammarState
 
-logger = logging.getLogger(__name__)
 # from this many matchers on, a step's tokens are consumed on llguidance's threads
 _PARALLEL_ROWS = 16
 # matchers built ahead between looks at whether the wait is over (spread over the builder threads), whose first masks are then filled together
@@ -46,73 +45,6 @@ def default_builder_threads(device: torch.device) -> int:
     if device.type != "cuda":
         return 0
     return max(1, min(4, (os.cpu_count() or 1) // 4))
-
-
-@dataclass
-class GrammarState:
-    """A sequence's matcher and the output tokens it has consumed (it may run ahead of the tokens the
-    host has taken in, never behind what a step samples after)."""
-
-    # builds the matcher (the costly part) when its first mask needs it, or ahead while the host waits
-    # for the device (StepMasker.build_ahead); not as the request is taken in, where a job of
-    # thousands would wait seconds for all of them before its first step
-    new_matcher: Callable[[], llguidance.LLMatcher]
-    eos_token_ids: frozenset[int]
-    matcher_vocab: int  # token ids the matcher's masks cover
-    tokens: list[int] = field(default_factory=list)  # consumed, in order
-    ended: bool = False  # EOS consumed, or a token the grammar refused: nothing is masked any more
-    # (output index, token) where the last mask built for it allowed that one token alone: what the
-    # step sampling that index samples, whatever its logits (jump-forward starts there)
-    only_token: tuple[int, int] | None = None
-    # (tokens consumed, the matcher's bits then): a mask filled before the step that needs it (the
-    # token after a jump-forward run, filled to learn that it is not forced, or a first mask filled
-    # ahead); that step's mask, while the matcher stays there
-    next_bits: tuple[int, np.ndarray] | None = None
-    masked: bool = False  # a step has masked it (a first mask filled ahead would come too late)
-    _matcher: llguidance.LLMatcher | None = None
-
-    @property
-    def matcher(self) -> llguidance.LLMatcher:
-        self.build()
-        assert self._matcher is not None
-        return self._matcher
-
-    @property
-    def built(self) -> bool:
-        return self._matcher is not None
-
-    def build(self) -> None:
-        """Builds the matcher, if not built yet (on any one thread: it holds no GIL meanwhile)."""
-        if self._matcher is None:
-            self._matcher = self.new_matcher()
-
-    @property
-    def consumed(self) -> int:
-        return len(self.tokens)
-
-    def consume(self, token: int) -> None:
-        if self.take(token) and not self.matcher.consume_token(token):
-            self.refused(token)
-
-    def take(self, token: int) -> bool:
-        """Counts `token` as consumed; whether the matcher itself must still consume it (not once
-        the state has ended, nor for an EOS that ends a complete output)."""
-        self.tokens.append(token)
-        if self.ended:
-            return False
-        if token in self.eos_token_ids and self.matcher.is_accepting():
-            self.ended = True  # any of the model's EOS ids ends a complete output
-            return False
-        return True
-
-    def refused(self, token: int) -> None:
-        # A token the step masked never gets here: the mask and the matcher disagree.
-        logger.warning("grammar refused token %d: %s", token, self.matcher.get_error())
-        self.ended = True
-
-    @property
-    def constrains(self) -> bool:
-        return not self.ended and not self.matcher.is_error()
 
 
 @dataclass
@@ -205,7 +137,7 @@ class StepMasker:
         unbuilt = [s for s in states if not s.built]
         if self._builders is not None and len(unbuilt) > 1:
             for _ in self._builders.map(GrammarState.build, unbuilt):
-                pass  # a build's error is raised here
+                pass  # an error other than a failed build (which fails its state) is raised here
         else:
             for state in unbuilt:
                 state.build()
@@ -263,8 +195,10 @@ class StepMasker:
     def _fill_rows(
         self, states: _Rows, rows: list[int], bitmask: np.ndarray, bits: np.ndarray
     ) -> None:
-        """Row i of `bits` (`bitmask` as uint32): next_bits kept for this step, else filled now."""
-        to_fill = []
+        """Row i of `bits` (`bitmask` as uint32): next_bits kept for this step, else filled now. A
+        matcher that fails filling its row fails its state (the row then allows EOS alone, which
+        ends the request as an error, not as a complete output)."""
+        to_fill, filled = [], []
         for i, r in enumerate(rows):
             state = states[r]
             assert state is not None
@@ -274,10 +208,13 @@ class StepMasker:
                 self.stats.rows_reused += 1
             else:
                 to_fill.append((state.matcher, i))
+                filled.append(state)
         filling = time.perf_counter()
         if to_fill:
             llnp.fill_next_token_bitmask_par(self.executor, to_fill, bitmask)
         self.stats.fill_seconds += time.perf_counter() - filling
+        for state in filled:
+            state.check_matcher()
 
     @staticmethod
     def _allow_eos(states: _Rows, rows: list[int], bits: np.ndarray, vocab: int) -> list[int]:
@@ -301,6 +238,8 @@ class StepMasker:
         llnp.fill_next_token_bitmask_par(
             self.executor, [(state.matcher, i) for i, state in enumerate(states)], bitmask
         )
+        for state in states:
+            state.check_matcher()  # (as in _fill_rows)
         return bitmask.view(np.uint32)
 
     @property
