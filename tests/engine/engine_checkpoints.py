@@ -225,10 +225,10 @@ def record_steps(llm: LLM) -> list[StepRecord]:
 # -- the trained model ----------------------------------------------------------------------------------
 
 SMOLLM2 = "smollm2-135m-instruct"
-# The KV cache `engine` gives the trained model unless a test asks for another size: 8,192 tokens
-# (360 MB over its 30 layers) hold every test's job many times over, where the CPU default of
-# 65,536 tokens took 3 GB to zero for each engine.
-SMOLLM2_TEST_BLOCKS = 512
+# The KV cache `engine` gives the trained model unless a test asks for another size: 4,096 tokens
+# (190 MB over its 30 layers) hold twice the largest test job (16 chat prompts of 32 tokens), where
+# the CPU default of 65,536 tokens took 3 GB to zero for each engine.
+SMOLLM2_TEST_BLOCKS = 256
 
 
 def smollm2_file() -> str:
