@@ -538,7 +538,13 @@ def test_when_the_next_step_computes_outputs_alone_windows_take_the_forced_token
     assert_no_leak(windows)
 
 
-@pytest.mark.parametrize("max_tokens", [1, 2, 5, 9])
+# 1 ends the regex row at its first token, a sampled one, and 2 inside the forced run after it
+# (" customer is"); 5 and 9 repeat those two cuts further on (inside " and the topic is", then at
+# the choice after it), so the default run leaves them out.
+@pytest.mark.parametrize(
+    "max_tokens",
+    [1, 2, pytest.param(5, marks=pytest.mark.slow), pytest.param(9, marks=pytest.mark.slow)],
+)
 def test_a_forced_run_ends_where_max_tokens_or_a_stop_string_ends_it(
     prompts, max_tokens, smollm2_engines
 ):
