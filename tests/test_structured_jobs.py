@@ -1,7 +1,8 @@
 """Structured outputs in a batch file run by `prefixgrove run`: OpenAI's response_format and vLLM's
 structured_outputs / guided_* fields reach the engine, every constrained answer holds to its constraint
-(even on random weights: the mask decides), and a constraint that does not compile is that request's
-error line while the rest of the job runs."""
+(even on random weights: the mask decides), and a constraint that does not compile, that no output can
+meet (unsatisfiable_constraint) or whose matcher fails mid-decode (constraint_failed) is that request's
+error line while the rest of the job runs, the same bytes from the planner and a worker as from `run`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from services_testbed import MAX_MODEL_LEN, MODEL, batch_line, service_env
+from services_testbed import (
+    MAX_MODEL_LEN,
+    MODEL,
+    batch_line,
+    local_run,
+    service_env,
+    service_stack,
+    wait_until,
+)
+
+from prefixgrove_proto import planner_pb2 as pb
 
 CHOICES = ["alpha", "beta", "gamma"]
 ENUM_SCHEMA = {
@@ -20,6 +31,22 @@ ENUM_SCHEMA = {
     "required": ["kind", "ok"],
     "additionalProperties": False,
 }
+# Fine until a choice, then a rule of 3,000 alternatives: llguidance's parser row holds 3,001 items
+# there (its limit is 2,000), and the matcher fails mid-decode.
+WIDE_RULE = (
+    'start: "{\\"verdict\\": \\"" ("valid" | "invalid") "\\", \\"score\\": " score\n'
+    "score: " + " | ".join(f'"s{i}"' for i in range(3000))
+)
+# Constraints no output can meet, one of each kind.
+UNSATISFIABLE = {
+    "enum-none": {"structured_outputs": {"json": {"enum": []}}},
+    "schema-none": {"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                    "schema": {"type": "object", "properties": {"a": {"enum": []}},
+                               "required": ["a"]}}}},
+    "regex-none": {"guided_regex": "x[a&&b]"},
+    "grammar-none": {"guided_grammar": 'root ::= "a" root'},
+    "choice-none": {"structured_outputs": {"choice": []}},
+}  # fmt: skip
 
 
 def run(tmp_path: Path, lines: list[str]) -> subprocess.CompletedProcess[str]:
@@ -69,3 +96,52 @@ def test_constrained_lines_hold_to_their_constraint_and_a_bad_one_fails_alone(tm
     assert set(errors) == {"bad-regex", "bad-schema"}
     assert "regex does not compile" in errors["bad-regex"]["message"]
     assert "/nope" in errors["bad-schema"]["message"]
+
+
+def failing_job(path: Path) -> Path:
+    """Answered lines, lines refused up front and lines whose matcher fails mid-decode."""
+    lines = [
+        chat("wide", guided_grammar=WIDE_RULE, temperature=0, max_tokens=64),
+        chat("choice", structured_outputs={"choice": CHOICES}, temperature=1.0, seed=1),
+        chat("wide-seeded", guided_grammar=WIDE_RULE, temperature=1.0, seed=3, max_tokens=64),
+        *(chat(name, **fields) for name, fields in UNSATISFIABLE.items()),
+        chat("free", temperature=0, max_tokens=5),
+    ]
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def test_a_constraint_that_fails_mid_decode_or_accepts_nothing_is_an_error_line(tmp_path: Path):
+    out, errors = local_run(failing_job(tmp_path / "in.jsonl"), tmp_path)
+    answered = {o["custom_id"]: o for o in map(json.loads, out.read_text().splitlines())}
+    assert set(answered) == {"choice", "free"}
+    assert answered["choice"]["response"]["body"]["choices"][0]["message"]["content"] in CHOICES
+    failed = {e["custom_id"]: e["error"] for e in map(json.loads, errors.read_text().splitlines())}
+    assert set(failed) == {"wide", "wide-seeded", *UNSATISFIABLE}
+    for name in ("wide", "wide-seeded"):
+        assert failed[name]["code"] == "constraint_failed"
+        assert failed[name]["message"].startswith(
+            "structured_outputs.grammar could not be enforced"
+        )
+        assert "Current row has 3001 items" in failed[name]["message"]
+    for name in UNSATISFIABLE:
+        assert failed[name]["code"] == "unsatisfiable_constraint", failed[name]
+    assert "accepts no output" in failed["grammar-none"]["message"]
+
+
+def test_the_services_write_the_same_error_lines_as_the_local_run(tmp_path: Path):
+    """A worker ends the failing requests as `prefixgrove run` does: the same output and error
+    files, byte for byte."""
+    job = failing_job(tmp_path / "in.jsonl")
+    local_out, local_errors = local_run(job, tmp_path / "local")
+    (tmp_path / "stack").mkdir()
+    with service_stack(tmp_path / "stack", workers={"w1": ()}) as stack:
+        client = stack.client()
+        submitted = client.submit_file(job)
+        wait_until(lambda: client.get(submitted.id).state == pb.JOB_STATE_COMPLETED, 180,
+                   f"job {submitted.id} to complete")  # fmt: skip
+        out, errors = tmp_path / "out.jsonl", tmp_path / "out.errors.jsonl"
+        client.download(submitted.id, out, errors)
+    assert out.read_text() == local_out.read_text()
+    assert errors.read_text() == local_errors.read_text()
+    assert len(errors.read_text().splitlines()) == 2 + len(UNSATISFIABLE)

@@ -21,7 +21,7 @@ from prefixgrove.input_lines import line_batches
 from prefixgrove.jobs.ingest import JobIngestor, JobPlan
 from prefixgrove.jobs.kept_answers import ExpectedAnswers
 from prefixgrove.jobs.ordered_writer import OrderedWriter, Resumed, read_back
-from prefixgrove.jobs.output_lines import request_fingerprint, success_line
+from prefixgrove.jobs.output_lines import failed_output, request_fingerprint, success_line
 from prefixgrove.jobs.request_errors import RequestError, engine_error
 from prefixgrove.jobs.requests import BatchRequest
 from prefixgrove.jobs.sampling_fields import sampling_kwargs
@@ -341,6 +341,10 @@ class _Answer:
     failures: list[RequestError]
 
     def __call__(self, request: BatchRequest, out: RequestOutput) -> None:
+        failed = failed_output(out)
+        if failed is not None:  # the engine ended it as an error: no answer to write
+            self._fail(RequestError(request.index, request.custom_id, *failed))
+            return
         try:
             line = success_line(
                 request.index,
@@ -360,10 +364,13 @@ class _Answer:
                 "output_failed",
                 f"the request ran but its output line could not be written: {exc!r}",
             )
-            self.failures.append(error)
-            self.writer.put(request.index, error.to_line(), failed=True)
+            self._fail(error)
             return
         self.writer.put(request.index, line)
+
+    def _fail(self, error: RequestError) -> None:
+        self.failures.append(error)
+        self.writer.put(error.index, error.to_line(), failed=True)
 
 
 def _engine_groups(plan: JobPlan, lines: list[int]) -> list[PrefixGroup]:

@@ -149,7 +149,7 @@ def test_an_output_that_ends_before_its_constraint_is_complete_is_an_error():
     early = settled([*b"ab", EOS_ID])
     assert early is not None and early.startswith("structured_outputs.regex could not be enforced")
     refused = settled(list(b"abd"))
-    assert refused is not None and f"refused token {ord('d')}" in refused
+    assert refused is not None and f"failed on token {ord('d')}" in refused
 
 
 UNSATISFIABLE = [

@@ -13,7 +13,9 @@ A resumed `prefixgrove run` keeps a success line only while `<f>` is the fingerp
 request now, so an answer never outlives a change to the request it answers.
 
 An error line: {"id": "batch_req_<h>", "custom_id": ..., "response": null,
-"error": {"code": ..., "message": ...}}.
+"error": {"code": ..., "message": ...}}. A request the engine finished as an error (finish_reason
+"error": its structured-output constraint could not be enforced) gets one too, never a success line:
+`failed_output` gives its code and message.
 """
 
 from __future__ import annotations
@@ -68,6 +70,17 @@ def error_line(index: int, custom_id: str | None, code: str, message: str) -> st
         "error": {"code": code, "message": message},
     }
     return json.dumps(line, ensure_ascii=False)
+
+
+def failed_output(out: RequestOutput) -> tuple[str, str] | None:
+    """(code, message) of a request the engine ended as an error, else None: a sample whose
+    constraint failed makes the whole request `constraint_failed` (its output breaks the
+    constraint, or stops short of it, so it is no answer)."""
+    for completion in out.outputs:
+        if completion.finish_reason == "error":
+            which = f"sample {completion.index}: " if len(out.outputs) > 1 else ""
+            return "constraint_failed", which + (completion.error or "the request failed")
+    return None
 
 
 def success_line(

@@ -3,8 +3,10 @@ code, and how a message quotes the offending value.
 
 Codes a line's validation gives: line_too_large, invalid_encoding, nesting_too_deep, invalid_json,
 unknown_field, missing_custom_id, invalid_method, invalid_url, invalid_body, invalid_prompt,
-invalid_token_id, invalid_messages, invalid_value, unsupported_field. The engine's refusals after the
-planner accepted: context_length_exceeded, invalid_request (`engine_error`).
+invalid_token_id, invalid_messages, invalid_value, unsupported_field, unsatisfiable_constraint. The
+engine's refusals after the planner accepted: context_length_exceeded, unsatisfiable_constraint (a
+structured-output constraint no output can meet), invalid_request (`engine_error`). A request the
+engine ran and ended as an error: constraint_failed (output_lines.failed_output).
 """
 
 from __future__ import annotations
@@ -47,7 +49,12 @@ class InvalidRequest(Exception):
 def engine_error(index: int, custom_id: str, exc: ValueError) -> RequestError:
     """What the engine refuses after the planner accepted (its own context and cache limits)."""
     text = str(exc)
-    code = "context_length_exceeded" if "max_model_len" in text else "invalid_request"
+    if "max_model_len" in text:
+        code = "context_length_exceeded"
+    elif "accepts no output" in text:  # the engine's words for it (structured/grammars.py)
+        code = "unsatisfiable_constraint"
+    else:
+        code = "invalid_request"
     return RequestError(index, custom_id, code, text)
 
 

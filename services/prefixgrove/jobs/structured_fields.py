@@ -2,8 +2,9 @@
 
 Three spellings are accepted, at most one per request: OpenAI's `response_format` (json_object,
 json_schema), vLLM's `structured_outputs` object, and vLLM's older `guided_json` / `guided_regex` /
-`guided_choice` / `guided_grammar` fields. Whether a schema, regex or grammar compiles is the
-engine's check (a per-request error).
+`guided_choice` / `guided_grammar` fields. Whether a schema, regex or grammar compiles, and whether
+any output can meet it, is the engine's check (a per-request error); an empty choice list is refused
+here (`unsatisfiable_constraint`, the engine's code for a constraint no output meets).
 """
 
 from __future__ import annotations
@@ -96,6 +97,11 @@ def _structured_outputs(spec: Any) -> dict[str, Any]:
         )
     kind = kinds[0]
     value = spec[kind]
+    if kind == "choice" and value == []:
+        raise InvalidRequest(
+            "unsatisfiable_constraint",
+            "choice is an empty list, which no output can be one of: give at least one string",
+        )
     accepts, expected = _KIND_VALUES[kind]
     if not accepts(value):
         raise InvalidRequest("invalid_value", f"{kind} must be {expected}, got {shown(value)}")

@@ -92,7 +92,7 @@ class GrammarState:
         """The matcher refused `token` (the consumed-th output token): a token the step masked gets
         here only where something else decided the row (a sampling setting that allows no token
         the grammar does), or where the matcher ran past one of its limits."""
-        self.fail(f"the grammar refused token {token}: {self.matcher_error()}")
+        self.fail(f"its matcher failed on token {token}: {self.matcher_error()}")
 
     def check_matcher(self) -> None:
         """Fails the state if its matcher has failed meanwhile (filling a mask may fail it: it
