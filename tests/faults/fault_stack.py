@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import grpc
+import redis
 from fault_job import POISON_TOKEN
 from services_testbed import (
     MAX_MODEL_LEN,
@@ -130,10 +131,21 @@ class FaultStack:
         """Lowers Redis's maxmemory below what it holds (noeviction: every write that takes
         memory is refused) for `full_s`; `supervise` gives it back. A Redis restarted meanwhile
         starts with its memory back."""
-        r = self.redis.client()
-        r.config_set("maxmemory-policy", "noeviction")
-        r.config_set("maxmemory", 1)
+        self._config_set("maxmemory-policy", "noeviction")
+        self._config_set("maxmemory", 1)
         self.redis_full_until = time.monotonic() + full_s
+
+    def _config_set(self, name: str, value: str | int) -> None:
+        """CONFIG SET, waiting for a Redis just started again to load its AOF."""
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.redis.client().config_set(name, value)
+                return
+            except redis.ConnectionError:  # BusyLoadingError among them
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def supervise(self) -> None:
         """Starts again what is due: killed processes after their time down, and at once (after
@@ -148,7 +160,7 @@ class FaultStack:
             client.stop()
             self.clients.remove((client, until))
         if self.redis_full_until is not None and now >= self.redis_full_until:
-            self.redis.client().config_set("maxmemory", 0)
+            self._config_set("maxmemory", 0)
             self.redis_full_until = None
 
     def _restart_if_due(self, kind: str, slot: Slot, start: Callable[[Slot], None]) -> None:
