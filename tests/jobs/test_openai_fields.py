@@ -116,7 +116,7 @@ def test_an_output_constraint_reaches_the_engine(
         ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex"),
         ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "exactly one"),
         ({"structured_outputs": {"pattern": "a"}}, "exactly one"),
-        ({"structured_outputs": {"choice": []}}, "choice"),
+        ({"structured_outputs": {"choice": ["a", 1]}}, "choice"),
         ({"structured_outputs": {"json_object": False}}, "json_object"),
         ({"guided_regex": 7}, "regex"),
     ],
@@ -126,6 +126,16 @@ def test_a_malformed_output_constraint_fails_its_request_naming_it(
 ) -> None:
     error = refused(extra)
     assert error.code == "invalid_value" and named in error.message
+
+
+@pytest.mark.parametrize(
+    "extra", [{"structured_outputs": {"choice": []}}, {"guided_choice": []}]
+)  # fmt: skip
+def test_an_empty_choice_list_is_refused_as_a_constraint_no_output_meets(
+    extra: dict[str, Any],
+) -> None:
+    error = refused(extra)
+    assert error.code == "unsatisfiable_constraint" and "choice is an empty list" in error.message
 
 
 def test_n_samples_reach_the_engine_and_best_of_may_repeat_n() -> None:
