@@ -13,6 +13,7 @@ empty regex or terminal is what the first mask finds: grammars.py).
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass
 
 _TOKEN = re.compile(
@@ -41,26 +42,61 @@ class _Unknown(Exception):
     """Something this analysis does not follow: it then proves nothing."""
 
 
+# A rule's body as a formula over rule names: True (derives a string), a rule's name (derives once
+# that rule does), or ("all", parts) / ("any", parts).
+Formula = bool | str | tuple[str, list["Formula"]]
+
+
 def rules_deriving_nothing(lark: str) -> list[str]:
     """The rules of `lark` that derive no string, if its start rule is among them (else []),
     start first; [] too where the grammar is not understood well enough to tell."""
     try:
-        rules = _rules(_tokens(lark))
+        bodies = _rules(_tokens(lark))
+        names = set(bodies)
+        formulas = {name: _formula(body, names) for name, body in bodies.items()}
     except _Unknown:
         return []
-    if _START not in rules:
+    if _START not in formulas:
         return []
-    deriving: set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for name, body in rules.items():
-            if name not in deriving and _derives(body, rules, deriving):
-                deriving.add(name)
-                changed = True
+    deriving = _deriving(formulas)
     if _START in deriving:
         return []
-    return sorted(set(rules) - deriving, key=lambda name: (name != _START, name))
+    return sorted(set(formulas) - deriving, key=lambda name: (name != _START, name))
+
+
+def _deriving(formulas: dict[str, Formula]) -> set[str]:
+    """The rules that derive a string: each rule is looked at again only when a rule its body
+    names is found to derive, so a long chain of rules costs its length, not its square."""
+    users: dict[str, set[str]] = {}
+    for name, formula in formulas.items():
+        for used in _names(formula):
+            users.setdefault(used, set()).add(name)
+    deriving: set[str] = set()
+    pending = deque(formulas)
+    while pending:
+        name = pending.popleft()
+        if name not in deriving and _holds(formulas[name], deriving):
+            deriving.add(name)
+            pending.extend(users.get(name, ()))
+    return deriving
+
+
+def _holds(formula: Formula, deriving: set[str]) -> bool:
+    if isinstance(formula, bool):
+        return formula
+    if isinstance(formula, str):
+        return formula in deriving
+    kind, parts = formula
+    test = all if kind == "all" else any
+    return test(_holds(part, deriving) for part in parts)
+
+
+def _names(formula: Formula) -> set[str]:
+    if isinstance(formula, bool):
+        return set()
+    if isinstance(formula, str):
+        return {formula}
+    return set().union(*(_names(part) for part in formula[1]))
 
 
 def _tokens(text: str) -> list[_Tok]:
@@ -95,7 +131,7 @@ def _after_braces(text: str, at: int) -> int:
 
 
 def _rules(tokens: list[_Tok]) -> dict[str, list[list[_Tok]]]:
-    """Each rule's alternatives (as token lists); terminals and directives are left out."""
+    """Each rule's definitions (as token lists); terminals and directives are left out."""
     rules: dict[str, list[list[_Tok]]] = {}
     for line in _logical_lines(tokens):
         while line and line[0].text in ("?", "!"):  # ?rule: inlined, !rule: keeps its tokens
@@ -114,8 +150,10 @@ def _logical_lines(tokens: list[_Tok]) -> list[list[_Tok]]:
     depth = 0
     for i, tok in enumerate(tokens):
         if tok.kind == "nl":
-            following = next((t for t in tokens[i + 1 :] if t.kind != "nl"), None)
-            if depth <= 0 and (following is None or following.text != "|"):
+            j = i + 1
+            while j < len(tokens) and tokens[j].kind == "nl":
+                j += 1
+            if depth <= 0 and (j == len(tokens) or tokens[j].text != "|"):
                 lines.append([])
             continue
         depth += {"(": 1, "[": 1, ")": -1, "]": -1}.get(tok.text, 0)
@@ -123,55 +161,50 @@ def _logical_lines(tokens: list[_Tok]) -> list[list[_Tok]]:
     return [line for line in lines if line]
 
 
-def _derives(body: list[list[_Tok]], rules: dict[str, list[list[_Tok]]], known: set[str]) -> bool:
-    """Whether one of a rule's definitions derives a string, given the rules `known` to."""
+def _formula(body: list[list[_Tok]], rules: set[str]) -> Formula:
+    """A rule's definitions as one formula (any of them)."""
+    parts: list[Formula] = []
     for tokens in body:
-        alternatives, end = _alternatives(tokens, 0, rules, known, 0)
+        formula, end = _alternatives(tokens, 0, rules, 0)
         if end != len(tokens):
             raise _Unknown  # an unbalanced `)` or `]`
-        if alternatives:
-            return True
-    return False
+        parts.append(formula)
+    return ("any", parts)
 
 
-def _alternatives(
-    tokens: list[_Tok], at: int, rules: dict[str, list[list[_Tok]]], known: set[str], depth: int
-) -> tuple[bool, int]:
-    """Whether any `|`-separated alternative from `at` derives; where the group ends."""
+def _alternatives(tokens: list[_Tok], at: int, rules: set[str], depth: int) -> tuple[Formula, int]:
+    """The `|`-separated alternatives from `at` as one formula; where the group ends."""
     if depth > _MAX_DEPTH:
         raise _Unknown
-    any_derives, this_derives = False, True
+    alternatives: list[Formula] = []
+    items: list[Formula] = []
     while at < len(tokens) and tokens[at].text not in (")", "]"):
-        tok = tokens[at]
-        if tok.text == "|":
-            any_derives, this_derives = any_derives or this_derives, True
-            at += 1
+        if tokens[at].text == "|":
+            alternatives.append(("all", items))
+            items, at = [], at + 1
             continue
-        item, at = _item(tokens, at, rules, known, depth)
-        this_derives = this_derives and item
-    return any_derives or this_derives, at
+        item, at = _item(tokens, at, rules, depth)
+        items.append(item)
+    alternatives.append(("all", items))
+    return ("any", alternatives), at
 
 
-def _item(
-    tokens: list[_Tok], at: int, rules: dict[str, list[list[_Tok]]], known: set[str], depth: int
-) -> tuple[bool, int]:
-    """Whether the item at `at` (with its quantifier) derives a string; where it ends."""
+def _item(tokens: list[_Tok], at: int, rules: set[str], depth: int) -> tuple[Formula, int]:
+    """The item at `at` (with its quantifier) as a formula; where it ends."""
     tok = tokens[at]
+    item: Formula
     if tok.text in ("(", "["):
-        inner, end = _alternatives(tokens, at + 1, rules, known, depth + 1)
-        derives = inner or tok.text == "["  # [x]: x or nothing
+        inner, end = _alternatives(tokens, at + 1, rules, depth + 1)
+        item = True if tok.text == "[" else inner  # [x]: x or nothing
         at = end + 1
-    elif tok.kind == "name":
-        derives = (
-            tok.text in known or tok.text not in rules
-        )  # terminals and templates' parameters derive
-        at += 1
-    else:
-        derives, at = True, at + 1  # a literal, regex, token or what is not followed here
+    elif tok.kind == "name" and tok.text in rules:
+        item, at = tok.text, at + 1
+    else:  # a literal, regex, token, terminal, template parameter, or what is not followed here
+        item, at = True, at + 1
     quantifier = tokens[at].text if at < len(tokens) else ""
     if quantifier in ("?", "*", "~", "{}"):
-        derives = True  # may be there no times (a repetition's count is not followed here)
-    return derives, at
+        item = True  # may be there no times (a repetition's count is not followed here)
+    return item, at
 
 
 def _is_rule(name: str) -> bool:

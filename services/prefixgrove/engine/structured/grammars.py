@@ -108,13 +108,7 @@ class GrammarCompiler:
         if failed:
             raise ValueError(_refusal(kind, messages[0]))
         if kind == "grammar":
-            endless = rules_deriving_nothing(grammar)
-            if endless:
-                raise ValueError(
-                    f"structured_outputs.grammar accepts no output: no rule of {', '.join(endless)} "
-                    "ever ends (each of their alternatives needs one of them again); give one an "
-                    "alternative without them"
-                )
+            _check_rules_end(grammar)
         # what a sequence builds later must not fail then
         self._check_first_mask(kind, self.matcher(grammar))
         return grammar
@@ -166,6 +160,20 @@ def _grammar(key: tuple[str, str, bool]) -> str:
     if kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(text)
     return llguidance.grammar_from("grammar", text)  # GBNF (llama.cpp) or Lark
+
+
+def _check_rules_end(lark: str) -> None:
+    """Refuses a grammar none of whose rules can end (`derivations.py`), naming a few of them."""
+    endless = rules_deriving_nothing(lark)
+    if not endless:
+        return
+    named = ", ".join(endless[:5])
+    if len(endless) > 5:
+        named += f" and {len(endless) - 5} more"
+    raise ValueError(
+        f"structured_outputs.grammar accepts no output: no rule of {named} ever ends (each of "
+        "their alternatives needs one of them again); give one an alternative without them"
+    )
 
 
 def _refusal(kind: str, message: str) -> str:
