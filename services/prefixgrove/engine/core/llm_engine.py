@@ -21,7 +21,7 @@ from ..sampling.outputs import RequestOutput
 from ..sampling.sampling_params import SamplingParams
 from ..steps.ahead import AheadSteps
 from ..steps.jump_forward import JumpForward
-from ..steps.ledger import StepLedger
+from ..steps.ledger import StepLedger, StepParts
 from ..steps.plain import PlainSteps
 from ..steps.windows import DecodeWindows
 from ..structured.grammars import GrammarCompiler
@@ -77,35 +77,13 @@ class LLMEngine:
 
     def _build_steps(self) -> None:
         """The ways of running a step; they share one ledger and one writer of in-flight counts."""
-        s, metrics, tokens = self.config.scheduler, self.metrics, InFlightTokens()
-        scheduler, outputs = self.scheduler, self.output_processor
-        ledger = StepLedger(scheduler, outputs, metrics, self.intake.requests)
+        s, scheduler, outputs = self.config.scheduler, self.scheduler, self.output_processor
         self.windows = DecodeWindows(self.runner, scheduler, s.num_scheduler_steps)
-        self.plain = PlainSteps(
-            windows=self.windows,
-            scheduler=scheduler,
-            output_processor=outputs,
-            ledger=ledger,
-            metrics=metrics,
-        )
-        self.ahead = AheadSteps(
-            s,
-            windows=self.windows,
-            scheduler=scheduler,
-            output_processor=outputs,
-            ledger=ledger,
-            metrics=metrics,
-            tokens=tokens,
-        )
-        self.jump_forward = JumpForward(
-            s,
-            runner=self.runner,
-            scheduler=scheduler,
-            output_processor=outputs,
-            ledger=ledger,
-            metrics=metrics,
-            tokens=tokens,
-        )
+        ledger = StepLedger(scheduler, outputs, self.metrics, self.intake.requests)
+        parts = StepParts(self.windows, scheduler, outputs, ledger, self.metrics, InFlightTokens())
+        self.plain = PlainSteps(parts)
+        self.ahead = AheadSteps(parts, s)
+        self.jump_forward = JumpForward(parts, s, self.runner)
 
     # -- intake (intake.py) -----------------------------------------------------------------------------
 

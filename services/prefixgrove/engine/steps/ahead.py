@@ -4,8 +4,9 @@ waits for and takes in the earlier tokens while the device runs the new batch.
 
 A request that ends while work in flight still computes a row for it (its last token is on the
 way, or the tokens taken in after a launch stop it) gives its slot and blocks back at once: whatever
-could reuse them is enqueued behind that work. Tokens on their way are counted on each request by `InFlightTokens`; their ids reach the
-next step's inputs on the device (`ModelRunner.launch`'s `feed`).
+could reuse them is enqueued behind that work. Tokens on their way are counted on each request by
+`InFlightTokens`; their ids reach the next step's inputs on the device (`ModelRunner.launch`'s
+`feed`).
 """
 
 from __future__ import annotations
@@ -14,36 +15,19 @@ import time
 from collections.abc import Iterator
 
 from ..config import SchedulerConfig
-from ..core.in_flight_tokens import InFlightTokens
-from ..core.metrics import EngineMetrics
-from ..core.scheduler import Scheduler, SchedulerOutput
+from ..core.scheduler import SchedulerOutput
 from ..core.sequence import ScheduledSeq, Sequence
 from ..runner.in_flight import DecodeWindow, InFlight, StepResult
-from ..sampling.output_processor import OutputProcessor
 from ..sampling.outputs import RequestOutput
-from .ledger import StepLedger
-from .windows import DecodeWindows
+from .ledger import StepParts
 
 
 class AheadSteps:
-    def __init__(
-        self,
-        config: SchedulerConfig,
-        *,
-        windows: DecodeWindows,
-        scheduler: Scheduler,
-        output_processor: OutputProcessor,
-        ledger: StepLedger,
-        metrics: EngineMetrics,
-        tokens: InFlightTokens,
-    ) -> None:
+    def __init__(self, parts: StepParts, config: SchedulerConfig) -> None:
         self.enabled = config.async_scheduling
-        self.windows = windows
-        self.scheduler = scheduler
-        self.output_processor = output_processor
-        self.ledger = ledger
-        self.metrics = metrics
-        self.tokens = tokens
+        self.windows, self.scheduler, self.ledger = parts.windows, parts.scheduler, parts.ledger
+        self.output_processor, self.metrics = parts.output_processor, parts.metrics
+        self.tokens = parts.tokens
         # The step or window on the device whose tokens the host has not taken in yet.
         self.flight: InFlight | None = None
 

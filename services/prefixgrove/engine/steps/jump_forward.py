@@ -12,36 +12,20 @@ asking for logprobs (a skipped step has no logits).
 from __future__ import annotations
 
 from ..config import SchedulerConfig
-from ..core.in_flight_tokens import InFlightTokens
-from ..core.metrics import EngineMetrics
-from ..core.scheduler import Scheduler, SchedulerOutput
+from ..core.scheduler import SchedulerOutput
 from ..core.sequence import Sequence
 from ..runner.model_runner import ModelRunner
-from ..sampling.output_processor import OutputProcessor
 from ..sampling.outputs import RequestOutput
-from .ledger import StepLedger
+from .ledger import StepParts
 
 
 class JumpForward:
-    def __init__(
-        self,
-        config: SchedulerConfig,
-        *,
-        runner: ModelRunner,
-        scheduler: Scheduler,
-        output_processor: OutputProcessor,
-        ledger: StepLedger,
-        metrics: EngineMetrics,
-        tokens: InFlightTokens,
-    ) -> None:
+    def __init__(self, parts: StepParts, config: SchedulerConfig, runner: ModelRunner) -> None:
         self.enabled = config.jump_forward
         self.in_windows = config.num_scheduler_steps > 1
         self.runner = runner  # its masker (looked up each step: a test swaps it)
-        self.scheduler = scheduler
-        self.output_processor = output_processor
-        self.ledger = ledger
-        self.metrics = metrics
-        self.tokens = tokens
+        self.scheduler, self.ledger, self.metrics = parts.scheduler, parts.ledger, parts.metrics
+        self.output_processor, self.tokens = parts.output_processor, parts.tokens
 
     def after(self, out: SchedulerOutput) -> list[RequestOutput]:
         """Jumps forward over the forced runs of the constrained requests `out` just sampled;

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..core.in_flight_tokens import InFlightTokens
 from ..core.metrics import EngineMetrics
 from ..core.scheduler import Scheduler, SchedulerOutput
 from ..core.sequence import ScheduledSeq, Sequence
 from ..sampling.output_processor import OutputProcessor
 from ..sampling.outputs import RequestOutput
+
+if TYPE_CHECKING:
+    from .windows import DecodeWindows
 
 
 class StepLedger:
@@ -49,3 +56,16 @@ class StepLedger:
             self.metrics.requests_finished += 1
             outputs.append(self.output_processor.output(seq))
         return outputs
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """What every way of running a step works with: one ledger and one writer of in-flight counts,
+    shared by all of them."""
+
+    windows: DecodeWindows
+    scheduler: Scheduler
+    output_processor: OutputProcessor
+    ledger: StepLedger
+    metrics: EngineMetrics
+    tokens: InFlightTokens

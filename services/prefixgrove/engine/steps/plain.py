@@ -6,31 +6,17 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from ..core.metrics import EngineMetrics
-from ..core.scheduler import Scheduler, SchedulerOutput
+from ..core.scheduler import SchedulerOutput
 from ..core.sequence import Sequence
 from ..runner.in_flight import StepResult
-from ..sampling.output_processor import OutputProcessor
 from ..sampling.outputs import RequestOutput
-from .ledger import StepLedger
-from .windows import DecodeWindows
+from .ledger import StepParts
 
 
 class PlainSteps:
-    def __init__(
-        self,
-        *,
-        windows: DecodeWindows,
-        scheduler: Scheduler,
-        output_processor: OutputProcessor,
-        ledger: StepLedger,
-        metrics: EngineMetrics,
-    ) -> None:
-        self.windows = windows
-        self.scheduler = scheduler
-        self.output_processor = output_processor
-        self.ledger = ledger
-        self.metrics = metrics
+    def __init__(self, parts: StepParts) -> None:
+        self.windows, self.scheduler, self.ledger = parts.windows, parts.scheduler, parts.ledger
+        self.output_processor, self.metrics = parts.output_processor, parts.metrics
 
     def run(self, out: SchedulerOutput, steps: int, begin: float) -> list[RequestOutput]:
         """Runs a batch (one step, or a window of decode steps) and waits for its tokens; `begin`:
