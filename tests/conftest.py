@@ -2,6 +2,7 @@
 must be thrown before the first `@triton.jit` runs, which is why it lives here, at the root."""
 
 import gc
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,3 +68,13 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     server.start()
     yield server
     server.kill()
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_before() -> Iterator[None]:
+    """The CLI's main() points the root logger at the stderr of its test: each test leaves the
+    root logger as it found it, so a later test's logs never go to a closed stream."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:], root.level = handlers, level

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,15 +12,6 @@ from services_testbed import MAX_MODEL_LEN, MODEL, batch_line, free_port
 
 from prefixgrove import __version__
 from prefixgrove.cli import _configure_logging, main
-
-
-@pytest.fixture(autouse=True)
-def _logging_as_before() -> Iterator[None]:
-    """main() points the root logger at the stderr of its test: each test leaves it as it was."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:], root.level = handlers, level
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +28,6 @@ from prefixgrove.settings import IngestSettings
 
 # Two requests at a time: the job takes several engine steps, and finishes over several of them.
 ENGINE = EngineSettings(device="cpu", dtype="float32", seed=0, max_num_seqs=2)
-
-
-@pytest.fixture(autouse=True)
-def _logging_as_before() -> Iterator[None]:
-    """The CLI points the root logger at the stderr of its test: each test leaves it as it was."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:], root.level = handlers, level
 
 
 def write_job(path: Path, tag: str = "c", shared: str = "") -> Path:

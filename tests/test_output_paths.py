@@ -4,7 +4,6 @@ with a non-zero exit, and the link's target is left as it was."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,15 +18,6 @@ from prefixgrove.settings import IngestSettings
 VICTIM = "a file the link points at, which no command may touch\n"
 # where a link is planted: the output and the default errors file beside it
 PLANTED = ["out.jsonl", "out.errors.jsonl"]
-
-
-@pytest.fixture(autouse=True)
-def _logging_as_before() -> Iterator[None]:
-    """main() points the root logger at the stderr of its test: each test leaves it as it was."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:], root.level = handlers, level
 
 
 def plant(tmp_path: Path, name: str) -> Path:

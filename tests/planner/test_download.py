@@ -5,7 +5,6 @@ the files or the marker in between, the files end whole, equal to one uninterrup
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -94,15 +93,6 @@ class Planner:
 
 def errors_of(output: Path) -> Path:
     return output.with_name(output.stem + ".errors.jsonl")
-
-
-@pytest.fixture(autouse=True)
-def _logging_as_before() -> Iterator[None]:
-    """main() points the root logger at the stderr of its test: each test leaves it as it was."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:], root.level = handlers, level
 
 
 @pytest.fixture
