@@ -65,8 +65,9 @@ def others() -> list[SamplingParams]:
         {"num_scheduler_steps": 8, "structured_outputs_jump_forward": False},
         {"num_scheduler_steps": 1},
         {"num_scheduler_steps": 8, "max_num_seqs": 2},
+        {"num_scheduler_steps": 8, "async_scheduling": False},
     ],
-    ids=["step1", "window8", "jump-forward", "window8-jump-forward"],
+    ids=["step1", "window8", "jump-forward", "window8-jump-forward", "window8-sync"],
 )
 def test_a_matcher_that_fails_mid_decode_ends_its_request_as_an_error(
     prompts, options, smollm2_engines
