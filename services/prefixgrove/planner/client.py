@@ -18,8 +18,8 @@ import grpc
 
 from prefixgrove.input_lines import bounded_lines
 from prefixgrove.output_files import replaced
-from prefixgrove.planner.download import download as download_results
 from prefixgrove.planner import input_digest
+from prefixgrove.planner.download import download as download_results
 from prefixgrove.planner.input_digest import Fingerprint, is_request_line
 from prefixgrove.planner.security import channel
 from prefixgrove.settings import MAX_LINE_BYTES_LIMIT, SecuritySettings
