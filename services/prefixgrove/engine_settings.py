@@ -98,7 +98,8 @@ class EngineSettings:
             raise ValueError(f"device={self.device!r} is invalid: expected {DEVICES_HELP}")
         if self.quantization not in (None, "fp8"):
             raise ValueError(
-                f"quantization={self.quantization!r} is invalid: expected fp8 or unset"
+                f"quantization={self.quantization!r} is not supported: pass 'fp8' (W8A8, e4m3) "
+                "or leave it out"
             )
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_scheduler_steps"):
             value = getattr(self, name)
