@@ -78,3 +78,24 @@ def _logging_as_before() -> Iterator[None]:
     handlers, level = root.handlers[:], root.level
     yield
     root.handlers[:], root.level = handlers, level
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _gguf_tensors_read_once() -> Iterator[None]:
+    """The trained SmolLM2's GGUF file is dequantized once per test process, not once per engine:
+    most of an engine's build went into reading it. The loader copies every tensor into its own
+    parameters (load_weights), so engines never share what is kept here."""
+    from prefixgrove.catalog import gguf
+
+    read = gguf.iter_tensors
+    kept: dict[tuple[str, str], list[tuple[str, torch.Tensor]]] = {}
+
+    def read_once(path: str, device: str | torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+        key = (str(path), str(device))
+        if key not in kept:
+            kept[key] = list(read(path, device))
+        return iter(kept[key])
+
+    gguf.iter_tensors = read_once
+    yield
+    gguf.iter_tensors = read
