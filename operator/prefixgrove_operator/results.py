@@ -72,9 +72,10 @@ def append_new_results(
     errors.parent.mkdir(parents=True, exist_ok=True)
     with _LOCKS[zlib.crc32(bytes(output)) % len(_LOCKS)]:
         marker = marker_path(output)
-        progress, first_failure = _append(
-            planner, job_id, output, errors, _read_marker(marker, job_id)
-        )
+        start = _read_marker(marker, job_id)
+        if not _files_hold(start, output, errors):
+            start = Progress()  # a file cut short since the marker: both start over, never padded
+        progress, first_failure = _append(planner, job_id, output, errors, start)
         if finished:
             marker.unlink(missing_ok=True)
         else:
@@ -126,6 +127,14 @@ def _open_at(path: Path, size: int) -> IO[bytes]:
     handle.truncate(size)
     handle.seek(size)
     return handle
+
+
+def _files_hold(at: Progress, output: Path, errors: Path) -> bool:
+    """Whether both files still hold at least the bytes the marker says were written."""
+    return all(
+        (path.stat().st_size if path.exists() else 0) >= size
+        for path, size in ((output, at.output_size), (errors, at.errors_size))
+    )
 
 
 def _read_marker(marker: Path, job_id: str) -> Progress:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from prefixgrove_operator.autoscaler import ScaleDecider, desired_replicas
-from prefixgrove_operator.results import failure_of
+from prefixgrove_operator.results import append_new_results, failure_of
 from prefixgrove_operator.settings import OperatorSettings
 from prefixgrove_operator.spec import BatchJobSpec, InvalidSpec, confine, on_volume
 from prefixgrove_operator.status import (
@@ -275,3 +275,23 @@ def test_a_failure_names_its_one_based_request_line() -> None:
     assert str(failure_of(1, line)) == (
         "request line 2 (custom_id 'b'): invalid_json: line is not valid JSON"
     )
+
+
+class _Answered:
+    """The planner's results stream, as far as the operator reads it: lines from an offset."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+
+    def results(self, job_id: str, offset: int, kind: object, unanswered: bool = False) -> list:
+        return [pb.ResultLine(index=i, line=self.lines[i]) for i in range(offset, len(self.lines))]
+
+
+def test_results_resumed_into_a_file_cut_short_start_over_with_whole_lines(tmp_path: Path) -> None:
+    out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
+    lines = [json.dumps({"custom_id": f"r{i}"}) for i in range(3)]
+    append_new_results(_Answered(lines[:2]), "j", out, err, finished=False)
+    out.write_bytes(b"")  # the file on the volume was cut (or replaced) since the marker
+    append_new_results(_Answered(lines), "j", out, err, finished=True)
+    assert out.read_text().splitlines() == lines
+    assert b"\0" not in out.read_bytes()
