@@ -32,6 +32,11 @@ def planner(redis_server: RedisServer) -> Iterator[tuple[PlannerServer, PlannerC
         yield server, client
 
 
+@pytest.fixture
+def client(planner: tuple[PlannerServer, PlannerClient]) -> PlannerClient:
+    return planner[1]
+
+
 def lines(n: int, tag: str = "") -> list[bytes]:
     prefix = "Shared instructions for every request. " * 4
     return [
@@ -47,6 +52,14 @@ def held_custom_ids(redis_server: RedisServer, job_id: str) -> list[str]:
     return [records[i].custom_id for i in sorted(records)]
 
 
+def partly_uploaded(client: PlannerClient, content: list[bytes], sent: int) -> pb.Job:
+    """A job under KEY declared to hold `content`, holding its first `sent` lines: its client
+    stopped there."""
+    job = client.create_job(idempotency_key=KEY, fingerprint=fingerprint(content))
+    client.add_lines(job.id, content[:sent], skip=0)
+    return job
+
+
 def counted(content: list[bytes]) -> tuple[Callable[[], Iterator[bytes]], list[int]]:
     """An input for submit_lines, and how many times it was read."""
     reads = [0]
@@ -59,12 +72,10 @@ def counted(content: list[bytes]) -> tuple[Callable[[], Iterator[bytes]], list[i
 
 
 def test_a_submit_after_the_client_died_mid_upload_resumes_its_job_with_each_line_once(
-    planner: tuple[PlannerServer, PlannerClient], redis_server: RedisServer
+    client: PlannerClient, redis_server: RedisServer
 ) -> None:
-    _, client = planner
     content = lines(1000)
-    dead = client.create_job(idempotency_key=KEY, fingerprint=fingerprint(content))
-    client.add_lines(dead.id, content[:375], skip=0)  # its client died there
+    dead = partly_uploaded(client, content, sent=375)  # its client died there
     job = client.submit_lines(lambda: iter(content), idempotency_key=KEY)
     assert job.id == dead.id and job.state == pb.JOB_STATE_IN_PROGRESS
     assert job.request_counts.total == 1000
@@ -73,9 +84,8 @@ def test_a_submit_after_the_client_died_mid_upload_resumes_its_job_with_each_lin
 
 
 def test_a_submit_under_the_key_of_a_sealed_job_gets_it_back_without_sending_a_line(
-    planner: tuple[PlannerServer, PlannerClient],
+    client: PlannerClient,
 ) -> None:
-    _, client = planner
     first = client.submit_lines(lambda: iter(lines(20)), idempotency_key=KEY)
     read, reads = counted(lines(20))
     again = client.submit_lines(read, idempotency_key=KEY)
@@ -112,9 +122,8 @@ def test_two_submits_at_once_under_one_key_make_one_job_holding_the_input_once(
 
 
 def test_a_submit_of_another_input_under_a_used_key_is_refused_naming_the_key(
-    planner: tuple[PlannerServer, PlannerClient],
+    client: PlannerClient,
 ) -> None:
-    _, client = planner
     client.submit_lines(lambda: iter(lines(20)), idempotency_key=KEY)
     with pytest.raises(PlannerRejected) as refused:
         client.submit_lines(lambda: iter(lines(20, tag="other ")), idempotency_key=KEY)
@@ -123,12 +132,9 @@ def test_a_submit_of_another_input_under_a_used_key_is_refused_naming_the_key(
 
 
 def test_a_submit_of_another_input_while_the_first_still_uploads_is_refused(
-    planner: tuple[PlannerServer, PlannerClient],
+    client: PlannerClient,
 ) -> None:
-    _, client = planner
-    content = lines(20)
-    first = client.create_job(idempotency_key=KEY, fingerprint=fingerprint(content))
-    client.add_lines(first.id, content[:5], skip=0)
+    first = partly_uploaded(client, lines(20), sent=5)
     with pytest.raises(PlannerRejected) as refused:
         client.submit_lines(lambda: iter(lines(20, tag="other ")), idempotency_key=KEY)
     assert refused.value.code == grpc.StatusCode.ALREADY_EXISTS
@@ -136,9 +142,8 @@ def test_a_submit_of_another_input_while_the_first_still_uploads_is_refused(
 
 
 def test_a_line_sent_again_that_differs_from_the_one_held_is_refused_and_adds_nothing(
-    planner: tuple[PlannerServer, PlannerClient],
+    client: PlannerClient,
 ) -> None:
-    _, client = planner
     job = client.create_job(idempotency_key=KEY)  # no fingerprint: the lines are compared
     client.add_lines(job.id, lines(10), skip=0)
     with pytest.raises(PlannerRejected) as refused:
@@ -148,10 +153,7 @@ def test_a_line_sent_again_that_differs_from_the_one_held_is_refused_and_adds_no
     assert client.add_lines(job.id, lines(12), skip=0).total == 12
 
 
-def test_a_stream_starting_past_the_lines_held_is_refused(
-    planner: tuple[PlannerServer, PlannerClient],
-) -> None:
-    _, client = planner
+def test_a_stream_starting_past_the_lines_held_is_refused(client: PlannerClient) -> None:
     job = client.create_job()
     client.add_lines(job.id, lines(4), skip=0)
     with pytest.raises(PlannerRejected) as refused:
@@ -161,12 +163,10 @@ def test_a_stream_starting_past_the_lines_held_is_refused(
 
 
 def test_a_seal_before_the_whole_declared_input_arrived_is_refused_and_the_job_takes_the_rest(
-    planner: tuple[PlannerServer, PlannerClient],
+    client: PlannerClient,
 ) -> None:
-    _, client = planner
     content = lines(30)
-    job = client.create_job(idempotency_key=KEY, fingerprint=fingerprint(content))
-    client.add_lines(job.id, content[:10], skip=0)
+    job = partly_uploaded(client, content, sent=10)
     with pytest.raises(PlannerError) as refused:
         client.seal(job.id)
     assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
@@ -177,9 +177,8 @@ def test_a_seal_before_the_whole_declared_input_arrived_is_refused_and_the_job_t
 
 
 def test_a_job_holding_other_lines_than_its_declared_input_fails_and_frees_its_key(
-    planner: tuple[PlannerServer, PlannerClient],
+    client: PlannerClient,
 ) -> None:
-    _, client = planner
     content = lines(10)
     job = client.create_job(idempotency_key=KEY, fingerprint=fingerprint(content))
     client.add_lines(job.id, lines(10, tag="other "))  # appended, unplaced: an old client

@@ -14,7 +14,6 @@ from services_testbed import RedisServer, batch_line, planner_in_process
 from prefixgrove.jobs.redis_store.schema import JobKeys
 from prefixgrove.jobs.redis_store.store import JobStore
 from prefixgrove.planner.client import PlannerClient, PlannerUnavailable
-from prefixgrove.planner.server import PlannerServer
 from prefixgrove_proto import planner_pb2 as pb
 
 KEY = "too-big-for-redis"
@@ -22,9 +21,9 @@ ROOM_BYTES = 256 << 10  # what the job may take of Redis: far less than its line
 
 
 @pytest.fixture
-def planner(redis_server: RedisServer) -> Iterator[tuple[PlannerServer, PlannerClient]]:
-    with planner_in_process(redis_server.url) as (server, client):
-        yield server, client
+def client(redis_server: RedisServer) -> Iterator[PlannerClient]:
+    with planner_in_process(redis_server.url) as (_, client):
+        yield client
 
 
 def lines(n: int) -> list[bytes]:
@@ -43,16 +42,22 @@ def fill_up(redis_server: RedisServer, room: int = ROOM_BYTES) -> None:
     r.config_set("maxmemory", used + room if room else 1)
 
 
-def test_an_upload_that_meets_redis_out_of_memory_fails_its_job_and_frees_its_key(
-    planner: tuple[PlannerServer, PlannerClient], redis_server: RedisServer
-) -> None:
-    _, client = planner
+def submit_beyond_room(
+    client: PlannerClient, redis_server: RedisServer, content: list[bytes]
+) -> PlannerUnavailable:
+    """The refusal of a submit under KEY of `content`, which Redis has room for a part of."""
     fill_up(redis_server)
-    content = lines(3000)
     with pytest.raises(PlannerUnavailable) as refused:
         client.submit_lines(lambda: iter(content), idempotency_key=KEY, attempts=1)
-    assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "Redis is out of memory" in str(refused.value) and repr(KEY) in str(refused.value)
+    return refused.value
+
+
+def test_an_upload_that_meets_redis_out_of_memory_fails_its_job_and_frees_its_key(
+    client: PlannerClient, redis_server: RedisServer
+) -> None:
+    refused = submit_beyond_room(client, redis_server, lines(3000))
+    assert refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "Redis is out of memory" in str(refused) and repr(KEY) in str(refused)
     r = redis_server.client()
     assert r.exists(f"pg:idem:{KEY}") == 0
     [failed] = client.list()
@@ -61,22 +66,18 @@ def test_an_upload_that_meets_redis_out_of_memory_fails_its_job_and_frees_its_ke
 
 
 def test_once_redis_has_room_the_same_submit_makes_a_clean_job(
-    planner: tuple[PlannerServer, PlannerClient], redis_server: RedisServer
+    client: PlannerClient, redis_server: RedisServer
 ) -> None:
-    _, client = planner
-    fill_up(redis_server)
     content = lines(3000)
-    with pytest.raises(PlannerUnavailable):
-        client.submit_lines(lambda: iter(content), idempotency_key=KEY, attempts=1)
+    submit_beyond_room(client, redis_server, content)
     redis_server.client().config_set("maxmemory", 0)
     job = client.submit_lines(lambda: iter(content), idempotency_key=KEY, attempts=1)
     assert job.state == pb.JOB_STATE_IN_PROGRESS and job.request_counts.total == 3000
 
 
 def test_a_seal_that_meets_redis_out_of_memory_fails_its_job_and_frees_its_key(
-    planner: tuple[PlannerServer, PlannerClient], redis_server: RedisServer
+    client: PlannerClient, redis_server: RedisServer
 ) -> None:
-    _, client = planner
     job = client.create_job(idempotency_key=KEY)
     client.add_lines(job.id, lines(20))
     fill_up(redis_server, room=0)
