@@ -9,12 +9,13 @@ answer at all is the behaviour, not how fast."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services_testbed import ServiceStack, batch_line, service_stack, wait_until
 
@@ -160,9 +161,20 @@ def job_with_large_answers(stack: ServiceStack) -> str:
 
 
 # --- while they stall ---------------------------------------------------------------------------
-def test_short_calls_answer_while_hundreds_of_uploads_stall(tmp_path: Path) -> None:
+# each kind of stream, opened by the hundred and left stalled
+STALL_HUNDREDS: dict[str, Callable[[Stalls, ServiceStack], None]] = {
+    "uploads": lambda s, stack: s.uploads(HUNDREDS),
+    "watchers": lambda s, stack: s.watches(running_job(stack), HUNDREDS),
+    "result-readers": lambda s, stack: s.readers(job_with_large_answers(stack), HUNDREDS),
+}
+
+
+@pytest.mark.parametrize("kind", STALL_HUNDREDS)
+def test_short_calls_answer_while_hundreds_of_streams_of_one_kind_stall(
+    tmp_path: Path, kind: str
+) -> None:
     with planner(tmp_path, upload_idle_s=PATIENT, stall_s=PATIENT) as stack, stalls(stack) as s:
-        s.uploads(HUNDREDS)
+        STALL_HUNDREDS[kind](s, stack)
         refused_beyond_the_cap(s, HUNDREDS)
         short_calls_answer(stack.port)
         assert len(s.open()) == CAP  # still stalled
@@ -183,22 +195,6 @@ def test_short_calls_answer_while_the_cap_is_full_of_watchers_and_hundreds_of_up
         s.watches(running_job(stack), CAP)
         s.uploads(HUNDREDS)
         refused_beyond_the_cap(s, CAP + HUNDREDS)
-        short_calls_answer(stack.port)
-        assert len(s.open()) == CAP
-
-
-def test_short_calls_answer_while_hundreds_of_watchers_stall(tmp_path: Path) -> None:
-    with planner(tmp_path, upload_idle_s=PATIENT, stall_s=PATIENT) as stack, stalls(stack) as s:
-        s.watches(running_job(stack), HUNDREDS)
-        refused_beyond_the_cap(s, HUNDREDS)
-        short_calls_answer(stack.port)
-        assert len(s.open()) == CAP
-
-
-def test_short_calls_answer_while_hundreds_of_result_readers_stall(tmp_path: Path) -> None:
-    with planner(tmp_path, upload_idle_s=PATIENT, stall_s=PATIENT) as stack, stalls(stack) as s:
-        s.readers(job_with_large_answers(stack), HUNDREDS)
-        refused_beyond_the_cap(s, HUNDREDS)
         short_calls_answer(stack.port)
         assert len(s.open()) == CAP
 
