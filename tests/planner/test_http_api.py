@@ -29,9 +29,7 @@ from services_testbed import (
     wait_for_port,
     wait_until,
 )
-from test_service import make_certs
-
-from prefixgrove.settings import SecuritySettings
+from test_service import mutual_tls
 
 TOKEN = "http-api-test-token"
 
@@ -213,11 +211,8 @@ def _kib(status: Path, field: str) -> int:
 def test_the_http_api_takes_the_planners_mutual_tls(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    make_certs(tmp_path)
+    security = mutual_tls(tmp_path)
     p = str(tmp_path)
-    security = SecuritySettings(
-        tls_cert=f"{p}/server.pem", tls_key=f"{p}/server.key", tls_ca=f"{p}/ca.pem"
-    )
     http_port = free_port()
     url = f"https://127.0.0.1:{http_port}/v1/files"
     trusting = ssl.create_default_context(cafile=f"{p}/ca.pem")

@@ -179,7 +179,10 @@ def test_bearer_token_is_required(redis_server: RedisServer) -> None:
         server.stop(0)
 
 
-def make_certs(d: Path) -> None:
+def mutual_tls(d: Path) -> SecuritySettings:
+    """Writes a CA and a server and a client certificate it signed into `d`; returns a planner's
+    settings that serve with the server's and demand a client's."""
+
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
 
@@ -191,17 +194,16 @@ def make_certs(d: Path) -> None:
                 "-subj", f"/CN={name}")  # fmt: skip
         openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
                 "-out", f"{name}.pem", "-days", "2", "-extfile", "san.ext")  # fmt: skip
+    return SecuritySettings(
+        tls_cert=f"{d}/server.pem", tls_key=f"{d}/server.key", tls_ca=f"{d}/ca.pem"
+    )
 
 
 def test_mutual_tls_refuses_clients_without_a_certificate(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    make_certs(tmp_path)
+    server, port = start(redis_server, mutual_tls(tmp_path))
     p = str(tmp_path)
-    security = SecuritySettings(
-        tls_cert=f"{p}/server.pem", tls_key=f"{p}/server.key", tls_ca=f"{p}/ca.pem"
-    )
-    server, port = start(redis_server, security)
     target = f"127.0.0.1:{port}"
     try:
         plaintext = PlannerClient(target)
