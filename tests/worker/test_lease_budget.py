@@ -3,14 +3,12 @@ the size of a group: the budget alone, and a real worker on a real redis-server 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from queued_jobs import queue_shared_prefix_job
 from services_testbed import MODEL, RedisServer
 
 from prefixgrove.engine import EngineConfig, LLMEngine
-from prefixgrove.jobs.ingest import JobPlan
 from prefixgrove.jobs.redis_store.connection import connect
-from prefixgrove.jobs.redis_store.schema import GroupRecord, JobKeys, RequestRecord
 from prefixgrove.jobs.redis_store.store import JobStore
 from prefixgrove.settings import WorkerSettings
 from prefixgrove.worker.lease_budget import Capacity, Held, LeaseBudget
@@ -50,27 +48,6 @@ def test_one_ask_is_bounded_even_for_tiny_groups() -> None:
     assert 1 <= budget.groups_to_ask(NOTHING) <= 64
 
 
-def queue_groups(store: JobStore, groups: int, per_group: int, max_tokens: int) -> str:
-    """`groups` groups of `per_group` requests sharing a 32-token prefix, 8 tokens each after it."""
-    job, _ = store.create_job(MODEL)
-    params = {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
-              "detokenize": False}  # fmt: skip
-    records, units = {}, []
-    for g in range(groups):
-        prefix = (np.arange(32, dtype=np.int32) * 7 + g) % 256  # the tiny model's vocabulary
-        indices = list(range(g * per_group, (g + 1) * per_group))
-        for i in indices:
-            own = (np.arange(8, dtype=np.int32) * 13 + i) % 256
-            tokens = np.concatenate([prefix, own])
-            records[str(i)] = RequestRecord(f"r{i}", "completions", params, tokens)
-        units.append(GroupRecord(32, indices))
-    keys = JobKeys(job.id)
-    store.r.hset(keys.requests, mapping={k: v.encode() for k, v in records.items()})
-    store.r.hset(keys.job, "total", len(records))
-    store.queue_plan(job.id, MODEL, JobPlan(units, 0, groups))
-    return job.id
-
-
 def engine(**limits: int) -> LLMEngine:
     config = EngineConfig.create(MODEL, device="cpu", dtype="float32", max_model_len=1024, **limits)
     return LLMEngine(config)
@@ -87,7 +64,7 @@ def test_a_worker_leases_what_its_engine_holds_and_no_more(
     redis_server: RedisServer, limits: dict[str, int], per_group: int, max_tokens: int
 ) -> None:
     store = JobStore(connect(redis_server.url))
-    queue_groups(store, groups=40, per_group=per_group, max_tokens=max_tokens)
+    queue_shared_prefix_job(store, MODEL, groups=40, per_group=per_group, max_tokens=max_tokens)
     worker = Worker(WorkerSettings(redis_url=redis_server.url, model=MODEL), engine(**limits))
     worker.store.ensure_queue(MODEL)
     worker.leasing.lease_more()

@@ -7,15 +7,14 @@ from __future__ import annotations
 import time
 import urllib.request
 
-import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from queued_jobs import queue_shared_prefix_job
 from services_testbed import MODEL, RedisServer, free_port
 
 from prefixgrove.engine import EngineConfig, LLMEngine
-from prefixgrove.jobs.ingest import JobPlan
 from prefixgrove.jobs.redis_store.connection import connect
-from prefixgrove.jobs.redis_store.schema import GroupRecord, JobKeys, JobState, RequestRecord
+from prefixgrove.jobs.redis_store.schema import JobState
 from prefixgrove.jobs.redis_store.store import JobStore
 from prefixgrove.settings import WorkerSettings
 from prefixgrove.worker.metrics import WorkerMetrics
@@ -55,28 +54,6 @@ def test_a_registry_of_its_own_has_the_process_platform_and_gc_collectors() -> N
     assert WorkerMetrics().registry is not WorkerMetrics().registry  # two workers, two registries
 
 
-def queue_job(store: JobStore) -> str:
-    """GROUPS groups of PER_GROUP requests sharing a 32-token prefix, 8 tokens each after it."""
-    job, _ = store.create_job(SERVED)
-    params = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True,
-              "detokenize": False}  # fmt: skip
-    records, units = {}, []
-    for g in range(GROUPS):
-        prefix = (np.arange(32, dtype=np.int32) * 7 + g) % 256  # the tiny model's vocabulary
-        indices = list(range(g * PER_GROUP, (g + 1) * PER_GROUP))
-        for i in indices:
-            own = (np.arange(8, dtype=np.int32) * 13 + i) % 256
-            records[str(i)] = RequestRecord(
-                f"r{i}", "completions", params, np.concatenate([prefix, own])
-            )
-        units.append(GroupRecord(32, indices))
-    keys = JobKeys(job.id)
-    store.r.hset(keys.requests, mapping={k: v.encode() for k, v in records.items()})
-    store.r.hset(keys.job, "total", len(records))
-    store.queue_plan(job.id, SERVED, JobPlan(units, 0, GROUPS))
-    return job.id
-
-
 def iterate_until_done(worker: Worker, store: JobStore, job_id: str) -> list[list[float]]:
     """Runs the worker's loop until the job completes and the worker holds nothing (500 times at
     most); returns the gauges (KV use, running, waiting) after each iteration."""
@@ -96,7 +73,9 @@ def test_a_worker_running_a_job_moves_its_counters_histograms_and_gauges(
     redis_server: RedisServer,
 ) -> None:
     store = JobStore(connect(redis_server.url))
-    job_id = queue_job(store)
+    job_id = queue_shared_prefix_job(
+        store, SERVED, groups=GROUPS, per_group=PER_GROUP, max_tokens=MAX_TOKENS
+    )
     time.sleep(QUEUED_FOR_S)  # every group waits at least this long in the queue
     config = EngineConfig.create(MODEL, device="cpu", dtype="float32", max_model_len=1024,
                                  max_num_seqs=4)  # fmt: skip

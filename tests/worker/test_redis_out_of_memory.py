@@ -11,22 +11,14 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 import redis
+from queued_jobs import queue_shared_prefix_job
 from services_testbed import MODEL, Process, RedisProcess, free_port, start_worker, wait_until
 
 from prefixgrove.engine import EngineConfig, LLMEngine
-from prefixgrove.jobs.ingest import JobPlan
 from prefixgrove.jobs.redis_store.connection import connect
-from prefixgrove.jobs.redis_store.schema import (
-    GIVEN_BACK,
-    GroupRecord,
-    JobKeys,
-    JobState,
-    RequestRecord,
-    queue_key,
-)
+from prefixgrove.jobs.redis_store.schema import GIVEN_BACK, JobKeys, JobState, queue_key
 from prefixgrove.jobs.redis_store.store import JobStore
 from prefixgrove.settings import WorkerSettings
 from prefixgrove.worker.runner import Worker
@@ -48,20 +40,10 @@ def redis_noeviction(tmp_path: Path) -> Iterator[RedisProcess]:
 
 def queue_job(store: JobStore) -> tuple[str, int]:
     """GROUPS groups of PER_GROUP requests sharing a prefix each; returns (job id, requests)."""
-    job, _ = store.create_job(MODEL)
-    params = {"max_tokens": 24, "temperature": 0.0, "ignore_eos": True, "detokenize": False}
-    records, units = {}, []
-    for g in range(GROUPS):
-        prefix = (np.arange(32, dtype=np.int32) * 7 + g) % 256
-        indices = list(range(g * PER_GROUP, (g + 1) * PER_GROUP))
-        for i in indices:
-            tokens = np.concatenate([prefix, (np.arange(6, dtype=np.int32) * 13 + i) % 256])
-            records[str(i)] = RequestRecord(f"r{i}", "completions", params, tokens).encode()
-        units.append(GroupRecord(32, indices))
-    store.r.hset(JobKeys(job.id).requests, mapping=records)
-    store.r.hset(JobKeys(job.id).job, "total", len(records))
-    store.queue_plan(job.id, MODEL, JobPlan(units, 0, GROUPS))
-    return job.id, len(records)
+    job_id = queue_shared_prefix_job(
+        store, MODEL, groups=GROUPS, per_group=PER_GROUP, max_tokens=24, own_tokens=6
+    )
+    return job_id, GROUPS * PER_GROUP
 
 
 def ready(port: int) -> int:
