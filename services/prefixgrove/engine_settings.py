@@ -65,6 +65,10 @@ class EngineSettings:
         None, "KV blocks to allocate; unset: as many as the free memory holds"
     )
     enforce_eager: bool = _knob(False, "no CUDA graphs")
+    tensor_parallel_size: int | None = _knob(
+        None, "devices one engine spans, one process each, the model split across them; unset: "
+        "1, and for a worker every GPU it was given"
+    )  # fmt: skip
     attention_backend: str = _knob(
         "auto", "triton, torch or auto (triton on a GPU where the head size fits its kernels)"
     )
@@ -101,7 +105,12 @@ class EngineSettings:
                 f"quantization={self.quantization!r} is not supported: pass 'fp8' (W8A8, e4m3) "
                 "or leave it out"
             )
-        for name in ("max_num_seqs", "max_num_batched_tokens", "num_scheduler_steps"):
+        for name in (
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "num_scheduler_steps",
+            "tensor_parallel_size",
+        ):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name}={value} is invalid: expected >= 1")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,10 +86,13 @@ def load_tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name, local_files_only=True)
 
 
-def iter_tensors(path: str, device: str | torch.device) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yields (Hugging Face name, float32 tensor on `device`) for every weight of a Llama-family GGUF."""
+def iter_tensors(
+    path: str, device: str | torch.device, cut_of: Callable[[str], Any] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yields (Hugging Face name, float32 tensor on `device`) for every weight of a Llama-family GGUF.
+    With `cut_of` (name -> (Cut, whole length) or None, engine/models/sharding.py) a tensor cut by
+    rows is dequantized for this rank's rows only; one cut by columns is cut after."""
     from gguf import GGUFReader
-    from gguf.quants import dequantize
 
     reader = GGUFReader(path)
     heads = _field(reader, "attention.head_count")
@@ -97,16 +100,36 @@ def iter_tensors(path: str, device: str | torch.device) -> Iterator[tuple[str, t
     for tensor in reader.tensors:
         name, kind = _hf_name(tensor.name)
         # numpy shape is the reverse of GGUF's dims: [out_features, in_features] for a matrix
-        array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
-        array = array.reshape(tuple(reversed([int(d) for d in tensor.shape])))
-        if kind == "attn_q":
-            array = _unpermute(array, heads)
-        elif kind == "attn_k":
-            array = _unpermute(array, kv_heads)
+        shape = tuple(reversed([int(d) for d in tensor.shape]))
+        found = cut_of(name) if cut_of is not None else None
+        rows = None
+        if found is not None and found[0].dim == 0 and found[0].applies_to(shape, found[1]):
+            rows = found[0].bounds(found[1])
+        array = _dequantized(tensor, shape, rows)
+        # llama.cpp's q/k row order is per head: a cut of whole heads unpermutes on its own
+        if kind in ("attn_q", "attn_k"):
+            total = heads if kind == "attn_q" else kv_heads
+            array = _unpermute(array, total * array.shape[0] // shape[0])
         # NOTE: a tensor the file maps without quantization comes back read-only: copy it
         if not (array.flags.writeable and array.flags.c_contiguous):
             array = np.array(array, order="C")
-        yield name, torch.from_numpy(array).to(device)
+        out = torch.from_numpy(array)
+        if found is not None:
+            out = found[0].pad(out, found[1]) if rows else found[0].take(out)
+        yield name, out.to(device)
+
+
+def _dequantized(tensor: Any, shape: tuple[int, ...], rows: tuple[int, int] | None) -> np.ndarray:
+    """float32 [shape] of a GGUF tensor, or of its rows [start, start + length) only (a quantized
+    matrix stores each row as its own run of blocks)."""
+    from gguf.quants import dequantize
+
+    data = tensor.data
+    if rows is not None:
+        data = data.reshape(shape[0], -1)[rows[0] : rows[0] + rows[1]]
+        shape = (rows[1], *shape[1:])
+    array = dequantize(data, tensor.tensor_type).astype(np.float32, copy=False)
+    return array.reshape(shape)
 
 
 def _hf_name(gguf_name: str) -> tuple[str, str]:

@@ -17,6 +17,7 @@ from .batch_defaults import best_batch_limits
 from .models.arch import ModelArch, architecture_of
 from .models.fp8_linear import check_quantization, checkpoint_quantization
 from .models.registry import model_class
+from .models.sharding import check_tensor_parallel
 
 _DTYPES = {
     "float32": torch.float32,
@@ -114,6 +115,9 @@ class EngineConfig:
     # alone in a step is a one-row chunk, which takes two passes).
     cascade_prefill_kernel: str = "two-pass"
     enforce_eager: bool = False
+    # Ranks of one engine, one process and one device each (engine/parallel/): the model's heads,
+    # columns and vocabulary are split over them
+    tensor_parallel_size: int = 1
     tokenizer: str | None = None
     # No tokenizer is loaded: prompts come as token ids and outputs carry ids only (vLLM's option)
     skip_tokenizer_init: bool = False
@@ -162,6 +166,15 @@ class EngineConfig:
                 "of compute capability 8.9 or newer (Ada, Hopper: FP8 conversions); use "
                 "kv_cache_dtype='auto'"
             )
+        check_tensor_parallel(self.model.arch, self.tensor_parallel_size)
+        if self.is_cuda and self.tensor_parallel_size > 1 and torch.cuda.is_available():
+            first = int(self.device.split(":")[1]) if ":" in self.device else 0
+            if first + self.tensor_parallel_size > torch.cuda.device_count():
+                raise ValueError(
+                    f"tensor_parallel_size={self.tensor_parallel_size} from {self.device} needs "
+                    f"{first + self.tensor_parallel_size} GPUs; this machine shows "
+                    f"{torch.cuda.device_count()}"
+                )
         if self.scheduler.max_num_batched_tokens < self.scheduler.max_num_seqs:
             raise ValueError(
                 f"max_num_batched_tokens={self.scheduler.max_num_batched_tokens} is below "
@@ -210,6 +223,7 @@ class EngineConfig:
             cascade_prefill_kernel=prefill_kernel,
             # the torch references synchronise: no CUDA graphs
             enforce_eager=s.enforce_eager or not cuda or backend == "torch",
+            tensor_parallel_size=s.tensor_parallel_size or 1,
             tokenizer=s.tokenizer,
             skip_tokenizer_init=s.skip_tokenizer_init,
         )

@@ -13,7 +13,6 @@ from typing import Any
 
 # Accepted when they hold one of these values (what prefixgrove does); refused otherwise.
 _ONLY = {
-    "tensor_parallel_size": (1,),
     "pipeline_parallel_size": (1,),
     "trust_remote_code": (False,),
     "tokenizer_mode": ("auto",),
@@ -26,8 +25,7 @@ _ONLY = {
     "enable_lora": (False,),
 }
 _WHY = {
-    "tensor_parallel_size": "the engine runs on one GPU",
-    "pipeline_parallel_size": "the engine runs on one GPU",
+    "pipeline_parallel_size": "one engine splits a model by tensor_parallel_size only",
     "trust_remote_code": "only the built-in Llama-family code runs",
     "tokenizer_mode": "the tokenizer is the one transformers' AutoTokenizer loads",
     "load_format": "safetensors and GGUF are found by the model path",

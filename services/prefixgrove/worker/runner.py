@@ -217,7 +217,20 @@ def _capacity(engine: Any) -> Capacity:
 
 def make_engine(model: str, settings: EngineSettings) -> Any:
     """The engine a worker runs `model` on: built from the same settings, through the same
-    resolution of defaults, as `LLM(...)` and `prefixgrove run`."""
+    resolution of defaults, as `LLM(...)` and `prefixgrove run`, except one: unset, a worker's
+    engine spans every GPU its pod was given (one worker, the capacity of all of them)."""
     from prefixgrove.engine import EngineConfig, LLMEngine
 
+    if settings.tensor_parallel_size is None:
+        settings = settings.replace(tensor_parallel_size=visible_gpus(settings.device))
     return LLMEngine(EngineConfig.from_settings(model, settings))
+
+
+def visible_gpus(device: str) -> int:
+    """The GPUs this process may use from `device` on (1 on the CPU)."""
+    import torch
+
+    if device == "cpu" or not torch.cuda.is_available():
+        return 1
+    first = int(device.split(":")[1]) if ":" in device else 0
+    return max(1, torch.cuda.device_count() - first)

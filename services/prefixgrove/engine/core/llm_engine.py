@@ -15,7 +15,7 @@ from prefixgrove.catalog.presets import load_tokenizer
 from prefixgrove.grouping import PrefixGroup
 
 from ..config import EngineConfig
-from ..runner.model_runner import ModelRunner
+from ..parallel.launch import start_runner
 from ..sampling.output_processor import OutputProcessor
 from ..sampling.outputs import RequestOutput
 from ..sampling.sampling_params import SamplingParams
@@ -42,7 +42,7 @@ class LLMEngine:
             if config.skip_tokenizer_init
             else load_tokenizer(config.model.model, config.tokenizer)
         )
-        self.runner = ModelRunner(config)
+        self.runner, self.followers = start_runner(config)
         num_blocks = self.runner.num_blocks_to_allocate()
         self.runner.allocate_kv_cache(num_blocks)
         self.runner.capture_graphs()
@@ -209,3 +209,8 @@ class LLMEngine:
         `num_running_requests`."""
         requests = self.intake.requests.values()
         return sum(1 for seq in requests if seq.status is SeqStatus.WAITING)
+
+    def close(self) -> None:
+        """Stops the engine's other ranks, if it spans devices (at exit otherwise)."""
+        if self.followers is not None:
+            self.followers.close()

@@ -10,15 +10,17 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from ..parallel.group import TensorParallel
 from .arch import ModelArch
 from .ops import ModelOps
+from .sharding import Cut, ParamLayout
 
 if TYPE_CHECKING:
     from ..attention.backend import ForwardContext
 
 
 class CausalLM(nn.Module, ABC):
-    """A decoder over a flat batch of tokens, built from (arch, max_positions, ops).
+    """A decoder over a flat batch of tokens, built from (arch, max_positions, ops, parallel).
 
     The rules a family keeps:
     - Parameters are created in the dtype and on the device that are current when it is built (the
@@ -29,14 +31,25 @@ class CausalLM(nn.Module, ABC):
     - `forward` writes every layer's keys and values of every token into `ctx`'s paged cache and
       returns the hidden states of `ctx.sampled`'s rows only, when it names some; `compute_logits`
       turns them into logits. Both run inside CUDA graphs: no host synchronisation in them.
+    - Under tensor parallelism (`parallel.size` > 1) each rank builds its shard of every layer, and
+      `layout` says how each parameter is cut (sharding.py): the loader reads only that part of each
+      checkpoint tensor, random weights take it from the whole tensor, so every rank count computes
+      the same model. The collectives are the layers' own; every rank calls them in the same order.
     """
 
     arch: ModelArch
     layers: nn.ModuleList
 
-    def __init__(self, arch: ModelArch, max_positions: int, ops: ModelOps) -> None:
+    def __init__(
+        self,
+        arch: ModelArch,
+        max_positions: int,
+        ops: ModelOps,
+        parallel: TensorParallel | None = None,
+    ) -> None:
         super().__init__()
         self.arch = arch
+        self.parallel = parallel or TensorParallel.single()
 
     @abstractmethod
     def forward(
@@ -61,6 +74,20 @@ class CausalLM(nn.Module, ABC):
     @abstractmethod
     def shards_of(self, name: str) -> tuple[str, ...]:
         """The shards of parameter `name` in the order they are stacked in it (('',): unfused)."""
+
+    def layout(self, name: str) -> ParamLayout | None:
+        """How this rank holds parameter `name`; None (the default): whole on every rank."""
+        return None
+
+    def checkpoint_cut(self, hf_name: str) -> tuple[Cut, int] | None:
+        """The cut this rank takes of a checkpoint tensor and the tensor's whole length along the
+        cut, or None where it holds the tensor whole."""
+        target = self.map_checkpoint_name(hf_name)
+        layout = None if target is None else self.layout(target[0])
+        if layout is None or target is None:
+            return None
+        piece = layout.piece(target[1])
+        return (piece.cut, piece.full_len) if piece.cut.parts > 1 else None
 
     def fuse_fp8_inputs(self) -> None:
         """Called once after FP8 quantization: lets the norms and activations before FP8 layers

@@ -14,12 +14,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from ..parallel.group import TensorParallel
 from .arch import ModelArch
 from .base import CausalLM
 from .fp8_linear import QuantizedRows, takes_quantized_rows
-from .linear import RowInvariantLinear, row_invariant_linear
+from .linear import RowInvariantLinear
 from .ops import ModelOps
 from .rotary import rotary_table
+from .sharding import Cut, ParamLayout, Piece, kv_head_cut, local_arch
+from .vocab_parallel import VocabParallelEmbedding, vocab_logits
 
 if TYPE_CHECKING:
     from ..attention.backend import ForwardContext
@@ -46,10 +49,16 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, arch: ModelArch, layer_idx: int, ops: ModelOps) -> None:
+    """One rank's heads (`arch` is the rank's, sharding.local_arch): its share of q/k/v's columns,
+    o_proj's matching rows, and an all-reduce of o_proj's partial sums."""
+
+    def __init__(
+        self, arch: ModelArch, layer_idx: int, ops: ModelOps, parallel: TensorParallel
+    ) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.ops = ops
+        self.parallel = parallel
         self.num_heads, self.num_kv_heads, self.head_dim = (
             arch.num_heads,
             arch.num_kv_heads,
@@ -78,7 +87,7 @@ class Attention(nn.Module):
             out = ctx.attend(self.layer_idx, q, self.scale)
         else:
             out = ctx.attend(self.layer_idx, q[rows.token_rows], self.scale, rows.metadata)
-        return self.o_proj(out.view(-1, self.q_size))
+        return self.parallel.all_reduce(self.o_proj(out.view(-1, self.q_size)))
 
     def _project_to_cache(
         self,
@@ -99,9 +108,12 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, arch: ModelArch, ops: ModelOps) -> None:
+    """One rank's columns of gate/up, down_proj's matching rows, an all-reduce of its partial sums."""
+
+    def __init__(self, arch: ModelArch, ops: ModelOps, parallel: TensorParallel) -> None:
         super().__init__()
         self.ops = ops
+        self.parallel = parallel
         self.gate_up_proj = RowInvariantLinear(
             arch.hidden_size, 2 * arch.intermediate_size, bias=False
         )
@@ -111,17 +123,21 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if self.quantizes_activation:
-            return self.down_proj(QuantizedRows(*self.ops.silu_and_mul_fp8(gate_up)))
-        return self.down_proj(self.ops.silu_and_mul(gate_up))
+            down = self.down_proj(QuantizedRows(*self.ops.silu_and_mul_fp8(gate_up)))
+        else:
+            down = self.down_proj(self.ops.silu_and_mul(gate_up))
+        return self.parallel.all_reduce(down)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, arch: ModelArch, layer_idx: int, ops: ModelOps) -> None:
+    def __init__(
+        self, arch: ModelArch, layer_idx: int, ops: ModelOps, parallel: TensorParallel
+    ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, ops)
-        self.self_attn = Attention(arch, layer_idx, ops)
+        self.self_attn = Attention(arch, layer_idx, ops, parallel)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, ops)
-        self.mlp = MLP(arch, ops)
+        self.mlp = MLP(arch, ops, parallel)
 
     def fuse_fp8_inputs(self) -> None:
         """Where the linear after a norm or the activation takes QuantizedRows, that norm or
@@ -164,15 +180,22 @@ _FUSED = {
 
 
 class LlamaForCausalLM(CausalLM):
-    def __init__(self, arch: ModelArch, max_positions: int, ops: ModelOps) -> None:
-        super().__init__(arch, max_positions, ops)
-        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(arch, i, ops) for i in range(arch.num_layers))
+    def __init__(
+        self,
+        arch: ModelArch,
+        max_positions: int,
+        ops: ModelOps,
+        parallel: TensorParallel | None = None,
+    ) -> None:
+        super().__init__(arch, max_positions, ops, parallel)
+        p, local = self.parallel, local_arch(arch, self.parallel.size)
+        self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, p)
+        self.layers = nn.ModuleList(DecoderLayer(local, i, ops, p) for i in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, ops)
         self.lm_head = (
             None
             if arch.tie_word_embeddings
-            else RowInvariantLinear(arch.hidden_size, arch.vocab_size, bias=False)
+            else RowInvariantLinear(arch.hidden_size, self.embed_tokens.rows, bias=False)
         )
         # [max_positions, head_dim] fp32 = [cos | sin], shared by every layer.
         self.register_buffer(
@@ -209,8 +232,7 @@ class LlamaForCausalLM(CausalLM):
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 logits [rows, vocab]; into `out` when given (the decode graphs' shared buffer)."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = row_invariant_linear(hidden, weight)
-        return logits.float() if out is None else out.copy_(logits)
+        return vocab_logits(hidden, weight, self.arch.vocab_size, self.parallel, out)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies Hugging Face tensors in, fusing q/k/v and gate/up; every parameter must be filled once."""
@@ -251,16 +273,34 @@ class LlamaForCausalLM(CausalLM):
             return ("gate", "up")
         return ("",)
 
+    def layout(self, name: str) -> ParamLayout | None:
+        """How this rank holds parameter `name` (sharding.py); None: whole on every rank."""
+        a, p = self.arch, self.parallel
+        columns, rows = Cut(0, p.size, p.rank), Cut(1, p.size, p.rank)
+        if ".qkv_proj." in name:
+            kv = kv_head_cut(a, p.size, p.rank)
+            pieces = (Piece("q", a.q_size, columns), Piece("k", a.kv_size, kv))
+            return ParamLayout(0, (*pieces, Piece("v", a.kv_size, kv)))
+        if ".gate_up_proj." in name:
+            size = a.intermediate_size
+            return ParamLayout(0, (Piece("gate", size, columns), Piece("up", size, columns)))
+        if ".o_proj." in name:
+            return ParamLayout(1, (Piece("", a.q_size, rows),))
+        if ".down_proj." in name:
+            return ParamLayout(1, (Piece("", a.intermediate_size, rows),))
+        if name in ("embed_tokens.weight", "lm_head.weight"):
+            return ParamLayout(0, (Piece("", a.vocab_size, columns),))
+        return None
+
     def _copy_shard(self, param: nn.Parameter, name: str, shard: str, tensor: torch.Tensor) -> None:
-        a = self.arch
-        offsets = {
-            "q": (0, a.q_size),
-            "k": (a.q_size, a.kv_size),
-            "v": (a.q_size + a.kv_size, a.kv_size),
-            "gate": (0, a.intermediate_size),
-            "up": (a.intermediate_size, a.intermediate_size),
-        }
-        dest = param.data if not shard else param.data.narrow(0, *offsets[shard])
+        """Copies this rank's part of one checkpoint tensor (cut by the loader) into its place."""
+        layout, dest = self.layout(name), param.data
+        if layout is not None:
+            piece = layout.piece(shard)
+            if piece.cut.applies_to(tensor.shape, piece.full_len):
+                tensor = piece.cut.take(tensor)  # a whole tensor: the loader did not cut it
+            length = piece.cut.local_len(piece.full_len)
+            dest = dest.narrow(layout.dim, layout.local_offset(shard), length)
         if dest.shape != tensor.shape:
             raise ValueError(
                 f"tensor for {name}[{shard or 'all'}] has shape {tuple(tensor.shape)}, "

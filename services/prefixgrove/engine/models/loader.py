@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -13,11 +14,16 @@ from safetensors import safe_open
 from prefixgrove.catalog import gguf
 from prefixgrove.catalog.presets import gguf_path, is_preset
 
+from ..parallel.group import TensorParallel
 from .arch import ModelArch
 from .base import CausalLM
 from .fp8_linear import dequantize_checkpoint, quantize_model
 from .ops import ModelOps
 from .registry import model_class
+from .sharding import Cut
+
+# A checkpoint tensor's name -> the cut this rank takes of it and its whole length, or None: whole
+CutOf = Callable[[str], "tuple[Cut, int] | None"]
 
 
 def load_model(
@@ -30,29 +36,35 @@ def load_model(
     seed: int,
     ops: ModelOps,
     quantization: str | None = None,
+    parallel: TensorParallel | None = None,
 ) -> CausalLM:
+    """The model of `model`, or this rank's shard of it under tensor parallelism: each rank reads
+    only its part of each checkpoint tensor."""
     cls = model_class(arch.architecture)
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # build in the target dtype: no fp32 copy of an 8B model
     try:
         with torch.device(device):
-            net = cls(arch, max_positions, ops)
+            net = cls(arch, max_positions, ops, parallel)
     finally:
         torch.set_default_dtype(default_dtype)
+    cut_of = net.checkpoint_cut if net.parallel.size > 1 else None
     scales: dict[str, torch.Tensor] = {}
     input_scales: dict[str, torch.Tensor] = {}
     if is_preset(model):
         init_random_weights(net, seed)
     elif (path := gguf_path(model)) is not None:
-        net.load_weights(gguf.iter_tensors(path, device))
+        # (two arguments when nothing is cut: the form the test suite's cache of the file wraps)
+        net.load_weights(
+            gguf.iter_tensors(path, device, cut_of) if cut_of else gguf.iter_tensors(path, device)
+        )
     elif quantization == "fp8":
         # e4m3 tensors of a compressed-tensors checkpoint come in dequantized, their scales kept
         # so that quantize_model stores the very same e4m3 values again.
-        net.load_weights(
-            dequantize_checkpoint(iter_safetensors(model, device), dtype, scales, input_scales)
-        )
+        tensors = iter_safetensors(model, device, cut_of)
+        net.load_weights(dequantize_checkpoint(tensors, dtype, scales, input_scales))
     else:
-        net.load_weights(iter_safetensors(model, device))
+        net.load_weights(iter_safetensors(model, device, cut_of))
     if quantization == "fp8":
         # Quantized at load time: from the checkpoint's scales where it has them, else per output
         # channel from its weights (vLLM's quantization="fp8").
@@ -87,7 +99,8 @@ def _fused_scales(
 
 @torch.no_grad()
 def init_random_weights(net: CausalLM, seed: int, std: float = 0.02) -> None:
-    """Deterministic random weights, generated on the model's own device (seconds for 8B on a GPU)."""
+    """Deterministic random weights, generated on the model's own device (seconds for 8B on a GPU).
+    A sharded parameter is drawn whole and cut, so every rank count gets the same model."""
     device = next(net.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
     for name, p in net.named_parameters():
@@ -95,12 +108,18 @@ def init_random_weights(net: CausalLM, seed: int, std: float = 0.02) -> None:
             p.fill_(1.0)
         elif name.endswith(".bias"):
             p.zero_()
+        elif (layout := net.layout(name)) is not None and net.parallel.size > 1:
+            whole = p.new_empty(layout.full_shape(p.shape)).normal_(0.0, std, generator=gen)
+            p.copy_(layout.local_of_full(whole))
         else:
             p.normal_(0.0, std, generator=gen)
 
 
-def iter_safetensors(model_dir: str, device: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yields (name, tensor) over one or sharded safetensors files of a Hugging Face directory."""
+def iter_safetensors(
+    model_dir: str, device: str, cut_of: CutOf | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yields (name, tensor) over one or sharded safetensors files of a Hugging Face directory;
+    with `cut_of`, only this rank's slice of each tensor it cuts is read from the file."""
     index = os.path.join(model_dir, "model.safetensors.index.json")
     if os.path.exists(index):
         with open(index) as f:
@@ -114,4 +133,19 @@ def iter_safetensors(model_dir: str, device: str) -> Iterator[tuple[str, torch.T
     for name in files:
         with safe_open(os.path.join(model_dir, name), framework="pt", device=device) as f:
             for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                yield key, f.get_tensor(key)
+                found = cut_of(key) if cut_of is not None else None
+                if found is None:
+                    yield key, f.get_tensor(key)
+                else:
+                    yield key, _read_slice(f.get_slice(key), *found)
+
+
+def _read_slice(lazy: Any, cut: Cut, full_len: int) -> torch.Tensor:
+    """This rank's slice of a tensor still in its file, zero-padded as `Cut.take` pads it."""
+    shape = lazy.get_shape()
+    if not cut.applies_to(tuple(shape), full_len):
+        return lazy[:]  # type: ignore[no-any-return]
+    start, length = cut.bounds(full_len)
+    index = [slice(None)] * len(shape)
+    index[cut.dim] = slice(start, start + length)
+    return cut.pad(lazy[tuple(index)], full_len)

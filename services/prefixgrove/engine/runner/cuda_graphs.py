@@ -109,6 +109,16 @@ class DecodeGraphs:
             before_replay(inputs)
         return inputs, self.replay_last()[: len(order)]
 
+    @property
+    def last_key(self) -> tuple[int, bool] | None:
+        """(padded size, cascade) of the last graph run: what a tensor-parallel follower replays."""
+        return self._last
+
+    def replay(self, key: tuple[int, bool]) -> torch.Tensor:
+        """Replays graph `key` on the arena as it is now (a follower's step, its inputs broadcast)."""
+        self._last = key
+        return self.replay_last()
+
     def replay_last(self) -> torch.Tensor:
         """Replays the graph of the last `run` on the arena as it is now (the next step of a window)."""
         assert self._last is not None

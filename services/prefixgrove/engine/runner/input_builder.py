@@ -7,7 +7,7 @@ copy; the device regions never move, so CUDA graphs captured on views of them re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -34,6 +34,26 @@ def _bucket(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+@dataclass(frozen=True)
+class StepShape:
+    """The host-side sizes that cut a step's views out of the arena: with the arena's contents, all
+    a tensor-parallel follower needs to run the step as rank 0 laid it out."""
+
+    num_tokens: int
+    rows: int
+    num_sampled: int
+    real_groups: int
+    num_groups: int
+    max_query_len: int
+    max_group_q: int
+    cascade: bool
+    # the most sampled rows of one group when the last layer narrows to the sampled rows, else None
+    sampled_group_q: int | None = None
+
+    def unnarrowed(self) -> StepShape:
+        return replace(self, sampled_group_q=None)
+
+
 @dataclass
 class StepInputs:
     input_ids: torch.Tensor  # [num_tokens] int32
@@ -41,7 +61,7 @@ class StepInputs:
     logits_indices: torch.Tensor  # [num_sampled]: rows of the hidden states that produce a token
     metadata: AttentionMetadata
     order: list[ScheduledSeq]  # the batch in the order its rows were laid out
-    num_groups: int  # cascade groups actually present (padding excluded)
+    shape: StepShape
     # What the last layer narrows to when some rows produce no token (prefill chunks); None when
     # every row is sampled (decode steps)
     sampled: SampledRows | None = None
@@ -160,11 +180,7 @@ class InputBuilder:
         if num_groups:
             self._fill_groups(order, groups, cu, num_groups)
         narrow = self.narrow_last_layer and not pad_seqs and len(sampled) < int(cu[-1])
-        if narrow:
-            sampled_group_q = self._fill_sampled(sampled, groups)
-        self.arena.upload()
-        inputs = self._views(
-            order,
+        shape = StepShape(
             int(cu[-1]),
             rows,
             num_sampled,
@@ -174,9 +190,16 @@ class InputBuilder:
             max_group_q=max_group_q
             or _bucket(max((int(cu[r.stop] - cu[r.start]) for r in groups), default=0)),
             cascade=bool(groups) or pad_groups is not None,
+            sampled_group_q=self._fill_sampled(sampled, groups) if narrow else None,
         )
-        if narrow:
-            inputs.sampled = self._sampled_views(inputs, sampled_group_q)
+        self.arena.upload()
+        return self.views(order, shape)
+
+    def views(self, order: list[ScheduledSeq], shape: StepShape) -> StepInputs:
+        """The step's tensors as views of the device arena, cut to `shape`."""
+        inputs = self._views(order, shape)
+        if shape.sampled_group_q is not None:
+            inputs.sampled = self._sampled_views(inputs, shape.sampled_group_q)
         return inputs
 
     def plan(self, batch: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], list[range]]:
@@ -267,7 +290,7 @@ class InputBuilder:
         cascade = None
         if step.cascade is not None:
             cascade = CascadeMetadata(
-                group_cu_q=d["sampled_group_cu_q"][: inputs.num_groups + 1],
+                group_cu_q=d["sampled_group_cu_q"][: inputs.shape.real_groups + 1],
                 group_prefix_lens=step.cascade.group_prefix_lens,
                 group_block_tables=step.cascade.group_block_tables,
                 max_group_q=_bucket(max_group_q),  # as a decode step of these rows would take
@@ -283,42 +306,30 @@ class InputBuilder:
         )
         return SampledRows(token_rows=inputs.logits_indices, metadata=meta)
 
-    def _views(
-        self,
-        order: list[ScheduledSeq],
-        num_tokens: int,
-        rows: int,
-        num_sampled: int,
-        real_groups: int,
-        num_groups: int,
-        *,
-        max_query_len: int,
-        max_group_q: int,
-        cascade: bool,
-    ) -> StepInputs:
-        d = self._dev
+    def _views(self, order: list[ScheduledSeq], shape: StepShape) -> StepInputs:
+        d, rows, num_groups, num_tokens = self._dev, shape.rows, shape.num_groups, shape.num_tokens
         cascade_meta = None
-        if cascade:
+        if shape.cascade:
             cascade_meta = CascadeMetadata(
                 group_cu_q=d["group_cu_q"][: num_groups + 1],
                 group_prefix_lens=d["group_prefix_lens"][:num_groups],
                 group_block_tables=d["group_block_tables"][:num_groups],
-                max_group_q=max_group_q,
+                max_group_q=shape.max_group_q,
             )
         meta = AttentionMetadata(
             slot_mapping=d["slot_mapping"][:num_tokens],
             cu_seqlens_q=d["cu_seqlens_q"][: rows + 1],
             seq_lens=d["seq_lens"][:rows],
             block_tables=d["block_tables"][:rows],
-            max_query_len=max_query_len,
-            kv_start=d["kv_start"][:rows] if cascade else None,
+            max_query_len=shape.max_query_len,
+            kv_start=d["kv_start"][:rows] if shape.cascade else None,
             cascade=cascade_meta,
         )
         return StepInputs(
             input_ids=d["input_ids"][:num_tokens],
             positions=d["positions"][:num_tokens],
-            logits_indices=d["logits_indices"][:num_sampled],
+            logits_indices=d["logits_indices"][: shape.num_sampled],
             metadata=meta,
             order=order,
-            num_groups=real_groups,
+            shape=shape,
         )

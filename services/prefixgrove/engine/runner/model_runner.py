@@ -20,11 +20,21 @@ from ..attention.kv_cache import LayerCache, allocate, cache_torch_dtype
 from ..config import EngineConfig
 from ..core.sequence import ScheduledSeq, Sequence
 from ..device import to_device
+from ..models.arch import ModelArch
 from ..models.loader import load_model
 from ..models.ops import create_ops
-from ..sampling.prompt_logprobs import PromptSpan, prompt_spans, record_prompt_logprobs
+from ..models.sharding import local_arch
+from ..parallel.group import TensorParallel
+from ..parallel.leader import FollowerLink
+from ..sampling.prompt_logprobs import (
+    PromptSpan,
+    logit_row_slices,
+    prompt_spans,
+    record_prompt_logprobs,
+)
 from ..sampling.sampler import Sampler, SamplingBatch
 from ..structured.masks import StepMasker, TokenMask
+from . import kv_sizing
 from .cuda_graphs import DecodeGraphs
 from .in_flight import DecodeWindow, InFlight, PendingStep, StepResult
 from .input_builder import InputBuilder, StepInputs
@@ -32,19 +42,23 @@ from .step_timeline import StepTimeline, recorded_event
 
 logger = logging.getLogger(__name__)
 
-_CPU_DEFAULT_CACHE_TOKENS = 65536
-_GRAPH_HEADROOM = 2 << 30  # bytes left free for CUDA graphs' pool and allocator slack
-
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig) -> None:
+    """One rank's model, KV cache and decode graphs. Under tensor parallelism rank 0's runner also
+    schedules the others: each step's shape goes to them through `link` and its inputs follow in
+    one broadcast of the arena, then every rank runs the same forward pass on its shard; rank 0
+    alone samples (parallel/follower.py runs the other side)."""
+
+    def __init__(self, config: EngineConfig, parallel: TensorParallel | None = None) -> None:
         self.config = config
+        self.parallel = parallel or TensorParallel.single()
+        self.link: FollowerLink | None = None  # rank 0 of several: the followers' command pipes
         self.device = torch.device(config.device)
         arch, s = config.model.arch, config.scheduler
         # A decode window may run a few tokens past a request's end before the CPU sees it stop.
         self.max_positions = config.model.max_model_len + s.num_scheduler_steps
         cuda = self.device.type == "cuda"
-        self._baseline = torch.cuda.memory_allocated(self.device) if cuda else 0
+        self.memory_baseline = torch.cuda.memory_allocated(self.device) if cuda else 0
         self.model = load_model(
             config.model.model,
             arch,
@@ -54,6 +68,7 @@ class ModelRunner:
             seed=config.model.seed,
             ops=create_ops(config.attention_backend),
             quantization=config.model.quantization,
+            parallel=self.parallel,
         )
         self.backend = create_backend(
             config.attention_backend,
@@ -78,79 +93,42 @@ class ModelRunner:
     # -- memory -----------------------------------------------------------------------------------------
 
     @property
+    def local_arch(self) -> ModelArch:
+        """This rank's shapes: its KV heads are what its cache holds."""
+        return local_arch(self.config.model.arch, self.parallel.size)
+
+    @property
     def bytes_per_block(self) -> int:
-        a, c = self.config.model.arch, self.config.cache
+        a, c = self.local_arch, self.config.cache
         dtype = cache_torch_dtype(c.kv_cache_dtype, self.config.model.dtype)
         elem = torch.empty((), dtype=dtype).element_size()
         return 2 * a.num_layers * c.block_size * a.num_kv_heads * a.head_dim * elem
 
     def num_blocks_to_allocate(self) -> int:
-        c = self.config.cache
-        if c.num_blocks is not None:
-            return c.num_blocks
-        if self.device.type != "cuda":
-            s = self.config.scheduler
-            tokens = min(
-                s.max_num_seqs * self.config.model.max_model_len, _CPU_DEFAULT_CACHE_TOKENS
-            )
-            return -(-tokens // c.block_size) + 1
-        return self._profile_num_blocks()
-
-    @torch.inference_mode()
-    def _profile_num_blocks(self) -> int:
-        """Runs the largest step the scheduler may issue, then gives what memory is left to the cache."""
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.device)
-        s, bs = self.config.scheduler, self.config.cache.block_size
-        seqs = min(s.max_num_seqs, s.max_num_batched_tokens)
-        per_seq = s.max_num_batched_tokens // seqs
-        self.allocate_kv_cache(-(-per_seq // bs) + 1)
-        from ..sampling.sampling_params import SamplingParams
-
-        dummy = []
-        for i in range(seqs):
-            seq = Sequence(i, f"profile-{i}", [0] * per_seq, SamplingParams(max_tokens=1), 0)
-            seq.block_table = list(range(1, 1 + -(-per_seq // bs)))
-            dummy.append(ScheduledSeq(seq, per_seq, sample=True))
-        self.execute(dummy)
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device)
-        self.kv_caches = []
-        torch.cuda.empty_cache()
-        free, total = torch.cuda.mem_get_info(self.device)
-        # This engine may use its share of the device (gpu_memory_utilization, vLLM's meaning) minus its
-        # own peak; memory others hold (other engines in this process, other processes) is not ours to
-        # count, but the cache must still fit in what is free, with room for the decode graphs.
-        own_peak = peak - self._baseline
-        budget = min(
-            total * self.config.cache.gpu_memory_utilization - own_peak, free - _GRAPH_HEADROOM
-        )
-        num_blocks = int(budget // self.bytes_per_block)
-        if num_blocks < 2:
-            raise RuntimeError(
-                f"no memory left for the KV cache: peak {peak / 2**30:.1f} GiB of "
-                f"{total / 2**30:.1f} GiB at gpu_memory_utilization="
-                f"{self.config.cache.gpu_memory_utilization}"
-            )
-        logger.info(
-            "KV cache: %d blocks (%.1f GiB); profiling peak %.1f GiB",
-            num_blocks,
-            num_blocks * self.bytes_per_block / 2**30,
-            peak / 2**30,
-        )
-        return num_blocks
+        return kv_sizing.blocks_to_allocate(self)
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        a, c = self.config.model.arch, self.config.cache
+        self.send("allocate", num_blocks)
+        self.allocate_local(num_blocks)
+
+    def allocate_local(self, num_blocks: int) -> None:
+        """This rank's cache alone (the followers are told by `allocate_kv_cache`)."""
+        a, c = self.local_arch, self.config.cache
         shape = (num_blocks, c.block_size, a.num_kv_heads, a.head_dim)
         self.kv_caches = allocate(
             a.num_layers, shape, self.config.model.dtype, c.kv_cache_dtype, self.device
         )
 
+    def send(self, op: str, *args: object) -> None:
+        """Rank 0: tells the followers what to do next (nothing without followers)."""
+        if self.link is not None:
+            self.link.send(op, *args)
+
     @torch.inference_mode()
     def capture_graphs(self) -> None:
         if self.device.type != "cuda" or self.config.enforce_eager:
             return
+        self.send("capture")
         self.graphs = DecodeGraphs(
             self.builder,
             self._logits,
@@ -161,14 +139,18 @@ class ModelRunner:
 
     # -- steps ------------------------------------------------------------------------------------------
 
+    def hidden_states(self, inputs: StepInputs) -> torch.Tensor:
+        """The model's last hidden states of the step (of its sampled rows where it narrows)."""
+        ctx = ForwardContext(self.kv_caches, inputs.metadata, self.backend, inputs.sampled)
+        return self.model(inputs.input_ids, inputs.positions, ctx)
+
     def _logits(
         self,
         inputs: StepInputs,
         out: torch.Tensor | None = None,
         prompt: list[PromptSpan] | None = None,
     ) -> torch.Tensor:
-        ctx = ForwardContext(self.kv_caches, inputs.metadata, self.backend, inputs.sampled)
-        hidden = self.model(inputs.input_ids, inputs.positions, ctx)
+        hidden = self.hidden_states(inputs)
         if inputs.sampled is None:  # every row was computed to the end
             if prompt:
                 record_prompt_logprobs(prompt, hidden, self.model.compute_logits)
@@ -181,16 +163,33 @@ class ModelRunner:
         order, groups = self.builder.plan(batch)
         decode = all(item.num_tokens == 1 and item.sample for item in order)
         if decode and self.graphs is not None and self.graphs.padded_size(len(order)):
-            if feed is None:
-                return self.graphs.run(order, groups)
-            return self.graphs.run(order, groups, lambda inputs: self._feed_pending(inputs, feed))
+            graphs = self.graphs
+            return graphs.run(order, groups, lambda inputs: self._ready(inputs, feed, graphs))
         inputs = self.builder.fill(order, groups)
-        if feed is not None:
-            self._feed_pending(inputs, feed)
         prompt = prompt_spans(order)
         if prompt:
             inputs.sampled = None  # rows scoring prompt tokens need the last layer too
+        self._ready(inputs, feed, prompt=prompt)
         return inputs, self._logits(inputs, prompt=prompt)
+
+    def _ready(
+        self,
+        inputs: StepInputs,
+        feed: InFlight | None,
+        graphs: DecodeGraphs | None = None,
+        prompt: list[PromptSpan] | None = None,
+    ) -> None:
+        """The step's inputs complete on the device (tokens still in flight fed in), and under
+        tensor parallelism on every rank: what to run goes to the followers (the step's shape, the
+        graph it replays, the prompt rows it scores), then its inputs in one broadcast of the arena."""
+        if feed is not None:
+            self._feed_pending(inputs, feed)
+        if self.link is None:
+            return
+        shape = inputs.shape if inputs.sampled is not None else inputs.shape.unnarrowed()
+        graph = graphs.last_key if graphs is not None else None
+        self.link.send("step", shape, graph, logit_row_slices(prompt or []))
+        self.parallel.broadcast(self.builder.arena.device)
 
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> StepResult:
@@ -247,6 +246,8 @@ class ModelRunner:
         tokens come back through `window_results` while later steps still run. `feed` as in `launch`."""
         first = self.timeline.begin(self.device)
         inputs, logits = self._forward(batch, feed)
+        if steps > 1:
+            self.send("window", steps - 1, len(inputs.order))
         seqs = [item.seq for item in inputs.order]
         params = SamplingBatch.build(seqs, self.device, self.config.model.arch.vocab_size, steps)
         window = self._run_steps(inputs, logits, params, steps, feed)
@@ -276,7 +277,9 @@ class ModelRunner:
             copies.append(self._copy_to_host(packed))  # streams back while the next steps run
             tokens = packed[:, 0]
             if j + 1 < steps:
-                self._advance(inputs, tokens, n)
+                if self.link is not None:  # the followers advance their inputs by them too
+                    tokens = self.parallel.broadcast(tokens.contiguous())
+                self.advance_inputs(inputs, tokens, n)
         return DecodeWindow(inputs, copies, tokens)
 
     def _masks(
@@ -345,7 +348,7 @@ class ModelRunner:
         for host, done in window.copies:
             yield window.inputs.order, self._wait(host, done)
 
-    def _advance(self, inputs: StepInputs, tokens: torch.Tensor, n: int) -> None:
+    def advance_inputs(self, inputs: StepInputs, tokens: torch.Tensor, n: int) -> None:
         """Turns this step's sampled tokens into the next step's inputs, on the device."""
         meta, bs = inputs.metadata, self.config.cache.block_size
         inputs.input_ids[:n].copy_(tokens)

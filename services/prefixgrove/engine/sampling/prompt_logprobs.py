@@ -58,8 +58,7 @@ def record_prompt_logprobs(
     the step through the last layer; compute_logits: hidden rows -> fp32 logits [rows, vocab]."""
     for span in spans:
         entries = []
-        for at in range(0, span.count, _ROWS_PER_SLICE):
-            n = min(_ROWS_PER_SLICE, span.count - at)
+        for at, n in _slices(span):
             first = span.first_token + at
             tokens = span.seq.prompt_token_ids[first : first + n]
             logits = compute_logits(hidden[span.row + at : span.row + at + n])
@@ -73,6 +72,19 @@ def record_prompt_logprobs(
                 "tokens between took their KV from a cache and were never scored"
             )
         recorded += entries
+
+
+def _slices(span: PromptSpan) -> list[tuple[int, int]]:
+    """(offset in the span, rows) of each slice turned into logits at once."""
+    return [
+        (at, min(_ROWS_PER_SLICE, span.count - at)) for at in range(0, span.count, _ROWS_PER_SLICE)
+    ]
+
+
+def logit_row_slices(spans: list[PromptSpan]) -> list[tuple[int, int]]:
+    """(first row, rows) of the hidden states `record_prompt_logprobs` turns into logits, in the
+    order it does: a tensor-parallel follower makes the same calls of the sharded LM head."""
+    return [(span.row + at, n) for span in spans for at, n in _slices(span)]
 
 
 def _entries(logits: torch.Tensor, tokens: list[int], k: int) -> list[dict[int, Logprob]]:

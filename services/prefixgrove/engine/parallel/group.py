@@ -1,0 +1,61 @@
+"""This process's place in a tensor-parallel engine, and the collectives its layers call.
+
+One engine of N ranks runs one process per device. Each layer holds its rank's shard (heads, columns,
+rows, vocabulary rows) and meets the others in an all-reduce after each row-parallel product and an
+all-gather of the vocabulary's logits. With N = 1 every collective is the identity and nothing of
+torch.distributed is touched, so a single-device engine runs exactly as it did.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+class TensorParallel:
+    def __init__(self, rank: int = 0, size: int = 1, group: Any = None) -> None:
+        if not 0 <= rank < size:
+            raise ValueError(f"rank {rank} is outside a tensor-parallel group of {size}")
+        self.rank = rank
+        self.size = size
+        self.group = group
+
+    @classmethod
+    def single(cls) -> TensorParallel:
+        return cls(0, 1)
+
+    @property
+    def is_leader(self) -> bool:
+        """Rank 0: it schedules, samples and owns the host side; the others follow its steps."""
+        return self.rank == 0
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sums `x` over the ranks, in place (a row-parallel product's partial sums)."""
+        if self.size > 1:
+            dist.all_reduce(x, group=self.group)
+        return x
+
+    def gather_columns(self, x: torch.Tensor) -> torch.Tensor:
+        """[rows, cols] on each rank -> [rows, size * cols]: rank r's columns at r * cols."""
+        if self.size == 1:
+            return x
+        rows, cols = x.shape
+        stacked = x.new_empty((self.size * rows, cols))  # rank after rank (gloo's layout too)
+        dist.all_gather_into_tensor(stacked, x.contiguous(), group=self.group)
+        return stacked.view(self.size, rows, cols).permute(1, 0, 2).reshape(rows, self.size * cols)
+
+    def broadcast(self, x: torch.Tensor) -> torch.Tensor:
+        """Rank 0's `x` into every rank's `x` (the step inputs, a window's sampled tokens)."""
+        if self.size > 1:
+            dist.broadcast(x, src=0, group=self.group)
+        return x
+
+    def min_over_ranks(self, value: int, device: torch.device) -> int:
+        """The smallest of every rank's `value`: one rank's shortage (KV blocks) is every rank's."""
+        if self.size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.int64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        return int(t.item())

@@ -1,0 +1,157 @@
+"""Starts the processes of a tensor-parallel engine and watches them.
+
+Rank 0 is the process that builds the engine (`LLM(...)`, `prefixgrove run`, a worker). It starts one
+follower process per further device (`python -m prefixgrove.engine.parallel.follower`, not a fork: a
+CUDA context does not survive one, and a spawned interpreter would run the user's script again),
+hands each its rank and the engine's config over a socket pair, and joins them in one process group:
+NCCL on GPUs, gloo on the CPU.
+
+A lost rank is a lost engine: every step needs every shard. When a follower exits while the engine
+runs, rank 0 logs which one and how, and ends its own process with RANK_LOST_EXIT (a collective it
+may be blocked in would otherwise wait for the timeout). A follower ends when rank 0's pipe closes.
+A rank that hangs inside a collective is ended by the collective's timeout, PREFIXGROVE_TP_TIMEOUT_S.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from datetime import timedelta
+from multiprocessing.connection import Connection
+
+import torch
+import torch.distributed as dist
+
+from ..config import EngineConfig
+from ..runner.model_runner import ModelRunner
+from .group import TensorParallel
+from .leader import FollowerLink
+
+logger = logging.getLogger(__name__)
+
+RANK_LOST_EXIT = 75
+_STOP_GRACE_S = 30.0
+
+
+def collective_timeout() -> timedelta:
+    return timedelta(seconds=float(os.environ.get("PREFIXGROVE_TP_TIMEOUT_S", "300")))
+
+
+def rank_device(device: str, rank: int) -> str:
+    """Rank r's device: the r-th GPU after the engine's own (cuda:k -> cuda:k+r), or the CPU."""
+    if not device.startswith("cuda"):
+        return device
+    base = int(device.split(":")[1]) if ":" in device else 0
+    return f"cuda:{base + rank}"
+
+
+def join_group(rank: int, size: int, device: str, init_method: str) -> TensorParallel:
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        init_method=init_method,
+        rank=rank,
+        world_size=size,
+        timeout=collective_timeout(),
+        device_id=torch.device(device) if cuda else None,
+    )
+    return TensorParallel(rank, size, dist.group.WORLD)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Followers:
+    """Rank 0's handle on the other ranks: their processes and their command pipes."""
+
+    processes: list[subprocess.Popen[bytes]]
+    link: FollowerLink
+    closing: bool = False
+    _watchers: list[threading.Thread] = field(default_factory=list)
+
+    def watch(self) -> None:
+        for rank, process in enumerate(self.processes, start=1):
+            thread = threading.Thread(
+                target=self._watch, args=(rank, process), name=f"tp-rank-{rank}", daemon=True
+            )
+            thread.start()
+            self._watchers.append(thread)
+
+    def _watch(self, rank: int, process: subprocess.Popen[bytes]) -> None:
+        code = process.wait()
+        if self.closing:
+            return
+        message = (
+            f"prefixgrove: tensor-parallel rank {rank} (pid {process.pid}) exited with code "
+            f"{code} while the engine ran; every step needs every rank, so this process ends "
+            f"too (exit {RANK_LOST_EXIT})"
+        )
+        logger.critical(message)
+        print(message, file=sys.stderr, flush=True)
+        os._exit(RANK_LOST_EXIT)
+
+    def close(self) -> None:
+        """Stops the followers (they leave their loop on 'stop') and waits for them."""
+        if self.closing:
+            return
+        self.closing = True
+        with contextlib.suppress(OSError):  # a follower already gone
+            self.link.send("stop")
+        for process in self.processes:
+            try:
+                process.wait(timeout=_STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def start_followers(config: EngineConfig) -> tuple[TensorParallel, Followers]:
+    """Rank 0: starts ranks 1..N-1, joins them in one process group, returns this rank's place
+    and the followers' handle (watched from here on; closed at exit at the latest)."""
+    size = config.tensor_parallel_size
+    init_method = f"tcp://127.0.0.1:{_free_port()}"
+    processes, connections = [], []
+    for rank in range(1, size):
+        ours, theirs = socket.socketpair()
+        env = {**os.environ, "PREFIXGROVE_TP_FD": str(theirs.fileno())}
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "prefixgrove.engine.parallel.follower"],
+                env=env,
+                pass_fds=(theirs.fileno(),),
+            )
+        )
+        theirs.close()
+        connection = Connection(ours.detach())
+        connection.send((rank, config, init_method))
+        connections.append(connection)
+    followers = Followers(processes, FollowerLink(connections))
+    followers.watch()
+    atexit.register(followers.close)
+    parallel = join_group(0, size, rank_device(config.device, 0), init_method)
+    logger.info("tensor parallelism: %d ranks (%s)", size, dist.get_backend())
+    return parallel, followers
+
+
+def start_runner(config: EngineConfig) -> tuple[ModelRunner, Followers | None]:
+    """Rank 0's runner, with its followers started and linked when the engine spans devices."""
+    if config.tensor_parallel_size == 1:
+        return ModelRunner(config), None
+    parallel, followers = start_followers(config)
+    runner = ModelRunner(config, parallel)
+    runner.link = followers.link
+    return runner, followers
