@@ -9,28 +9,17 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 import redis
-from services_testbed import (
-    RedisClusterProcesses,
-    free_port,
-    shared_prefix_job,
-    start_planner,
-    start_worker,
-    wait_for_port,
-    wait_until,
-)
+from services_testbed import RedisClusterProcesses, shared_prefix_job, wait_until
+from store_by_hand import answer, assert_each_answered_once, ingest_in_pairs, planner_and_worker
 
-from prefixgrove.jobs.ingest import IngestedBatch, JobPlan
 from prefixgrove.jobs.redis_store import schema
 from prefixgrove.jobs.redis_store.connection import connect
 from prefixgrove.jobs.redis_store.queue import GroupQueue
-from prefixgrove.jobs.redis_store.schema import GroupRecord, JobKeys, JobState, ResultRecord
+from prefixgrove.jobs.redis_store.schema import JobKeys, JobState, ResultRecord
 from prefixgrove.jobs.redis_store.store import JobStore, QueueDepth
 from prefixgrove.jobs.redis_store.uploads import Uploads
-from prefixgrove.jobs.request_errors import RequestError
-from prefixgrove.jobs.requests import BatchRequest
 
 MODEL = "m"
 RETENTION_S = 3600
@@ -73,17 +62,18 @@ def jobs_on_every_node(store: JobStore, nodes: int) -> list[str]:
 
 def ingest(store: JobStore, job_id: str) -> None:
     """What the planner does with a sealed input: requests and errors in, groups queued."""
-    valid = [i for i in range(REQUESTS) if i != 4]
-    tokens = np.arange(3, dtype=np.int32)
-    requests = [
-        (BatchRequest(i, f"{job_id}-{i}", "completions", {"max_tokens": 2}, f"p{i}"), tokens)
-        for i in valid
-    ]
-    errors = [RequestError(4, f"{job_id}-4", "invalid_request", "bad line")]
-    batch = IngestedBatch(requests, errors)
-    store.write_requests(job_id, batch, total=REQUESTS, prompt_tokens=3 * len(valid))
-    units = [GroupRecord(0, valid[i : i + 2]) for i in range(0, len(valid), 2)]
-    assert store.queue_plan(job_id, MODEL, JobPlan(units, 0, len(units))) == JobState.IN_PROGRESS
+    state = ingest_in_pairs(store, job_id, MODEL, requests=REQUESTS, invalid=4,
+                            custom_id=lambda i: f"{job_id}-{i}")  # fmt: skip
+    assert state == JobState.IN_PROGRESS
+
+
+@pytest.fixture
+def jobs(store: JobStore, cluster: RedisClusterProcesses) -> list[str]:
+    """A job ingested on each node."""
+    jobs = jobs_on_every_node(store, len(cluster.nodes))
+    for job_id in jobs:
+        ingest(store, job_id)
+    return jobs
 
 
 def work(store: JobStore, queue: GroupQueue, rounds: int = 50) -> int:
@@ -99,12 +89,7 @@ def work(store: JobStore, queue: GroupQueue, rounds: int = 50) -> int:
             state = store.job_state(lease.job_id)
             loaded = store.load_group(lease.job_id, lease.group_id)
             if loaded is not None and state is not None and state.runnable:
-                group, records = loaded
-                answered = store.read_answered(lease.job_id, group.indices)
-                results = [(i, ResultRecord(False, json.dumps({"custom_id": r.custom_id})), 2)
-                           for i, r in zip(group.indices, records, strict=True)
-                           if i not in answered]  # fmt: skip
-                store.write_results(lease.job_id, results)
+                answer(store, lease.job_id, *loaded)
             store.finish_group(lease.job_id, lease.group_id)
             queue.ack(lease)
             done += 1
@@ -129,12 +114,7 @@ def test_every_key_of_a_job_sits_in_one_slot() -> None:
     assert redis.cluster.key_slot(JobKeys("job_other").job.encode()) not in slots
 
 
-def test_jobs_on_every_node_are_answered_exactly_once(
-    store: JobStore, cluster: RedisClusterProcesses
-) -> None:
-    jobs = jobs_on_every_node(store, len(cluster.nodes))
-    for job_id in jobs:
-        ingest(store, job_id)
+def test_jobs_on_every_node_are_answered_exactly_once(store: JobStore, jobs: list[str]) -> None:
     assert store.model_queue(MODEL) == QueueDepth(waiting=4 * len(jobs), leased=0)
     store.r.delete(schema.active_key(MODEL))  # jobs queued before the active sets existed
     assert store.index_active_jobs() == len(jobs)
@@ -157,11 +137,8 @@ def test_jobs_on_every_node_are_answered_exactly_once(
 
 
 def test_a_group_of_a_worker_that_died_is_taken_over_and_nothing_doubles(
-    store: JobStore, cluster: RedisClusterProcesses
+    store: JobStore, jobs: list[str]
 ) -> None:
-    jobs = jobs_on_every_node(store, len(cluster.nodes))
-    for job_id in jobs:
-        ingest(store, job_id)
     dying = GroupQueue(store.r, MODEL, "dying", lease_timeout_s=1)
     for lease in dying.take(3, block_ms=0):  # answers half of each group, then dies
         store.mark_leased(lease.job_id, lease.group_id)
@@ -242,24 +219,10 @@ def test_a_command_waits_for_its_node_to_restart(
 def test_a_planner_and_a_worker_on_the_cluster_run_a_job(
     cluster: RedisClusterProcesses, store: JobStore, tmp_path: Path
 ) -> None:
-    from prefixgrove.planner.client import PlannerClient
     from prefixgrove_proto import planner_pb2 as pb
 
-    port = free_port()
-    planner = start_planner(cluster.url, port, tmp_path / "planner.log")
-    worker = start_worker(cluster.url, tmp_path / "worker.log", "--consumer", "w1")
-    try:
-        wait_for_port(port, planner)
-        client = PlannerClient(f"127.0.0.1:{port}")
+    with planner_and_worker(cluster.url, tmp_path) as client:
         job = client.submit_file(shared_prefix_job(tmp_path / "in.jsonl", 24, with_errors=True))
         wait_until(lambda: client.get(job.id).state == pb.JOB_STATE_COMPLETED, 240,
                    f"job {job.id} to complete")  # fmt: skip
-        out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
-        client.download(job.id, out, err)
-        ids = [json.loads(line)["custom_id"] for line in out.read_text().splitlines()]
-        errors = err.read_text().splitlines()
-        assert len(ids) == len(set(ids)) == client.get(job.id).request_counts.completed
-        assert len(ids) + len(errors) == client.get(job.id).request_counts.total == 27
-    finally:
-        worker.stop()
-        planner.stop()
+        assert_each_answered_once(client, job.id, tmp_path, total=27)

@@ -17,25 +17,14 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
-from services_testbed import (
-    RedisSentinelProcesses,
-    free_port,
-    shared_prefix_job,
-    start_planner,
-    start_worker,
-    wait_for_port,
-    wait_until,
-)
+from services_testbed import RedisSentinelProcesses, shared_prefix_job, wait_until
+from store_by_hand import answer, assert_each_answered_once, ingest_in_pairs, planner_and_worker
 
-from prefixgrove.jobs.ingest import IngestedBatch, JobPlan
 from prefixgrove.jobs.redis_store.connection import connect
 from prefixgrove.jobs.redis_store.queue import GroupQueue, Lease
-from prefixgrove.jobs.redis_store.schema import GroupRecord, JobKeys, JobState, ResultRecord
+from prefixgrove.jobs.redis_store.schema import JobKeys, JobState
 from prefixgrove.jobs.redis_store.store import JobStore
-from prefixgrove.jobs.request_errors import RequestError
-from prefixgrove.jobs.requests import BatchRequest
 
 MODEL = "m"
 REQUESTS = 17  # line 8 is invalid; the other 16 run two to a group
@@ -52,31 +41,15 @@ def sentinel(tmp_path: Path) -> Iterator[RedisSentinelProcesses]:
         processes.kill()
 
 
-def ingest(store: JobStore, job_id: str) -> None:
-    valid = [i for i in range(REQUESTS) if i != 8]
-    tokens = np.arange(3, dtype=np.int32)
-    requests = [
-        (BatchRequest(i, f"req-{i}", "completions", {"max_tokens": 2}, f"p{i}"), tokens)
-        for i in valid
-    ]
-    errors = [RequestError(8, "req-8", "invalid_request", "bad line")]
-    store.write_requests(job_id, IngestedBatch(requests, errors), REQUESTS, 3 * len(valid))
-    units = [GroupRecord(0, valid[i : i + 2]) for i in range(0, len(valid), 2)]
-    store.queue_plan(job_id, MODEL, JobPlan(units, 0, len(units)))
-
-
-def answer(store: JobStore, lease: Lease, only_first: bool = False) -> None:
+def answer_lease(store: JobStore, lease: Lease, first_only: bool = False) -> None:
     """Answers the group's requests that have no result yet (a worker's flush)."""
     group, records = store.load_group(lease.job_id, lease.group_id)  # type: ignore[misc]
-    answered = store.read_answered(lease.job_id, group.indices)
-    results = [(i, ResultRecord(False, json.dumps({"custom_id": r.custom_id})), 2)
-               for i, r in zip(group.indices, records, strict=True) if i not in answered]  # fmt: skip
-    store.write_results(lease.job_id, results[:1] if only_first else results)
+    answer(store, lease.job_id, group, records, first_only)
 
 
 def run_group(store: JobStore, queue: GroupQueue, lease: Lease) -> None:
     store.mark_leased(lease.job_id, lease.group_id)
-    answer(store, lease)
+    answer_lease(store, lease)
     store.finish_group(lease.job_id, lease.group_id)
     queue.ack(lease)
 
@@ -92,7 +65,9 @@ def test_a_job_finishes_through_a_failover_with_every_request_answered_once(
 ) -> None:
     store = JobStore(connect(sentinel.url), retention_s=3600)
     job, _ = store.create_job(MODEL, idempotency_key="through-failover")
-    ingest(store, job.id)
+    ingest_in_pairs(
+        store, job.id, MODEL, requests=REQUESTS, invalid=8, custom_id=lambda i: f"req-{i}"
+    )
     # The job itself reached the replica (what the docs call "created in the lost moments" is
     # not covered); only the work below may be lost. Without this a busy machine can lose the
     # whole plan, queue included, and the test would check nothing the guarantee promises.
@@ -102,7 +77,7 @@ def test_a_job_finishes_through_a_failover_with_every_request_answered_once(
     for lease in first[:3]:
         run_group(store, queue, lease)
     store.mark_leased(first[3].job_id, first[3].group_id)
-    answer(store, first[3], only_first=True)  # in flight when the master dies
+    answer_lease(store, first[3], first_only=True)  # in flight when the master dies
     old_master = sentinel.master.port
 
     sentinel.master.kill()
@@ -124,16 +99,10 @@ def test_a_job_finishes_through_a_failover_with_every_request_answered_once(
 def test_a_planner_and_a_worker_follow_the_failover_and_finish_a_job(
     sentinel: RedisSentinelProcesses, tmp_path: Path
 ) -> None:
-    from prefixgrove.planner.client import PlannerClient
     from prefixgrove_proto import planner_pb2 as pb
 
-    port = free_port()
-    planner = start_planner(sentinel.url, port, tmp_path / "planner.log")
-    worker = start_worker(sentinel.url, tmp_path / "worker.log", "--consumer", "w1",
-                          "--lease-timeout-s", "2", "--max-groups-in-flight", "2")  # fmt: skip
-    try:
-        wait_for_port(port, planner)
-        client = PlannerClient(f"127.0.0.1:{port}")
+    worker_args = ("--lease-timeout-s", "2", "--max-groups-in-flight", "2")
+    with planner_and_worker(sentinel.url, tmp_path, *worker_args) as client:
         lines = shared_prefix_job(tmp_path / "in.jsonl", 60, max_tokens=16, with_errors=True)
         job = client.submit_file(lines)
         counts = lambda: client.get(job.id).request_counts  # noqa: E731
@@ -144,11 +113,4 @@ def test_a_planner_and_a_worker_follow_the_failover_and_finish_a_job(
         wait_until(lambda: sentinel.master_port() != old_master, 60, "the replica to be promoted")
         wait_until(lambda: client.get(job.id).state == pb.JOB_STATE_COMPLETED, 240,
                    f"job {job.id} to complete after the failover")  # fmt: skip
-        out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
-        client.download(job.id, out, err)
-        ids = [json.loads(line)["custom_id"] for line in out.read_text().splitlines()]
-        assert len(ids) == len(set(ids)) == counts().completed
-        assert len(ids) + len(err.read_text().splitlines()) == counts().total == 63
-    finally:
-        worker.stop()
-        planner.stop()
+        assert_each_answered_once(client, job.id, tmp_path, total=63)
