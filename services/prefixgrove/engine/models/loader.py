@@ -54,10 +54,7 @@ def load_model(
     if is_preset(model):
         init_random_weights(net, seed)
     elif (path := gguf_path(model)) is not None:
-        # (two arguments when nothing is cut: the form the test suite's cache of the file wraps)
-        net.load_weights(
-            gguf.iter_tensors(path, device, cut_of) if cut_of else gguf.iter_tensors(path, device)
-        )
+        net.load_weights(gguf.iter_tensors(path, device, cut_of))
     elif quantization == "fp8":
         # e4m3 tensors of a compressed-tensors checkpoint come in dequantized, their scales kept
         # so that quantize_model stores the very same e4m3 values again.

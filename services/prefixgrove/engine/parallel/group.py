@@ -8,10 +8,14 @@ torch.distributed is touched, so a single-device engine runs exactly as it did.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+# torch 2.13 renamed all_gather_into_tensor; the GPU machine's torch 2.11 has only the old name
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class TensorParallel:
@@ -21,6 +25,9 @@ class TensorParallel:
         self.rank = rank
         self.size = size
         self.group = group
+        # Called with the error when a collective fails (gloo raises when a peer is gone): rank 0
+        # finds out which rank was lost and ends the engine (launch.Followers)
+        self.on_error: Callable[[BaseException], None] | None = None
 
     @classmethod
     def single(cls) -> TensorParallel:
@@ -34,7 +41,7 @@ class TensorParallel:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sums `x` over the ranks, in place (a row-parallel product's partial sums)."""
         if self.size > 1:
-            dist.all_reduce(x, group=self.group)
+            self._collective(dist.all_reduce, x, group=self.group)
         return x
 
     def gather_columns(self, x: torch.Tensor) -> torch.Tensor:
@@ -43,13 +50,13 @@ class TensorParallel:
             return x
         rows, cols = x.shape
         stacked = x.new_empty((self.size * rows, cols))  # rank after rank (gloo's layout too)
-        dist.all_gather_into_tensor(stacked, x.contiguous(), group=self.group)
+        self._collective(_all_gather_single, stacked, x.contiguous(), group=self.group)
         return stacked.view(self.size, rows, cols).permute(1, 0, 2).reshape(rows, self.size * cols)
 
     def broadcast(self, x: torch.Tensor) -> torch.Tensor:
         """Rank 0's `x` into every rank's `x` (the step inputs, a window's sampled tokens)."""
         if self.size > 1:
-            dist.broadcast(x, src=0, group=self.group)
+            self._collective(dist.broadcast, x, src=0, group=self.group)
         return x
 
     def min_over_ranks(self, value: int, device: torch.device) -> int:
@@ -57,5 +64,13 @@ class TensorParallel:
         if self.size == 1:
             return value
         t = torch.tensor([value], dtype=torch.int64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        self._collective(dist.all_reduce, t, op=dist.ReduceOp.MIN, group=self.group)
         return int(t.item())
+
+    def _collective(self, op: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        try:
+            op(*args, **kwargs)
+        except Exception as error:
+            if self.on_error is not None:
+                self.on_error(error)
+            raise

@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -38,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 RANK_LOST_EXIT = 75
 _STOP_GRACE_S = 30.0
+_REAP_WAIT_S = 10.0
 
 
 def collective_timeout() -> timedelta:
@@ -92,12 +94,24 @@ class Followers:
 
     def _watch(self, rank: int, process: subprocess.Popen[bytes]) -> None:
         code = process.wait()
-        if self.closing:
-            return
+        if not self.closing:
+            self._end(rank, process.pid, code)
+
+    def collective_failed(self, error: BaseException) -> None:
+        """A collective of rank 0 failed: if a follower is gone (it may take a moment to be
+        reaped), the engine ends as for any lost rank; otherwise the error is the caller's."""
+        deadline = time.monotonic() + _REAP_WAIT_S
+        while time.monotonic() < deadline:
+            for rank, process in enumerate(self.processes, start=1):
+                if process.poll() is not None:
+                    self._end(rank, process.pid, process.returncode)
+            time.sleep(0.05)
+
+    def _end(self, rank: int, pid: int, code: int | None) -> None:
         message = (
-            f"prefixgrove: tensor-parallel rank {rank} (pid {process.pid}) exited with code "
-            f"{code} while the engine ran; every step needs every rank, so this process ends "
-            f"too (exit {RANK_LOST_EXIT})"
+            f"prefixgrove: tensor-parallel rank {rank} (pid {pid}) exited with code {code} "
+            f"while the engine ran; every step needs every rank, so this process ends too "
+            f"(exit {RANK_LOST_EXIT})"
         )
         logger.critical(message)
         print(message, file=sys.stderr, flush=True)
@@ -143,6 +157,7 @@ def start_followers(config: EngineConfig) -> tuple[TensorParallel, Followers]:
     followers.watch()
     atexit.register(followers.close)
     parallel = join_group(0, size, rank_device(config.device, 0), init_method)
+    parallel.on_error = followers.collective_failed
     logger.info("tensor parallelism: %d ranks (%s)", size, dist.get_backend())
     return parallel, followers
 

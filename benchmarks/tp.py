@@ -1,0 +1,218 @@
+"""Tensor parallelism on one machine's GPUs: throughput and scaling, the all-reduce's cost, and
+agreement with one GPU.
+
+  canonical  the canonical job (batchllm.py's group-cascade mode) at each --tp-sizes, each in its
+             own process; per GPU req/s and scaling efficiency against the first size (1, or the
+             smallest that fits, scaled by --flops-ratio when that size ran another model)
+  allreduce  the all-reduce of one decode step's hidden states ([rows, hidden] bf16) on --tp-sizes
+             GPUs, replayed from a CUDA graph as the decode graphs replay it: microseconds each,
+             and per decode step (two per layer, one for the embedding)
+  agreement  teacher-forced top-1 agreement of TP = N with TP = 1 in bf16: TP = 1 generates
+             greedily, TP = N scores the same sequences (prompt logprobs); the share of generated
+             positions whose top-1 is the token TP = 1 chose
+Prints one JSON line per measurement. Usage:
+  python benchmarks/tp.py canonical --tp-sizes 1,2,4 [--groups 400] [engine flags]
+  python benchmarks/tp.py allreduce --tp-sizes 2,4 [--hidden 4096 --layers 32]
+  python benchmarks/tp.py agreement --tp-sizes 2,4 [--model llama-3.1-8b-random]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from _common import device_name, emit, ensure_prefixgrove
+
+HERE = Path(__file__).resolve().parent
+
+
+def _child(script: str, args: list[str]) -> list[dict[str, Any]]:
+    """Runs a benchmark in its own process (each size starts and ends its own ranks) and returns
+    its JSON lines."""
+    out = subprocess.run(
+        [sys.executable, str(HERE / script), *args], check=True, capture_output=True, text=True
+    )
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def canonical(args: argparse.Namespace, engine_flags: list[str]) -> None:
+    base: dict[str, Any] | None = None
+    for size in args.tp_sizes:
+        flags = [*engine_flags, "--tensor-parallel-size", str(size), "--groups", str(args.groups)]
+        (record,) = _child("batchllm.py", ["--modes", "group-cascade", *flags])
+        record.update(tensor_parallel_size=size, gpus=size)
+        record["req_per_s_per_gpu"] = record["requests_per_s"] / size
+        if base is None:
+            base = record
+        record["scaling_efficiency"] = (
+            record["req_per_s_per_gpu"] * args.flops_ratio / base["req_per_s_per_gpu"]
+        )
+        emit({"bench": "tp.canonical", **record})
+
+
+def allreduce(args: argparse.Namespace) -> None:
+    import torch.multiprocessing as mp
+
+    for size in args.tp_sizes:
+        with tempfile.NamedTemporaryFile("r", suffix=".json") as f:
+            mp.spawn(_allreduce_rank, args=(size, args, f.name), nprocs=size)
+            for line in f.read().splitlines():
+                emit(json.loads(line))
+
+
+def _allreduce_rank(rank: int, size: int, args: argparse.Namespace, path: str) -> None:
+    ensure_prefixgrove()
+    from prefixgrove.engine.parallel.group import TensorParallel
+    from prefixgrove.engine.parallel.launch import join_group
+
+    port = 29600 + size
+    join_group(rank, size, f"cuda:{rank}", f"tcp://127.0.0.1:{port}")
+    parallel = TensorParallel(rank, size, torch.distributed.group.WORLD)
+    for rows in args.rows:
+        x = torch.randn(rows, args.hidden, dtype=torch.bfloat16, device=f"cuda:{rank}")
+        us = _graphed_us(lambda x=x: parallel.all_reduce(x), reps=50)
+        if rank == 0:
+            record = {
+                "bench": "tp.allreduce",
+                "device": device_name(),
+                "tensor_parallel_size": size,
+                "rows": rows,
+                "hidden": args.hidden,
+                "bytes": x.numel() * x.element_size(),
+                "us_per_allreduce": us,
+                "us_per_decode_step": us * (2 * args.layers + 1),
+            }
+            with open(path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+    torch.distributed.destroy_process_group()
+
+
+def _graphed_us(fn: Any, reps: int) -> float:
+    """Microseconds per call of `fn` captured `reps` times in one CUDA graph (as a decode graph
+    holds its all-reduces)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000 / (5 * reps)
+
+
+def agreement(args: argparse.Namespace, engine_flags: list[str]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        sequences = os.path.join(tmp, "sequences.json")
+        _child("tp.py", ["_generate", "--out", sequences, *engine_flags])
+        for size in args.tp_sizes:
+            (record,) = _child(
+                "tp.py", ["_score", "--out", sequences, "--tp", str(size), *engine_flags]
+            )
+            emit(record)
+
+
+def _generate(args: argparse.Namespace, engine_flags: list[str]) -> None:
+    """TP = 1's greedy continuations of random prompts, saved for the scoring runs."""
+    from _common import greedy_params, make_llm, random_prompts
+
+    llm = make_llm(args)
+    prompts = random_prompts(args.sequences, 64, llm.config.model.arch.vocab_size, seed=1)
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts], greedy_params(args.output_len), use_tqdm=False
+    )
+    seqs = [p + list(o.outputs[0].token_ids) for p, o in zip(prompts, outs, strict=True)]
+    Path(args.out).write_text(json.dumps({"prompts": prompts, "sequences": seqs}))
+
+
+def _score(args: argparse.Namespace, engine_flags: list[str]) -> None:
+    from _common import make_llm, prompt_scores, teacher_forced, top1
+
+    saved = json.loads(Path(args.out).read_text())
+    llm = make_llm(args, tensor_parallel_size=args.tp)
+    scores = prompt_scores(llm, saved["sequences"])
+    prompts, seqs = saved["prompts"], saved["sequences"]
+    agree = total = 0
+    for i, token, _, ours in teacher_forced(prompts, seqs, scores, scores):
+        agree += top1(ours[i]) == token
+        total += 1
+    emit(
+        {
+            "bench": "tp.agreement",
+            "device": device_name(),
+            "model": args.model,
+            "dtype": str(llm.config.model.dtype),
+            "tensor_parallel_size": args.tp,
+            "positions": total,
+            "top1_agreement": agree / total,
+        }
+    )
+    llm.engine.close()
+
+
+def main() -> None:
+    ensure_prefixgrove()
+    from _common import add_engine_args
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=["canonical", "allreduce", "agreement", "_generate", "_score"])
+    ap.add_argument("--tp-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
+    ap.add_argument("--groups", type=int, default=400)
+    ap.add_argument("--flops-ratio", type=float, default=1.0)
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--rows", type=lambda s: [int(x) for x in s.split(",")], default=[1, 64, 512])
+    ap.add_argument("--sequences", type=int, default=32)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--out", default="")
+    ap.add_argument("--tp", type=int, default=1)
+    add_engine_args(ap)
+    args, _ = ap.parse_known_args()
+    # the engine's flags as given, for the child runs (each takes them as a user would)
+    engine_flags = _engine_flags(sys.argv[2:])
+    {
+        "canonical": lambda: canonical(args, engine_flags),
+        "allreduce": lambda: allreduce(args),
+        "agreement": lambda: agreement(args, engine_flags),
+        "_generate": lambda: _generate(args, engine_flags),
+        "_score": lambda: _score(args, engine_flags),
+    }[args.what]()
+
+
+_OWN = {"--tp-sizes", "--groups", "--flops-ratio", "--hidden", "--layers", "--rows",
+        "--sequences", "--output-len", "--out", "--tp"}  # fmt: skip
+
+
+def _engine_flags(argv: list[str]) -> list[str]:
+    """argv without this script's own options (each takes one value)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg.split("=")[0] in _OWN:
+            skip = "=" not in arg
+        else:
+            out.append(arg)
+    return out
+
+
+if __name__ == "__main__":
+    main()

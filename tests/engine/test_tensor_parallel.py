@@ -1,0 +1,182 @@
+"""Tensor parallelism on the CPU (gloo): each rank's shard is the cut of the whole model, and an
+engine of 2 or 4 ranks computes what one rank computes, through every way of running a step.
+
+The model is the tiny Qwen2 checkpoint: biases on q/k/v (cut with their heads), an untied LM head,
+and a vocabulary of 261 rows (no multiple of 2 or 4: the last slice is padded). At 4 ranks its 2 KV
+heads are fewer than the ranks, so each KV head is held by two ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from engine_checkpoints import (
+    assert_same_tokens_and_logprobs,
+    engine,
+    greedy,
+    run,
+    save_checkpoint,
+    shared_prefix_job,
+    smollm2_file,
+)
+
+from prefixgrove import LLM, SamplingParams, StructuredOutputsParams
+from prefixgrove.engine.config import EngineConfig
+from prefixgrove.engine.models.loader import load_model
+from prefixgrove.engine.models.ops import create_ops
+from prefixgrove.engine.parallel.group import TensorParallel
+from prefixgrove.engine.parallel.launch import RANK_LOST_EXIT
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return save_checkpoint("qwen2", tmp_path_factory.mktemp("qwen2"))
+
+
+def _load(model: str, parallel: TensorParallel) -> torch.nn.Module:
+    config = EngineConfig.create(model, device="cpu", dtype="float32")
+    return load_model(
+        model,
+        config.model.arch,
+        dtype=torch.float32,
+        device="cpu",
+        max_positions=64,
+        seed=0,
+        ops=create_ops("torch"),
+        parallel=parallel,
+    )
+
+
+def _assert_shards_are_cuts_of_the_whole(model: str, size: int, ranks: list[int]) -> None:
+    whole = dict(_load(model, TensorParallel.single()).named_parameters())
+    for rank in ranks:  # loading calls no collective: a rank's shard loads in this process
+        shard = _load(model, TensorParallel(rank, size))
+        for name, param in shard.named_parameters():
+            layout = shard.layout(name)
+            expected = whole[name] if layout is None else layout.local_of_full(whole[name])
+            assert torch.equal(param, expected), f"rank {rank} of {size}: {name}"
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_each_rank_reads_the_cut_of_every_safetensors_tensor(qwen2_dir: str, size: int) -> None:
+    _assert_shards_are_cuts_of_the_whole(qwen2_dir, size, list(range(size)))
+
+
+def test_a_rank_dequantizes_only_its_rows_of_a_gguf_and_matches_the_whole() -> None:
+    # SmolLM2-135M: 9 heads, 3 KV heads; rank 2 of 3 holds the last slice of every cut
+    _assert_shards_are_cuts_of_the_whole(smollm2_file(), 3, [2])
+
+
+def test_random_weights_are_drawn_whole_and_cut() -> None:
+    _assert_shards_are_cuts_of_the_whole("tiny-random-llama", 4, [1, 3])
+
+
+def _job() -> tuple[list[list[int]], list[SamplingParams]]:
+    """Grouped prompts (the cascade), plain ones, prompt logprobs and a constrained request."""
+    prompts = shared_prefix_job(num_prefixes=2, per_prefix=4, prefix_len=70)
+    prompts += [list(range(30, 30 + n)) for n in (5, 17)]
+    params = [greedy(10, logprobs=2) for _ in prompts]
+    params[-2] = greedy(6, logprobs=2, prompt_logprobs=1)
+    params[-1] = greedy(
+        8, logprobs=2, structured_outputs=StructuredOutputsParams(regex="[a-d]{4}x")
+    )
+    return prompts, params
+
+
+@pytest.fixture(scope="module")
+def one_rank(qwen2_dir: str) -> list:
+    prompts, params = _job()
+    return run(engine(qwen2_dir, num_scheduler_steps=4), prompts, params)
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_ranks_compute_what_one_rank_computes(qwen2_dir: str, one_rank: list, size: int) -> None:
+    prompts, params = _job()
+    llm = engine(qwen2_dir, num_scheduler_steps=4, tensor_parallel_size=size)
+    try:
+        outputs = run(llm, prompts, params)
+    finally:
+        llm.engine.close()
+    # row-parallel sums add their parts in another order: equal to rounding
+    assert_same_tokens_and_logprobs(one_rank, outputs, tolerance=1e-4)
+    for a, b in zip(one_rank[-2].prompt_logprobs[1:], outputs[-2].prompt_logprobs[1:], strict=True):
+        assert a.keys() == b.keys()
+        for token, entry in a.items():
+            assert b[token].logprob == pytest.approx(entry.logprob, abs=1e-4)
+    assert outputs[-1].outputs[0].text.startswith(one_rank[-1].outputs[0].text)
+
+
+def test_a_size_that_does_not_divide_the_heads_is_refused_by_name() -> None:
+    with pytest.raises(
+        ValueError, match=r"tensor_parallel_size=3 does not divide .*num_attention_heads=4"
+    ):
+        LLM("tiny-random-llama", device="cpu", tensor_parallel_size=3)
+
+
+def _script(body: str) -> subprocess.Popen[str]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            str(REPO / p) for p in ("services", "kernels", "operator", "proto")
+        ),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(body)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def test_a_lost_rank_ends_the_engine_with_a_clear_error() -> None:
+    proc = _script(
+        """
+        import os, signal
+        from prefixgrove import LLM, SamplingParams
+        llm = LLM("tiny-random-llama", device="cpu", tensor_parallel_size=2, skip_tokenizer_init=True)
+        os.kill(llm.engine.followers.processes[0].pid, signal.SIGKILL)
+        while True:  # a job that would run for ever: only the lost rank can end it
+            llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=50), use_tqdm=False)
+        """
+    )
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == RANK_LOST_EXIT, err[-2000:]
+    assert "tensor-parallel rank 1" in err and "exited with code -9" in err
+
+
+def test_followers_end_when_rank_zero_is_killed() -> None:
+    proc = _script(
+        """
+        import time
+        from prefixgrove import LLM
+        llm = LLM("tiny-random-llama", device="cpu", tensor_parallel_size=2, skip_tokenizer_init=True)
+        print(llm.engine.followers.processes[0].pid, flush=True)
+        time.sleep(600)
+        """
+    )
+    assert proc.stdout is not None
+    follower = int(proc.stdout.readline())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 120  # a liveness bound, far above the follower's 1 s poll
+    while _alive(follower) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _alive(follower), "a follower outlived its rank 0"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a child of the killed script is reparented, not reaped by us: a zombie counts as gone
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(")")[-1].split()[0] != "Z"

@@ -1,0 +1,84 @@
+"""Tensor parallelism on real GPUs (NCCL, Triton kernels, CUDA graphs with their all-reduces
+captured): 2 and 4 ranks compute what one computes in fp32, and a lost rank ends the engine."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+from engine_checkpoints import assert_same_tokens_and_logprobs, run, save_checkpoint
+from test_tensor_parallel import REPO, _job
+
+from prefixgrove import LLM
+from prefixgrove.engine.parallel.launch import RANK_LOST_EXIT
+
+pytestmark = pytest.mark.gpu
+
+
+def _needs(gpus: int) -> None:
+    if torch.cuda.device_count() < gpus:
+        pytest.skip(f"needs {gpus} GPUs, this machine has {torch.cuda.device_count()}")
+
+
+@pytest.fixture(scope="module")
+def qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return save_checkpoint("qwen2", tmp_path_factory.mktemp("qwen2"))
+
+
+def _outputs(model: str, size: int) -> list:
+    prompts, params = _job()
+    llm = LLM(model, device="cuda", dtype="float32", tensor_parallel_size=size,
+              gpu_memory_utilization=0.3)  # fmt: skip
+    try:
+        assert llm.engine.runner.graphs is not None, "the decode steps must replay graphs"
+        return run(llm, prompts, params)
+    finally:
+        llm.engine.close()
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_fp32_ranks_with_graphs_compute_what_one_gpu_computes(qwen2_dir: str, size: int) -> None:
+    _needs(size)
+    one = _outputs(qwen2_dir, 1)
+    assert_same_tokens_and_logprobs(one, _outputs(qwen2_dir, size), tolerance=1e-3)
+
+
+def test_a_rank_killed_mid_step_ends_the_engine_within_a_minute() -> None:
+    _needs(2)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            str(REPO / p) for p in ("services", "kernels", "operator", "proto")
+        ),
+    }
+    body = """
+        import os, signal, threading, time
+        from prefixgrove import LLM, SamplingParams
+        llm = LLM("tiny-random-llama", tensor_parallel_size=2, skip_tokenizer_init=True,
+                  gpu_memory_utilization=0.3)
+        pid = llm.engine.followers.processes[0].pid
+        threading.Timer(3.0, os.kill, (pid, signal.SIGKILL)).start()
+        print("killing", flush=True)
+        while True:
+            llm.generate([{"prompt_token_ids": [1, 2, 3]}] * 64,
+                         SamplingParams(max_tokens=2000, ignore_eos=True), use_tqdm=False)
+    """  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(body)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "killing"
+    killed = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)
+        raise AssertionError("the engine outlived its lost rank by a minute") from None
+    assert proc.returncode == RANK_LOST_EXIT, err[-3000:]
+    assert "tensor-parallel rank 1" in err
+    print(f"ended {time.monotonic() - killed - 3.0:.1f} s after the kill")
