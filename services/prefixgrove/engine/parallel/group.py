@@ -67,9 +67,9 @@ class TensorParallel:
         self._collective(dist.all_reduce, t, op=dist.ReduceOp.MIN, group=self.group)
         return int(t.item())
 
-    def _collective(self, op: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    def _collective(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         try:
-            op(*args, **kwargs)
+            call(*args, **kwargs)
         except Exception as error:
             if self.on_error is not None:
                 self.on_error(error)
