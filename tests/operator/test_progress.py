@@ -37,6 +37,15 @@ def slow_requests(count: int, step: int) -> list[dict[str, Any]]:
     ]
 
 
+def slow_job(count: int, step: int, output: str) -> dict[str, Any]:
+    """A BatchJob spec of `slow_requests(count, step)`, its output at `output` on the volume."""
+    return {
+        "model": MODEL,
+        "input": {"inline": slow_requests(count, step)},
+        "output": {"path": output},
+    }
+
+
 def output_ids(path: Path) -> list[str]:
     text = path.read_text() if path.exists() else ""
     return [json.loads(line)["custom_id"] for line in text.splitlines()]
@@ -46,12 +55,8 @@ def test_a_job_shows_pending_validating_running_then_succeeded_to_a_watch(
     batchjobs: BatchJobs, operator: Any, cpu_worker: Service, logs_dir: Path
 ) -> None:
     name = f"phases-{uuid.uuid4().hex[:8]}"
-    spec = {
-        "model": MODEL,
-        # long enough to be seen Running by a status round (every 0.5 s here)
-        "input": {"inline": slow_requests(2, step=200)},
-        "output": {"path": f"{name}.jsonl"},
-    }
+    # long enough to be seen Running by a status round (every 0.5 s here)
+    spec = slow_job(2, step=200, output=f"{name}.jsonl")
     with PhaseWatch(batchjobs.kube, name, logs_dir) as watch:
         wait_for("the watch to start", lambda: watch.proc.poll() is None and watch.out.exists())
         batchjobs.apply(name, spec)
@@ -70,12 +75,7 @@ def test_counts_and_the_output_file_grow_request_by_request(
 ) -> None:
     name = f"progress-{uuid.uuid4().hex[:8]}"
     total = 4
-    spec = {
-        "model": MODEL,
-        "input": {"inline": slow_requests(total, step=100)},
-        "output": {"path": f"{name}.jsonl"},
-    }
-    batchjobs.apply(name, spec)
+    batchjobs.apply(name, slow_job(total, step=100, output=f"{name}.jsonl"))
 
     def part_way() -> dict[str, Any] | None:
         status = batchjobs.status(name)
@@ -103,12 +103,7 @@ def test_spec_cancel_ends_cancelled_with_the_answers_it_got(
 ) -> None:
     name = f"cancel-{uuid.uuid4().hex[:8]}"
     total = 4
-    spec = {
-        "model": MODEL,
-        "input": {"inline": slow_requests(total, step=200)},
-        "output": {"path": f"{name}/out.jsonl"},
-    }
-    batchjobs.apply(name, spec)
+    batchjobs.apply(name, slow_job(total, step=200, output=f"{name}/out.jsonl"))
     wait_for(
         "the first answer",
         lambda: (batchjobs.status(name).get("requestCounts") or {}).get("completed", 0) >= 1,

@@ -18,8 +18,11 @@ def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
     return found
 
 
-def job_with_a_broken_line(crd: KubeApi, batchjobs: BatchJobs, **spec: Any) -> str:
-    """A BatchJob of three request lines from a ConfigMap, the second of them not JSON."""
+def finished_job_with_a_broken_line(
+    crd: KubeApi, batchjobs: BatchJobs, **spec: Any
+) -> tuple[str, dict[str, Any]]:
+    """A BatchJob of three request lines from a ConfigMap, the second of them not JSON, run to
+    its end: its name and its final status."""
     name = f"broken-{uuid.uuid4().hex[:8]}"
     good = {"url": "/v1/completions", "body": {"prompt": "Hello", "max_tokens": 2}}
     text = "\n".join(
@@ -39,14 +42,13 @@ def job_with_a_broken_line(crd: KubeApi, batchjobs: BatchJobs, **spec: Any) -> s
             **spec,
         },
     )
-    return name
+    return name, batchjobs.wait_phase(name, "Succeeded", "Failed", timeout=RUN_TIMEOUT_S)
 
 
 def test_a_failed_request_gets_a_condition_naming_its_line_and_a_warning(
     batchjobs: BatchJobs, operator: Any, cpu_worker: Service, crd: KubeApi
 ) -> None:
-    name = job_with_a_broken_line(crd, batchjobs)
-    status = batchjobs.wait_phase(name, "Succeeded", "Failed", timeout=RUN_TIMEOUT_S)
+    name, status = finished_job_with_a_broken_line(crd, batchjobs)
     assert status["phase"] == "Succeeded", status
     assert status["requestCounts"] == {"total": 3, "completed": 2, "failed": 1}
     failed = condition(status, "RequestsFailed")
@@ -94,8 +96,7 @@ def test_a_job_without_failures_has_no_requests_failed_condition(
 def test_more_failures_than_max_failed_ratio_fail_the_job(
     batchjobs: BatchJobs, operator: Any, cpu_worker: Service, crd: KubeApi
 ) -> None:
-    name = job_with_a_broken_line(crd, batchjobs, maxFailedRatio=0.25)
-    status = batchjobs.wait_phase(name, "Succeeded", "Failed", timeout=RUN_TIMEOUT_S)
+    name, status = finished_job_with_a_broken_line(crd, batchjobs, maxFailedRatio=0.25)
     assert status["phase"] == "Failed", status
     failed = condition(status, "Failed")
     assert failed["reason"] == "TooManyFailedRequests"
@@ -106,7 +107,6 @@ def test_more_failures_than_max_failed_ratio_fail_the_job(
 def test_failures_within_max_failed_ratio_still_succeed(
     batchjobs: BatchJobs, operator: Any, cpu_worker: Service, crd: KubeApi
 ) -> None:
-    name = job_with_a_broken_line(crd, batchjobs, maxFailedRatio=0.5)
-    status = batchjobs.wait_phase(name, "Succeeded", "Failed", timeout=RUN_TIMEOUT_S)
+    _, status = finished_job_with_a_broken_line(crd, batchjobs, maxFailedRatio=0.5)
     assert status["phase"] == "Succeeded", status
     assert condition(status, "RequestsFailed")["status"] == "True"
