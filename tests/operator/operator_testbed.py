@@ -315,23 +315,29 @@ def operator_env(crd: KubeApi, planner_address: str, volume: Path) -> Iterator[N
             os.environ[key] = value
 
 
-@pytest.fixture(scope="session")
-def worker_deployment(crd: KubeApi) -> str:
-    """The worker Deployment the autoscaler drives (pods never run: there is no kubelet)."""
+def apply_worker_deployment(kube: KubeApi, name: str, replicas: int) -> None:
+    """A worker Deployment in NAMESPACE, for an autoscaler to drive (its pods never run: there is
+    no kubelet)."""
     body = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": WORKER_DEPLOYMENT, "namespace": NAMESPACE},
+        "metadata": {"name": name, "namespace": NAMESPACE},
         "spec": {
-            "replicas": MIN_WORKERS,
-            "selector": {"matchLabels": {"app": WORKER_DEPLOYMENT}},
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
             "template": {
-                "metadata": {"labels": {"app": WORKER_DEPLOYMENT}},
+                "metadata": {"labels": {"app": name}},
                 "spec": {"containers": [{"name": "worker", "image": "prefixgrove-worker:test"}]},
             },
         },
     }
-    crd.kubectl("apply", "-f", "-", input=json.dumps(body))
+    kube.kubectl("apply", "-f", "-", input=json.dumps(body))
+
+
+@pytest.fixture(scope="session")
+def worker_deployment(crd: KubeApi) -> str:
+    """The worker Deployment the operator's autoscaler drives."""
+    apply_worker_deployment(crd, WORKER_DEPLOYMENT, MIN_WORKERS)
     return WORKER_DEPLOYMENT
 
 
@@ -345,9 +351,9 @@ OPERATOR_ARGS = [
 ]
 
 
-def replicas(kube: KubeApi) -> int:
+def replicas(kube: KubeApi, deployment: str = WORKER_DEPLOYMENT) -> int:
     out = kube.kubectl(
-        "get", "deployment", WORKER_DEPLOYMENT, "-n", NAMESPACE, "-o", "jsonpath={.spec.replicas}"
+        "get", "deployment", deployment, "-n", NAMESPACE, "-o", "jsonpath={.spec.replicas}"
     )
     return int(out)
 

@@ -3,17 +3,15 @@ scaling its own Deployment (on a real API server) from its own model's queue dep
 
 from __future__ import annotations
 
-import json
 import uuid
 
 import pytest
 from k8s_fixtures import KubeApi
 from kubernetes import client, config
+from operator_testbed import NAMESPACE, apply_worker_deployment, replicas
 
 from prefixgrove_operator.autoscaler import pool_autoscalers
 from prefixgrove_operator.settings import OperatorSettings, WorkerPool
-
-NAMESPACE = "default"
 
 
 @pytest.mark.parametrize(
@@ -83,35 +81,11 @@ def test_without_pools_the_single_deployment_settings_apply() -> None:
     assert off.pools == () and not off.autoscaling
 
 
-def _deployment(kube: KubeApi, name: str, replicas: int) -> None:
-    body = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {"containers": [{"name": "worker", "image": "prefixgrove-worker:test"}]},
-            },
-        },
-    }
-    kube.kubectl("apply", "-f", "-", input=json.dumps(body))
-
-
-def _replicas(kube: KubeApi, name: str) -> int:
-    out = kube.kubectl(
-        "get", "deployment", name, "-n", NAMESPACE, "-o", "jsonpath={.spec.replicas}"
-    )
-    return int(out)
-
-
 def test_each_pool_scales_from_its_own_models_queue(kube_api: KubeApi) -> None:
     suffix = uuid.uuid4().hex[:6]
     llama, qwen = f"w-llama-{suffix}", f"w-qwen-{suffix}"
-    _deployment(kube_api, llama, replicas=0)
-    _deployment(kube_api, qwen, replicas=2)  # left running from earlier work
+    apply_worker_deployment(kube_api, llama, replicas=0)
+    apply_worker_deployment(kube_api, qwen, replicas=2)  # left running from earlier work
     window_s = 60.0
     settings = OperatorSettings(
         worker_namespace=NAMESPACE,
@@ -141,18 +115,18 @@ def test_each_pool_scales_from_its_own_models_queue(kube_api: KubeApi) -> None:
     assert sorted(set(asked)) == ["llama", "qwen"]
     # llama's 7 groups at 2 a worker: 4 workers, up at once; qwen's empty queue leaves it alone
     # within the window (its running count is its first recommendation)
-    assert (_replicas(kube_api, llama), _replicas(kube_api, qwen)) == (4, 2)
+    assert (replicas(kube_api, llama), replicas(kube_api, qwen)) == (4, 2)
 
     depths["llama"] = 20  # beyond llama's maximum; still nothing for qwen
     now[0] += window_s + 1
     step_all()
-    assert (_replicas(kube_api, llama), _replicas(kube_api, qwen)) == (5, 0)
+    assert (replicas(kube_api, llama), replicas(kube_api, qwen)) == (5, 0)
 
     depths.update(llama=0, qwen=2)  # qwen's queue fills: only qwen's pool grows
     now[0] += 1
     step_all()
-    assert (_replicas(kube_api, llama), _replicas(kube_api, qwen)) == (5, 2)
+    assert (replicas(kube_api, llama), replicas(kube_api, qwen)) == (5, 2)
 
     now[0] += window_s + 1  # llama's queue stayed empty a whole window: down to zero
     step_all()
-    assert (_replicas(kube_api, llama), _replicas(kube_api, qwen)) == (0, 2)
+    assert (replicas(kube_api, llama), replicas(kube_api, qwen)) == (0, 2)
