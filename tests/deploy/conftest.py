@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,12 +15,21 @@ import pytest
 # module and this folder's helpers are put on the path by hand.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from deploy_tools import VENV_BIN, Process
-from k8s_fixtures import free_port, kube_api
+from deploy_tools import VENV_BIN, Process, kubectl
+from k8s_fixtures import KubeApi, free_port, kube_api
 from polling import wait_for
 from services_testbed import RedisServer, need_redis
 
 __all__ = ["kube_api"]
+
+
+@pytest.fixture
+def namespace(kube_api: KubeApi) -> Iterator[str]:
+    """A namespace of its own for the test, deleted (not waited for) after it."""
+    name = f"pg-{uuid.uuid4().hex[:8]}"
+    kubectl(kube_api, "create", "namespace", name)
+    yield name
+    kubectl(kube_api, "delete", "namespace", name, "--wait=false", check=False)
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +41,7 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def planner_address(logs: Path) -> Iterator[str]:
     """A real redis-server and planner process on free loopback ports."""
     import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from health_checks import serving
 
     planner_port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFIXGROVE_")}
@@ -47,18 +57,12 @@ def planner_address(logs: Path) -> Iterator[str]:
     address = f"127.0.0.1:{planner_port}"
     channel = grpc.insecure_channel(address)
 
-    def serving() -> bool:
+    def ready() -> bool:
         planner.check_alive()
-        try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(), timeout=1
-            )
-        except grpc.RpcError:
-            return False
-        return reply.status == health_pb2.HealthCheckResponse.SERVING
+        return serving(channel, timeout=1)
 
     try:
-        wait_for("the planner to serve", serving, timeout=90)
+        wait_for("the planner to serve", ready, timeout=90)
         yield address
     finally:
         channel.close()

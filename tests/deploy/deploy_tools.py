@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from k8s_fixtures import KubeApi
 from polling import terminate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,6 +81,12 @@ def run(
             f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr.strip()}\n{done.stdout[-2000:]}"
         )
     return done
+
+
+def kubectl(api: KubeApi, *args: str, input: str | None = None, check: bool = True) -> str:
+    """kubectl against the test's API server: its stdout (a failure raises, with check)."""
+    return run([kubectl_path(), "--kubeconfig", str(api.kubeconfig), *args], input=input,
+               check=check).stdout  # fmt: skip
 
 
 def helm(

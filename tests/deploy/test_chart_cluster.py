@@ -6,22 +6,15 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from deploy_tools import CHART, CRD, helm, kubectl_path, run
+from deploy_tools import CHART, CRD, helm, kubectl, kubectl_path, run
 from k8s_fixtures import KubeApi
 
 PREFIX = "pg-prefixgrove"
-
-
-def kubectl(api: KubeApi, *args: str, input: str | None = None, check: bool = True) -> str:
-    cmd = [kubectl_path(), "--kubeconfig", str(api.kubeconfig), *args]
-    return run(cmd, input=input, check=check).stdout
 
 
 @pytest.fixture(scope="module")
@@ -31,14 +24,6 @@ def api(kube_api: KubeApi) -> KubeApi:
     kubectl(kube_api, "wait", "--for=condition=Established", "--timeout=60s",
             "crd/batchjobs.prefixgrove.io")  # fmt: skip
     return kube_api
-
-
-@pytest.fixture
-def namespace(api: KubeApi) -> Iterator[str]:
-    name = f"pg-{uuid.uuid4().hex[:8]}"
-    kubectl(api, "create", "namespace", name)
-    yield name
-    kubectl(api, "delete", "namespace", name, "--wait=false", check=False)
 
 
 def install(api: KubeApi, namespace: str, *args: str) -> str:

@@ -4,8 +4,6 @@ scaling each pool from its own model's queue, and the planner's files on the dat
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +15,8 @@ from deploy_tools import (
     env_of,
     find,
     helm,
-    kubectl_path,
+    kubectl,
     parse_cli,
-    run,
     template,
 )
 from k8s_fixtures import KubeApi
@@ -278,19 +275,6 @@ def test_without_a_claim_or_http_api_the_planner_mounts_no_data(
     assert "data" not in volumes
     assert all(m["name"] != "data" for m in c["volumeMounts"])
     assert settings.data_dir == ""
-
-
-@pytest.fixture
-def namespace(kube_api: KubeApi) -> Iterator[str]:
-    name = f"pg-{uuid.uuid4().hex[:8]}"
-    kubectl(kube_api, "create", "namespace", name)
-    yield name
-    kubectl(kube_api, "delete", "namespace", name, "--wait=false", check=False)
-
-
-def kubectl(api: KubeApi, *args: str, input: str | None = None, check: bool = True) -> str:
-    return run([kubectl_path(), "--kubeconfig", str(api.kubeconfig), *args], input=input,
-               check=check).stdout  # fmt: skip
 
 
 def test_installed_pools_are_what_the_operator_may_scale(

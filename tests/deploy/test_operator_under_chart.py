@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_tools import CHART, CRD, VENV_BIN, Process, helm, kubectl_path, run
+from deploy_tools import CHART, CRD, VENV_BIN, Process, helm, kubectl
 from k8s_fixtures import KubeApi, free_port
 from polling import wait_for
 
@@ -28,15 +28,7 @@ class Cluster:
         self.namespace = namespace
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
-        cmd = [
-            kubectl_path(),
-            "--kubeconfig",
-            str(self.api.kubeconfig),
-            "-n",
-            self.namespace,
-            *args,
-        ]
-        return run(cmd, input=input, check=check).stdout
+        return kubectl(self.api, "-n", self.namespace, *args, input=input, check=check)
 
     def get(self, kind: str, name: str) -> dict[str, Any] | None:
         out = self.kubectl("get", kind, name, "-o", "json", "--ignore-not-found")
