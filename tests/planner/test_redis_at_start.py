@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from health_checks import serving
 from services_testbed import RedisServer, free_port, need_redis, start_planner, wait_until
 
 PASSWORD = "s3cret-of-redis"
@@ -46,10 +46,4 @@ def test_a_planner_whose_redis_refuses_its_password_exits_1_in_one_line(tmp_path
 
 def _serving(port: int) -> bool:
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-        try:
-            answer = health_pb2_grpc.HealthStub(ch).Check(
-                health_pb2.HealthCheckRequest(), timeout=5
-            )
-        except grpc.RpcError:
-            return False
-    return answer.status == health_pb2.HealthCheckResponse.SERVING
+        return serving(ch, timeout=5)
