@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from typing import Any, TypeVar
 
 import pytest
 from deploy_tools import CHART, container, env_of, find, helm, kinds, parse_cli, template
@@ -17,6 +18,7 @@ from prefixgrove.worker.metrics import WorkerMetrics
 from prefixgrove_operator.settings import OperatorSettings
 
 PREFIX = "t-prefixgrove"
+T = TypeVar("T")
 
 
 def test_default_install_renders_every_component() -> None:
@@ -100,16 +102,18 @@ def test_autoscaled_workers_leave_replicas_to_the_operator() -> None:
     assert fixed["spec"]["replicas"] == 3
 
 
+def settings_read(kind: type[T], c: dict[str, Any]) -> T:
+    """The `kind` of settings a service reads from its container's flags and its Redis URL."""
+    redis_url = env_of(c)["PREFIXGROVE_REDIS_URL"]
+    return load(kind, parse_cli(c["args"]), env={"PREFIXGROVE_REDIS_URL": redis_url})
+
+
 def test_planner_flags_and_env_are_what_the_planner_reads() -> None:
     objects = template("--set", "auth.enabled=true")
     c = container(find(objects, "Deployment", f"{PREFIX}-planner"), "planner")
     assert c["args"][:2] == ["serve", "planner"]
     env = env_of(c)
-    settings = load(
-        PlannerSettings,
-        parse_cli(c["args"]),
-        env={"PREFIXGROVE_REDIS_URL": env["PREFIXGROVE_REDIS_URL"]},
-    )
+    settings = settings_read(PlannerSettings, c)
     assert settings.port == 50051 and settings.metrics_port == 9090
     assert settings.model == "tiny-random-llama"
     assert settings.redis_url == f"redis://:$(REDIS_PASSWORD)@{PREFIX}-redis:6379/0"
@@ -131,19 +135,14 @@ def test_planner_flags_and_env_are_what_the_planner_reads() -> None:
 def test_worker_flags_are_what_the_worker_reads() -> None:
     c = container(find(template(), "Deployment", f"{PREFIX}-worker"), "worker")
     assert c["args"][:2] == ["serve", "worker"]
-    env = env_of(c)
-    settings = load(
-        WorkerSettings,
-        parse_cli(c["args"]),
-        env={"PREFIXGROVE_REDIS_URL": env["PREFIXGROVE_REDIS_URL"]},
-    )
+    settings = settings_read(WorkerSettings, c)
     engine = load(EngineSettings, parse_cli(c["args"]), env={})
     assert (settings.model, engine.device, settings.metrics_port) == (
         "tiny-random-llama",
         "cuda",
         9091,
     )
-    assert env["PREFIXGROVE_CONSUMER"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env_of(c)["PREFIXGROVE_CONSUMER"] == {"fieldRef": {"fieldPath": "metadata.name"}}
 
 
 def test_operator_env_builds_valid_settings_pointing_at_the_chart_objects() -> None:
