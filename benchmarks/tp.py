@@ -74,7 +74,7 @@ def _allreduce_rank(rank: int, size: int, args: argparse.Namespace, path: str) -
     from prefixgrove.engine.parallel.launch import join_group
 
     port = 29600 + size
-    join_group(rank, size, f"cuda:{rank}", f"tcp://127.0.0.1:{port}")
+    join_group(rank, size, "cuda", f"tcp://127.0.0.1:{port}")
     parallel = TensorParallel(rank, size, torch.distributed.group.WORLD)
     for rows in args.rows:
         x = torch.randn(rows, args.hidden, dtype=torch.bfloat16, device=f"cuda:{rank}")

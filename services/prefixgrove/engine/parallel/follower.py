@@ -13,7 +13,6 @@ import os
 import sys
 import threading
 import time
-from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -23,7 +22,7 @@ from ..config import EngineConfig
 from ..runner import kv_sizing
 from ..runner.input_builder import StepInputs, StepShape
 from ..runner.model_runner import ModelRunner
-from .launch import join_group, rank_device
+from .launch import join_group
 
 logger = logging.getLogger("prefixgrove.engine.parallel.follower")
 
@@ -112,11 +111,10 @@ def main() -> None:
     rank, config, init_method = connection.recv()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank {rank} %(message)s")
     threading.Thread(target=_exit_with_parent, daemon=True).start()
-    device = rank_device(config.device, rank)
-    if device == "cpu":  # the ranks share the machine's cores
+    if config.device == "cpu":  # the ranks share the machine's cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.tensor_parallel_size))
-    parallel = join_group(rank, config.tensor_parallel_size, device, init_method)
-    runner = ModelRunner(replace(config, device=device), parallel)
+    parallel = join_group(rank, config.tensor_parallel_size, config.device, init_method)
+    runner = ModelRunner(config, parallel)
     sys.exit(follow(runner, connection))
 
 

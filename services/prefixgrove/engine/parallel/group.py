@@ -33,6 +33,14 @@ class TensorParallel:
     def single(cls) -> TensorParallel:
         return cls(0, 1)
 
+    def device_of(self, engine_device: str) -> str:
+        """This rank's device: the rank-th GPU after the engine's own (cuda:k -> cuda:k+rank), or
+        the CPU."""
+        if not engine_device.startswith("cuda"):
+            return engine_device
+        first = int(engine_device.split(":")[1]) if ":" in engine_device else 0
+        return f"cuda:{first + self.rank}"
+
     @property
     def is_leader(self) -> bool:
         """Rank 0: it schedules, samples and owns the host side; the others follow its steps."""

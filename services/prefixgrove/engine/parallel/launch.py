@@ -46,15 +46,9 @@ def collective_timeout() -> timedelta:
     return timedelta(seconds=float(os.environ.get("PREFIXGROVE_TP_TIMEOUT_S", "300")))
 
 
-def rank_device(device: str, rank: int) -> str:
-    """Rank r's device: the r-th GPU after the engine's own (cuda:k -> cuda:k+r), or the CPU."""
-    if not device.startswith("cuda"):
-        return device
-    base = int(device.split(":")[1]) if ":" in device else 0
-    return f"cuda:{base + rank}"
-
-
-def join_group(rank: int, size: int, device: str, init_method: str) -> TensorParallel:
+def join_group(rank: int, size: int, engine_device: str, init_method: str) -> TensorParallel:
+    """This process as rank `rank` of `size`, on its device of the engine's."""
+    device = TensorParallel(rank, size).device_of(engine_device)
     cuda = device.startswith("cuda")
     if cuda:
         torch.cuda.set_device(device)
@@ -156,7 +150,7 @@ def start_followers(config: EngineConfig) -> tuple[TensorParallel, Followers]:
     followers = Followers(processes, FollowerLink(connections))
     followers.watch()
     atexit.register(followers.close)
-    parallel = join_group(0, size, rank_device(config.device, 0), init_method)
+    parallel = join_group(0, size, config.device, init_method)
     parallel.on_error = followers.collective_failed
     logger.info("tensor parallelism: %d ranks (%s)", size, dist.get_backend())
     return parallel, followers

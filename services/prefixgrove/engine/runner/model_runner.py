@@ -53,7 +53,7 @@ class ModelRunner:
         self.config = config
         self.parallel = parallel or TensorParallel.single()
         self.link: FollowerLink | None = None  # rank 0 of several: the followers' command pipes
-        self.device = torch.device(config.device)
+        self.device = torch.device(self.parallel.device_of(config.device))
         arch, s = config.model.arch, config.scheduler
         # A decode window may run a few tokens past a request's end before the CPU sees it stop.
         self.max_positions = config.model.max_model_len + s.num_scheduler_steps
@@ -63,7 +63,7 @@ class ModelRunner:
             config.model.model,
             arch,
             dtype=config.model.dtype,
-            device=config.device,
+            device=str(self.device),
             max_positions=self.max_positions,
             seed=config.model.seed,
             ops=create_ops(config.attention_backend),
