@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from services_testbed import MAX_MODEL_LEN, MODEL, RedisServer, batch_line, planner_in_process
@@ -16,23 +17,34 @@ from prefixgrove.planner.client import PlannerClient
 from prefixgrove.settings import IngestSettings
 
 VICTIM = "a file the link points at, which no command may touch\n"
+VICTIM_FILE = "victim.txt"
 # where a link is planted: the output and the default errors file beside it
 PLANTED = ["out.jsonl", "out.errors.jsonl"]
+# a download's outputs: those and its resume marker
+DOWNLOAD_OUTPUTS = [*PLANTED, "out.jsonl.offset"]
+
+
+class Planner(NamedTuple):
+    client: PlannerClient
+    address: str  # for the command line's --planner
 
 
 def plant(tmp_path: Path, name: str) -> Path:
-    victim = tmp_path / "victim.txt"
+    """A link at `name` to a file holding VICTIM; returns the link."""
+    victim = tmp_path / VICTIM_FILE
     victim.write_text(VICTIM)
     (tmp_path / name).symlink_to(victim)
-    return victim
+    return tmp_path / name
 
 
-def refused_in_one_line(err: str, link: Path) -> bool:
-    return (
-        err.startswith(f"prefixgrove: error: {link} is a symbolic link (to ")
-        and "never written through a link" in err
-        and err.count("\n") == 1
-    )
+def assert_refused(exit_code: int, capsys: pytest.CaptureFixture[str], link: Path) -> None:
+    """A command refused the link at `link`: exit status 1, one line that names it, and the
+    link's target as it was."""
+    assert exit_code == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"prefixgrove: error: {link} is a symbolic link (to "), err
+    assert "never written through a link" in err and err.count("\n") == 1, err
+    assert (link.parent / VICTIM_FILE).read_text() == VICTIM
 
 
 def job(tmp_path: Path) -> Path:
@@ -46,12 +58,10 @@ def job(tmp_path: Path) -> Path:
 def test_run_refuses_a_link_at_an_output_path(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, resume: bool
 ) -> None:
-    victim = plant(tmp_path, name)
+    link = plant(tmp_path, name)
     args = ["run", str(job(tmp_path)), "-o", str(tmp_path / "out.jsonl"), "--model", MODEL,
             "--device", "cpu", "--max-model-len", str(MAX_MODEL_LEN)]  # fmt: skip
-    assert main([*args, "--resume"] if resume else args) == 1
-    assert refused_in_one_line(capsys.readouterr().err, tmp_path / name)
-    assert victim.read_text() == VICTIM
+    assert_refused(main([*args, "--resume"] if resume else args), capsys, link)
 
 
 def test_run_refuses_one_file_for_both_outputs(
@@ -65,49 +75,39 @@ def test_run_refuses_one_file_for_both_outputs(
 
 
 @pytest.fixture
-def planner(redis_server: RedisServer, tmp_path: Path) -> Iterator[tuple[PlannerClient, str]]:
+def planner(redis_server: RedisServer) -> Iterator[Planner]:
     ingest = IngestSettings(max_model_len=MAX_MODEL_LEN)
     with planner_in_process(redis_server.url, ingest) as (server, client):
-        yield client, f"127.0.0.1:{server.port}"
+        yield Planner(client, f"127.0.0.1:{server.port}")
 
 
-@pytest.mark.parametrize("name", [*PLANTED, "out.jsonl.offset"])
+@pytest.mark.parametrize("name", DOWNLOAD_OUTPUTS)
 def test_results_refuses_a_link_at_an_output_path(
-    planner: tuple[PlannerClient, str],
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    name: str,
+    planner: Planner, tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
 ) -> None:
-    client, address = planner
-    submitted = client.submit_file(job(tmp_path))
-    victim = plant(tmp_path, name)
-    args = ["results", submitted.id, "-o", str(tmp_path / "out.jsonl"), "--planner", address]
-    assert main(args) == 1
-    assert refused_in_one_line(capsys.readouterr().err, tmp_path / name)
-    assert victim.read_text() == VICTIM
+    submitted = planner.client.submit_file(job(tmp_path))
+    link = plant(tmp_path, name)
+    args = ["results", submitted.id, "-o", str(tmp_path / "out.jsonl"),
+            "--planner", planner.address]  # fmt: skip
+    assert_refused(main(args), capsys, link)
 
 
-@pytest.mark.parametrize("name", [*PLANTED, "out.jsonl.offset"])
+@pytest.mark.parametrize("name", DOWNLOAD_OUTPUTS)
 def test_submit_wait_refuses_a_link_at_an_output_path_and_submits_nothing(
-    planner: tuple[PlannerClient, str],
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    name: str,
+    planner: Planner, tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
 ) -> None:
-    client, address = planner
-    victim = plant(tmp_path, name)
+    link = plant(tmp_path, name)
     args = ["submit", str(job(tmp_path)), "--wait", "-o", str(tmp_path / "out.jsonl"),
-            "--planner", address]  # fmt: skip
-    assert main(args) == 1
-    assert refused_in_one_line(capsys.readouterr().err, tmp_path / name)
-    assert victim.read_text() == VICTIM and client.list() == []
+            "--planner", planner.address]  # fmt: skip
+    assert_refused(main(args), capsys, link)
+    assert planner.client.list() == []
 
 
 def test_a_link_planted_after_the_check_is_refused_when_opened(tmp_path: Path) -> None:
-    victim = plant(tmp_path, "out.jsonl")
+    link = plant(tmp_path, "out.jsonl")
     with pytest.raises(OutputPathRefused, match="is a symbolic link"):
-        open_output(tmp_path / "out.jsonl")
-    assert victim.read_text() == VICTIM
+        open_output(link)
+    assert (tmp_path / VICTIM_FILE).read_text() == VICTIM
 
 
 def test_an_output_shorter_than_what_is_kept_is_refused_not_padded(tmp_path: Path) -> None:
