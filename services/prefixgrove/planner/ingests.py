@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import NoReturn
 
 import grpc
@@ -82,29 +83,21 @@ class UploadStream:
         return batch
 
 
+@dataclass(eq=False)
 class Ingests:
     """The state of uploads lives in Redis (jobs/redis_store/uploads.py): what is kept here is a
     cache, which any replica's `end` may make stale and `forget_ended` drops."""
 
-    def __init__(
-        self,
-        store: JobStore,
-        uploads: Uploads,
-        models: Mapping[str, str],
-        settings: IngestSettings,
-        parser: LineParser,
-        instance: str,
-    ) -> None:
-        """`models`: served name -> tokenizer source; `instance`: this replica's name."""
-        self.store = store
-        self.uploads = uploads
-        self.models = models
-        self.settings = settings
-        self.parser = parser
-        self.instance = instance
-        self._tokenizers: dict[str, PromptTokenizer] = {}  # by source: two names may share one
-        self._ingests: dict[str, JobIngest] = {}
-        self._lock = threading.Lock()
+    store: JobStore
+    uploads: Uploads
+    models: Mapping[str, str]  # served name -> tokenizer source
+    settings: IngestSettings
+    parser: LineParser
+    instance: str  # this replica's name
+    # by source: two names may share one
+    _tokenizers: dict[str, PromptTokenizer] = field(default_factory=dict, init=False)
+    _ingests: dict[str, JobIngest] = field(default_factory=dict, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def __contains__(self, job_id: str) -> bool:
         """Whether this replica holds a cache of the job."""

@@ -13,8 +13,7 @@ import redis
 
 from prefixgrove.jobs.ingest import JobPlan, UploadCounts, job_error
 from prefixgrove.jobs.redis_store.schema import JobRecord, JobState
-from prefixgrove.jobs.redis_store.store import JobStore
-from prefixgrove.jobs.redis_store.uploads import Uploads, rebuild_plan
+from prefixgrove.jobs.redis_store.uploads import rebuild_plan
 from prefixgrove.planner.ingests import Ingests
 from prefixgrove.planner.input_digest import Fingerprint
 from prefixgrove.planner.job_messages import POLL_S, find_job, job_to_pb
@@ -27,14 +26,12 @@ _SEAL_WAIT_S = 30.0  # how long a second SealJob waits for the seal running else
 
 
 class Sealer:
-    """Seals jobs on this replica: notes which it seals right now, so a second call here waits."""
+    """Seals jobs on this replica: notes which it seals right now, so a second call here waits.
+    It seals in the job store and the uploads of the replica's ingests."""
 
-    def __init__(
-        self, store: JobStore, uploads: Uploads, ingests: Ingests, metrics: PlannerMetrics
-    ) -> None:
-        self.store = store
-        self.uploads = uploads
+    def __init__(self, ingests: Ingests, metrics: PlannerMetrics) -> None:
         self.ingests = ingests
+        self.store, self.uploads = ingests.store, ingests.uploads
         self.metrics = metrics
         self._sealing: set[str] = set()  # jobs this replica seals right now
         self._lock = threading.Lock()

@@ -63,7 +63,7 @@ class PlannerService(pb_grpc.PlannerServicer):
         metrics.follow_jobs(store.get_job)
         self.instance = uuid.uuid4().hex[:12]
         self.ingests = Ingests(store, self.uploads, self.models, ingest, self.parser, self.instance)
-        self.sealer = Sealer(store, self.uploads, self.ingests, metrics)
+        self.sealer = Sealer(self.ingests, metrics)
 
     def heartbeat(self, ttl_s: int) -> None:
         self.store.heartbeat(self.instance, ttl_s)
