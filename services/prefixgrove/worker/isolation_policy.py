@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from prefixgrove.jobs.redis_store.queue import Lease
@@ -73,24 +73,16 @@ class AloneHistory:
     struck: tuple[int, int] | None = None  # (line index, strikes) of the one the last death caught
 
 
+@dataclass(eq=False, kw_only=True)
 class IsolationPolicy:
-    def __init__(
-        self,
-        *,
-        notes: AloneNotes,
-        suspects: SuspectQueue,
-        flights: Flights,
-        running: EngineRequests,
-        fail: Callable[[str, RequestError], None],
-    ) -> None:
-        """`fail(job_id, error)`: how a request the policy gives up on is answered."""
-        self.notes = notes
-        self.suspects = suspects
-        self.flights = flights
-        self.running = running
-        self.fail = fail
-        self.isolation = Isolation()
-        self.suspect: Lease | None = None  # runs with nothing beside it
+    notes: AloneNotes
+    suspects: SuspectQueue
+    flights: Flights
+    running: EngineRequests
+    # fail(job_id, error): how a request the policy gives up on is answered
+    fail: Callable[[str, RequestError], None]
+    isolation: Isolation = field(default_factory=Isolation, init=False)
+    suspect: Lease | None = field(default=None, init=False)  # runs with nothing beside it
 
     @property
     def active(self) -> bool:
