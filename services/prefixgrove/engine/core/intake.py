@@ -11,6 +11,7 @@ import logging
 import random
 import time
 from collections.abc import Sequence as Seq
+from dataclasses import KW_ONLY, dataclass, field
 from functools import partial
 from typing import Any
 
@@ -35,31 +36,26 @@ NewRequest = tuple[str, Seq[int], SamplingParams]
 Checked = tuple[str, list[int], SamplingParams]
 
 
+@dataclass(eq=False)
 class Intake:
-    def __init__(
-        self,
-        config: EngineConfig,
-        *,
-        tokenizer: Any,
-        eos_token_ids: frozenset[int],
-        grammars: GrammarCompiler,
-        blocks: BlockManager,
-        scheduler: Scheduler,
-        runner: ModelRunner,
-        metrics: EngineMetrics,
-    ) -> None:
-        self.config = config
-        self.tokenizer = tokenizer
-        self.eos_token_ids = eos_token_ids
-        self.grammars = grammars
-        self.blocks = blocks
-        self.scheduler = scheduler
-        self.runner = runner  # its masker expects each constrained sequence (looked up each time)
-        self.metrics = metrics
-        self.requests: dict[str, Sequence] = {}  # unfinished sequences by request id
-        self.sample_sets = SampleSets()  # requests of n > 1 samples, answered once all are done
-        self._seeds = random.Random(config.model.seed)
-        self._next_id = 0
+    config: EngineConfig
+    _: KW_ONLY
+    tokenizer: Any
+    eos_token_ids: frozenset[int]
+    grammars: GrammarCompiler
+    blocks: BlockManager
+    scheduler: Scheduler
+    runner: ModelRunner  # its masker expects each constrained sequence (looked up each time)
+    metrics: EngineMetrics
+    # unfinished sequences by request id
+    requests: dict[str, Sequence] = field(default_factory=dict, init=False)
+    # requests of n > 1 samples, answered once all are done
+    sample_sets: SampleSets = field(default_factory=SampleSets, init=False)
+    _seeds: random.Random = field(init=False)
+    _next_id: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self._seeds = random.Random(self.config.model.seed)
 
     def prepare(self, params: SamplingParams) -> SamplingParams:
         """The engine's own checked copy of `params`: ValueError naming the field."""
