@@ -58,8 +58,14 @@ def add_engine_args(ap: argparse.ArgumentParser) -> None:
 
 
 def add_canonical_args(ap: argparse.ArgumentParser, groups: int) -> None:
-    """The canonical workload's knobs (DESIGN.md), shared by the scripts that run it."""
+    """The engine's knobs and the canonical workload's, for the scripts that run it."""
     add_engine_args(ap)
+    add_canonical_workload_args(ap, groups)
+
+
+def add_canonical_workload_args(ap: argparse.ArgumentParser, groups: int) -> None:
+    """The canonical workload's knobs (DESIGN.md): its groups, their prefix and suffixes, and the
+    tokens each request makes."""
     ap.add_argument("--groups", type=int, default=groups)
     ap.add_argument("--per-group", type=int, default=16)
     ap.add_argument("--prefix-len", type=int, default=2000)
@@ -93,6 +99,18 @@ def greedy_params(max_tokens: int) -> Any:
     from prefixgrove import SamplingParams
 
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
+
+
+def cuda_ms_per_call(fn: Callable[[], Any], calls: int) -> float:
+    """Milliseconds per call of `fn`, called `calls` times back to back on the GPU, by CUDA events
+    (no warm-up: the caller's)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / calls
 
 
 def timed(fn: Any) -> tuple[Any, float]:

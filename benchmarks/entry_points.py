@@ -20,7 +20,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, device_name, emit, greedy_params, shared_prefix_prompts, timed
+from _common import (
+    ROOT,
+    add_canonical_workload_args,
+    device_name,
+    emit,
+    greedy_params,
+    shared_prefix_prompts,
+    timed,
+)
 
 WAYS = ("batchllm", "llm-defaults", "run")
 
@@ -107,11 +115,7 @@ def one_way(way: str, args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="llama-3.1-8b-random")
-    ap.add_argument("--groups", type=int, default=400)
-    ap.add_argument("--per-group", type=int, default=16)
-    ap.add_argument("--prefix-len", type=int, default=2000)
-    ap.add_argument("--suffix-len", type=int, default=200)
-    ap.add_argument("--output-len", type=int, default=100)
+    add_canonical_workload_args(ap, groups=400)
     ap.add_argument("--ways", default=",".join(WAYS))
     ap.add_argument("--vocab", type=int, default=128256, help="prompt token ids are below it")
     ap.add_argument("--device", default="cuda", help="run's --device (cpu: a smoke test)")

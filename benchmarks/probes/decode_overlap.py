@@ -30,7 +30,7 @@ from attention_kernels import Workload
 from attention_kernels import parse_args as attention_args
 from probes.matmul_shapes import SHAPES, sm_clock_mhz
 
-from _common import as_graph, device_name, emit
+from _common import as_graph, cuda_ms_per_call, device_name, emit
 
 LAYERS = 32
 LAYER_SHAPES = [SHAPES[name] for name in ("qkv", "o", "gate_up", "down")]
@@ -79,17 +79,6 @@ def two_streams(a: Half, b: Half) -> Callable[[], None]:
     return body
 
 
-def time_graph(replay: Callable[[], None], replays: int) -> float:
-    """Milliseconds per replay of a captured graph, over `replays` back to back."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / replays
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="512,1024")
@@ -134,7 +123,7 @@ def measure(
     clocks: dict[str, int | None] = {}
     for _ in range(args.rounds):
         for name, graph in graphs.items():
-            times[name].append(time_graph(graph, args.replays))
+            times[name].append(cuda_ms_per_call(graph, args.replays))
             clocks[name] = sm_clock_mhz()
     ms = {name: round(statistics.median(t), 3) for name, t in times.items()}
     return {

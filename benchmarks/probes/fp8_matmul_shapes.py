@@ -12,12 +12,11 @@ Usage: cd benchmarks && python -m probes.fp8_matmul_shapes [--rows 256,512,16384
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from probes.matmul_shapes import SHAPES, time_call
+from probes.matmul_shapes import SHAPES, parse_args, time_call
 
 from prefixgrove_kernels.fp8_quant import quantize_rows
 
@@ -49,13 +48,10 @@ def variants(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[], object]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", default="256,512,16384")
-    ap.add_argument("--iters", type=int, default=50)
-    args = ap.parse_args()
+    row_counts, iters = parse_args("256,512,16384")
     torch.manual_seed(0)
     dev = torch.device("cuda")
-    for rows in (int(r) for r in args.rows.split(",")):
+    for rows in row_counts:
         totals: dict[str, float] = {}
         for name, (n, k) in SHAPES.items():
             if name == "logits":
@@ -64,7 +60,7 @@ def main() -> None:
             w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
             for variant, fn in variants(x, w).items():
                 try:
-                    s = time_call(fn, args.iters)
+                    s = time_call(fn, iters)
                 except RuntimeError as e:  # a scaling mode this torch does not offer
                     emit({"bench": "fp8_matmul", "rows": rows, "shape": name, "variant": variant,
                           "error": str(e).splitlines()[0][:160]})  # fmt: skip

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from _common import device_name, emit
+from _common import cuda_ms_per_call, device_name, emit
 
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 4096, 14336, 32, 8, 128, 128256
 SHAPES = {  # name: (out features N, in features K)
@@ -29,17 +29,21 @@ SHAPES = {  # name: (out features N, in features K)
 }
 
 
+def parse_args(rows: str) -> tuple[list[int], int]:
+    """The matmul probes' flags: the row counts to time (--rows, comma-separated; `rows` unless
+    given) and the timed calls of each (--iters)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default=rows)
+    ap.add_argument("--iters", type=int, default=50)
+    args = ap.parse_args()
+    return [int(r) for r in args.rows.split(",")], args.iters
+
+
 def time_call(fn: Callable[[], object], iters: int) -> float:
     """Seconds per call of `fn` on the GPU, after three warm-up calls, by CUDA events."""
     for _ in range(3):
         fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1e3 / iters
+    return cuda_ms_per_call(fn, iters) / 1e3
 
 
 def time_linear(x: torch.Tensor, w: torch.Tensor, iters: int) -> float:
@@ -111,15 +115,12 @@ def _sustained() -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", default="512,16384,16100,13000")
-    ap.add_argument("--iters", type=int, default=50)
-    args = ap.parse_args()
+    row_counts, iters = parse_args("512,16384,16100,13000")
     torch.manual_seed(0)
     for backend in ["cublas", "cublaslt"]:
         torch.backends.cuda.preferred_blas_library(backend)
         a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-        ceiling = 2 * 8192**3 / time_linear(a, a, args.iters)
+        ceiling = 2 * 8192**3 / time_linear(a, a, iters)
         emit(
             {
                 "bench": "matmul_ceiling",
@@ -128,8 +129,8 @@ def main() -> None:
                 "device": device_name(),
             }
         )
-        for rows in (int(r) for r in args.rows.split(",")):
-            _layer(backend, rows, ceiling, args.iters)
+        for rows in row_counts:
+            _layer(backend, rows, ceiling, iters)
     _sustained()
 
 
