@@ -29,7 +29,7 @@ from services_testbed import (
     wait_for_port,
     wait_until,
 )
-from test_service import mutual_tls
+from tls_certs import mutual_tls
 
 TOKEN = "http-api-test-token"
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +11,7 @@ import grpc
 import pytest
 from polling import wait_for
 from services_testbed import MODEL, RedisServer, batch_line
+from tls_certs import mutual_tls
 
 from prefixgrove.jobs.redis_store.schema import JobKeys
 from prefixgrove.planner.client import PlannerClient, PlannerError
@@ -177,26 +177,6 @@ def test_bearer_token_is_required(redis_server: RedisServer) -> None:
         assert PlannerClient(f"127.0.0.1:{port}", SecuritySettings(auth_token="t0ken")).list() == []
     finally:
         server.stop(0)
-
-
-def mutual_tls(d: Path) -> SecuritySettings:
-    """Writes a CA and a server and a client certificate it signed into `d`; returns a planner's
-    settings that serve with the server's and demand a client's."""
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
-
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
-            "-days", "2", "-subj", "/CN=test-ca")  # fmt: skip
-    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for name in ("server", "client"):
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                "-subj", f"/CN={name}")  # fmt: skip
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                "-out", f"{name}.pem", "-days", "2", "-extfile", "san.ext")  # fmt: skip
-    return SecuritySettings(
-        tls_cert=f"{d}/server.pem", tls_key=f"{d}/server.key", tls_ca=f"{d}/ca.pem"
-    )
 
 
 def test_mutual_tls_refuses_clients_without_a_certificate(
