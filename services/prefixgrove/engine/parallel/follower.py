@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -91,6 +90,7 @@ def follow(runner: ModelRunner, connection: Connection) -> int:
             logger.error("rank 0 is gone: this follower ends")
             return 1
         if op == "stop":
+            # rank 0 tears the group down at the same time: NCCL's teardown needs both sides
             torch.distributed.destroy_process_group()
             return 0
         handlers[op](*args)
@@ -115,7 +115,7 @@ def main() -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.tensor_parallel_size))
     parallel = join_group(rank, config.tensor_parallel_size, config.device, init_method)
     runner = ModelRunner(config, parallel)
-    sys.exit(follow(runner, connection))
+    os._exit(follow(runner, connection))  # no interpreter teardown: the group is gone
 
 
 if __name__ == "__main__":

@@ -112,19 +112,20 @@ class Followers:
         os._exit(RANK_LOST_EXIT)
 
     def close(self) -> None:
-        """Stops the followers (they leave their loop on 'stop') and waits for them."""
+        """Stops the followers and tears the group down with them (NCCL's teardown is collective:
+        every rank at once), then waits for them to end."""
         if self.closing:
             return
         self.closing = True
         with contextlib.suppress(OSError):  # a follower already gone
             self.link.send("stop")
+        if dist.is_initialized():
+            dist.destroy_process_group()
         for process in self.processes:
             try:
                 process.wait(timeout=_STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 process.kill()
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def start_followers(config: EngineConfig) -> tuple[TensorParallel, Followers]:
