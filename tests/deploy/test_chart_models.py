@@ -319,3 +319,16 @@ def test_fp8_is_set_for_every_pool_or_per_pool(tmp_path: Path) -> None:
     plain = engine_settings(find(render(tmp_path, {}), "Deployment", f"{PREFIX}-worker"))
     assert (plain.quantization, plain.kv_cache_dtype) == (None, "auto")
     assert "kvCacheDtype" in refusal(tmp_path, {"worker": {"kvCacheDtype": "int8"}})
+
+
+def test_a_pool_of_several_gpus_runs_one_engine_across_them(tmp_path: Path) -> None:
+    objects = render(tmp_path, {"models": MODELS, "worker": {"gpus": 1}})
+    qwen = find(objects, "Deployment", QWEN)
+    assert engine_settings(qwen).tensor_parallel_size == 2  # the pool's gpus: 2
+    assert container(qwen, "worker")["resources"]["limits"]["nvidia.com/gpu"] == 2
+    # one GPU: no flag, the worker's own default (every GPU it was given) is that one
+    assert engine_settings(find(objects, "Deployment", LLAMA)).tensor_parallel_size is None
+    four = render(tmp_path, {"worker": {"gpus": 4}})
+    assert engine_settings(find(four, "Deployment", f"{PREFIX}-worker")).tensor_parallel_size == 4
+    cpu = render(tmp_path, {"worker": {"gpus": 2, "device": "cpu"}})
+    assert engine_settings(find(cpu, "Deployment", f"{PREFIX}-worker")).tensor_parallel_size is None
