@@ -27,9 +27,11 @@ from engine_checkpoints import (
     shared_prefix_job,
     smollm2_file,
 )
+from test_fp8 import write_compressed_tensors
 
 from prefixgrove import LLM, SamplingParams, StructuredOutputsParams
 from prefixgrove.engine.config import EngineConfig
+from prefixgrove.engine.models.base import CausalLM
 from prefixgrove.engine.models.loader import load_model
 from prefixgrove.engine.models.ops import create_ops
 from prefixgrove.engine.parallel.group import TensorParallel
@@ -43,8 +45,8 @@ def qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return save_checkpoint("qwen2", tmp_path_factory.mktemp("qwen2"))
 
 
-def _load(model: str, parallel: TensorParallel) -> torch.nn.Module:
-    config = EngineConfig.create(model, device="cpu", dtype="float32")
+def _load(model: str, parallel: TensorParallel, quantization: str | None = None) -> CausalLM:
+    config = EngineConfig.create(model, device="cpu", dtype="float32", quantization=quantization)
     return load_model(
         model,
         config.model.arch,
@@ -53,18 +55,21 @@ def _load(model: str, parallel: TensorParallel) -> torch.nn.Module:
         max_positions=64,
         seed=0,
         ops=create_ops("torch"),
+        quantization=config.model.quantization,
         parallel=parallel,
     )
 
 
-def _assert_shards_are_cuts_of_the_whole(model: str, size: int, ranks: list[int]) -> None:
-    whole = dict(_load(model, TensorParallel.single()).named_parameters())
+def _assert_shards_are_cuts_of_the_whole(
+    model: str, size: int, ranks: list[int], quantization: str | None = None
+) -> None:
+    whole = dict(_load(model, TensorParallel.single(), quantization).named_parameters())
     for rank in ranks:  # loading calls no collective: a rank's shard loads in this process
-        shard = _load(model, TensorParallel(rank, size))
+        shard = _load(model, TensorParallel(rank, size), quantization)
         for name, param in shard.named_parameters():
             layout = shard.layout(name)
             expected = whole[name] if layout is None else layout.local_of_full(whole[name])
-            assert torch.equal(param, expected), f"rank {rank} of {size}: {name}"
+            assert torch.equal(param.float(), expected.float()), f"rank {rank} of {size}: {name}"
 
 
 @pytest.mark.parametrize("size", [2, 4])
@@ -75,6 +80,13 @@ def test_each_rank_reads_the_cut_of_every_safetensors_tensor(qwen2_dir: str, siz
 def test_a_rank_dequantizes_only_its_rows_of_a_gguf_and_matches_the_whole() -> None:
     # SmolLM2-135M: 9 heads, 3 KV heads; rank 2 of 3 holds the last slice of every cut
     _assert_shards_are_cuts_of_the_whole(smollm2_file(), 3, [2])
+
+
+def test_fp8_checkpoint_weights_are_cut_with_their_scales(llama_dir: str, tmp_path: Path) -> None:
+    """e4m3 weights as stored, per-channel scales cut with the columns of q/k/v and gate/up and
+    kept whole for o_proj's and down_proj's rows."""
+    stored = write_compressed_tensors(llama_dir, tmp_path / "fp8")
+    _assert_shards_are_cuts_of_the_whole(stored, 2, [0, 1], quantization="fp8")
 
 
 def test_random_weights_are_drawn_whole_and_cut() -> None:

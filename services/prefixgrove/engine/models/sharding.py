@@ -84,8 +84,11 @@ class ParamLayout:
         raise KeyError(shard)
 
     def local_of_full(self, full: torch.Tensor) -> torch.Tensor:
-        """This rank's parameter from the whole (unsharded) one: each piece's slice, stacked."""
-        if all(p.cut.parts == 1 for p in self.pieces):
+        """This rank's parameter from the whole (unsharded) one: each piece's slice, stacked. A
+        tensor without the cut dimension (a row-parallel layer's per-channel scales) is whole."""
+        total = sum(p.full_len for p in self.pieces)
+        uncut = full.dim() <= self.dim or full.shape[self.dim] != total
+        if uncut or all(p.cut.parts == 1 for p in self.pieces):
             return full
         parts, offset = [], 0
         for p in self.pieces:
