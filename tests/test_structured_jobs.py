@@ -31,6 +31,21 @@ ENUM_SCHEMA = {
     "required": ["kind", "ok"],
     "additionalProperties": False,
 }
+# Properties in reverse alphabetical order, an object nested among them: the answer keeps this order.
+ORDERED_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "verdict": {"enum": CHOICES},
+        "inner": {"type": "object", "properties": {"z": {"type": "boolean"}, "a": {"enum": [1, 2]}},
+                  "required": ["z", "a"], "additionalProperties": False},
+        "answer": {"type": "boolean"},
+    },
+    "required": ["verdict", "inner", "answer"],
+    "additionalProperties": False,
+}  # fmt: skip
+# No whitespace token (the byte tokenizer's ids of space, tab, newline, carriage return): free JSON
+# whitespace could run on random weights to max_tokens.
+NO_WHITESPACE = {"32": -100, "9": -100, "10": -100, "13": -100}
 # Fine until a choice, then a rule of 3,000 alternatives: llguidance's parser row holds 3,001 items
 # there (its limit is 2,000), and the matcher fails mid-decode.
 WIDE_RULE = (
@@ -75,6 +90,12 @@ def test_constrained_lines_hold_to_their_constraint_and_a_bad_one_fails_alone(tm
         chat("bad-schema", response_format={"type": "json_schema", "json_schema": {
             "name": "x", "schema": {"type": "object", "properties": {"a": {"$ref": "#/nope"}}}}}),
         chat("free", temperature=0, max_tokens=5),
+        chat("ordered", temperature=0, max_tokens=80, logit_bias=NO_WHITESPACE, response_format={
+            "type": "json_schema", "json_schema": {"name": "o", "strict": True,
+                                                   "schema": ORDERED_SCHEMA}}),
+        chat("strict-open", response_format={"type": "json_schema", "json_schema": {
+            "name": "o", "strict": True, "schema": {**ORDERED_SCHEMA,
+                                                    "additionalProperties": True}}}),
     ]  # fmt: skip
     done = run(tmp_path, lines)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -82,7 +103,10 @@ def test_constrained_lines_hold_to_their_constraint_and_a_bad_one_fails_alone(tm
         o["custom_id"]: o["response"]["body"]["choices"][0]
         for o in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())
     }
-    assert set(outputs) == {"schema", "schema-seeded", "choice", "regex", "free"}
+    assert set(outputs) == {"schema", "schema-seeded", "choice", "regex", "free", "ordered"}
+    ordered = json.loads(outputs["ordered"]["message"]["content"], object_pairs_hook=list)
+    assert [k for k, _ in ordered] == ["verdict", "inner", "answer"]
+    assert [k for k, _ in ordered[1][1]] == ["z", "a"]
     for name in ("schema", "schema-seeded"):
         answer = json.loads(outputs[name]["message"]["content"])
         assert answer["kind"] in CHOICES and isinstance(answer["ok"], bool)
@@ -93,7 +117,9 @@ def test_constrained_lines_hold_to_their_constraint_and_a_bad_one_fails_alone(tm
         e["custom_id"]: e["error"]
         for e in map(json.loads, (tmp_path / "out.errors.jsonl").read_text().splitlines())
     }
-    assert set(errors) == {"bad-regex", "bad-schema"}
+    assert set(errors) == {"bad-regex", "bad-schema", "strict-open"}
+    assert errors["strict-open"]["code"] == "invalid_value"
+    assert "must set additionalProperties to false" in errors["strict-open"]["message"]
     assert "regex does not compile" in errors["bad-regex"]["message"]
     assert "/nope" in errors["bad-schema"]["message"]
 

@@ -42,6 +42,17 @@ def test_any_change_that_can_change_the_answer_changes_the_fingerprint() -> None
     assert fingerprint() not in changed and len(set(changed)) == len(changed)
 
 
+def test_a_json_schemas_property_order_changes_the_fingerprint_its_spacing_does_not() -> None:
+    """The answer writes the properties in the schema's order, so that order is part of what
+    was asked."""
+    schema = {"type": "object", "properties": {"reasoning": {}, "answer": {}}}
+    reordered = {"type": "object", "properties": {"answer": {}, "reasoning": {}}}
+    asked = fingerprint(params={**PARAMS, "structured_outputs": {"json": schema}})
+    respaced = json.loads(json.dumps({**PARAMS, "structured_outputs": {"json": schema}}, indent=2))
+    assert fingerprint(params=respaced) == asked
+    assert fingerprint(params={**PARAMS, "structured_outputs": {"json": reordered}}) != asked
+
+
 def success(index: int, custom_id: str, fp: str = "") -> str:
     line = {"id": f"batch_req_{request_hash(index, custom_id)}{fp}", "custom_id": custom_id,
             "response": {"status_code": 200}, "error": None}  # fmt: skip

@@ -86,15 +86,27 @@ def test_an_unserved_completions_feature_fails_naming_the_field(field: str, valu
 
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+# What OpenAI's strict mode takes: every object closed, every property required.
+STRICT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "reasoning": {"type": "string"},
+        "result": {"type": "object", "properties": {"b": {"type": ["integer", "null"]}},
+                   "required": ["b"], "additionalProperties": False},
+    },
+    "required": ["reasoning", "result"],
+    "additionalProperties": False,
+}  # fmt: skip
 
 
 @pytest.mark.parametrize(
     "extra, constraint",
     [
         ({"response_format": {"type": "json_object"}}, {"json_object": True}),
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA,
-                                                                    "strict": True}}},
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}}},
          {"json": SCHEMA}),
+        ({"response_format": {"type": "json_schema", "json_schema": {
+            "name": "s", "schema": STRICT_SCHEMA, "strict": True}}}, {"json": STRICT_SCHEMA}),
         ({"structured_outputs": {"regex": "[a-z]+"}}, {"regex": "[a-z]+"}),
         ({"structured_outputs": {"choice": ["yes", "no"]}}, {"choice": ["yes", "no"]}),
         ({"guided_json": json.dumps(SCHEMA)}, {"json": json.dumps(SCHEMA)}),
@@ -126,6 +138,43 @@ def test_a_malformed_output_constraint_fails_its_request_naming_it(
 ) -> None:
     error = refused(extra)
     assert error.code == "invalid_value" and named in error.message
+
+
+def test_a_schema_reaches_the_engine_in_its_own_property_order() -> None:
+    ordered = {"type": "object", "properties": {"z": {}, "a": {}, "m": {}}}
+    body = {"response_format": {"type": "json_schema", "json_schema": {"schema": ordered}}}
+    line = json.dumps({"custom_id": "a", "url": CHAT, "body": {"messages": MESSAGES, **body}})
+    request = parse_line(line, 0, max_line_bytes=1 << 16, default_max_tokens=16)
+    assert isinstance(request, BatchRequest)
+    assert list(request.params["structured_outputs"]["json"]["properties"]) == ["z", "a", "m"]
+
+
+def strict(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"response_format": {"type": "json_schema",
+                                "json_schema": {"name": "s", "schema": schema, "strict": True}}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "schema, named",
+    [
+        (SCHEMA, "response_format.json_schema.schema must set additionalProperties to false"),
+        ({**STRICT_SCHEMA, "required": ["result"]}, "must list every property in required "
+         "when strict is true, as OpenAI's strict mode requires (missing: reasoning)"),
+        ({**STRICT_SCHEMA, "properties": {"result": {"type": "object", "properties": {}}}},
+         "schema.properties.result must set additionalProperties to false"),
+        ({"$defs": {"x": {"type": "object"}}, "anyOf": [{"$ref": "#/$defs/x"}]},
+         "must be an object schema (type object) when strict is true"),
+    ],
+)  # fmt: skip
+def test_a_strict_schema_outside_openais_strict_rules_fails_naming_where(
+    schema: dict[str, Any], named: str
+) -> None:
+    """OpenAI refuses such a schema under strict: true, and so does a batch line here; without
+    strict (false or left out) the same schema is taken and enforced, as vLLM takes it."""
+    error = refused(strict(schema))
+    assert error.code == "invalid_value" and named in error.message
+    loose = {"response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}
+    assert accepted(loose).params["structured_outputs"] == {"json": schema}
 
 
 @pytest.mark.parametrize(

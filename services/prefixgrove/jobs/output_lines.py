@@ -48,9 +48,13 @@ def request_fingerprint(
     """What the engine was asked, canonical: the endpoint, the prompt's token ids (after any
     truncation), the sampling settings and the body's model. Two bodies that differ only in how
     they are written (key order, spacing, 1 or 1.0) ask the same; any change that can change the
-    answer changes it."""
+    answer changes it, a JSON schema's property order too (the output follows it)."""
     head = json.dumps([endpoint, model, params], sort_keys=True, separators=(",", ":"))
     digest = hashlib.blake2b(head.encode("utf-8", "surrogatepass"), digest_size=8)
+    schema = (params.get("structured_outputs") or {}).get("json")
+    if isinstance(schema, dict):
+        ordered = json.dumps(schema, separators=(",", ":"))
+        digest.update(ordered.encode("utf-8", "surrogatepass"))
     digest.update(np.asarray(prompt_token_ids, dtype="<i8").tobytes())
     return digest.hexdigest()
 

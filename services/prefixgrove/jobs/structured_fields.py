@@ -1,7 +1,8 @@
 """A body's output constraint -> StructuredOutputsParams keyword arguments.
 
 Three spellings are accepted, at most one per request: OpenAI's `response_format` (json_object,
-json_schema), vLLM's `structured_outputs` object, and vLLM's older `guided_json` / `guided_regex` /
+json_schema; with `strict: true` the schema must be one OpenAI's strict mode takes, as
+strict_schema.py checks), vLLM's `structured_outputs` object, and vLLM's older `guided_json` / `guided_regex` /
 `guided_choice` / `guided_grammar` fields. Whether a schema, regex or grammar compiles, and whether
 any output can meet it, is the engine's check (a per-request error); an empty choice list is refused
 here (`unsatisfiable_constraint`, the engine's code for a constraint no output meets).
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prefixgrove.jobs.request_errors import InvalidRequest, shown
+from prefixgrove.jobs.strict_schema import check_strict_schema
 
 STRUCTURED_FIELDS = (
     "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
@@ -76,6 +78,14 @@ def _response_format(response_format: Any) -> dict[str, Any]:
                 "response_format.json_schema must be an object with a `schema` object (and a "
                 f"`name`), got {shown(spec)}",
             )
+        strict = spec.get("strict")
+        if strict not in (None, True, False):
+            raise InvalidRequest(
+                "invalid_value",
+                f"response_format.json_schema.strict must be a boolean, got {shown(strict)}",
+            )
+        if strict:
+            check_strict_schema(schema)
         return {"json": schema}
     raise InvalidRequest(
         "invalid_value",

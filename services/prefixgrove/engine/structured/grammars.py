@@ -20,6 +20,7 @@ import llguidance.hf
 import llguidance.numpy as llnp
 
 from .derivations import rules_deriving_nothing
+from .json_schemas import without_unnamed_properties
 from .params import StructuredOutputsParams
 
 _CACHE_SIZE = 1024  # compiled grammars kept (a job usually has one or a few)
@@ -149,7 +150,7 @@ def _grammar(key: tuple[str, str, bool]) -> str:
         )
     if kind == "json":
         return llguidance.LLMatcher.grammar_from_json_schema(
-            text,
+            without_unnamed_properties(json.loads(text)),
             overrides=options,  # type: ignore[arg-type]
         )
     if kind == "choice":

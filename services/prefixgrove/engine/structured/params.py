@@ -89,7 +89,9 @@ class StructuredOutputsParams:
 
     @property
     def key(self) -> tuple[str, str, bool]:
-        """(kind, canonical text, compact): equal constraints compile once. Worked out once where
+        """(kind, canonical text, compact): equal constraints compile once. A schema's spacing does
+        not count, its key order does: properties are generated in the order the schema lists
+        them ("reasoning" before "answer"), as vLLM and OpenAI generate them. Worked out once where
         the value cannot change (anything but a schema dict: see `frozen`)."""
         cached: tuple[str, str, bool] | None = self.__dict__.get("_key")
         if cached is not None:
@@ -98,7 +100,7 @@ class StructuredOutputsParams:
         compact = self.disable_any_whitespace
         if kind == "json":
             schema = _json.loads(value) if isinstance(value, str) else value
-            key = kind, _json.dumps(schema, sort_keys=True, separators=(",", ":")), compact
+            key = kind, _json.dumps(schema, separators=(",", ":")), compact
         elif kind == "choice":
             key = kind, _json.dumps(list(value)), compact
         else:
