@@ -19,6 +19,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     PretrainedConfig,
     PreTrainedModel,
     Qwen2Config,
@@ -75,12 +77,19 @@ def _mistral() -> tuple[PretrainedConfig, type[PreTrainedModel]]:
     ), MistralForCausalLM
 
 
+def _phi3() -> tuple[PretrainedConfig, type[PreTrainedModel]]:
+    shapes = {k: v for k, v in _SHAPES.items() if k != "head_dim"}  # hidden / heads, as Phi-3's
+    config = Phi3Config(**shapes, tie_word_embeddings=False, pad_token_id=None)
+    return config, Phi3ForCausalLM
+
+
 ARCHES: dict[str, Callable[[], tuple[PretrainedConfig, type[PreTrainedModel]]]] = {
     "llama3": lambda: _llama3(tied=True),
     "llama3-untied": lambda: _llama3(tied=False),
     "qwen2": _qwen2,
     "qwen3": _qwen3,
     "mistral": _mistral,
+    "phi3": _phi3,
 }
 
 

@@ -77,6 +77,10 @@ def test_each_rank_reads_the_cut_of_every_safetensors_tensor(qwen2_dir: str, siz
     _assert_shards_are_cuts_of_the_whole(qwen2_dir, size, list(range(size)))
 
 
+def test_a_rank_cuts_the_parts_of_phi3s_fused_tensors(tmp_path: Path) -> None:
+    _assert_shards_are_cuts_of_the_whole(save_checkpoint("phi3", tmp_path), 2, [0, 1])
+
+
 def test_a_rank_dequantizes_only_its_rows_of_a_gguf_and_matches_the_whole() -> None:
     # SmolLM2-135M: 9 heads, 3 KV heads; rank 2 of 3 holds the last slice of every cut
     _assert_shards_are_cuts_of_the_whole(smollm2_file(), 3, [2])

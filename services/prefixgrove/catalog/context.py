@@ -7,10 +7,11 @@ from typing import Any
 
 
 def sliding_window(hf_config: Any) -> int | None:
-    """The attention window the model declares and uses (Mistral unless told otherwise; Qwen2 and
-    Qwen3 only with use_sliding_window), or None."""
+    """The attention window the model declares and uses (Mistral and Phi-3 unless told otherwise;
+    Qwen2 and Qwen3 only with use_sliding_window), or None."""
     arch = (getattr(hf_config, "architectures", None) or ["LlamaForCausalLM"])[0]
-    if not getattr(hf_config, "use_sliding_window", arch == "MistralForCausalLM"):
+    windowed = arch in ("MistralForCausalLM", "Phi3ForCausalLM")
+    if not getattr(hf_config, "use_sliding_window", windowed):
         return None
     return getattr(hf_config, "sliding_window", None)
 

@@ -80,6 +80,14 @@ class ModelArch:
         rope_params = getattr(config, "rope_parameters", None)  # transformers >= 5
         scaling = getattr(config, "rope_scaling", None)
         theta = getattr(config, "rope_theta", None)
+        partial = (rope_params if isinstance(rope_params, dict) else {}).get(
+            "partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)
+        )
+        if partial not in (None, 1.0):
+            raise ValueError(
+                f"partial_rotary_factor={partial} of {arch} is not supported: rotary embeddings "
+                "cover the whole head here"
+            )
         if isinstance(rope_params, dict):
             theta = rope_params.get("rope_theta", theta)
             if rope_params.get("rope_type", "default") != "default":

@@ -11,12 +11,14 @@ from collections.abc import Mapping
 
 from .base import CausalLM
 from .llama import LlamaForCausalLM
+from .phi3 import Phi3ForCausalLM
 
 MODELS: Mapping[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
 }
 
 
