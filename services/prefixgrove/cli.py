@@ -9,7 +9,6 @@ import signal
 import sys
 import threading
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from prefixgrove import cli_client
@@ -25,6 +24,7 @@ from prefixgrove.settings import (
     SecuritySettings,
     WorkerSettings,
 )
+from prefixgrove.storage.locations import errors_beside, source_arg
 
 log = logging.getLogger("prefixgrove.client")
 
@@ -85,6 +85,7 @@ class _JsonFormatter(logging.Formatter):
 
 
 CLIENT_COMMANDS = ("submit", "status", "cancel", "results", "list")
+_URLS = "a path, or an object's URL: s3://BUCKET/KEY, gs://BUCKET/KEY (docs/object-storage.md)"
 # The settings each command loads: its flags are these classes' fields (cli_flags.add_arguments),
 # each with its default and its PREFIXGROVE_* variable; every command has LogSettings' too. `run`
 # and `serve worker` take every engine knob (EngineSettings), as `LLM(...)` does.
@@ -122,9 +123,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run_command(sub: Any) -> None:
     run = _command(sub, ("run",), "run a batch file in this process (no Redis, no planner)", _run)
-    run.add_argument("input", type=Path, help="OpenAI Batch JSONL")
-    run.add_argument("-o", "--output", type=Path, required=True, help="the output JSONL")
-    run.add_argument("--errors", type=Path, default=None,
+    run.add_argument("input", type=source_arg, help=f"OpenAI Batch JSONL; {_URLS}")
+    run.add_argument("-o", "--output", type=source_arg, required=True,
+                     help=f"the output JSONL; {_URLS}")  # fmt: skip
+    run.add_argument("--errors", type=source_arg, default=None,
                      help="the error JSONL; default: OUTPUT with .errors.jsonl")  # fmt: skip
     run.add_argument("--model", required=True, help="a preset, a Hugging Face directory or a .gguf")
     run.add_argument("--served-model-name", default="",
@@ -137,7 +139,7 @@ def _run_command(sub: Any) -> None:
 
 def _submit_command(sub: Any) -> None:
     submit = _command(sub, ("submit",), "send a batch file to the planner", cli_client.submit)
-    submit.add_argument("input", type=Path, help="OpenAI Batch JSONL")
+    submit.add_argument("input", type=source_arg, help=f"OpenAI Batch JSONL; {_URLS}")
     submit.add_argument("--model", default="",
                         help="the job's model; default: the planner's first")  # fmt: skip
     submit.add_argument("--idempotency-key", default="",
@@ -145,9 +147,9 @@ def _submit_command(sub: Any) -> None:
     submit.add_argument(
         "--wait", action="store_true", help="follow the job, then download its results"
     )
-    submit.add_argument("-o", "--output", type=Path,
-                        help="with --wait: the output JSONL; default: none")  # fmt: skip
-    submit.add_argument("--errors", type=Path,
+    submit.add_argument("-o", "--output", type=source_arg,
+                        help="with --wait: the output JSONL (a path or URL); default: none")  # fmt: skip
+    submit.add_argument("--errors", type=source_arg,
                         help="with --wait: the error JSONL; default: OUTPUT with .errors.jsonl")  # fmt: skip
 
 
@@ -165,9 +167,9 @@ def _job_commands(sub: Any) -> None:
             command.add_argument("--watch", action="store_true", help="follow the job to its end")
         if name == "results":
             command.add_argument(
-                "-o", "--output", type=Path, required=True, help="the output JSONL"
+                "-o", "--output", type=source_arg, required=True, help=f"the output JSONL; {_URLS}"
             )
-            command.add_argument("--errors", type=Path,
+            command.add_argument("--errors", type=source_arg,
                                  help="the error JSONL; default: OUTPUT with .errors.jsonl")  # fmt: skip
 
 
@@ -218,7 +220,7 @@ def _run(args: argparse.Namespace) -> int:
 
     check_input(args.input)
     ingest = cfg.load(IngestSettings, args)
-    errors = args.errors or args.output.with_name(args.output.stem + ".errors.jsonl")
+    errors = args.errors or errors_beside(args.output)
     try:
         summary = run_local(
             args.input,

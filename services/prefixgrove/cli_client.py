@@ -12,13 +12,22 @@ from typing import Any
 
 from prefixgrove import settings as cfg
 from prefixgrove.settings import ClientSettings, LogSettings, SecuritySettings
+from prefixgrove.storage.locations import errors_beside, is_url
 
 log = logging.getLogger("prefixgrove.client")
 
 
-def check_input(path: Path) -> None:
-    """A missing input is one line of error (exit 2), not a traceback."""
-    if not path.is_file():
+def check_input(path: Path | str) -> None:
+    """A missing input is one line of error (exit 2), not a traceback; so is an object that
+    cannot be found (its URL and why: no such bucket, access denied, ...)."""
+    if is_url(path):
+        from prefixgrove.storage.locations import ObjectLocation
+        from prefixgrove.storage.objects import size_of
+
+        if size_of(ObjectLocation.parse(str(path))) is None:
+            raise ValueError(f"{path}: no such object")
+        return
+    if not Path(path).is_file():
         raise ValueError(f"{path}: no such file")
 
 
@@ -93,9 +102,9 @@ def _download(client: Any, job: Any, args: argparse.Namespace) -> int:
     return download.report(job, args)
 
 
-def errors_path(args: argparse.Namespace) -> Path:
+def errors_path(args: argparse.Namespace) -> Path | str:
     """--errors, else OUTPUT with .errors.jsonl."""
-    return args.errors or args.output.with_name(args.output.stem + ".errors.jsonl")
+    return args.errors or errors_beside(args.output)
 
 
 class _Download(threading.Thread):

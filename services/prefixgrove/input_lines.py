@@ -36,12 +36,23 @@ def _skip_rest_of_line(f: BinaryIO) -> None:
         pass
 
 
+def open_source(source: Path | str) -> BinaryIO:
+    """A local file, or an object named by URL (s3://, gs://) streamed in bounded chunks."""
+    from prefixgrove.storage.locations import is_url
+
+    if is_url(source):
+        from prefixgrove.storage.objects import open_input
+
+        return open_input(str(source))
+    return Path(source).open("rb")
+
+
 def line_batches(
-    path: Path, max_line_bytes: int, max_lines: int, max_bytes: int = _BATCH_BYTES
+    path: Path | str, max_line_bytes: int, max_lines: int, max_bytes: int = _BATCH_BYTES
 ) -> Iterator[list[bytes]]:
-    """The file's lines (bounded_lines) in batches of at most `max_lines` lines or about
-    `max_bytes` bytes, whichever comes first; an empty file gives no batch."""
-    with path.open("rb") as f:
+    """The file's (or object's) lines (bounded_lines) in batches of at most `max_lines` lines or
+    about `max_bytes` bytes, whichever comes first; an empty file gives no batch."""
+    with open_source(path) as f:
         batch: list[bytes] = []
         size = 0
         for line in bounded_lines(f, max_line_bytes):

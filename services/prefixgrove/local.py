@@ -26,7 +26,7 @@ from prefixgrove.jobs.request_errors import RequestError, engine_error
 from prefixgrove.jobs.requests import BatchRequest
 from prefixgrove.jobs.sampling_fields import sampling_kwargs
 from prefixgrove.jobs.tokenize import PromptTokenizer
-from prefixgrove.output_files import check_outputs, open_output
+from prefixgrove.output_files import check_outputs, open_outputs
 from prefixgrove.settings import IngestSettings
 
 if TYPE_CHECKING:
@@ -74,16 +74,19 @@ class RunSummary:
     errors_by_code: dict[str, int]
 
 
-def read_lines(path: Path, max_line_bytes: int, chunk: int = _READ_LINES) -> Iterator[list[bytes]]:
-    """The input's lines in batches, in bounded memory: a line over `max_line_bytes` is never
-    held whole (input_lines.py), and it fails alone as `line_too_large`."""
+def read_lines(
+    path: Path | str, max_line_bytes: int, chunk: int = _READ_LINES
+) -> Iterator[list[bytes]]:
+    """The input's lines (a file, or an object by URL) in batches, in bounded memory: a line over
+    `max_line_bytes` is never held whole (input_lines.py), and it fails alone as
+    `line_too_large`."""
     return line_batches(path, max_line_bytes, chunk)
 
 
 def run_local(
-    input_path: Path,
-    output_path: Path,
-    errors_path: Path,
+    input_path: Path | str,
+    output_path: Path | str,
+    errors_path: Path | str,
     model: str,
     ingest: IngestSettings,
     engine: EngineSettings,
@@ -170,15 +173,16 @@ _FRESH: tuple[Resumed, tuple[Rerun, ...]] = (Resumed(), ())
 
 
 @contextmanager
-def _writer(output: Path, errors: Path, done: Resumed) -> Iterator[OrderedWriter]:
-    """The job's writer, going on after what `done` keeps of the files (all of them: none)."""
-    with open_output(output, done.sizes[0]) as out, open_output(errors, done.sizes[1]) as err:
+def _writer(output: Path | str, errors: Path | str, done: Resumed) -> Iterator[OrderedWriter]:
+    """The job's writer, going on after what `done` keeps of the files (all of them: none);
+    objects (by URL) are committed whole when the run ends without an error."""
+    with open_outputs(output, errors, done.sizes) as (out, err):
         yield OrderedWriter(out, err, done.start, done.kept)
 
 
 def _resume(
-    output: Path,
-    errors: Path,
+    output: Path | str,
+    errors: Path | str,
     total: int,
     runnable: list[tuple[BatchRequest, list[int], SamplingParams]],
     failed: list[RequestError],
@@ -236,7 +240,7 @@ def _engine_text(engine_args: dict[str, Any]) -> str:
 
 
 def _read_job(
-    ingestor: JobIngestor, path: Path, every_s: float = PROGRESS_EVERY_S
+    ingestor: JobIngestor, path: Path | str, every_s: float = PROGRESS_EVERY_S
 ) -> tuple[list[tuple[BatchRequest, Any]], list[RequestError]]:
     """The job's valid requests with their tokens, and the lines that failed; raises JobInputError
     when the whole input is not a batch."""

@@ -84,6 +84,30 @@ class SecuritySettings:
 
 
 @dataclass(frozen=True)
+class StorageSettings:
+    """Object storage (s3://, gs://). Credentials come the platform's way, never from here: the
+    AWS_* variables, web identity (IRSA) and instance roles; GOOGLE_APPLICATION_CREDENTIALS and
+    workload identity. These settings are for S3-compatible stores and the size of output parts."""
+
+    # MinIO, Ceph, R2, ...: http(s)://host:port; empty: AWS_ENDPOINT_URL, else AWS itself
+    s3_endpoint_url: str = ""
+    s3_region: str = ""  # empty: AWS_REGION or AWS_DEFAULT_REGION, else us-east-1
+    gcs_endpoint_url: str = ""  # an emulator's http://host:port; empty: Google's
+    # an output is uploaded in parts of about this many bytes (a part is what a resume keeps)
+    object_part_bytes: int = 16 << 20
+
+    def __post_init__(self) -> None:
+        if not 1 << 10 <= self.object_part_bytes <= 1 << 30:
+            raise ValueError(
+                f"object_part_bytes={self.object_part_bytes} is invalid: expected 1 KiB to 1 GiB"
+            )
+        for name in ("s3_endpoint_url", "gcs_endpoint_url"):
+            value = getattr(self, name)
+            if value and not value.startswith(("http://", "https://")):
+                raise ValueError(f"{name}={value!r} is invalid: expected http(s)://HOST[:PORT]")
+
+
+@dataclass(frozen=True)
 class ClientSettings:
     """Where the command-line client finds the planner (`--planner`, PREFIXGROVE_PLANNER)."""
 

@@ -97,7 +97,7 @@ class OrderedWriter:
             f.flush()
 
 
-def read_back(output: Path, errors: Path, total: int, judge: Judge) -> Resumed:
+def read_back(output: Path | str, errors: Path | str, total: int, judge: Judge) -> Resumed:
     """Reads back what an earlier run wrote for a job of `total` lines: how far the answered
     prefix goes (a torn last line, or lines one file wrote ahead of the other, are left out),
     which of its answers are stale, and where to cut the files; raises ResumeMismatch when the
@@ -142,7 +142,7 @@ def _answer(
     return None
 
 
-def _whole_lines(path: Path) -> list[str]:
+def _whole_lines(path: Path | str) -> list[str]:
     """The file's complete lines (a last line without its newline is torn, so dropped)."""
     data = read_output(path)
     # NOTE: split on b"\n" alone: a JSON line may hold U+2028 and other breaks that splitlines cuts.
@@ -154,7 +154,13 @@ def _whole_lines(path: Path) -> list[str]:
 
 
 def _check_ahead(
-    path: Path, lines: list[str], kept: int, start: int, total: int, judge: Judge, failed: bool
+    path: Path | str,
+    lines: list[str],
+    kept: int,
+    start: int,
+    total: int,
+    judge: Judge,
+    failed: bool,
 ) -> None:
     """Lines past the answered prefix are only acceptable as answers to later lines, in order."""
     index = start

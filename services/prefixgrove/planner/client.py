@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from prefixgrove.input_lines import bounded_lines
+from prefixgrove.input_lines import bounded_lines, open_source
 from prefixgrove.output_files import replaced
 from prefixgrove.planner import input_digest
 from prefixgrove.planner.download import download as download_results
@@ -166,12 +166,12 @@ class PlannerClient:
 
     def submit_file(
         self,
-        path: Path,
+        path: Path | str,
         model: str = "",
         idempotency_key: str = "",
         attempts: int = UPLOAD_ATTEMPTS,
     ) -> pb.Job:
-        """The file's lines, submitted as `submit_lines` does."""
+        """The file's (or the object's, by URL) lines, submitted as `submit_lines` does."""
         return self.submit_lines(lambda: _file_lines(path), model, idempotency_key, attempts)
 
     def submit_lines(
@@ -258,7 +258,7 @@ class PlannerClient:
         )
         return self._stream("StreamResults", request, None if follow else self._long())
 
-    def download(self, job_id: str, output: Path, errors: Path) -> tuple[int, int]:
+    def download(self, job_id: str, output: Path | str, errors: Path | str) -> tuple[int, int]:
         """Follows the job, writing its output and error files (download.py); returns the lines
         each holds. An interrupted download goes on where it can verify what it wrote, else starts
         over; a marker of another job is refused (ValueError), a link at any path too."""
@@ -287,9 +287,9 @@ class PlannerClient:
         return None if self._timeout is None else max(self._timeout, floor)
 
 
-def _file_lines(path: Path) -> Iterator[bytes]:
+def _file_lines(path: Path | str) -> Iterator[bytes]:
     """In bounded memory: a line over any planner's limit is never held whole (input_lines.py)."""
-    with path.open("rb") as f:
+    with open_source(path) as f:
         yield from bounded_lines(f, MAX_LINE_BYTES_LIMIT)
 
 

@@ -11,6 +11,9 @@ the marker are downloaded again) and the download goes on from the marker's inde
 (a file shorter than the marker says, edited, or missing; a marker of an older version, or one that
 does not parse) starts the download over, saying why. A marker of another job is refused
 (ValueError): its files belong to another download. So both files only ever hold whole lines.
+
+Outputs named by URL (s3://, gs://) are written as parts and committed whole at the end
+(prefixgrove/storage/staged.py); an interrupted download of them starts over.
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from typing import Any, BinaryIO, NamedTuple, Protocol
 from prefixgrove.output_files import (
     check_outputs,
     open_output,
+    open_outputs,
     read_chunks,
     read_output,
     replaced,
 )
+from prefixgrove.storage.locations import is_url
 
 log = logging.getLogger(__name__)
 MARK_EVERY = 1000  # lines between two markers
@@ -57,9 +62,12 @@ def marker_path(output: Path) -> Path:
     return output.with_name(output.name + ".offset")
 
 
-def check_paths(output: Path, errors: Path) -> None:
+def check_paths(output: Path | str, errors: Path | str) -> None:
     """Refuses a download's paths (the files and the marker) that are links or name one file."""
-    check_outputs(output, errors, marker_path(output))
+    if is_url(output):
+        check_outputs(output, errors)
+    else:
+        check_outputs(output, errors, marker_path(Path(output)))
 
 
 @dataclass
@@ -79,9 +87,14 @@ class Tally:
         return {"size": self.size, "lines": self.lines, "blake2b": self.digest.hexdigest()}
 
 
-def download(results: Results, job_id: str, output: Path, errors: Path) -> tuple[int, int]:
+def download(
+    results: Results, job_id: str, output: Path | str, errors: Path | str
+) -> tuple[int, int]:
     """Writes the job's results into `output` and `errors`, going on from an interrupted
     download of the same job where one can be verified; returns the lines each file holds."""
+    if is_url(output) or is_url(errors):
+        return _download_objects(results, output, errors)
+    output, errors = Path(output), Path(errors)
     check_paths(output, errors)
     marker = marker_path(output)
     start, tallies = resume_point(marker, job_id, output, errors)
@@ -106,6 +119,19 @@ def download(results: Results, job_id: str, output: Path, errors: Path) -> tuple
             raise
     marker.unlink(missing_ok=True)
     return tallies[0].lines, tallies[1].lines
+
+
+def _download_objects(results: Results, output: Path | str, errors: Path | str) -> tuple[int, int]:
+    """The whole download into outputs of which one at least is an object (by URL), each
+    committed whole at the end."""
+    check_outputs(output, errors)
+    counts = [0, 0]
+    with open_outputs(output, errors) as files:
+        for result in results(0):
+            files[result.is_error].write(result.line.encode() + b"\n")
+            files[result.is_error].flush()
+            counts[result.is_error] += 1
+    return counts[0], counts[1]
 
 
 def resume_point(
