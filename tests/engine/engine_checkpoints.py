@@ -19,14 +19,20 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
     PretrainedConfig,
     PreTrainedModel,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 from prefixgrove import LLM, RequestOutput, SamplingParams
@@ -83,6 +89,29 @@ def _phi3() -> tuple[PretrainedConfig, type[PreTrainedModel]]:
     return config, Phi3ForCausalLM
 
 
+# Small mixtures of experts: 8 experts of width 64, 2 per token (one dense layer in Qwen3-MoE's)
+_MOE = {"moe_intermediate_size": 64, "num_experts": 8, "num_experts_per_tok": 2}
+
+
+def _qwen3_moe() -> tuple[PretrainedConfig, type[PreTrainedModel]]:
+    config = Qwen3MoeConfig(
+        **_SHAPES, **_MOE, norm_topk_prob=True, mlp_only_layers=[1], tie_word_embeddings=False
+    )
+    return config, Qwen3MoeForCausalLM
+
+
+def _qwen2_moe() -> tuple[PretrainedConfig, type[PreTrainedModel]]:
+    config = Qwen2MoeConfig(
+        **_SHAPES, **_MOE, shared_expert_intermediate_size=128, tie_word_embeddings=False
+    )
+    return config, Qwen2MoeForCausalLM
+
+
+def _mixtral() -> tuple[PretrainedConfig, type[PreTrainedModel]]:
+    shapes = {**_SHAPES, "intermediate_size": 64}
+    return MixtralConfig(**shapes, num_local_experts=4, num_experts_per_tok=2), MixtralForCausalLM
+
+
 ARCHES: dict[str, Callable[[], tuple[PretrainedConfig, type[PreTrainedModel]]]] = {
     "llama3": lambda: _llama3(tied=True),
     "llama3-untied": lambda: _llama3(tied=False),
@@ -90,6 +119,9 @@ ARCHES: dict[str, Callable[[], tuple[PretrainedConfig, type[PreTrainedModel]]]] 
     "qwen3": _qwen3,
     "mistral": _mistral,
     "phi3": _phi3,
+    "qwen3-moe": _qwen3_moe,
+    "qwen2-moe": _qwen2_moe,
+    "mixtral": _mixtral,
 }
 
 

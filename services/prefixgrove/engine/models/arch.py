@@ -17,6 +17,41 @@ def architecture_of(hf_config: Any) -> str:
 
 
 @dataclass(frozen=True)
+class MoeArch:
+    """A mixture-of-experts MLP's facts: experts, the top-k each token goes to, each expert's
+    width, whether the top-k weights are renormalized, a shared expert's width (0: none), and which
+    layers are sparse (the others keep a dense MLP of the config's intermediate_size)."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    norm_topk_prob: bool
+    shared_intermediate_size: int
+    sparse_layers: tuple[int, ...]
+
+
+def moe_arch_of(config: Any, num_layers: int) -> MoeArch | None:
+    """MoeArch of Qwen3-MoE, Qwen2-MoE and Mixtral configs; None for a dense model."""
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    if not experts:
+        return None
+    step = getattr(config, "decoder_sparse_step", 1) or 1
+    dense = set(getattr(config, "mlp_only_layers", None) or ())
+    return MoeArch(
+        num_experts=int(experts),
+        top_k=int(config.num_experts_per_tok),
+        # Mixtral's experts are its intermediate_size wide; the Qwen MoE configs name theirs
+        intermediate_size=int(
+            getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+        ),
+        # Mixtral always renormalizes the top-k (softmax over them); Qwen's configs say
+        norm_topk_prob=bool(getattr(config, "norm_topk_prob", True)),
+        shared_intermediate_size=int(getattr(config, "shared_expert_intermediate_size", 0) or 0),
+        sparse_layers=tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0),
+    )
+
+
+@dataclass(frozen=True)
 class ModelArch:
     """Shapes and switches of a Llama-family decoder; one type covers Llama 2/3, Mistral, Qwen2 and Qwen3."""
 
@@ -37,6 +72,7 @@ class ModelArch:
     qk_norm: bool  # Qwen3: RMSNorm on each head of q and k before rotary
     sliding_window: int | None
     eos_token_ids: tuple[int, ...]
+    moe: MoeArch | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -92,7 +128,7 @@ class ModelArch:
             theta = rope_params.get("rope_theta", theta)
             if rope_params.get("rope_type", "default") != "default":
                 scaling = dict(rope_params)
-        qwen2 = arch == "Qwen2ForCausalLM"
+        qwen2 = arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
         return cls(
             architecture=arch,
             vocab_size=config.vocab_size,
@@ -108,7 +144,8 @@ class ModelArch:
             max_position_embeddings=config.max_position_embeddings,
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
             qkv_bias=qwen2 or bool(getattr(config, "attention_bias", False)),
-            qk_norm=arch == "Qwen3ForCausalLM",
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
             sliding_window=sliding_window(config),
             eos_token_ids=eos_ids,
+            moe=moe_arch_of(config, config.num_hidden_layers),
         )

@@ -131,21 +131,30 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(
-        self, arch: ModelArch, layer_idx: int, ops: ModelOps, parallel: TensorParallel
+        self,
+        arch: ModelArch,
+        layer_idx: int,
+        ops: ModelOps,
+        parallel: TensorParallel,
+        mlp: nn.Module | None = None,
     ) -> None:
+        """`mlp`: the layer's feed-forward block when it is not the dense MLP (a sparse MoE)."""
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, ops)
         self.self_attn = Attention(arch, layer_idx, ops, parallel)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, ops)
-        self.mlp = MLP(arch, ops, parallel)
+        self.mlp = mlp or MLP(arch, ops, parallel)
 
     def fuse_fp8_inputs(self) -> None:
         """Where the linear after a norm or the activation takes QuantizedRows, that norm or
         activation writes them: its output is quantized in the pass that computes it, instead of
         being stored in the model's dtype and read again by the linear's own quantization."""
         self.input_layernorm.quantizes_output = takes_quantized_rows(self.self_attn.qkv_proj)
-        self.post_attention_layernorm.quantizes_output = takes_quantized_rows(self.mlp.gate_up_proj)
-        self.mlp.quantizes_activation = takes_quantized_rows(self.mlp.down_proj)
+        if isinstance(self.mlp, MLP):  # a sparse MoE block reads its input in the model's dtype
+            self.post_attention_layernorm.quantizes_output = takes_quantized_rows(
+                self.mlp.gate_up_proj
+            )
+            self.mlp.quantizes_activation = takes_quantized_rows(self.mlp.down_proj)
 
     def forward(
         self,
@@ -190,7 +199,10 @@ class LlamaForCausalLM(CausalLM):
         super().__init__(arch, max_positions, ops, parallel)
         p, local = self.parallel, local_arch(arch, self.parallel.size)
         self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, p)
-        self.layers = nn.ModuleList(DecoderLayer(local, i, ops, p) for i in range(arch.num_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(local, i, ops, p, self.feed_forward(local, i, ops))
+            for i in range(arch.num_layers)
+        )
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, ops)
         self.lm_head = (
             None
@@ -222,6 +234,10 @@ class LlamaForCausalLM(CausalLM):
             x, residual = layer(x, residual, positions, self.cos_sin, ctx)
         x, residual = last(x, residual, positions, self.cos_sin, ctx, ctx.sampled)
         return self.norm(x, residual)[0]
+
+    def feed_forward(self, local: ModelArch, layer_idx: int, ops: ModelOps) -> nn.Module | None:
+        """Layer `layer_idx`'s feed-forward block; None: the dense MLP (a MoE family overrides)."""
+        return None
 
     def fuse_fp8_inputs(self) -> None:
         """Decides once, after quantization, which norms and activations write FP8 rows."""

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from .base import CausalLM
 from .llama import LlamaForCausalLM
+from .moe import MoeForCausalLM
 from .phi3 import Phi3ForCausalLM
 
 MODELS: Mapping[str, type[CausalLM]] = {
@@ -19,6 +20,9 @@ MODELS: Mapping[str, type[CausalLM]] = {
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
+    "Qwen3MoeForCausalLM": MoeForCausalLM,
+    "Qwen2MoeForCausalLM": MoeForCausalLM,
+    "MixtralForCausalLM": MoeForCausalLM,
 }
 
 

@@ -119,6 +119,12 @@ def check_tensor_parallel(arch: ModelArch, size: int) -> None:
             arch.num_kv_heads % size == 0 or size % arch.num_kv_heads == 0,
         ),
     ]
+    if arch.moe is not None:
+        for name, value in (
+            ("moe_intermediate_size", arch.moe.intermediate_size),
+            ("shared_expert_intermediate_size", arch.moe.shared_intermediate_size),
+        ):
+            rules.append((name, value, value % size == 0))
     for name, value, ok in rules:
         if not ok:
             raise ValueError(
