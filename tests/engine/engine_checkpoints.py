@@ -21,6 +21,8 @@ from transformers import (
     MistralForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
+    OlmoeConfig,
+    OlmoeForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
     PretrainedConfig,
@@ -112,6 +114,12 @@ def _mixtral() -> tuple[PretrainedConfig, type[PreTrainedModel]]:
     return MixtralConfig(**shapes, num_local_experts=4, num_experts_per_tok=2), MixtralForCausalLM
 
 
+def _olmoe() -> tuple[PretrainedConfig, type[PreTrainedModel]]:
+    shapes = {**_SHAPES, "intermediate_size": 64}
+    config = OlmoeConfig(**shapes, num_experts=8, num_experts_per_tok=2, pad_token_id=None)
+    return config, OlmoeForCausalLM
+
+
 ARCHES: dict[str, Callable[[], tuple[PretrainedConfig, type[PreTrainedModel]]]] = {
     "llama3": lambda: _llama3(tied=True),
     "llama3-untied": lambda: _llama3(tied=False),
@@ -122,6 +130,7 @@ ARCHES: dict[str, Callable[[], tuple[PretrainedConfig, type[PreTrainedModel]]]] 
     "qwen3-moe": _qwen3_moe,
     "qwen2-moe": _qwen2_moe,
     "mixtral": _mixtral,
+    "olmoe": _olmoe,
 }
 
 

@@ -77,18 +77,23 @@ def test_each_rank_reads_the_cut_of_every_safetensors_tensor(qwen2_dir: str, siz
     _assert_shards_are_cuts_of_the_whole(qwen2_dir, size, list(range(size)))
 
 
-@pytest.mark.parametrize("arch", ["phi3", "qwen2-moe", "mixtral"])
+@pytest.mark.parametrize("arch", ["phi3", "qwen2-moe", "mixtral", "olmoe"])
 def test_a_rank_cuts_fused_tensors_and_experts(arch: str, tmp_path: Path) -> None:
     """Phi-3's fused q/k/v and gate/up; every expert's width and a shared expert's."""
     _assert_shards_are_cuts_of_the_whole(save_checkpoint(arch, tmp_path), 2, [0, 1])
 
 
-def test_experts_split_over_ranks_compute_what_one_rank_computes(tmp_path: Path) -> None:
-    model = save_checkpoint("qwen2-moe", tmp_path)
+@pytest.mark.parametrize(("arch", "size"), [("qwen2-moe", 2), ("olmoe", 4)])
+def test_experts_split_over_ranks_compute_what_one_rank_computes(
+    arch: str, size: int, tmp_path: Path
+) -> None:
+    """Experts and a shared expert split by width; OLMoE's whole-projection q/k norms summed
+    over the ranks, at 4 ranks over 2 KV heads each held twice."""
+    model = save_checkpoint(arch, tmp_path)
     prompts = shared_prefix_job(num_prefixes=1, per_prefix=3, prefix_len=70)
     outputs = []
-    for size in (1, 2):
-        llm = engine(model, tensor_parallel_size=size)
+    for ranks in (1, size):
+        llm = engine(model, tensor_parallel_size=ranks)
         outputs.append(run(llm, prompts, greedy(8, logprobs=2)))
         llm.engine.close()
     assert_same_tokens_and_logprobs(*outputs, tolerance=1e-4)

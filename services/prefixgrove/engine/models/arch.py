@@ -124,6 +124,8 @@ class ModelArch:
                 f"partial_rotary_factor={partial} of {arch} is not supported: rotary embeddings "
                 "cover the whole head here"
             )
+        if getattr(config, "clip_qkv", None) is not None:
+            raise ValueError(f"clip_qkv={config.clip_qkv} of {arch} is not supported")
         if isinstance(rope_params, dict):
             theta = rope_params.get("rope_theta", theta)
             if rope_params.get("rope_type", "default") != "default":

@@ -137,11 +137,13 @@ class DecoderLayer(nn.Module):
         ops: ModelOps,
         parallel: TensorParallel,
         mlp: nn.Module | None = None,
+        attention: type[Attention] = Attention,
     ) -> None:
-        """`mlp`: the layer's feed-forward block when it is not the dense MLP (a sparse MoE)."""
+        """`mlp`: the layer's feed-forward block when it is not the dense MLP (a sparse MoE);
+        `attention`: the family's attention class."""
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, ops)
-        self.self_attn = Attention(arch, layer_idx, ops, parallel)
+        self.self_attn = attention(arch, layer_idx, ops, parallel)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, ops)
         self.mlp = mlp or MLP(arch, ops, parallel)
 
@@ -189,6 +191,8 @@ _FUSED = {
 
 
 class LlamaForCausalLM(CausalLM):
+    attention: type[Attention] = Attention  # a variant's own attention (OLMoE's q/k norms)
+
     def __init__(
         self,
         arch: ModelArch,
@@ -200,7 +204,7 @@ class LlamaForCausalLM(CausalLM):
         p, local = self.parallel, local_arch(arch, self.parallel.size)
         self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, p)
         self.layers = nn.ModuleList(
-            DecoderLayer(local, i, ops, p, self.feed_forward(local, i, ops))
+            DecoderLayer(local, i, ops, p, self.feed_forward(local, i, ops), self.attention)
             for i in range(arch.num_layers)
         )
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, ops)

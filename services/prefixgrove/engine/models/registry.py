@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from .base import CausalLM
 from .llama import LlamaForCausalLM
 from .moe import MoeForCausalLM
+from .olmoe import OlmoeForCausalLM
 from .phi3 import Phi3ForCausalLM
 
 MODELS: Mapping[str, type[CausalLM]] = {
@@ -23,6 +24,7 @@ MODELS: Mapping[str, type[CausalLM]] = {
     "Qwen3MoeForCausalLM": MoeForCausalLM,
     "Qwen2MoeForCausalLM": MoeForCausalLM,
     "MixtralForCausalLM": MoeForCausalLM,
+    "OlmoeForCausalLM": OlmoeForCausalLM,
 }
 
 
