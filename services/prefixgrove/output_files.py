@@ -22,6 +22,7 @@ from typing import BinaryIO, cast
 
 from prefixgrove import settings as cfg
 from prefixgrove.settings import StorageSettings
+from prefixgrove.storage import objects
 from prefixgrove.storage.locations import ObjectLocation, is_url
 from prefixgrove.storage.staged import StagedObject, staged_pair
 
@@ -33,12 +34,16 @@ class OutputPathRefused(OSError):
 
 
 def check_outputs(*paths: Path | str) -> None:
-    """Refuses, before anything is written, output paths that are links or name one file twice
-    (and URLs that name no object)."""
+    """Refuses, before anything is written, output paths that are links or name one file twice,
+    and URLs that name no object or whose bucket cannot be reached (missing, access denied)."""
     seen: dict[Path | str, Path | str] = {}
     for path in paths:
         if is_url(path):
-            resolved: Path | str = ObjectLocation.parse(str(path)).url
+            location = ObjectLocation.parse(str(path))
+            objects.size_of(
+                location
+            )  # a missing bucket or refused credentials: now, not at the end
+            resolved: Path | str = location.url
         else:
             _refuse_link(Path(path))
             resolved = Path(path).resolve()

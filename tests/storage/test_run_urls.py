@@ -87,6 +87,16 @@ def test_a_missing_bucket_is_named_with_the_url(s3: S3Server, tmp_path: Path) ->
     assert "s3://no-such-bucket-here/in.jsonl" in done.stderr and "no such bucket" in done.stderr
 
 
+def test_an_output_in_a_missing_bucket_is_refused_before_anything_runs(
+    s3: S3Server, tmp_path: Path
+) -> None:
+    job = write_job(tmp_path / "in.jsonl")
+    done = cli(str(job), "-o", "s3://no-such-bucket-for-output/o.jsonl")
+    assert done.returncode != 0
+    assert "s3://no-such-bucket-for-output/o.jsonl" in done.stderr
+    assert "no such bucket" in done.stderr
+
+
 def test_a_missing_object_and_a_bad_url_are_one_line_each(s3: S3Server, tmp_path: Path) -> None:
     bucket = s3.bucket()
     missing = cli(f"s3://{bucket}/absent.jsonl", "-o", str(tmp_path / "o.jsonl"))
