@@ -102,10 +102,10 @@ def iter_tensors(
         # numpy shape is the reverse of GGUF's dims: [out_features, in_features] for a matrix
         shape = tuple(reversed([int(d) for d in tensor.shape]))
         found = cut_of(name) if cut_of is not None else None
-        rows = None
-        if found is not None and found[0].dim == 0 and found[0].applies_to(shape, found[1]):
-            rows = found[0].bounds(found[1])
-        array = _dequantized(tensor, shape, rows)
+        part = None  # (dim, start, length) of this rank's slice, read from the file alone
+        if found is not None and found[0].applies_to(shape, found[1]):
+            part = (found[0].dim, *found[0].bounds(found[1]))
+        array, read = _dequantized(tensor, shape, part)
         # llama.cpp's q/k row order is per head: a cut of whole heads unpermutes on its own
         if kind in ("attn_q", "attn_k"):
             total = heads if kind == "attn_q" else kv_heads
@@ -115,21 +115,33 @@ def iter_tensors(
             array = np.array(array, order="C")
         out = torch.from_numpy(array)
         if found is not None:
-            out = found[0].pad(out, found[1]) if rows else found[0].take(out)
+            out = found[0].pad(out, found[1]) if read else found[0].take(out)
         yield name, out.to(device)
 
 
-def _dequantized(tensor: Any, shape: tuple[int, ...], rows: tuple[int, int] | None) -> np.ndarray:
-    """float32 [shape] of a GGUF tensor, or of its rows [start, start + length) only (a quantized
-    matrix stores each row as its own run of blocks)."""
+def _dequantized(
+    tensor: Any, shape: tuple[int, ...], part: tuple[int, int, int] | None
+) -> tuple[np.ndarray, bool]:
+    """float32 [shape] of a GGUF tensor, or only `part` of it (dim, start, length), and whether
+    only the part was read: a quantized matrix stores each row as its own run of blocks, so rows
+    are runs of bytes, and columns are too where they start and end on a block boundary."""
+    from gguf.constants import GGML_QUANT_SIZES
     from gguf.quants import dequantize
 
     data = tensor.data
-    if rows is not None:
-        data = data.reshape(shape[0], -1)[rows[0] : rows[0] + rows[1]]
-        shape = (rows[1], *shape[1:])
-    array = dequantize(data, tensor.tensor_type).astype(np.float32, copy=False)
-    return array.reshape(shape)
+    if part is not None:
+        dim, start, length = part
+        block, block_bytes = GGML_QUANT_SIZES[tensor.tensor_type]
+        rows = data.reshape(shape[0], -1)
+        if dim == 0:
+            data, shape = rows[start : start + length], (length, *shape[1:])
+        elif dim == 1 and len(shape) == 2 and start % block == 0 and length % block == 0:
+            first, size = start // block * block_bytes, length // block * block_bytes
+            data, shape = rows[:, first : first + size], (shape[0], length)
+        else:
+            part = None
+    array = dequantize(np.ascontiguousarray(data), tensor.tensor_type)
+    return array.astype(np.float32, copy=False).reshape(shape), part is not None
 
 
 def _hf_name(gguf_name: str) -> tuple[str, str]:
