@@ -10,14 +10,25 @@ __version__ = "0.1.0"
 __all__ = [
     "LLM",
     "CompletionOutput",
+    "EngineArgs",
     "LLMEngine",
     "RequestOutput",
     "SamplingParams",
     "StructuredOutputsParams",
+    "TextPrompt",
+    "TokensPrompt",
 ]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "EngineArgs":
+        from .engine_args import EngineArgs
+
+        return EngineArgs
+    if name in ("TextPrompt", "TokensPrompt"):
+        from . import inputs
+
+        return getattr(inputs, name)
     if name in __all__:
         from . import engine
 

@@ -31,7 +31,7 @@ def test_vllm_arguments_that_mean_something_here_are_taken_over() -> None:
 
 @pytest.mark.parametrize(
     ("argument", "value"),
-    [("pipeline_parallel_size", 2), ("quantization", "awq"), ("trust_remote_code", True),
+    [("pipeline_parallel_size", 2), ("quantization", "awq"), ("tokenizer_mode", "mistral"),
      ("download_dir", "/tmp/models")],
 )  # fmt: skip
 def test_a_vllm_argument_that_asks_for_what_is_not_done_here_is_refused_by_name(

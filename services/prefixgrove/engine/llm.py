@@ -18,10 +18,13 @@ from .core.llm_engine import LLMEngine
 from .sampling.outputs import RequestOutput
 from .sampling.parallel_samples import Samples
 from .sampling.sampling_params import SamplingParams, is_unicode
-from .vllm_args import engine_kwargs
+from .vllm_args import check_request_options, engine_kwargs, unsupported_method
 
 Prompt = str | dict[str, Any]
 Conversation = Seq[dict[str, Any]]
+# What a TextPrompt or TokensPrompt may hold here (prefixgrove.inputs): no multimodal data; a
+# cache_salt is taken and changes nothing, since one job's prefix cache serves one caller.
+_PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids", "cache_salt"})
 
 
 class LLM:
@@ -57,6 +60,32 @@ class LLM:
     def config(self) -> EngineConfig:
         return self.engine.config
 
+    @property
+    def llm_engine(self) -> LLMEngine:
+        """The engine underneath, under vLLM's attribute name."""
+        return self.engine
+
+    def reset_prefix_cache(self) -> bool:
+        """Forgets every cached KV block (vLLM's `LLM.reset_prefix_cache`); True, as it always
+        succeeds here (no request holds a block between calls)."""
+        self.engine.reset_prefix_cache()
+        return True
+
+    def beam_search(self, *args: Any, **kwargs: Any) -> Any:
+        raise unsupported_method("beam_search")
+
+    def encode(self, *args: Any, **kwargs: Any) -> Any:
+        raise unsupported_method("encode")
+
+    def classify(self, *args: Any, **kwargs: Any) -> Any:
+        raise unsupported_method("classify")
+
+    def score(self, *args: Any, **kwargs: Any) -> Any:
+        raise unsupported_method("score")
+
+    def reward(self, *args: Any, **kwargs: Any) -> Any:
+        raise unsupported_method("reward")
+
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 
@@ -70,11 +99,14 @@ class LLM:
         prompts: Prompt | Seq[Prompt],
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool | Callable[..., tqdm] = True,
+        lora_request: Any = None,
         *,
+        priority: Seq[int] | None = None,
         groups: Seq[PrefixGroup] | None = None,
     ) -> list[RequestOutput]:
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
+        check_request_options(lora_request, priority, len(prompts))
         texts, token_ids = self._tokenize(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
@@ -102,6 +134,7 @@ class LLM:
         messages: Conversation | Seq[Conversation],
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool | Callable[..., tqdm] = True,
+        lora_request: Any = None,
         *,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
@@ -125,7 +158,7 @@ class LLM:
             **(chat_template_kwargs or {}),
         )
         prompts = [self._render_chat(c, i, options) for i, c in enumerate(conversations)]
-        return self.generate(prompts, sampling_params, use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm, lora_request)
 
     def _render_chat(
         self, conversation: Conversation, index: int, options: dict[str, Any]
@@ -155,6 +188,12 @@ class LLM:
         texts: list[str | None] = []
         ids: list[list[int]] = []
         for i, p in enumerate(prompts):
+            if isinstance(p, dict) and not _PROMPT_KEYS.issuperset(p):
+                raise ValueError(
+                    f"prompt {i}: {', '.join(sorted(set(p) - _PROMPT_KEYS))} not supported (only "
+                    "text is served): a prompt is a string, a TextPrompt {'prompt'} or a "
+                    "TokensPrompt {'prompt_token_ids'}"
+                )
             text = p if isinstance(p, str) else p.get("prompt") if isinstance(p, dict) else None
             if isinstance(text, str) and not is_unicode(text):
                 raise ValueError(f"prompt {i} holds a lone surrogate: it is not Unicode text")

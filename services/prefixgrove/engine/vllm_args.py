@@ -14,7 +14,7 @@ from typing import Any
 # Accepted when they hold one of these values (what prefixgrove does); refused otherwise.
 _ONLY = {
     "pipeline_parallel_size": (1,),
-    "trust_remote_code": (False,),
+    "trust_remote_code": (False, True),  # no remote code runs: only the registry's families load
     "tokenizer_mode": ("auto",),
     "load_format": ("auto",),
     "revision": (None,),
@@ -26,7 +26,7 @@ _ONLY = {
 }
 _WHY = {
     "pipeline_parallel_size": "one engine splits a model by tensor_parallel_size only",
-    "trust_remote_code": "only the built-in Llama-family code runs",
+    "trust_remote_code": "only the registry's own model code runs",
     "tokenizer_mode": "the tokenizer is the one transformers' AutoTokenizer loads",
     "load_format": "safetensors and GGUF are found by the model path",
     "revision": "nothing is downloaded: pass a local path",
@@ -42,10 +42,50 @@ IGNORED = frozenset(
 )
 
 
+# vLLM's methods of `LLM` that prefixgrove's does not have, and what each would have done.
+UNSUPPORTED_METHODS = {
+    "beam_search": "beam search",
+    "encode": "pooling models",
+    "classify": "classification models",
+    "score": "cross-encoder and embedding scoring",
+    "reward": "reward models",
+}
+SUPPORTED_METHODS = "generate, chat, get_default_sampling_params, get_tokenizer, reset_prefix_cache"
+
+
+def unsupported_method(name: str) -> NotImplementedError:
+    """The error a call of one of UNSUPPORTED_METHODS raises, naming what is there instead."""
+    return NotImplementedError(
+        f"LLM.{name} is not supported ({UNSUPPORTED_METHODS[name]} is not served); prefixgrove's "
+        f"LLM offers {SUPPORTED_METHODS} (docs/engine-api.md lists what of vLLM's API is there)"
+    )
+
+
+def check_request_options(lora_request: Any, priority: Any, count: int) -> None:
+    """vLLM's per-call `lora_request` and `priority`, taken where they ask for what is done here
+    anyway: no adapter, and every request at the same priority (vLLM's default first-come policy
+    refuses any other value too)."""
+    if lora_request is not None:
+        raise ValueError(
+            f"lora_request={lora_request!r} is not supported (LoRA adapters are not): leave it "
+            "out or pass None"
+        )
+    if priority is None:
+        return
+    if len(priority) != count or any(p != 0 for p in priority):
+        raise ValueError(
+            f"priority={list(priority)[:8]!r} is not supported: requests run in input order "
+            f"(grouped by shared prefix); leave it out, or pass {count} zeros"
+        )
+
+
 def engine_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The engine's keyword arguments for vLLM-style `kwargs`; ValueError names a refused one."""
+    """The engine's keyword arguments for vLLM-style `kwargs`; ValueError names a refused one.
+    seed=None (vLLM's default since 0.11) is the engine's own seed: it is deterministic anyway."""
     out: dict[str, Any] = {}
     for name, value in kwargs.items():
+        if name == "seed" and value is None:
+            continue
         if name in _ONLY:
             if value not in _ONLY[name]:
                 allowed = " or ".join(repr(v) for v in _ONLY[name])

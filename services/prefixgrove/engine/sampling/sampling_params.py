@@ -58,6 +58,8 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: max_model_len)
     # the output matches a JSON schema, regex, choice or grammar (a dict of its fields is taken too)
     structured_outputs: StructuredOutputsParams | None = None
+    # vLLM's name for structured_outputs before 0.11 (GuidedDecodingParams): the same constraint
+    guided_decoding: StructuredOutputsParams | None = None
     # Set by `prepared`: the token sequences of bad_words, and the ids min_tokens holds back.
     bad_words_token_ids: tuple[tuple[int, ...], ...] = _derived(())
     min_tokens_stop_ids: tuple[int, ...] = _derived(())
@@ -75,8 +77,25 @@ class SamplingParams:
         self._check_stops_and_logprobs()
         self._check_penalties()
         self._check_logit_controls()
+        self._take_guided_decoding()
         if self.structured_outputs is not None:
             self.structured_outputs = StructuredOutputsParams.of(self.structured_outputs)
+
+    def _take_guided_decoding(self) -> None:
+        """guided_decoding is structured_outputs under vLLM's older name: one constraint."""
+        guided, structured = self.guided_decoding, self.structured_outputs
+        if guided is None or guided is structured:
+            return
+        if structured is not None:
+            raise ValueError(
+                "SamplingParams takes structured_outputs or guided_decoding (its older name), "
+                "not both"
+            )
+        self.structured_outputs = self.guided_decoding = StructuredOutputsParams.of(guided)
+
+    def clone(self) -> SamplingParams:
+        """A deep copy (vLLM's `SamplingParams.clone`): changing it leaves this one as it is."""
+        return copy.deepcopy(self)
 
     def prepared(self, tokenizer: Any, eos_token_ids: Iterable[int]) -> SamplingParams:
         """A checked copy for the engine to keep (later changes to this object do not reach it), with
@@ -91,6 +110,7 @@ class SamplingParams:
         params.is_prepared = True
         if params.structured_outputs is not None:
             params.structured_outputs = params.structured_outputs.frozen()
+            params.guided_decoding = params.guided_decoding and params.structured_outputs
         if self.bad_words:
             params.bad_words_token_ids = _bad_words_token_ids(tokenizer, self.bad_words)
         return params

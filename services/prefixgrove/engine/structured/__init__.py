@@ -7,6 +7,6 @@ end), `grammar_state` keeps each constrained sequence's matcher and whether its 
 the sampler applies on the device in one kernel.
 """
 
-from .params import StructuredOutputsParams
+from .params import GuidedDecodingParams, StructuredOutputsParams
 
-__all__ = ["StructuredOutputsParams"]
+__all__ = ["GuidedDecodingParams", "StructuredOutputsParams"]

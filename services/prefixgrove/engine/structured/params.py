@@ -135,3 +135,21 @@ class StructuredOutputsParams:
             "SamplingParams.structured_outputs must be StructuredOutputsParams or a dict of its "
             f"fields, got {type(value).__name__}"
         )
+
+
+@dataclass(frozen=True)
+class GuidedDecodingParams(StructuredOutputsParams):
+    """vLLM's name for StructuredOutputsParams before 0.11 (`vllm.sampling_params.GuidedDecodingParams`,
+    `SamplingParams(guided_decoding=...)`), with its `backend`: every constraint compiles with
+    llguidance (vLLM's "guidance"), so "auto" and "guidance" are taken and another backend is
+    refused by name rather than silently replaced."""
+
+    backend: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend not in (None, "auto", "guidance"):
+            raise ValueError(
+                f"GuidedDecodingParams.backend={self.backend!r} is not supported: constraints "
+                "compile with llguidance; pass 'guidance', 'auto' or leave it out"
+            )
+        super().__post_init__()
