@@ -214,3 +214,19 @@ def _alive(pid: int) -> bool:
     # a child of the killed script is reparented, not reaped by us: a zombie counts as gone
     with open(f"/proc/{pid}/stat") as f:
         return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_a_worker_spans_every_gpu_it_was_given_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefixgrove.engine_settings import EngineSettings
+    from prefixgrove.worker.runner import make_engine, visible_gpus
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert (visible_gpus("cuda"), visible_gpus("cuda:1"), visible_gpus("cpu")) == (4, 3, 1)
+    monkeypatch.undo()
+    engine = make_engine("tiny-random-llama", EngineSettings(device="cpu", tensor_parallel_size=2))
+    try:
+        assert engine.config.tensor_parallel_size == 2 and engine.followers is not None
+    finally:
+        engine.close()
+    assert make_engine("tiny-random-llama", EngineSettings(device="cpu")).followers is None
