@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from prefixgrove import cli_client
@@ -135,6 +136,16 @@ def _run_command(sub: Any) -> None:
                      help="print a JSON summary on stdout, no progress bar")  # fmt: skip
     resume = "keep what OUTPUT and ERRORS answer of this input, run the rest (else overwrite)"
     run.add_argument("--resume", action="store_true", help=resume)
+    parquet = "a Parquet INPUT (*.parquet, OUTPUT *.parquet too): "
+    run.add_argument("--prompt-column", default="",
+                     help=parquet + "the column of prompts (completions); default: none")  # fmt: skip
+    run.add_argument("--messages-column", default="",
+                     help=parquet + "the column of chat messages, instead; default: none")  # fmt: skip
+    run.add_argument(
+        "--id-column", default="", help=parquet + "an id column that must be there; default: none"
+    )
+    run.add_argument("--sampling-json", default="{}",
+                     help=parquet + "body fields for every row, as JSON")  # fmt: skip
 
 
 def _submit_command(sub: Any) -> None:
@@ -216,18 +227,26 @@ def _note_defaults(parser: argparse.ArgumentParser) -> None:
 
 # --- local run ---------------------------------------------------------------------------------
 def _run(args: argparse.Namespace) -> int:
-    from prefixgrove.local import JobInputError, rerun_text, run_local
-
     check_input(args.input)
-    ingest = cfg.load(IngestSettings, args)
+    if str(args.input).endswith(".parquet"):
+        return _run_parquet(args)
     errors = args.errors or errors_beside(args.output)
+    _report(args, _run_job(args, args.input, args.output, errors), args.output, errors)
+    return 0
+
+
+def _run_job(
+    args: argparse.Namespace, job: Path | str, output: Path | str, errors: Path | str
+) -> Any:
+    from prefixgrove.local import JobInputError, run_local
+
     try:
-        summary = run_local(
-            args.input,
-            args.output,
+        return run_local(
+            job,
+            output,
             errors,
             args.model,
-            ingest,
+            cfg.load(IngestSettings, args),
             cfg.load(EngineSettings, args),
             # a bar on a terminal; elsewhere (and under it) the prefixgrove.run log says how it goes
             use_tqdm=progress_bars(args) and sys.stderr.isatty(),
@@ -236,19 +255,43 @@ def _run(args: argparse.Namespace) -> int:
         )
     except JobInputError as exc:
         raise ValueError(f"{exc.code}: {exc}") from None
-    info = {**asdict(summary), "output": str(args.output), "errors": str(errors)}
+
+
+def _run_parquet(args: argparse.Namespace) -> int:
+    """A Parquet dataset: its rows as a batch file, run as one, the answers joined to the rows
+    in OUTPUT (Parquet); the run's own JSONL files stay beside it, for --resume."""
+    import tempfile
+
+    from prefixgrove import parquet_jobs
+
+    if not str(args.output).endswith(".parquet"):
+        raise ValueError(f"{args.output}: a Parquet input's output is Parquet too (OUTPUT.parquet)")
+    columns = parquet_jobs.ParquetColumns(args.prompt_column, args.messages_column,
+                                          args.id_column, json.loads(args.sampling_json))  # fmt: skip
+    answers, errors = f"{args.output}.jsonl", args.errors or f"{args.output}.errors.jsonl"
+    with tempfile.TemporaryDirectory(prefix="prefixgrove-parquet-") as scratch:
+        job = parquet_jobs.write_jsonl(args.input, columns, Path(scratch) / "requests.jsonl")
+        summary = _run_job(args, job, answers, errors)
+    parquet_jobs.write_results(args.input, answers, errors, args.output)
+    _report(args, summary, args.output, errors)
+    return 0
+
+
+def _report(args: argparse.Namespace, summary: Any, output: Path | str, errors: Path | str) -> None:
+    from prefixgrove.local import rerun_text
+
+    info = {**asdict(summary), "output": str(output), "errors": str(errors)}
     if args.json:
         print(json.dumps(info))
-    else:
-        ran = summary.completed + summary.failed
-        rate = ran / max(summary.seconds, 1e-9)
-        if summary.skipped:
-            print(f"{summary.skipped} of {summary.total} already answered, skipped")
-        if summary.rerun:
-            print(f"{len(summary.rerun)} answered before, run again: {rerun_text(summary.rerun)}")
-        print(f"{summary.completed} completed, {summary.failed} failed of {summary.total} in "
-              f"{summary.seconds:.1f}s ({rate:.1f} req/s); output {args.output}, errors {errors}")  # fmt: skip
-    return 0
+        return
+    ran = summary.completed + summary.failed
+    rate = ran / max(summary.seconds, 1e-9)
+    if summary.skipped:
+        print(f"{summary.skipped} of {summary.total} already answered, skipped")
+    if summary.rerun:
+        print(f"{len(summary.rerun)} answered before, run again: {rerun_text(summary.rerun)}")
+    print(f"{summary.completed} completed, {summary.failed} failed of {summary.total} in "
+          f"{summary.seconds:.1f}s ({rate:.1f} req/s); output {output}, errors {errors}")  # fmt: skip
 
 
 # --- services ----------------------------------------------------------------------------------
