@@ -21,6 +21,7 @@ from prefixgrove.jobs.output_lines import error_line, request_hash, served_model
 CHAT = "/v1/chat/completions"
 SHARED = "You grade answers. Be brief and exact and never repeat the question. " * 3
 SYSTEM = {"role": "system", "content": SHARED}
+ALLOWED = list(range(97, 123))  # the byte tokenizer's ids of a-z
 REQUESTS: list[tuple[str, dict[str, Any], str]] = [
     *[(f"grouped-{i}", {"prompt": f"{SHARED}Answer {i}", "max_tokens": 3, "temperature": 0}, "/v1/completions") for i in range(3)],
     ("grouped-logprobs", {"prompt": f"{SHARED}Answer 9", "max_tokens": 3, "logprobs": 2}, "/v1/completions"),
@@ -40,6 +41,17 @@ REQUESTS: list[tuple[str, dict[str, Any], str]] = [
                       "temperature": 1.0, "seed": 6, "logprobs": True}, CHAT),
     ("chat-json", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 6,
                    "response_format": {"type": "json_object"}}, CHAT),
+    ("vllm-completion", {"prompt": "A vLLM request echoing its prompt", "max_tokens": 8,
+                         "min_tokens": 6, "echo": True, "prompt_logprobs": 1,
+                         "truncate_prompt_tokens": 12, "allowed_token_ids": ALLOWED,
+                         "temperature": 0}, "/v1/completions"),
+    ("chat-vllm", {"messages": [{"role": "user", "content": "go on"},
+                                {"role": "assistant", "content": "Well"}],
+                   "echo": True, "add_generation_prompt": False, "continue_final_message": True,
+                   "chat_template_kwargs": {"enable_thinking": False}, "prompt_logprobs": 2,
+                   "bad_words": ["the"], "include_stop_str_in_output": True,
+                   "skip_special_tokens": False, "spaces_between_special_tokens": True,
+                   "max_tokens": 3}, CHAT),
     ("tools", {"messages": [{"role": "user", "content": "x"}], "tools": []}, CHAT),
     ("best-of", {"prompt": "x", "n": 2, "best_of": 3}, "/v1/completions"),
 ]  # fmt: skip
@@ -141,6 +153,27 @@ def test_unserved_features_fail_their_request_naming_the_field(
     assert {e["error"]["code"] for e in errors.values()} == {"unsupported_field"}
     assert "tools" in errors["tools"]["error"]["message"]
     assert "best_of 3" in errors["best-of"]["error"]["message"]
+
+
+def test_vllms_fields_shape_the_answer(answered: tuple[dict, dict]) -> None:
+    """echo puts the (truncated) prompt before the completion and the assistant's open message
+    before the reply; prompt_logprobs score every prompt token but the first; allowed_token_ids
+    and min_tokens hold the completion."""
+    completion = _body(answered, "vllm-completion")
+    [choice] = completion["choices"]
+    assert completion["usage"]["prompt_tokens"] == 12
+    prompt = next(b["prompt"] for c, b, _ in REQUESTS if c == "vllm-completion")
+    assert choice["text"].startswith(prompt[-12:])  # the last 12 tokens, a byte each
+    assert len(choice["token_ids"]) >= 6 and set(choice["token_ids"]) <= set(ALLOWED)
+    scored = choice["prompt_logprobs"]
+    assert len(scored) == 12 and scored[0] is None
+    assert all(1 <= len(entry) <= 2 for entry in scored[1:])
+    assert all(
+        {"logprob", "rank", "decoded_token"} == set(e) for x in scored[1:] for e in x.values()
+    )
+    chat = _body(answered, "chat-vllm")
+    assert chat["choices"][0]["message"]["content"].startswith("Well")
+    assert len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"]
 
 
 def test_n_samples_are_n_choices_indexed_in_order(answered: tuple[dict, dict]) -> None:

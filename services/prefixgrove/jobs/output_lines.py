@@ -105,9 +105,10 @@ def success_line(
     fingerprint = request_fingerprint(endpoint, params, out.prompt_token_ids, requested_model)
     top = int(params.get("logprobs") or 0)
     choices = [_choice(c, endpoint, tokenizer, top) for c in out.outputs]
+    _echo(choices, params, out, tokenizer)
     prompt_tokens = len(out.prompt_token_ids)
     completion_tokens = sum(len(c.token_ids) for c in out.outputs)
-    body = {
+    body: dict[str, Any] = {
         "id": f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{h}",
         "object": "chat.completion" if endpoint == "chat" else "text_completion",
         "created": CREATED,
@@ -122,6 +123,10 @@ def success_line(
             "prompt_tokens_details": {"cached_tokens": out.num_shared_prefix_tokens},
         },
     }
+    if params.get("prompt_logprobs") is not None:  # vLLM's field: the body's for chat
+        scored = _prompt_logprobs(out, tokenizer)
+        for choice in [body] if endpoint == "chat" else choices:
+            choice["prompt_logprobs"] = scored
     line = {
         "id": f"batch_req_{h}{fingerprint}",
         "custom_id": custom_id,
@@ -151,6 +156,38 @@ def _choice(completion: CompletionOutput, endpoint: str, tokenizer: Any, k: int)
         stop_reason=completion.stop_reason,
     )
     return choice
+
+
+def _echo(
+    choices: list[dict[str, Any]], params: dict[str, Any], out: RequestOutput, tokenizer: Any
+) -> None:
+    """vLLM's echo: a completion's text after its prompt's (the prompt's token ids decoded, so
+    that every path writes the same text), a chat reply after the assistant message it follows."""
+    if params.get("echo"):
+        skip = params.get("skip_special_tokens", True)
+        prompt = tokenizer.decode(out.prompt_token_ids, skip_special_tokens=skip)
+        for choice in choices:
+            choice["text"] = prompt + choice["text"]
+    prefix = params.get("echo_prefix")
+    if prefix:
+        for choice in choices:
+            choice["message"]["content"] = prefix + choice["message"]["content"]
+
+
+def _prompt_logprobs(out: RequestOutput, tokenizer: Any) -> list[dict[str, Any] | None]:
+    """vLLM's prompt_logprobs: per prompt token None (the first) or {token id: {logprob, rank,
+    decoded_token}} for the token and the top ones."""
+    scored: list[dict[str, Any] | None] = []
+    for entry in out.prompt_logprobs or []:
+        if entry is None:
+            scored.append(None)
+            continue
+        scored.append({
+            str(tid): {"logprob": lp.logprob, "rank": lp.rank,
+                       "decoded_token": _token_text(tid, entry, tokenizer)}
+            for tid, lp in entry.items()
+        })  # fmt: skip
+    return scored
 
 
 def _logprobs(

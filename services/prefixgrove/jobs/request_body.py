@@ -1,6 +1,7 @@
 """A request's body, chat or completions: the fields each endpoint accepts, those it refuses by
 name, and its prompt (text or token ids) or its messages. The sampling fields are
-sampling_fields.py's, the output constraint structured_fields.py's."""
+sampling_fields.py's (vLLM's own fields vllm_fields.py's), the output constraint
+structured_fields.py's."""
 
 from __future__ import annotations
 
@@ -15,11 +16,18 @@ Endpoint = Literal["completions", "chat"]
 
 URLS: dict[str, Endpoint] = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 INT32_MAX = 2**31 - 1  # token ids, max_tokens, top_k and stop_token_ids live in int32 tensors
+# vLLM's own fields beyond OpenAI's (vllm_fields.py reads them)
+VLLM_FIELDS = {
+    "min_tokens", "bad_words", "allowed_token_ids", "include_stop_str_in_output",
+    "skip_special_tokens", "spaces_between_special_tokens", "prompt_logprobs",
+    "truncate_prompt_tokens", "echo",
+}  # fmt: skip
+VLLM_CHAT_FIELDS = {"chat_template_kwargs", "add_generation_prompt", "continue_final_message"}
 _COMMON_BODY_FIELDS = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
     "logprobs", "ignore_eos", "n", "stream", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "stop_token_ids", "logit_bias", "user", "stream_options",
-    *STRUCTURED_FIELDS,
+    *STRUCTURED_FIELDS, *VLLM_FIELDS,
 }  # fmt: skip
 # Documented OpenAI fields that change nothing in an offline batch: accepted and ignored.
 _IGNORED_CHAT_FIELDS = {
@@ -38,9 +46,9 @@ _UNSERVED_FIELDS: dict[Endpoint, dict[str, str]] = {
 }  # fmt: skip
 _BODY_FIELDS: dict[Endpoint, set[str]] = {
     "completions": _COMMON_BODY_FIELDS | set(_UNSERVED_FIELDS["completions"])
-    | {"prompt", "echo", "best_of"},
+    | {"prompt", "best_of"},
     "chat": _COMMON_BODY_FIELDS | _IGNORED_CHAT_FIELDS | set(_UNSERVED_FIELDS["chat"])
-    | {"messages", "top_logprobs", "max_completion_tokens", "modalities"},
+    | VLLM_CHAT_FIELDS | {"messages", "top_logprobs", "max_completion_tokens", "modalities"},
 }  # fmt: skip
 
 
@@ -59,8 +67,6 @@ def check_body_fields(body: dict[str, Any], endpoint: Endpoint, url: str) -> Non
                 "unsupported_field",
                 f"{name} is not supported: {feature} is not served; remove {name} from the body",
             )
-    if body.get("echo", False) is not False:
-        raise InvalidRequest("unsupported_field", "echo is not supported: only false is accepted")
     modalities = body.get("modalities")
     if modalities is not None and modalities != ["text"]:
         raise InvalidRequest(

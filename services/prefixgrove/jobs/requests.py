@@ -30,6 +30,7 @@ from prefixgrove.jobs.request_body import (
 from prefixgrove.jobs.request_errors import InvalidRequest, RequestError, is_unicode, shown
 from prefixgrove.jobs.request_line import check_values, load_line
 from prefixgrove.jobs.sampling_fields import sampling_params
+from prefixgrove.jobs.vllm_fields import ChatOptions, chat_options
 
 _LINE_FIELDS = {"custom_id", "method", "url", "body"}
 
@@ -46,6 +47,7 @@ class BatchRequest:
     prompt_token_ids: np.ndarray | None = None  # int64
     messages: list[dict[str, str]] | None = field(default=None)
     model: str | None = None  # the body's model, which the response names
+    chat_options: ChatOptions | None = None  # how a chat's template renders it
 
 
 def parse_line(
@@ -96,6 +98,7 @@ def _parse_object(obj: dict[str, Any], index: int, default_max_tokens: int) -> B
     request.model = body_model(body.get("model"))
     if endpoint == "chat":
         request.messages = body_messages(body.get("messages"))
+        request.chat_options = chat_options(body)
         return request
     prompt = body_prompt(body.get("prompt"))
     if isinstance(prompt, str):

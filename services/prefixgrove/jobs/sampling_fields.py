@@ -9,6 +9,7 @@ from typing import Any
 from prefixgrove.jobs.request_body import INT32_MAX, Endpoint
 from prefixgrove.jobs.request_errors import InvalidRequest, is_int, shown
 from prefixgrove.jobs.structured_fields import structured_params
+from prefixgrove.jobs.vllm_fields import OUTPUT_ONLY, add_echo, add_vllm_sampling
 
 _MAX_STOP_STRINGS = 16
 _MAX_LOGPROBS = 20
@@ -71,13 +72,19 @@ def _add_outputs(params: dict[str, Any], body: dict[str, Any], endpoint: Endpoin
     structured = structured_params(body)
     if structured is not None:
         params["structured_outputs"] = structured
+    add_vllm_sampling(params, body)
+    add_echo(params, body, endpoint)
 
 
 def sampling_kwargs(params: dict[str, Any]) -> dict[str, Any]:
-    """A request's params -> SamplingParams keyword arguments (logit_bias keyed by token id)."""
-    if "logit_bias" not in params:
+    """A request's params -> SamplingParams keyword arguments (logit_bias keyed by token id;
+    what shapes only the output line, such as echo, left out)."""
+    if "logit_bias" not in params and not any(name in params for name in OUTPUT_ONLY):
         return params
-    return {**params, "logit_bias": {int(k): v for k, v in params["logit_bias"].items()}}
+    kwargs = {name: value for name, value in params.items() if name not in OUTPUT_ONLY}
+    if "logit_bias" in kwargs:
+        kwargs["logit_bias"] = {int(k): v for k, v in kwargs["logit_bias"].items()}
+    return kwargs
 
 
 def _samples(body: dict[str, Any]) -> int:

@@ -11,6 +11,7 @@ import numpy as np
 
 from prefixgrove.jobs.request_errors import RequestError
 from prefixgrove.jobs.requests import BatchRequest
+from prefixgrove.jobs.vllm_fields import ChatOptions
 
 
 class PromptTokenizer:
@@ -44,10 +45,9 @@ class PromptTokenizer:
     def _chat(self, request: BatchRequest) -> str | RequestError | None:
         if request.messages is None:
             return None  # token ids given
+        options = (request.chat_options or ChatOptions()).as_kwargs()
         try:
-            text = self.tokenizer.apply_chat_template(
-                request.messages, tokenize=False, add_generation_prompt=True
-            )
+            text = self.tokenizer.apply_chat_template(request.messages, tokenize=False, **options)
         except Exception as exc:  # a template may reject any message shape it dislikes
             return RequestError(
                 request.index, request.custom_id, "invalid_messages", f"chat template failed: {exc}"
@@ -116,6 +116,9 @@ class PromptTokenizer:
             return RequestError(
                 request.index, request.custom_id, "invalid_prompt", "prompt is empty"
             )
+        keep = request.params.get("truncate_prompt_tokens")
+        if keep is not None:  # its last tokens, as the engine keeps them (-1: max_model_len)
+            tokens = tokens[-(self.max_model_len if keep == -1 else keep) :]
         max_tokens = int(request.params["max_tokens"])
         if tokens.size + max_tokens > self.max_model_len:
             return RequestError(
