@@ -161,3 +161,24 @@ def test_a_line_naming_a_model_the_run_does_not_serve_is_model_not_found_and_the
     assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [
         ("by-source", "model_not_found")
     ]
+
+
+def test_several_served_model_names_run_lines_naming_any_of_them(tmp_path: Path) -> None:
+    """vLLM's `--served-model-name NAME ALIAS...`: a file written for another provider runs by
+    adding its model as an alias; each answer names the model its line asked for."""
+    body = {"prompt": "Say something", "max_tokens": 2, "temperature": 0}
+    lines = [batch_line("openai", {**body, "model": "gpt-4o-mini"}),
+             batch_line("own", {**body, "model": "graded"}),
+             batch_line("unnamed", body),
+             batch_line("other", {**body, "model": "gpt-4o"})]  # fmt: skip
+    done = run(tmp_path, lines, "--served-model-name", "graded", "gpt-4o-mini")
+    assert done.returncode == 0, done.stderr[-2000:]
+    outputs = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [(o["custom_id"], o["response"]["body"]["model"]) for o in outputs] == [
+        ("openai", "gpt-4o-mini"), ("own", "graded"), ("unnamed", "graded")]  # fmt: skip
+    texts = {o["response"]["body"]["choices"][0]["text"] for o in outputs}
+    assert len(texts) == 1  # one model answered the same prompt alike under every name
+    [error] = [
+        json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()
+    ]
+    assert (error["custom_id"], error["error"]["code"]) == ("other", "model_not_found")

@@ -64,6 +64,30 @@ def test_a_worker_leases_from_its_served_name_else_its_source() -> None:
     assert cfg.load(WorkerSettings, {"model": "/models/llama-8b"}, env).served_name == "big"
 
 
+def test_a_model_takes_aliases_that_name_it_and_no_other_model() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, PlannerSettings)
+    args = parser.parse_args(["--model", "llama=/m/l", "qwen=/m/q", "--model-alias",
+                              "gpt-4o-mini=llama", "--model-alias", "gpt-4o=llama,o1=qwen"])  # fmt: skip
+    assert cfg.load(PlannerSettings, args, {}).models == (
+        ServedModel("llama", "/m/l", ("gpt-4o-mini", "gpt-4o")),
+        ServedModel("qwen", "/m/q", ("o1",)),
+    )
+    for aliases in ("x=nobody", "qwen=llama", "x=llama,x=qwen", "=llama"):
+        with pytest.raises(ValueError, match=r"model_alias .* is invalid: expected ALIAS=NAME"):
+            PlannerSettings(model="llama=/m/l,qwen=/m/q", model_alias=aliases)
+
+
+def test_a_worker_takes_several_served_names_and_leases_from_the_first() -> None:
+    """vLLM's `--served-model-name NAME ALIAS...`, as flags or one variable."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, WorkerSettings)
+    args = parser.parse_args(["--served-model-name", "llama", "gpt-4o-mini"])
+    assert cfg.load(WorkerSettings, args, {}).served_name == "llama"
+    env = {"PREFIXGROVE_SERVED_MODEL_NAME": "llama,gpt-4o-mini"}
+    assert cfg.load(WorkerSettings, {}, env).served_name == "llama"
+
+
 def test_engine_settings_take_fp8_quantization_from_the_environment() -> None:
     settings = cfg.load(EngineSettings, env={"PREFIXGROVE_QUANTIZATION": "fp8"})
     assert settings.quantization == "fp8"

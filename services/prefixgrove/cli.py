@@ -130,8 +130,10 @@ def _run_command(sub: Any) -> None:
     run.add_argument("--errors", type=source_arg, default=None,
                      help="the error JSONL; default: OUTPUT with .errors.jsonl")  # fmt: skip
     run.add_argument("--model", required=True, help="a preset, a Hugging Face directory or a .gguf")
-    run.add_argument("--served-model-name", default="",
-                     help="the name lines' body.model call the model by; default: --model")  # fmt: skip
+    run.add_argument("--served-model-name", nargs="+", default=[], metavar="NAME",
+                     help="the names lines' body.model call the model by: the first is its own, "
+                     "the others aliases (gpt-4o-mini for a file written for another provider); "
+                     "default: --model")  # fmt: skip
     run.add_argument("--json", action="store_true",
                      help="print a JSON summary on stdout, no progress bar")  # fmt: skip
     resume = "keep what OUTPUT and ERRORS answer of this input, run the rest (else overwrite)"

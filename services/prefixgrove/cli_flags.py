@@ -23,8 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser, *classes: type, suppress: boo
                 continue
             seen.add(f.name)
             flag = "--" + f.name.replace("_", "-")
-            action = "append" if f.metadata.get(REPEATED) else "store"
-            parser.add_argument(flag, dest=f.name, default=unset, action=action, help=field_help(f))
+            if f.metadata.get(REPEATED):  # `--x a b`, `--x a --x b` and `--x a,b` alike
+                parser.add_argument(flag, dest=f.name, default=unset, action="extend", nargs="+",
+                                    help=field_help(f))  # fmt: skip
+            else:
+                parser.add_argument(flag, dest=f.name, default=unset, help=field_help(f))
 
 
 def field_help(f: Field[Any]) -> str:

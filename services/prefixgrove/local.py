@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +27,7 @@ from prefixgrove.jobs.requests import BatchRequest
 from prefixgrove.jobs.sampling_fields import sampling_kwargs
 from prefixgrove.jobs.tokenize import PromptTokenizer
 from prefixgrove.output_files import check_outputs, open_outputs
-from prefixgrove.settings import IngestSettings
+from prefixgrove.settings import IngestSettings, served_names
 
 if TYPE_CHECKING:
     from prefixgrove.engine import LLM, RequestOutput, SamplingParams
@@ -92,7 +92,7 @@ def run_local(
     engine: EngineSettings,
     use_tqdm: bool | Callable[..., tqdm] = True,
     resume: bool = False,
-    served_model_name: str = "",
+    served_model_name: str | Sequence[str] = "",
     progress_every_s: float = PROGRESS_EVERY_S,
 ) -> RunSummary:
     """Runs the job, appending each answer to its file once every line before it is answered.
@@ -100,8 +100,9 @@ def run_local(
     ingest's max_model_len where set, else the engine's. resume: keep the files' answers to this
     input's unchanged requests (kept_answers.py; ResumeMismatch if they answer another input) and
     run the rest; otherwise they are overwritten. A link at an output path is refused before
-    anything runs. served_model_name: the name lines call the model by (default: `model`); a
-    line naming another model is a `model_not_found` error, as a worker serving it answers.
+    anything runs. served_model_name: the names lines call the model by, the first its own and
+    the others aliases, as vLLM's --served-model-name takes several (default: `model`); a line
+    naming another model is a `model_not_found` error, as a worker serving it answers.
 
     Each phase logs its progress on logger prefixgrove.run (at most every progress_every_s) and
     its end: loading the tokenizer and the model, reading and tokenizing the lines, grouping
@@ -109,8 +110,10 @@ def run_local(
     start = time.perf_counter()
     check_outputs(output_path, errors_path)
     engine = engine.replace(max_model_len=ingest.max_model_len or engine.max_model_len)
-    name = served_model_name or model
-    ingestor = _ingestor(model, name, ingest, engine)
+    given = served_model_name if isinstance(served_model_name, str) else ",".join(served_model_name)
+    names = served_names(given) or [model]
+    name = names[0]
+    ingestor = _ingestor(model, names, ingest, engine)
     requests, errors = _read_job(ingestor, input_path, progress_every_s)
     plan = _plan(ingestor, name)
     llm = _load(model, engine)
@@ -145,14 +148,18 @@ def run_local(
     )
 
 
-def _ingestor(model: str, name: str, ingest: IngestSettings, engine: EngineSettings) -> JobIngestor:
-    """Reads and tokenizes lines under the engine's context limit (known before any weights)."""
+def _ingestor(
+    model: str, names: list[str], ingest: IngestSettings, engine: EngineSettings
+) -> JobIngestor:
+    """Reads and tokenizes lines under the engine's context limit (known before any weights);
+    lines naming any of `names` run on the model, called by the first."""
     from prefixgrove.engine import EngineConfig
 
     start = time.perf_counter()
     progress.info("loading the tokenizer of %s", model)
     limit = EngineConfig.from_settings(model, engine).model.max_model_len
-    ingestor = JobIngestor({name: PromptTokenizer(model, limit)}, ingest)
+    aliases = dict.fromkeys(names[1:], names[0])
+    ingestor = JobIngestor({names[0]: PromptTokenizer(model, limit)}, ingest, aliases=aliases)
     progress.info("tokenizer loaded in %.1fs", time.perf_counter() - start)
     return ingestor
 

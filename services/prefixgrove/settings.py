@@ -130,10 +130,13 @@ class LogSettings:
 @dataclass(frozen=True)
 class ServedModel:
     """A model a planner serves: `name` is what jobs and lines call it (and its Redis queue);
-    `source` loads its tokenizer (a preset, a Hugging Face directory or a .gguf file)."""
+    `source` loads its tokenizer (a preset, a Hugging Face directory or a .gguf file); `aliases`
+    are other names lines and jobs may call it by (`--model-alias`), as vLLM serves one model under
+    several `--served-model-name`s."""
 
     name: str
     source: str
+    aliases: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, value: str) -> ServedModel:
@@ -152,6 +155,30 @@ MODELS_HELP = (
     "SOURCE or NAME=SOURCE; give it again (or comma-separate) for several models; NAME (default: "
     "SOURCE) is what body.model and a job's model name; the first is the default"
 )
+ALIASES_HELP = (
+    "ALIAS=NAME: lines and jobs naming ALIAS run on model NAME (e.g. gpt-4o-mini=llama, for files "
+    "written for another provider); give it again (or comma-separate) for several"
+)
+
+
+def model_aliases(value: str, names: list[str]) -> dict[str, str]:
+    """`ALIAS=NAME[,ALIAS=NAME...]` -> {alias: name}, each NAME one of `names` and no ALIAS one."""
+    aliases: dict[str, str] = {}
+    for item in (v.strip() for v in value.split(",") if v.strip()):
+        alias, _, name = (part.strip() for part in item.partition("="))
+        if not alias or name not in names or alias in names or alias in aliases:
+            raise ValueError(
+                f"model_alias {item!r} is invalid: expected ALIAS=NAME with NAME a served model "
+                f"({', '.join(names)}) and ALIAS a name no other model or alias has"
+            )
+        aliases[alias] = name
+    return aliases
+
+
+def served_names(value: str) -> list[str]:
+    """`--served-model-name`'s names (given several times, or comma-separated): the first names
+    the model, the others are its aliases."""
+    return [name.strip() for name in value.split(",") if name.strip()]
 
 
 @dataclass(frozen=True)
@@ -160,6 +187,7 @@ class PlannerSettings:
     host: str = "127.0.0.1"  # loopback unless told otherwise (a container passes 0.0.0.0)
     port: int = 50051
     model: str = field(default="tiny-random-llama", metadata={HELP: MODELS_HELP, REPEATED: True})
+    model_alias: str = field(default="", metadata={HELP: ALIASES_HELP, REPEATED: True})
     metrics_port: int = 0  # 0: no Prometheus endpoint
     # the OpenAI Batch API (/v1/files, /v1/batches) over HTTP beside gRPC; 0: not served
     http_port: int = 0
@@ -185,6 +213,7 @@ class PlannerSettings:
             raise ValueError(f"model={self.model!r} is invalid: expected SOURCE or NAME=SOURCE")
         if len(set(names)) < len(names):
             raise ValueError(f"model={self.model!r} is invalid: two models share a name")
+        model_aliases(self.model_alias, names)
         _port(self, "port")
         _port(self, "metrics_port")
         _port(self, "http_port")
@@ -208,8 +237,13 @@ class PlannerSettings:
 
     @property
     def models(self) -> tuple[ServedModel, ...]:
-        """The models served, the default first."""
-        return tuple(ServedModel.parse(v) for v in self.model.split(",") if v.strip())
+        """The models served, the default first, each with its aliases."""
+        models = [ServedModel.parse(v) for v in self.model.split(",") if v.strip()]
+        aliases = model_aliases(self.model_alias, [m.name for m in models])
+        return tuple(
+            ServedModel(m.name, m.source, tuple(a for a, n in aliases.items() if n == m.name))
+            for m in models
+        )
 
     @property
     def files_dir(self) -> Path:
@@ -224,8 +258,14 @@ class WorkerSettings:
 
     redis_url: str = field(default="redis://127.0.0.1:6379/0", metadata={HELP: REDIS_URL_HELP})
     model: str = "tiny-random-llama"  # what loads the weights and tokenizer
-    # the name jobs call the model by: the worker leases from its queue; empty: model
-    served_model_name: str = ""
+    served_model_name: str = field(
+        default="",
+        metadata={
+            HELP: "NAME [ALIAS ...]: the name jobs call the model by, whose queue the worker "
+            "leases from (the planner's --model-alias routes the aliases to it); unset: --model",
+            REPEATED: True,
+        },
+    )
     # where the metrics endpoint listens: loopback unless told otherwise (a pod passes 0.0.0.0)
     host: str = "127.0.0.1"
     consumer: str = ""  # empty: host name and process id
@@ -264,7 +304,8 @@ class WorkerSettings:
 
     @property
     def served_name(self) -> str:
-        return self.served_model_name or self.model
+        names = served_names(self.served_model_name)
+        return names[0] if names else self.model
 
 
 def env_name(field_name: str) -> str:

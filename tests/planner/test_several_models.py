@@ -30,6 +30,7 @@ from prefixgrove_proto import planner_pb2 as pb
 
 SECOND = "second"  # the same source served under a second name: its own queue and workers
 UNKNOWN = "nobody-serves-this"
+ALIAS = "gpt-4o-mini"  # another name of SECOND, as a file written for another provider says
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +121,8 @@ def planner(redis_server: RedisServer) -> Iterator[PlannerClient]:
     """A planner serving MODEL (its default) and SECOND, given as PREFIXGROVE_MODEL gives them."""
     models = f"{MODEL}, {SECOND}={MODEL}"
     ingest = IngestSettings(max_model_len=512)
-    with planner_in_process(redis_server.url, ingest, model=models) as (_, client):
+    with planner_in_process(redis_server.url, ingest, model=models,
+                            model_alias=f"{ALIAS}={SECOND}") as (_, client):  # fmt: skip
         yield client
 
 
@@ -164,3 +166,47 @@ def test_lines_naming_no_model_go_to_the_jobs_model_and_each_queue_counts_its_ow
         assert planner.queue_depth(model).depth == len(groups[model])
     counts = planner.get(job.id).request_counts
     assert (counts.total, counts.failed) == (11, 1)
+
+
+def test_an_alias_runs_its_lines_and_jobs_on_the_model_it_names(
+    planner: PlannerClient, redis_server: RedisServer
+) -> None:
+    """--model-alias: a line or a job naming the alias goes to the aliased model's queue, grouped
+    with that model's own lines; its queue depth is the model's."""
+    shared = "Instructions every request of one model shares. " * 4
+    lines = [batch_line(f"a{i}", {"prompt": f"{shared}item {i}", "max_tokens": 2, "model": ALIAS})
+             for i in range(3)]  # fmt: skip
+    lines += [batch_line(f"s{i}", {"prompt": f"{shared}item {i}", "max_tokens": 2, "model": SECOND})
+              for i in range(3)]  # fmt: skip
+    job = planner.create_job(model=ALIAS)
+    assert planner.get(job.id).model == SECOND
+    planner.add_lines(job.id, [line.encode() for line in lines])
+    planner.seal(job.id)
+    r = redis_server.client()
+    ranges = json.loads(r.hget(JobKeys(job.id).job, "model_groups"))
+    assert list(ranges) == [SECOND]
+    first, end = ranges[SECOND]
+    indices = [
+        schema.GroupRecord.decode(r.hget(JobKeys(job.id).groups, str(g))).indices
+        for g in range(first, end)
+    ]
+    assert sorted(i for g in indices for i in g) == list(range(6))
+    assert planner.queue_depth(ALIAS).depth == planner.queue_depth(SECOND).depth == end - first
+    assert planner.get(job.id).request_counts.failed == 0
+
+
+def test_a_rebuilt_plan_sends_an_aliases_lines_to_the_model_it_names() -> None:
+    """A replica that did not take every line rebuilds the plan from the records, aliases too."""
+    import numpy as np
+
+    from prefixgrove.jobs.redis_store.uploads import rebuild_plan
+
+    class Records:
+        def prompts(self, job_id: str, lines: int):  # type: ignore[no-untyped-def]
+            tokens = np.arange(40, dtype=np.int32)
+            yield from ((0, tokens, ALIAS), (1, tokens, SECOND), (2, tokens, None))
+
+    plans = rebuild_plan(Records(), "j", 3, IngestSettings(), MODEL, {ALIAS: SECOND})  # type: ignore[arg-type]
+    assert list(plans) == [MODEL, SECOND]  # the default model first
+    assert sorted(i for u in plans[SECOND].units for i in u.indices) == [0, 1]
+    assert [i for u in plans[MODEL].units for i in u.indices] == [2]

@@ -192,9 +192,12 @@ class JobIngestor:
         ledger: UploadLedger | None = None,
         parser: LineParser | None = None,
         default_model: str | None = None,
+        aliases: Mapping[str, str] | None = None,
     ) -> None:
         """`parser`: parses the lines (in several processes, for the planner); default: here.
-        `default_model`: the model of lines that name none; default: the first of `tokenizers`."""
+        `default_model`: the model of lines that name none; default: the first of `tokenizers`.
+        `aliases`: other names of the served models (alias -> served name)."""
+        self.aliases = dict(aliases or {})
         if not tokenizers:
             raise ValueError("a job needs at least one model to tokenize its lines")
         self.tokenizers = dict(tokenizers)
@@ -313,8 +316,11 @@ class JobIngestor:
         return prompt_tokens
 
     def model_of(self, request: BatchRequest) -> str:
-        """The served name a request goes to: its body's model, else the job's."""
-        return request.model if request.model is not None else self.default_model
+        """The served name a request goes to: its body's model (or the model it is an alias of),
+        else the job's."""
+        if request.model is None:
+            return self.default_model
+        return self.aliases.get(request.model, request.model)
 
     def _not_served(self, request: BatchRequest, name: str) -> RequestError:
         # NOTE: the message names only the line's model, so the local run and the services (which

@@ -94,6 +94,7 @@ class Ingests:
     settings: IngestSettings
     parser: LineParser
     instance: str  # this replica's name
+    aliases: Mapping[str, str] = field(default_factory=dict)  # alias -> served name
     # by source: two names may share one
     _tokenizers: dict[str, PromptTokenizer] = field(default_factory=dict, init=False)
     _ingests: dict[str, JobIngest] = field(default_factory=dict, init=False)
@@ -170,7 +171,7 @@ class Ingests:
             if ingest is None:
                 ledger = self.uploads.ledger(job.id)
                 ingestor = JobIngestor(tokenizers, self.settings, ledger, self.parser,
-                                       default_model=job.model)  # fmt: skip
+                                       default_model=job.model, aliases=self.aliases)  # fmt: skip
                 ingest = self._ingests[job.id] = JobIngest(job.id, ingestor, ledger)
         try:
             self.uploads.claim_ingest(job.id, self.instance)

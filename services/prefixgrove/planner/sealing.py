@@ -137,7 +137,8 @@ class Sealer:
         if plans is not None:
             return plans, "cached index"
         settings = self.ingests.settings
-        return rebuild_plan(self.uploads, job.id, lines, settings, job.model), "rebuilt index"
+        plans = rebuild_plan(self.uploads, job.id, lines, settings, job.model, self.ingests.aliases)
+        return plans, "rebuilt index"
 
     def _all_lines_stored(self, job_id: str, lines: int) -> bool:
         """Waits a little for streams still writing lines they took before the seal."""

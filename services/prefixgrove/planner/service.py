@@ -56,13 +56,15 @@ class PlannerService(pb_grpc.PlannerServicer):
         )
         self.uploads = Uploads(store.r)
         self.models = {m.name: m.source for m in models}  # served name -> tokenizer source
+        self.aliases = {alias: m.name for m in models for alias in m.aliases}
         self.default_model = models[0].name
         self.ingest_settings = ingest
         self.metrics = metrics
         metrics.declare_models(self.models)
         metrics.follow_jobs(store.get_job)
         self.instance = uuid.uuid4().hex[:12]
-        self.ingests = Ingests(store, self.uploads, self.models, ingest, self.parser, self.instance)
+        self.ingests = Ingests(store, self.uploads, self.models, ingest, self.parser, self.instance,
+                               self.aliases)  # fmt: skip
         self.sealer = Sealer(self.ingests, metrics)
 
     def heartbeat(self, ttl_s: int) -> None:
@@ -86,6 +88,7 @@ class PlannerService(pb_grpc.PlannerServicer):
     # --- jobs -------------------------------------------------------------------------------
     def CreateJob(self, request: pb.CreateJobRequest, context: grpc.ServicerContext) -> pb.Job:
         model = request.model or self.default_model
+        model = self.aliases.get(model, model)  # a job names its model by any of its names
         if model not in self.models:
             # NOTE: refused by name alone, before anything is looked up on disk, so the message
             # says nothing about the planner's files.
@@ -180,7 +183,8 @@ class PlannerService(pb_grpc.PlannerServicer):
     def GetQueueDepth(
         self, request: pb.GetQueueDepthRequest, context: grpc.ServicerContext
     ) -> pb.QueueDepth:
-        return queue_depth_to_pb(self.store.model_queue(request.model or None))
+        model = self.aliases.get(request.model, request.model)
+        return queue_depth_to_pb(self.store.model_queue(model or None))
 
     # --- results ----------------------------------------------------------------------------
     def StreamResults(

@@ -24,7 +24,7 @@ sending it at once, add each line once. A stream that says nothing adds its line
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -368,14 +368,21 @@ class RedisLedger:
 
 
 def rebuild_plan(
-    uploads: Uploads, job_id: str, lines: int, settings: IngestSettings, default_model: str
+    uploads: Uploads,
+    job_id: str,
+    lines: int,
+    settings: IngestSettings,
+    default_model: str,
+    aliases: Mapping[str, str] | None = None,
 ) -> dict[str, JobPlan]:
     """The job's plans (one per model) from its request records in Redis, built as the replica
     that took every line builds them (the same prefix indexes, in line order), so the groups are
-    the same. A record whose body named no model is `default_model`'s."""
+    the same. A record whose body named no model is `default_model`'s, one naming an alias is the
+    aliased model's."""
     models: dict[str, ModelLines] = {}
+    aliases = aliases or {}
     for line, tokens, model in uploads.prompts(job_id, lines):
-        name = model if model is not None else default_model
+        name = default_model if model is None else aliases.get(model, model)
         models.setdefault(name, ModelLines(settings.block_size)).add(line, tokens)
     return plan_models(models, default_model, settings)
 
