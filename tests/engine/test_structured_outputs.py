@@ -8,7 +8,11 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import jsonschema
 import pytest
@@ -22,9 +26,11 @@ from engine_checkpoints import (
     token_ids,
 )
 
-from prefixgrove import SamplingParams
+from prefixgrove import LLM, RequestOutput, SamplingParams
 from prefixgrove.catalog.presets import load_tokenizer
+from prefixgrove.engine.core.metrics import EngineMetrics
 from prefixgrove.engine.structured import StructuredOutputsParams
+from prefixgrove.engine.structured.masks import MaskStats
 
 SYSTEM = "You extract facts from the user's note and answer with JSON only."
 NOTES = [
@@ -68,15 +74,11 @@ def json_params() -> list[SamplingParams]:
     ids=["grouped-window8", "ungrouped-step1"],
 )
 def test_json_schema_outputs_validate_and_match_across_windows_and_grouping(
-    prompts, options, smollm2_engines
+    prompts, options, smollm2_engines, step_by_step
 ):
-    windows: list[int] = []
-    llm = engine(SMOLLM2, **options)
-    start_window = llm.engine.runner.start_window
-    llm.engine.runner.start_window = lambda batch, steps, feed=None: (  # type: ignore[method-assign]
-        windows.append(steps) or start_window(batch, steps, feed)
-    )
-    outputs = run(llm, prompts + prompts, json_params())
+    llm = smollm2_engines(**options)
+    with windows_started(llm) as windows:
+        outputs = run(llm, prompts + prompts, json_params())
     for out in outputs:
         completion = out.outputs[0]
         assert completion.finish_reason == "stop", completion.text
@@ -84,8 +86,23 @@ def test_json_schema_outputs_validate_and_match_across_windows_and_grouping(
     if options["num_scheduler_steps"] > 1:
         assert max(windows) > 1  # constrained rows keep their decode windows
     assert_no_leak(llm)
-    reference = run(smollm2_engines(num_scheduler_steps=1), prompts + prompts, json_params())
+    reference = step_by_step(**STEP_BY_STEP).outputs[: len(outputs)]  # the jump job begins so
     assert token_ids(outputs) == token_ids(reference)
+
+
+@contextmanager
+def windows_started(llm: LLM) -> Iterator[list[int]]:
+    """The steps of each decode window the runner starts inside the block; the runner is left as
+    it was (engines are shared)."""
+    runner, windows = llm.engine.runner, []
+    start_window = runner.start_window
+    runner.start_window = lambda batch, steps, feed=None: (  # type: ignore[method-assign]
+        windows.append(steps) or start_window(batch, steps, feed)
+    )
+    try:
+        yield windows
+    finally:
+        del runner.start_window
 
 
 def test_regex_choice_grammar_and_json_object(prompts, smollm2_engines):
@@ -426,24 +443,59 @@ def jump_params() -> list[SamplingParams]:
     return json_params() + fixed + [with_logprobs, free]
 
 
+def jump_job(prompts: list[list[int]]) -> list[list[int]]:
+    """A prompt for each of jump_params(): the notes in turn (the JSON test's job comes first)."""
+    return (prompts * 4)[: len(jump_params())]
+
+
+# The plainest decoding: one step per round trip, no groups (and no jump-forward in step_by_step).
+STEP_BY_STEP = {"num_scheduler_steps": 1, "enable_prefix_grouping": False}
+
+
+@dataclass(frozen=True)
+class SteppedRun:
+    """The jump job decoded without jump-forward: its outputs, and the engine's counters after."""
+
+    outputs: list[RequestOutput]
+    metrics: EngineMetrics
+    masks: MaskStats
+
+
+@pytest.fixture(scope="module")
+def step_by_step(prompts) -> Callable[..., SteppedRun]:
+    """The jump job decoded without jump-forward under the given engine options, run once per
+    module for each set of options. Every option gives the same outputs token for token (the
+    JSON test checks windows and grouping), so the tests that only compare outputs compare them
+    with STEP_BY_STEP's run, which several of them share."""
+    runs: dict[tuple[tuple[str, Any], ...], SteppedRun] = {}
+
+    def stepped(**options: Any) -> SteppedRun:
+        key = tuple(sorted(options.items()))
+        if key not in runs:
+            llm = engine(SMOLLM2, structured_outputs_jump_forward=False, **options)
+            outputs = run(llm, jump_job(prompts), jump_params())
+            runs[key] = SteppedRun(outputs, llm.engine.metrics, llm.engine.runner.masker.stats)
+        return runs[key]
+
+    return stepped
+
+
 @pytest.mark.parametrize(
     "options",
     [
         # with windows, jump-forward runs only where a step admits waiting requests (where the
         # next would compute outputs alone, windows take the forced tokens: the test below)
         {"num_scheduler_steps": 8, "max_num_seqs": 4},
-        {"num_scheduler_steps": 1, "enable_prefix_grouping": False},
+        STEP_BY_STEP,
         {"num_scheduler_steps": 4, "async_scheduling": False, "max_num_seqs": 4},
     ],
     ids=["grouped-window8", "ungrouped-step1", "window4-sync"],
 )
-def test_jump_forward_gives_step_by_step_outputs_token_for_token(prompts, options):
-    params = jump_params()
-    job = (prompts * 4)[: len(params)]
+def test_jump_forward_gives_step_by_step_outputs_token_for_token(prompts, options, step_by_step):
     jumped = engine(SMOLLM2, **options)
-    outputs = run(jumped, job, params)
-    stepped = engine(SMOLLM2, structured_outputs_jump_forward=False, **options)
-    reference = run(stepped, job, params)
+    outputs = run(jumped, jump_job(prompts), jump_params())
+    stepped = step_by_step(**options)
+    reference = stepped.outputs
     assert token_ids(outputs) == token_ids(reference)
     assert [o.outputs[0].text for o in outputs] == [o.outputs[0].text for o in reference]
     assert [o.outputs[0].finish_reason for o in outputs] == [
@@ -455,17 +507,20 @@ def test_jump_forward_gives_step_by_step_outputs_token_for_token(prompts, option
     assert re.fullmatch(JUMP_KINDS["regex"], outputs[2 * len(NOTES)].outputs[0].text)
     # it did jump: forced tokens went through chunks, not decoding steps; with it off nothing jumps
     assert jumped.engine.metrics.tokens_jumped > (10 if options["num_scheduler_steps"] == 1 else 0)
-    assert stepped.engine.metrics.tokens_jumped == 0
-    assert jumped.engine.metrics.decode_tokens < stepped.engine.metrics.decode_tokens
+    assert stepped.metrics.tokens_jumped == 0
+    assert jumped.engine.metrics.decode_tokens < stepped.metrics.decode_tokens
     # the masks that ended runs served the steps sampling there (and gave the outputs above)
     assert jumped.engine.runner.masker.stats.rows_reused > 0
-    assert stepped.engine.runner.masker.stats.rows_reused == 0
+    assert stepped.masks.rows_reused == 0
     assert_no_leak(jumped)
 
 
-def test_matchers_built_on_builder_threads_give_the_outputs_of_matchers_built_one_by_one(prompts):
+def test_matchers_built_on_builder_threads_give_the_outputs_of_matchers_built_one_by_one(
+    prompts, step_by_step
+):
     """CUDA's builder threads, here on the CPU: a step's new rows have their matchers built on
-    them; the outputs are those of matchers built one by one on the host's thread."""
+    them; the outputs are those of matchers built one by one on the host's thread (step-by-step
+    decoding's, which jump-forward gives too: the test above)."""
     import threading
 
     import torch
@@ -473,17 +528,14 @@ def test_matchers_built_on_builder_threads_give_the_outputs_of_matchers_built_on
     from prefixgrove.engine.structured.masks import StepMasker
 
     params = jump_params()
-    job = (prompts * 4)[: len(params)]
-    options = {"num_scheduler_steps": 8, "max_num_seqs": 8}
-    threaded = engine(SMOLLM2, **options)
+    threaded = engine(SMOLLM2, num_scheduler_steps=8, max_num_seqs=8)
     runner = threaded.engine.runner
     runner.masker = StepMasker(torch.device("cpu"), jump_forward=True, builder_threads=2)
     grammars = threaded.engine.grammars
     matcher, built_on = grammars.matcher, []
     grammars.matcher = lambda g: built_on.append(threading.current_thread().name) or matcher(g)
-    outputs = run(threaded, job, params)
-    reference = run(engine(SMOLLM2, **options), job, params)
-    assert token_ids(outputs) == token_ids(reference)
+    outputs = run(threaded, jump_job(prompts), params)
+    assert token_ids(outputs) == token_ids(step_by_step(**STEP_BY_STEP).outputs)
     constraints = [p.structured_outputs for p in params if p.structured_outputs is not None]
     # each request's matcher once, and compile's check of each grammar
     assert len(built_on) == len(constraints) + len({c.key for c in constraints})
@@ -497,7 +549,7 @@ def test_matchers_built_on_builder_threads_give_the_outputs_of_matchers_built_on
     ids=["ungrouped", "grouped", "grouped-3-seats"],
 )
 def test_when_the_next_step_computes_outputs_alone_windows_take_the_forced_tokens(
-    prompts, grouping, seats
+    prompts, grouping, seats, step_by_step
 ):
     """With every prompt computed (a group's too) and none waiting, or every seat taken by
     requests that have sampled, decode windows (a CUDA graph per step, no round trip) take the
@@ -505,10 +557,10 @@ def test_when_the_next_step_computes_outputs_alone_windows_take_the_forced_token
     are step-by-step decoding's. With requests waiting and a seat free, runs are forced."""
     from prefixgrove.engine.core.sequence import SeqStatus
 
-    params = jump_params()
-    job = (prompts * 4)[: len(params)]
-    options = {"num_scheduler_steps": 8, "enable_prefix_grouping": grouping, "max_num_seqs": seats}
-    windows = engine(SMOLLM2, **options)
+    job = jump_job(prompts)
+    windows = engine(
+        SMOLLM2, num_scheduler_steps=8, enable_prefix_grouping=grouping, max_num_seqs=seats
+    )
     requests, masker = windows.engine.intake.requests, windows.engine.runner.masker
     forced_runs, seen = masker.forced_runs, []
 
@@ -526,9 +578,8 @@ def test_when_the_next_step_computes_outputs_alone_windows_take_the_forced_token
         return forced_runs(*args, **kwargs)
 
     masker.forced_runs = recorded
-    outputs = run(windows, job, params)
-    reference = run(engine(SMOLLM2, structured_outputs_jump_forward=False, **options), job, params)
-    assert token_ids(outputs) == token_ids(reference)
+    outputs = run(windows, job, jump_params())
+    assert token_ids(outputs) == token_ids(step_by_step(**STEP_BY_STEP).outputs)
     assert not any(seen)
     assert windows.engine.metrics.decode_steps > 0
     if seats < len(job):  # requests wait: runs are forced while they start
