@@ -2,10 +2,11 @@
 Mixtral. Attention, norms and the rest are the Llama family's; a sparse layer's MLP is `SparseMoe`.
 
 Routing is transformers': softmax over every expert in fp32, the top k, renormalized where the
-config says (`norm_topk_prob`; Mixtral always), the weights cast to the model's dtype. The experts'
-weights are stacked, [experts, 2 * width, hidden] (gate | up) and [experts, hidden, width], so that
-one grouped product runs them all on the GPU (the fused MoE kernels); on the CPU each expert's rows
-go through the row-invariant products, so a request's bytes do not depend on its batch. Under tensor
+config says (`norm_topk_prob`; Mixtral always), the weights cast to the model's dtype (Mixtral's
+kept in fp32). The experts' weights are stacked, [experts, 2 * width, hidden] (gate | up) and
+[experts, hidden, width], so that with the Triton ops one routing kernel and two grouped products
+run them all (prefixgrove_kernels.moe_routing, fused_moe); with the torch ops each expert's rows go
+through the row-invariant products, so a request's bytes on the CPU do not depend on its batch. Under tensor
 parallelism every rank holds every expert's slice of the width (gate/up by rows, down by columns) and
 one all-reduce adds the partial sums, the shared expert's included.
 """
@@ -18,6 +19,9 @@ from dataclasses import replace
 
 import torch
 from torch import nn
+
+from prefixgrove_kernels.fused_moe import fused_moe
+from prefixgrove_kernels.moe_routing import moe_routing
 
 from ..parallel.group import TensorParallel
 from .arch import ModelArch, MoeArch
@@ -88,6 +92,8 @@ class SparseMoe(nn.Module):
     ) -> None:
         super().__init__()
         self.moe, self.ops, self.parallel = moe, ops, parallel
+        # transformers keeps Mixtral's routing weights in fp32, the Qwen MoEs' in the model's dtype
+        self.weight_dtype = torch.float32 if arch.architecture == "MixtralForCausalLM" else None
         width = moe.intermediate_size // parallel.size
         hidden = arch.hidden_size
         self.gate = nn.Linear(hidden, moe.num_experts, bias=False)  # the router, never quantized
@@ -103,9 +109,18 @@ class SparseMoe(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = row_invariant_linear(x, self.gate.weight)
-        weights, ids = route(logits, self.moe.top_k, self.moe.norm_topk_prob)
-        weights = weights.to(x.dtype)
-        out = experts_reference(x, self.experts_gate_up, self.experts_down, ids, weights, self.ops)
+        k, renormalize = self.moe.top_k, self.moe.norm_topk_prob
+        if self.ops.name == "triton":  # one routing kernel, two grouped products for every expert
+            weights, ids = moe_routing(
+                logits, k, renormalize=renormalize, weight_dtype=self.weight_dtype or x.dtype
+            )
+            out = fused_moe(x, self.experts_gate_up, self.experts_down, ids, weights)
+        else:
+            weights, ids = route(logits, k, renormalize)
+            weights = weights.to(self.weight_dtype or x.dtype)
+            out = experts_reference(
+                x, self.experts_gate_up, self.experts_down, ids, weights, self.ops
+            )
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             gate = torch.sigmoid(row_invariant_linear(x, self.shared_expert_gate.weight))
             out = out + gate * self.shared_expert(x)
