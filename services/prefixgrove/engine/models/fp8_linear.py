@@ -226,7 +226,8 @@ def quantize_model(
     input_scales: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """Replaces every `RowInvariantLinear` inside `net.layers` (Llama's qkv, o, gate_up, down) by an
-    `Fp8Linear`, whatever the family.
+    `Fp8Linear`, whatever the family, and has every module of a layer with a `quantize_fp8` method
+    (a MoE block's stacked experts) quantize itself.
 
     The embedding and lm_head stay in the model's dtype, as vLLM's fp8 keeps them: the logits set the
     sampled token directly and cost a small share of the step. `weight_scales` / `input_scales` (by
@@ -246,4 +247,8 @@ def quantize_model(
                         child, weight_scales.get(key), input_scales.get(key)
                     )
                     setattr(parent, name, fp8)
+        for module in layer.modules():  # blocks that quantize their own weights (MoE experts)
+            quantize = getattr(module, "quantize_fp8", None)
+            if quantize is not None:
+                quantize()
     net.fuse_fp8_inputs()

@@ -20,7 +20,8 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from prefixgrove_kernels.fused_moe import fused_moe
+from prefixgrove_kernels.fp8_quant import quantize_rows_ref as quantize_per_row
+from prefixgrove_kernels.fused_moe import fused_moe, fused_moe_reference
 from prefixgrove_kernels.moe_routing import moe_routing
 
 from ..parallel.group import TensorParallel
@@ -99,6 +100,9 @@ class SparseMoe(nn.Module):
         self.gate = nn.Linear(hidden, moe.num_experts, bias=False)  # the router, never quantized
         self.experts_gate_up = nn.Parameter(torch.empty(moe.num_experts, 2 * width, hidden))
         self.experts_down = nn.Parameter(torch.empty(moe.num_experts, hidden, width))
+        # FP8 experts (quantize_fp8): float32 scales per expert and output channel
+        self.experts_gate_up_scale: torch.Tensor | None = None
+        self.experts_down_scale: torch.Tensor | None = None
         self.shared_expert: MLP | None = None
         self.shared_expert_gate: nn.Linear | None = None
         if moe.shared_intermediate_size:
@@ -107,20 +111,47 @@ class SparseMoe(nn.Module):
             self.shared_expert = MLP(replace(arch, intermediate_size=width), ops, TensorParallel())
             self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
 
+    @torch.no_grad()
+    def quantize_fp8(self) -> None:
+        """W8A8 experts (quantization="fp8"): each expert's weights in e4m3 with one scale per
+        output channel (amax / 448), as the dense layers' are; activations per row at run time."""
+        for name in ("experts_gate_up", "experts_down"):
+            weight = getattr(self, name)
+            experts, rows, columns = weight.shape
+            codes, scales = quantize_per_row(weight.detach().reshape(experts * rows, columns))
+            setattr(self, name, nn.Parameter(codes.view(experts, rows, columns), False))
+            setattr(self, f"{name}_scale", scales.view(experts, rows).float())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = row_invariant_linear(x, self.gate.weight)
         k, renormalize = self.moe.top_k, self.moe.norm_topk_prob
+        experts = (self.experts_gate_up, self.experts_down)
+        gate_up_scale, down_scale = self.experts_gate_up_scale, self.experts_down_scale
         if self.ops.name == "triton":  # one routing kernel, two grouped products for every expert
             weights, ids = moe_routing(
                 logits, k, renormalize=renormalize, weight_dtype=self.weight_dtype or x.dtype
             )
-            out = fused_moe(x, self.experts_gate_up, self.experts_down, ids, weights)
+            out = fused_moe(
+                x, *experts, ids, weights, w_gate_up_scale=gate_up_scale, w_down_scale=down_scale
+            )
         else:
             weights, ids = route(logits, k, renormalize)
             weights = weights.to(self.weight_dtype or x.dtype)
-            out = experts_reference(
-                x, self.experts_gate_up, self.experts_down, ids, weights, self.ops
-            )
+            if gate_up_scale is not None:  # FP8 experts: the kernels' math in torch
+                out = fused_moe_reference(
+                    x,
+                    *experts,
+                    ids,
+                    weights,
+                    w_gate_up_scale=gate_up_scale,
+                    w_down_scale=down_scale,
+                )
+            else:
+                out = experts_reference(x, *experts, ids, weights, self.ops)
+        return self._with_shared_expert(x, out)
+
+    def _with_shared_expert(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The experts' sum plus the shared expert's gated output, summed over the ranks."""
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             gate = torch.sigmoid(row_invariant_linear(x, self.shared_expert_gate.weight))
             out = out + gate * self.shared_expert(x)
