@@ -89,6 +89,15 @@ class Attention(nn.Module):
             out = ctx.attend(self.layer_idx, q[rows.token_rows], self.scale, rows.metadata)
         return self.parallel.all_reduce(self.o_proj(out.view(-1, self.q_size)))
 
+    def norm_queries_and_keys(
+        self, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [tokens, heads, head_dim] and k [tokens, kv_heads, head_dim] as attention takes them:
+        RMS-normalized per head where the family does it (Qwen3), else as they are."""
+        if self.q_norm is not None and self.k_norm is not None:
+            return self.q_norm(q), self.k_norm(k)
+        return q, k
+
     def _project_to_cache(
         self,
         x: torch.Tensor | QuantizedRows,
@@ -101,8 +110,7 @@ class Attention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.norm_queries_and_keys(q, k)
         k_cache, v_cache = ctx.kv_caches[self.layer_idx]
         return self.ops.rotary_to_cache(q, k, v, positions, cos_sin, k_cache, v_cache, ctx.slots)
 
