@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from run_tags import as_job
 from services_testbed import (
     MODEL,
     ServiceStack,
@@ -87,8 +88,8 @@ def test_planner_and_two_workers_equal_the_local_run(stack: ServiceStack, tmp_pa
     done, out, err = finish(stack, job.id, tmp_path)
     assert done.state == pb.JOB_STATE_COMPLETED
     assert done.request_counts == pb.RequestCounts(total=303, completed=299, failed=4)
-    assert out.read_text() == local_out.read_text()
-    assert err.read_text() == local_err.read_text()
+    assert out.read_text() == as_job(local_out, job.id)
+    assert err.read_text() == as_job(local_err, job.id)
     assert client.queue_depth(MODEL).depth == 0
 
 
@@ -106,7 +107,7 @@ def test_a_logprobs_job_through_the_services_equals_the_local_run(
     lines = out.read_text().splitlines()
     assert all(json.loads(line)["response"]["body"]["choices"][0]["logprobs"] for line in lines)
     assert {len(json.loads(line)["response"]["body"]["choices"]) for line in lines} == {1, 2, 3}
-    assert lines == local_out.read_text().splitlines()
+    assert lines == as_job(local_out, job.id).splitlines()
 
 
 def test_a_worker_killed_mid_group_is_taken_over(
@@ -128,7 +129,9 @@ def test_a_worker_killed_mid_group_is_taken_over(
     assert "took over group" in stack.workers["w2"].text()
     ids = [json.loads(line)["custom_id"] for line in out.read_text().splitlines()]
     assert len(ids) == len(set(ids)) == done.request_counts.completed
-    assert out.read_text() == local_out.read_text() and err.read_text() == local_err.read_text()
+    assert out.read_text() == as_job(local_out, job.id) and err.read_text() == as_job(
+        local_err, job.id
+    )
     stack.add_worker("w3", "--drain-timeout-s", "1")
 
 
@@ -151,7 +154,7 @@ def test_a_stopped_worker_gives_its_groups_back(
     # It finished or gave back (claimable at once) every group it held: none waits for a timeout.
     assert r.xpending_range(queue, "workers", "-", "+", 10, consumername="w3") == []
     done, out, _ = finish(stack, job.id, tmp_path)
-    assert done.state == pb.JOB_STATE_COMPLETED and out.read_text() == local_out.read_text()
+    assert done.state == pb.JOB_STATE_COMPLETED and out.read_text() == as_job(local_out, job.id)
     stack.add_worker("w4")
 
 
@@ -204,7 +207,7 @@ def test_the_job_completes_across_a_planner_restart(
     stack.restart_planner()
     done, out, _ = finish(stack, job.id, tmp_path)
     assert done.state == pb.JOB_STATE_COMPLETED
-    assert out.read_text() == local_out.read_text()
+    assert out.read_text() == as_job(local_out, job.id)
 
 
 def test_the_job_completes_across_a_redis_restart(
@@ -218,7 +221,9 @@ def test_the_job_completes_across_a_redis_restart(
     done, out, err = finish(stack, job.id, tmp_path, timeout=180)
     assert done.state == pb.JOB_STATE_COMPLETED
     assert done.request_counts.completed + done.request_counts.failed == done.request_counts.total
-    assert out.read_text() == local_out.read_text() and err.read_text() == local_err.read_text()
+    assert out.read_text() == as_job(local_out, job.id) and err.read_text() == as_job(
+        local_err, job.id
+    )
 
 
 def test_cancel_mid_job_keeps_partial_results(
@@ -236,6 +241,8 @@ def test_cancel_mid_job_keeps_partial_results(
     assert 0 < counts.completed < counts.total - counts.failed
     kept = out.read_text().splitlines()
     assert len(kept) == counts.completed
-    reference = {json.loads(line)["custom_id"]: line for line in local_out.read_text().splitlines()}
+    reference = {
+        json.loads(line)["custom_id"]: line for line in as_job(local_out, job.id).splitlines()
+    }
     assert all(reference[json.loads(line)["custom_id"]] == line for line in kept)
     wait_until(lambda: client.queue_depth(MODEL).depth == 0, 30, "the cancelled groups to drain")

@@ -182,3 +182,18 @@ def test_several_served_model_names_run_lines_naming_any_of_them(tmp_path: Path)
         json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()
     ]
     assert (error["custom_id"], error["error"]["code"]) == ("other", "model_not_found")
+
+
+def test_run_exits_non_zero_when_every_line_failed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = tmp_path / "in.jsonl"
+    job.write_text("{not json\n" + batch_line("big", {"prompt": "x", "max_tokens": 10**6}) + "\n")
+    out = tmp_path / "out.jsonl"
+    args = ["run", str(job), "-o", str(out), "--model", MODEL, "--device", "cpu",
+            "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--quiet"]  # fmt: skip
+    assert cli(args) == 1
+    assert f"every line failed (2): see {tmp_path / 'out.errors.jsonl'}" in capsys.readouterr().err
+    assert len((tmp_path / "out.errors.jsonl").read_text().splitlines()) == 2
+    job.write_text(job.read_text() + batch_line("ok", {"prompt": "x", "max_tokens": 1}) + "\n")
+    assert cli(args) == 0

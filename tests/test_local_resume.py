@@ -14,6 +14,7 @@ from services_testbed import MAX_MODEL_LEN, MODEL, batch_line
 
 from prefixgrove.cli import main as cli
 from prefixgrove.engine_settings import EngineSettings
+from prefixgrove.held_answers import held_path, load_held
 from prefixgrove.jobs.kept_answers import CHANGED, NO_FINGERPRINT
 from prefixgrove.jobs.ordered_writer import (
     KEEP,
@@ -23,6 +24,7 @@ from prefixgrove.jobs.ordered_writer import (
     ResumeMismatch,
     read_back,
 )
+from prefixgrove.jobs.output_lines import RUN_TAG_CHARS
 from prefixgrove.local import Rerun, RunSummary, run_local
 from prefixgrove.settings import IngestSettings
 
@@ -46,11 +48,14 @@ def errors_of(out: Path) -> Path:
     return out.with_name(out.stem + ".errors.jsonl")
 
 
-def run(job: Path, out: Path, *, resume: bool = False, progress: Any = False) -> RunSummary:
+def run(
+    job: Path, out: Path, *, resume: bool = False, progress: Any = False, run_id: str | None = "r"
+) -> RunSummary:
+    """A local run; `run_id` (one for every run by default, so that runs may be compared byte
+    for byte; None: the run's own)."""
     ingest = IngestSettings(max_model_len=MAX_MODEL_LEN)
-    return run_local(
-        job, out, errors_of(out), MODEL, ingest, ENGINE, use_tqdm=progress, resume=resume
-    )
+    return run_local(job, out, errors_of(out), MODEL, ingest, ENGINE, use_tqdm=progress,
+                     resume=resume, run_id=run_id or "")  # fmt: skip
 
 
 def lines_in(out: Path) -> int:
@@ -127,11 +132,57 @@ def test_an_interrupted_run_resumed_gives_the_files_of_an_uninterrupted_one(tmp_
     run(job, whole)
     with pytest.raises(KeyboardInterrupt):
         run(job, cut, progress=Watch(cut, stop_at=4))
-    written = lines_in(cut)
+    written, held = lines_in(cut), len(load_held(cut))
     assert 4 <= written < 10
     summary = run(job, cut, resume=True)
-    assert summary.skipped == written and summary.completed + summary.failed == 10 - written
+    assert summary.skipped == written + held
+    assert summary.completed + summary.failed == 10 - written - held
     assert same_files(cut, whole)
+    assert not held_path(cut).exists()  # a run that wrote every line keeps nothing aside
+
+
+class StopAfter(Watch):
+    """Interrupts the run (as Ctrl-C does) once `requests` requests were answered."""
+
+    def __init__(self, out: Path, requests: int) -> None:
+        super().__init__(out)
+        self.requests, self.answered = requests, 0
+
+    def update(self, n: int) -> None:
+        self.answered += n
+        if self.answered >= self.requests:
+            raise KeyboardInterrupt
+
+
+def test_answers_behind_a_long_early_request_are_kept_for_resume_when_interrupted(
+    tmp_path: Path,
+) -> None:
+    """The first request runs long: nothing can be written while it runs, yet the answers that
+    finished behind it are kept beside the output at Ctrl-C, and --resume does not run them
+    again."""
+    job = write_job(tmp_path / "in.jsonl")
+    rewrite_lines(job, {0: question("c0", "a long first answer", max_tokens=40)})
+    whole, cut = tmp_path / "whole" / "out.jsonl", tmp_path / "cut" / "out.jsonl"
+    run(job, whole)
+    with pytest.raises(KeyboardInterrupt):
+        run(job, cut, progress=StopAfter(cut, requests=4))
+    assert lines_in(cut) == 0
+    held = load_held(cut)
+    assert len(held) == 5  # four answers and the invalid line's error, all after line 0
+    summary = run(job, cut, resume=True)
+    assert (summary.skipped, summary.completed + summary.failed) == (5, 5)
+    assert same_files(cut, whole) and not held_path(cut).exists()
+
+
+def test_a_fresh_run_drops_what_a_stopped_run_kept_for_resume(tmp_path: Path) -> None:
+    job, out = write_job(tmp_path / "in.jsonl"), tmp_path / "out.jsonl"
+    rewrite_lines(job, {0: question("c0", "a long first answer", max_tokens=40)})
+    with pytest.raises(KeyboardInterrupt):
+        run(job, out, progress=StopAfter(out, requests=3))
+    assert held_path(out).exists()
+    summary = run(job, out)
+    assert (summary.skipped, summary.completed + summary.failed) == (0, 10)
+    assert not held_path(out).exists()
 
 
 def test_a_torn_last_line_is_cut_and_answered_again(tmp_path: Path) -> None:
@@ -240,3 +291,24 @@ def test_the_run_summary_names_each_line_run_again(
     said = capsys.readouterr()
     assert "1 answered before, run again: line 1 (c0): request changed" in said.out
     assert "answered lines run again, their answers being stale: line 1 (c0)" in said.err
+
+
+def ids_of(out: Path) -> list[str]:
+    return [
+        json.loads(line)["id"] for p in (out, errors_of(out)) for line in p.read_text().splitlines()
+    ]
+
+
+def test_runs_never_share_an_id_and_a_resumed_run_goes_on_under_its_own(tmp_path: Path) -> None:
+    """Each run tags its ids with a run tag of its own (output_lines.run_tag); a resumed run takes
+    up the tag of the answers it keeps, so one job's files carry one tag."""
+    job = write_job(tmp_path / "in.jsonl")
+    first, second = tmp_path / "a" / "out.jsonl", tmp_path / "b" / "out.jsonl"
+    run(job, first, run_id=None)
+    run(job, second, run_id=None)
+    assert not set(ids_of(first)) & set(ids_of(second))
+    with pytest.raises(KeyboardInterrupt):
+        run(job, second, progress=Watch(second, stop_at=4), run_id=None)
+    run(job, second, resume=True, run_id=None)
+    tags = {i.removeprefix("batch_req_")[:RUN_TAG_CHARS] for i in ids_of(second)}
+    assert len(tags) == 1 and len(ids_of(second)) == 10

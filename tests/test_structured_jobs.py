@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from run_tags import as_job
 from services_testbed import (
     MAX_MODEL_LEN,
     MODEL,
@@ -168,6 +169,6 @@ def test_the_services_write_the_same_error_lines_as_the_local_run(tmp_path: Path
                    f"job {submitted.id} to complete")  # fmt: skip
         out, errors = tmp_path / "out.jsonl", tmp_path / "out.errors.jsonl"
         client.download(submitted.id, out, errors)
-    assert out.read_text() == local_out.read_text()
-    assert errors.read_text() == local_errors.read_text()
+    assert out.read_text() == as_job(local_out, submitted.id)
+    assert errors.read_text() == as_job(local_errors, submitted.id)
     assert len(errors.read_text().splitlines()) == 2 + len(UNSATISFIABLE)

@@ -138,6 +138,10 @@ def _run_command(sub: Any) -> None:
                      help="print a JSON summary on stdout, no progress bar")  # fmt: skip
     resume = "keep what OUTPUT and ERRORS answer of this input, run the rest (else overwrite)"
     run.add_argument("--resume", action="store_true", help=resume)
+    run.add_argument("--run-id", default="",
+                     help="an id whose tag is in every answer id, so that runs never share ids "
+                     "(the services use the job id: a job's id gives the bytes the services "
+                     "write); default: a new one, or on --resume the kept answers' tag")  # fmt: skip
     parquet = "a Parquet INPUT (*.parquet, OUTPUT *.parquet too): "
     run.add_argument("--prompt-column", default="",
                      help=parquet + "the column of prompts (completions); default: none")  # fmt: skip
@@ -233,8 +237,9 @@ def _run(args: argparse.Namespace) -> int:
     if str(args.input).endswith(".parquet"):
         return _run_parquet(args)
     errors = args.errors or errors_beside(args.output)
-    _report(args, _run_job(args, args.input, args.output, errors), args.output, errors)
-    return 0
+    summary = _run_job(args, args.input, args.output, errors)
+    _report(args, summary, args.output, errors)
+    return _status(summary, errors)
 
 
 def _run_job(
@@ -254,6 +259,7 @@ def _run_job(
             use_tqdm=progress_bars(args) and sys.stderr.isatty(),
             resume=args.resume,
             served_model_name=args.served_model_name,
+            run_id=args.run_id,
         )
     except JobInputError as exc:
         raise ValueError(f"{exc.code}: {exc}") from None
@@ -276,11 +282,21 @@ def _run_parquet(args: argparse.Namespace) -> int:
         summary = _run_job(args, job, answers, errors)
     parquet_jobs.write_results(args.input, answers, errors, args.output)
     _report(args, summary, args.output, errors)
+    return _status(summary, errors)
+
+
+def _status(summary: Any, errors: Path | str) -> int:
+    """The run's exit status: 1 when every line of the input failed (nothing was answered, now
+    or by an earlier run), so that a script notices; else 0."""
+    if summary.total and summary.failed == summary.total:
+        print(f"prefixgrove: error: every line failed ({summary.total}): see {errors}",
+              file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 
 def _report(args: argparse.Namespace, summary: Any, output: Path | str, errors: Path | str) -> None:
-    from prefixgrove.local import rerun_text
+    from prefixgrove.local_resume import rerun_text
 
     info = {**asdict(summary), "output": str(output), "errors": str(errors)}
     if args.json:

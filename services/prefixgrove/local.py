@@ -6,27 +6,29 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
+from prefixgrove import local_resume
 from prefixgrove.engine_settings import EngineSettings
 from prefixgrove.grouping import PrefixGroup
+from prefixgrove.held_answers import drop_held
 from prefixgrove.input_lines import line_batches
 from prefixgrove.jobs.ingest import JobIngestor, JobPlan
-from prefixgrove.jobs.kept_answers import ExpectedAnswers
-from prefixgrove.jobs.ordered_writer import OrderedWriter, Resumed, read_back
-from prefixgrove.jobs.output_lines import failed_output, request_fingerprint, success_line
+from prefixgrove.jobs.ordered_writer import OrderedWriter, Resumed
+from prefixgrove.jobs.output_lines import failed_output, run_tag, success_line
 from prefixgrove.jobs.request_errors import RequestError, engine_error
 from prefixgrove.jobs.requests import BatchRequest
 from prefixgrove.jobs.sampling_fields import sampling_kwargs
 from prefixgrove.jobs.tokenize import PromptTokenizer
-from prefixgrove.output_files import check_outputs, open_outputs
+from prefixgrove.local_resume import Rerun
+from prefixgrove.output_files import check_outputs
 from prefixgrove.settings import IngestSettings, served_names
 
 if TYPE_CHECKING:
@@ -45,15 +47,6 @@ class JobInputError(ValueError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-@dataclass(frozen=True)
-class Rerun:
-    """A line an earlier run answered that this one ran again (--resume), and why."""
-
-    line: int  # 1-based, as people count the input's lines
-    custom_id: str | None
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -94,48 +87,45 @@ def run_local(
     resume: bool = False,
     served_model_name: str | Sequence[str] = "",
     progress_every_s: float = PROGRESS_EVERY_S,
+    run_id: str = "",
 ) -> RunSummary:
     """Runs the job, appending each answer to its file once every line before it is answered.
     engine: the engine's knobs, as `LLM(...)` and a worker take them; the job's context limit is
     ingest's max_model_len where set, else the engine's. resume: keep the files' answers to this
     input's unchanged requests (kept_answers.py; ResumeMismatch if they answer another input) and
-    run the rest; otherwise they are overwritten. A link at an output path is refused before
-    anything runs. served_model_name: the names lines call the model by, the first its own and
-    the others aliases, as vLLM's --served-model-name takes several (default: `model`); a line
-    naming another model is a `model_not_found` error, as a worker serving it answers.
+    run the rest; otherwise they are overwritten (a link at an output path is refused first).
+    served_model_name: the names lines call the model by, the first its own, the others aliases
+    (default: `model`); a line naming another model is `model_not_found`, as a worker answers it.
+    run_id: its run tag is in every id the run writes (output_lines.run_tag); default: the tag of
+    the answers a resume keeps, else a new one, so that no two runs share an id.
 
     Each phase logs its progress on logger prefixgrove.run (at most every progress_every_s) and
     its end: loading the tokenizer and the model, reading and tokenizing the lines, grouping
     them, and (when use_tqdm is False: no bar shows it) decoding."""
     start = time.perf_counter()
     check_outputs(output_path, errors_path)
+    if not resume:
+        drop_held(output_path)  # answers a stopped run held are for its --resume, not a fresh run
     engine = engine.replace(max_model_len=ingest.max_model_len or engine.max_model_len)
-    given = served_model_name if isinstance(served_model_name, str) else ",".join(served_model_name)
-    names = served_names(given) or [model]
-    name = names[0]
+    names = served_names(_joined(served_model_name)) or [model]
     ingestor = _ingestor(model, names, ingest, engine)
     requests, errors = _read_job(ingestor, input_path, progress_every_s)
-    plan = _plan(ingestor, name)
+    plan = _plan(ingestor, names[0])
     llm = _load(model, engine)
     runnable = _runnable(llm, requests, errors)
     # read once the engine said which requests it refuses: their error lines are known then
-    done, reruns = (
-        _resume(output_path, errors_path, ingestor.total, runnable, errors) if resume else _FRESH
-    )
+    outputs = (output_path, errors_path)
+    found = local_resume.resume(*outputs, ingestor.total, runnable, errors) if resume else None
+    done, reruns, kept_tag = found or local_resume.FRESH
     todo = [item for item in runnable if done.runs(item[0].index)]
     failures = [e for e in errors if done.runs(e.index)]
-    with _writer(output_path, errors_path, done) as writer:
-        for e in failures:
-            writer.put(e.index, e.to_line(), failed=True)
-        writer.flush()
-        answer = _Answer(name, llm.get_tokenizer(), writer, failures)
-        groups = _engine_groups(plan, [request.index for request, _, _ in todo])
-        decoding = time.perf_counter()
-        completion_tokens = _generate(llm, todo, groups, answer, use_tqdm, progress_every_s)
+    decoding = time.perf_counter()
+    how = _Decoding(names[0], _tag(run_id, kept_tag), plan, use_tqdm, progress_every_s)
+    written, completion_tokens = _answer_all(llm, outputs, done, todo, failures, how)
     return RunSummary(
         total=ingestor.total,
-        completed=writer.written[0],
-        failed=writer.written[1],
+        completed=written[0],
+        failed=written[1],
         skipped=done.skipped,
         rerun=reruns,
         prompt_tokens=ingestor.prompt_tokens,
@@ -146,6 +136,53 @@ def run_local(
         decode_seconds=time.perf_counter() - decoding,
         errors_by_code=dict(Counter(e.code for e in failures)),
     )
+
+
+def _tag(run_id: str, kept: str | None) -> str:
+    """The run tag of the run's ids: its run id's, else the answers kept's, else a new one."""
+    return run_tag(run_id) if run_id else kept or run_tag(uuid.uuid4().hex)
+
+
+def _joined(names: str | Sequence[str]) -> str:
+    return names if isinstance(names, str) else ",".join(names)
+
+
+@dataclass(frozen=True)
+class _Decoding:
+    """How the requests are run and answered: the served name the answers give, the run tag of
+    their ids, the job's plan, the progress bar and how often progress is logged."""
+
+    name: str
+    tag: str
+    plan: JobPlan
+    use_tqdm: bool | Callable[..., tqdm]
+    progress_every_s: float
+
+
+def _answer_all(
+    llm: LLM,
+    outputs: tuple[Path | str, Path | str],
+    done: Resumed,
+    todo: list[tuple[BatchRequest, list[int], SamplingParams]],
+    failures: list[RequestError],
+    how: _Decoding,
+) -> tuple[list[int], int]:
+    """Writes the failures' lines and runs `todo`, each answer written once every line before it
+    is; returns the lines written (output, errors) and the completion tokens. A run stopped by
+    anything, Ctrl-C too, writes what it can and keeps the rest for --resume."""
+    with local_resume.open_writer(*outputs, done) as writer:
+        try:
+            for e in failures:
+                writer.put(e.index, e.to_line(how.tag), failed=True)
+            writer.flush()
+            answer = _Answer(how.name, how.tag, llm.get_tokenizer(), writer, failures)
+            groups = _engine_groups(how.plan, [request.index for request, _, _ in todo])
+            tokens = _generate(llm, todo, groups, answer, how.use_tqdm, how.progress_every_s)
+        except BaseException:
+            local_resume.hold(outputs[0], writer)
+            raise
+    drop_held(outputs[0])
+    return writer.written, tokens
 
 
 def _ingestor(
@@ -174,58 +211,6 @@ def _load(model: str, engine: EngineSettings) -> LLM:
     llm = LLM(model, **engine.as_kwargs())
     progress.info("model %s loaded in %.1fs", model, time.perf_counter() - start)
     return llm
-
-
-_FRESH: tuple[Resumed, tuple[Rerun, ...]] = (Resumed(), ())
-
-
-@contextmanager
-def _writer(output: Path | str, errors: Path | str, done: Resumed) -> Iterator[OrderedWriter]:
-    """The job's writer, going on after what `done` keeps of the files (all of them: none);
-    objects (by URL) are committed whole when the run ends without an error."""
-    with open_outputs(output, errors, done.sizes) as (out, err):
-        yield OrderedWriter(out, err, done.start, done.kept)
-
-
-def _resume(
-    output: Path | str,
-    errors: Path | str,
-    total: int,
-    runnable: list[tuple[BatchRequest, list[int], SamplingParams]],
-    failed: list[RequestError],
-) -> tuple[Resumed, tuple[Rerun, ...]]:
-    """What the files already answer of this job (cut to whole lines of it), and the lines they
-    answered that run again, their answers being stale."""
-    expected = ExpectedAnswers(
-        runs={
-            request.index: (
-                request.custom_id,
-                request_fingerprint(request.endpoint, request.params, ids, request.model),
-            )
-            for request, ids, _ in runnable
-        },
-        fails={e.index: e for e in failed},
-    )
-    done = read_back(output, errors, total, expected.judge)
-    reruns = tuple(
-        Rerun(index + 1, expected.custom_id(index), why) for index, why in done.stale.items()
-    )
-    if done.count:
-        log.info("resuming: %d of %d lines already answered in %s and %s; running the rest",
-                 done.skipped, total, output, errors)  # fmt: skip
-    if reruns:
-        log.warning("resuming: %d answered lines run again, their answers being stale: %s",
-                    len(reruns), rerun_text(reruns))  # fmt: skip
-    return done, reruns
-
-
-def rerun_text(reruns: tuple[Rerun, ...], most: int = 20) -> str:
-    """`line 4 (c3): request changed; ...`, the first `most` of them and how many more."""
-    text = "; ".join(
-        f"line {r.line}{'' if r.custom_id is None else f' ({r.custom_id})'}: {r.reason}"
-        for r in reruns[:most]
-    )
-    return text + (f"; and {len(reruns) - most} more" if len(reruns) > most else "")
 
 
 class _Every:
@@ -347,6 +332,7 @@ class _Answer:
     """Turns a finished request into its output line (or, if that fails, its error line)."""
 
     model: str
+    tag: str  # the run's, in every id
     tokenizer: Any
     writer: OrderedWriter
     failures: list[RequestError]
@@ -366,6 +352,7 @@ class _Answer:
                 out,
                 self.tokenizer,
                 requested_model=request.model,
+                tag=self.tag,
             )
         except Exception as exc:  # NOTE: one request's output never costs the others theirs
             log.exception("request %r: its output line failed", request.custom_id)
@@ -381,7 +368,7 @@ class _Answer:
 
     def _fail(self, error: RequestError) -> None:
         self.failures.append(error)
-        self.writer.put(error.index, error.to_line(), failed=True)
+        self.writer.put(error.index, error.to_line(self.tag), failed=True)
 
 
 def _engine_groups(plan: JobPlan, lines: list[int]) -> list[PrefixGroup]:

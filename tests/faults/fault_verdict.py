@@ -13,6 +13,7 @@ cost one such request, no more."""
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from pathlib import Path
 from prefixgrove.worker.runner import DIED_ALONE
 
 _KILLS_PER_BLAME = 2  # a request running alone is failed at its second death
+_RUN_TAGGED = re.compile(r'("id": "(?:batch_req_|chatcmpl-|cmpl-)|"request_id": ")[0-9a-f]{12}')
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,9 @@ def _message(line: str) -> str:
 
 
 def _lines(path: Path) -> list[str]:
-    return path.read_text().splitlines()
+    """The file's lines without the run tag in their ids: the job's and the local run's differ
+    (every run tags its ids with its own), all else must be equal."""
+    return _RUN_TAGGED.sub(r"\1", path.read_text()).splitlines()
 
 
 def _ids(lines: list[str]) -> list[str | None]:

@@ -14,7 +14,7 @@ from services_testbed import MODEL
 from prefixgrove.engine.core.prompt_ids import checked_token_ids
 from prefixgrove.engine.sampling.sampling_params import SamplingParams
 from prefixgrove.jobs.ingest import JobIngestor
-from prefixgrove.jobs.output_lines import request_hash
+from prefixgrove.jobs.output_lines import request_hash, run_tag
 from prefixgrove.jobs.request_errors import RequestError
 from prefixgrove.jobs.requests import BatchRequest, parse_line
 from prefixgrove.jobs.sampling_fields import sampling_kwargs
@@ -36,7 +36,7 @@ def tokenizer() -> PromptTokenizer:
 
 
 def assert_writable(error: RequestError) -> None:
-    line = json.loads(error.to_line().encode("utf-8"))
+    line = json.loads(error.to_line(run_tag("job")).encode("utf-8"))
     assert line["custom_id"] == error.custom_id and line["error"]["code"] == error.code
     assert line["id"].startswith("batch_req_") and line["response"] is None
     assert error.custom_id is None or isinstance(error.custom_id, str)

@@ -9,7 +9,7 @@ from typing import Any
 
 from prefixgrove.jobs.kept_answers import CHANGED, NO_FINGERPRINT, ExpectedAnswers
 from prefixgrove.jobs.ordered_writer import KEEP, NOT_THEIRS, Judged
-from prefixgrove.jobs.output_lines import request_fingerprint, request_hash
+from prefixgrove.jobs.output_lines import request_fingerprint, request_hash, run_tag
 from prefixgrove.jobs.request_errors import RequestError
 
 PARAMS: dict[str, Any] = {"max_tokens": 3, "temperature": 0.0, "stop": ["\n"]}
@@ -53,8 +53,11 @@ def test_a_json_schemas_property_order_changes_the_fingerprint_its_spacing_does_
     assert fingerprint(params={**PARAMS, "structured_outputs": {"json": reordered}}) != asked
 
 
-def success(index: int, custom_id: str, fp: str = "") -> str:
-    line = {"id": f"batch_req_{request_hash(index, custom_id)}{fp}", "custom_id": custom_id,
+TAG = run_tag("job_1")
+
+
+def success(index: int, custom_id: str, fp: str = "", tag: str = TAG) -> str:
+    line = {"id": f"batch_req_{tag}{request_hash(index, custom_id)}{fp}", "custom_id": custom_id,
             "response": {"status_code": 200}, "error": None}  # fmt: skip
     return json.dumps(line)
 
@@ -65,7 +68,19 @@ EXPECTED = ExpectedAnswers(runs={0: ("a", fingerprint())}, fails={1: REFUSED})
 
 def test_an_answer_to_the_same_request_is_kept() -> None:
     assert EXPECTED.judge(0, success(0, "a", fingerprint()), False) == KEEP
-    assert EXPECTED.judge(1, REFUSED.to_line(), True) == KEEP
+    assert EXPECTED.judge(1, REFUSED.to_line(TAG), True) == KEEP
+
+
+def test_answers_are_kept_whatever_their_run_tag_and_the_first_ones_is_taken_up() -> None:
+    """A resumed run writes its lines under the tag of the answers it keeps; ids written before
+    run tags (`batch_req_<h><f>`) are read too."""
+    expected = ExpectedAnswers(runs={0: ("a", fingerprint())}, fails={1: REFUSED})
+    assert expected.judge(0, success(0, "a", fingerprint(), tag=""), False) == KEEP
+    assert expected.kept_tag == []  # an id without a tag gives none to take up
+    other = run_tag("job_2")
+    assert expected.judge(0, success(0, "a", fingerprint(), tag=other), False) == KEEP
+    assert expected.judge(1, REFUSED.to_line(TAG), True) == KEEP
+    assert expected.kept_tag == [other]
 
 
 def test_an_answer_to_a_changed_request_runs_again() -> None:
@@ -73,10 +88,10 @@ def test_an_answer_to_a_changed_request_runs_again() -> None:
     assert EXPECTED.judge(0, success(0, "a", other), False) == Judged(True, CHANGED)
     assert EXPECTED.judge(0, success(0, "a"), False) == Judged(True, NO_FINGERPRINT)
     engine_said_else = RequestError(1, "b", "context_length_exceeded", "prompt of 3 tokens")
-    assert EXPECTED.judge(1, engine_said_else.to_line(), True) == Judged(
+    assert EXPECTED.judge(1, engine_said_else.to_line(TAG), True) == Judged(
         True, "now fails (context_length_exceeded)"
     )
-    was_refused = RequestError(0, "a", "invalid_request", "no").to_line()
+    was_refused = RequestError(0, "a", "invalid_request", "no").to_line(TAG)
     now_runs = Judged(True, "was an error (invalid_request), now runs")
     assert EXPECTED.judge(0, was_refused, True) == now_runs
 

@@ -16,9 +16,11 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 from services_testbed import MAX_MODEL_LEN, MODEL, batch_line, service_env
 
-from prefixgrove.jobs.output_lines import error_line, request_hash, served_model_name
+from prefixgrove.jobs.output_lines import error_line, request_hash, run_tag, served_model_name
 
 CHAT = "/v1/chat/completions"
+RUN_ID = "job_test"
+TAG = run_tag(RUN_ID)
 SHARED = "You grade answers. Be brief and exact and never repeat the question. " * 3
 SYSTEM = {"role": "system", "content": SHARED}
 ALLOWED = list(range(97, 123))  # the byte tokenizer's ids of a-z
@@ -65,7 +67,7 @@ def answered(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], 
     job.write_text("".join(batch_line(cid, body, url) + "\n" for cid, body, url in REQUESTS))
     args = [sys.executable, "-m", "prefixgrove.cli", "run", str(job), "-o", str(root / "out.jsonl"),
             "--model", MODEL, "--device", "cpu", "--dtype", "float32",
-            "--max-model-len", str(MAX_MODEL_LEN)]  # fmt: skip
+            "--max-model-len", str(MAX_MODEL_LEN), "--run-id", RUN_ID]  # fmt: skip
     done = subprocess.run(args, env=service_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return _by_id(root / "out.jsonl"), _by_id(root / "out.errors.jsonl")
@@ -86,7 +88,9 @@ def test_every_success_line_is_an_openai_batch_line(answered: tuple[dict, dict])
     # a JSON object, or the start of one max_tokens cut short
     assert _body(answered, "chat-json")["choices"][0]["message"]["content"].startswith("{")
     for custom_id, line in outputs.items():
-        h = request_hash(REQUESTS.index(next(r for r in REQUESTS if r[0] == custom_id)), custom_id)
+        h = TAG + request_hash(
+            REQUESTS.index(next(r for r in REQUESTS if r[0] == custom_id)), custom_id
+        )
         assert line["id"].startswith(f"batch_req_{h}") and line["error"] is None
         assert len(line["id"]) == len(f"batch_req_{h}") + 16  # and the request's fingerprint
         assert line["response"]["status_code"] == 200 and line["response"]["request_id"] == h
@@ -193,7 +197,7 @@ def test_error_lines_hold_id_custom_id_null_response_and_error(
     for custom_id, line in answered[1].items():
         index = next(i for i, r in enumerate(REQUESTS) if r[0] == custom_id)
         assert line == {
-            "id": f"batch_req_{request_hash(index, custom_id)}",
+            "id": f"batch_req_{TAG}{request_hash(index, custom_id)}",
             "custom_id": custom_id,
             "response": None,
             "error": {"code": line["error"]["code"], "message": line["error"]["message"]},
@@ -201,8 +205,8 @@ def test_error_lines_hold_id_custom_id_null_response_and_error(
 
 
 def test_an_error_line_without_custom_id_still_has_an_id() -> None:
-    line = json.loads(error_line(4, None, "invalid_json", "line is not valid JSON"))
-    assert line["id"] == f"batch_req_{request_hash(4, None)}" and line["custom_id"] is None
+    line = json.loads(error_line(4, None, "invalid_json", "line is not valid JSON", TAG))
+    assert line["id"] == f"batch_req_{TAG}{request_hash(4, None)}" and line["custom_id"] is None
     assert line["response"] is None and line["error"]["code"] == "invalid_json"
 
 

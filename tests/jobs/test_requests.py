@@ -8,7 +8,7 @@ import pytest
 from services_testbed import MODEL, batch_line
 
 from prefixgrove.jobs.ingest import JobIngestor
-from prefixgrove.jobs.output_lines import request_hash
+from prefixgrove.jobs.output_lines import request_hash, run_tag
 from prefixgrove.jobs.request_errors import RequestError
 from prefixgrove.jobs.requests import BatchRequest, parse_line
 from prefixgrove.jobs.tokenize import PromptTokenizer
@@ -43,8 +43,8 @@ def test_malformed_json_line_fails_alone(tokenizer: PromptTokenizer) -> None:
 def test_missing_custom_id_is_named() -> None:
     error = parse({"url": "/v1/completions", "body": {"prompt": "x"}})
     assert isinstance(error, RequestError) and error.code == "missing_custom_id"
-    assert json.loads(error.to_line()) == {
-        "id": f"batch_req_{request_hash(error.index, None)}",
+    assert json.loads(error.to_line(run_tag("job"))) == {
+        "id": f"batch_req_{run_tag('job')}{request_hash(error.index, None)}",
         "custom_id": None,
         "response": None,
         "error": {"code": "missing_custom_id", "message": error.message},
@@ -220,7 +220,7 @@ def test_a_lone_surrogate_in_custom_id_fails_with_no_custom_id_and_a_writable_li
         and "custom_id" in error.message
         and "\\ud800" in error.message
     )
-    error.to_line().encode("utf-8")
+    error.to_line(run_tag("job")).encode("utf-8")
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ import openai
 import pytest
 from openai import OpenAI
 from openai.types import Batch
+from run_tags import as_job
 from services_testbed import (
     MODEL,
     RedisServer,
@@ -95,8 +96,8 @@ def test_a_batch_through_the_sdk_equals_the_local_run(stack: Stack, tmp_path: Pa
     assert done.usage.total_tokens == done.usage.input_tokens + done.usage.output_tokens > 0
     assert done.output_file_id and done.error_file_id
     output = client.files.content(done.output_file_id).content
-    assert output == local_out.read_bytes()
-    assert client.files.content(done.error_file_id).content == local_err.read_bytes()
+    assert output.decode() == as_job(local_out, batch.id)  # a batch is the job of its id
+    assert client.files.content(done.error_file_id).content.decode() == as_job(local_err, batch.id)
     assert client.files.retrieve(done.output_file_id).bytes == len(output)
 
 

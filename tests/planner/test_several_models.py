@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from run_tags import as_job
 from services_testbed import (
     MODEL,
     RedisServer,
@@ -56,9 +57,8 @@ def mixed_job(path: Path, n: int) -> tuple[Path, dict[str, str]]:
     return path, models
 
 
-def local_lines(job: Path, d: Path, *extra: str) -> tuple[list[str], list[str]]:
-    out, err = local_run(job, d, *extra)
-    return out.read_text().splitlines(), err.read_text().splitlines()
+def local_lines(job: Path, d: Path, *extra: str) -> tuple[Path, Path]:
+    return local_run(job, d, *extra)
 
 
 def by_custom_id(lines: list[str]) -> dict[str, str]:
@@ -69,16 +69,17 @@ def test_a_mixed_job_runs_each_line_on_its_models_workers_as_the_local_run_does(
     stack: ServiceStack, tmp_path: Path
 ) -> None:
     job_file, models = mixed_job(tmp_path / "in.jsonl", 48)
-    first_out, first_err = local_lines(job_file, tmp_path / "first")
-    second_out, second_err = local_lines(
-        job_file, tmp_path / "second", "--served-model-name", SECOND
-    )
+    first = local_lines(job_file, tmp_path / "first")
+    second = local_lines(job_file, tmp_path / "second", "--served-model-name", SECOND)
     client = stack.client()
     job = client.submit_file(job_file)
     wait_until(lambda: client.get(job.id).state == pb.JOB_STATE_COMPLETED, 180, "the job to end")
     out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
     client.download(job.id, out, err)
     assert client.get(job.id).request_counts == pb.RequestCounts(total=48, completed=47, failed=1)
+    first_out, first_err, second_out, second_err = (
+        as_job(f, job.id).splitlines() for f in (*first, *second)
+    )
 
     expected = by_custom_id(first_out) | by_custom_id(second_out)
     got = out.read_text().splitlines()

@@ -13,6 +13,7 @@ from object_store_testbed import S3Server
 from services_testbed import MAX_MODEL_LEN, MODEL
 from test_local_resume import ENGINE, Watch, run, write_job
 
+from prefixgrove.held_answers import load_held
 from prefixgrove.local import run_local
 from prefixgrove.output_files import read_output
 from prefixgrove.settings import IngestSettings
@@ -21,7 +22,8 @@ from prefixgrove.settings import IngestSettings
 def run_urls(job: str, out: str, *, resume: bool = False, progress: object = False) -> object:
     ingest = IngestSettings(max_model_len=MAX_MODEL_LEN)
     errors = out.removesuffix(".jsonl") + ".errors.jsonl"
-    return run_local(job, out, errors, MODEL, ingest, ENGINE, use_tqdm=progress, resume=resume)  # type: ignore[arg-type]
+    return run_local(job, out, errors, MODEL, ingest, ENGINE, use_tqdm=progress, resume=resume,
+                     run_id="r")  # type: ignore[arg-type]  # fmt: skip
 
 
 @pytest.fixture
@@ -61,8 +63,10 @@ def test_an_interrupted_run_resumes_from_the_parts_it_uploaded(
         out.replace(".jsonl", ".errors.jsonl")
     ).count(b"\n")
     assert 0 < kept < 10
+    held = len(load_held(out))  # answers past the first unanswered line, kept beside the output
     summary = run_urls(str(job), out, resume=True)
-    assert summary.skipped == kept  # type: ignore[attr-defined]
+    assert summary.skipped == kept + held  # type: ignore[attr-defined]
+    assert "answers.jsonl.held.jsonl" not in s3.keys(bucket)
     assert s3.get(bucket, "answers.jsonl") == output
     assert s3.get(bucket, "answers.errors.jsonl") == errors
 

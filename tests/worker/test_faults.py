@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from faulty_worker import FAULT
+from run_tags import as_job
 from services_testbed import (
     MAX_MODEL_LEN,
     MODEL,
@@ -232,4 +233,7 @@ def test_a_request_run_alone_writes_the_same_bytes_as_in_its_group(
     got_alone, got_grouped = results(store, alone), results(store, grouped)
     assert sorted(got_alone) == sorted(got_grouped) == [0, 1, 2, 3]
     assert all(not r.is_error and "top_logprobs" in r.line for r in got_grouped.values())
-    assert [got_alone[i].line for i in range(4)] == [got_grouped[i].line for i in range(4)]
+    # the same bytes but the run tag of the ids, which is each job's own
+    assert [as_job(got_alone[i].line, grouped) for i in range(4)] == [
+        got_grouped[i].line for i in range(4)
+    ]

@@ -3,8 +3,9 @@ answer this run gives the same request. The judge read_back (ordered_writer.py) 
 line of the files:
 
 - a success line is kept when its id names the line's position, custom_id and the fingerprint of
-  its request now (`batch_req_<h><f>`, output_lines.py): a new prompt, max_tokens or any other
-  setting that can change the answer gives another fingerprint;
+  its request now (`batch_req_<r><h><f>`, output_lines.py; the run tag `<r>` may be any, and ids
+  of versions before run tags, `batch_req_<h><f>`, are read too): a new prompt, max_tokens or any
+  other setting that can change the answer gives another fingerprint;
 - an error line is kept when it is, byte for byte, the error this run gives the line (its
   validation error, or the engine's refusal);
 - any other answer at that position (the same index and custom_id; either custom_id may be missing,
@@ -18,15 +19,16 @@ the request it answered, so it is stale too ("no request fingerprint").
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prefixgrove.jobs.ordered_writer import KEEP, NOT_THEIRS, Judged
-from prefixgrove.jobs.output_lines import request_hash
+from prefixgrove.jobs.output_lines import RUN_TAG_CHARS, request_fingerprint, request_hash
 from prefixgrove.jobs.request_errors import RequestError
 
 _HEAD = '{"id": "batch_req_'
 _CUSTOM_ID = '", "custom_id": '
 _HASH_CHARS = len(request_hash(0, ""))
+_FINGERPRINT_CHARS = len(request_fingerprint("", {}, [], None))
 _DECODER = json.JSONDecoder()
 
 NO_FINGERPRINT = "no request fingerprint (answered by an older prefixgrove)"
@@ -39,27 +41,27 @@ class ExpectedAnswers:
 
     runs: dict[int, tuple[str, str]]  # index: (custom_id, request fingerprint) of what runs
     fails: dict[int, RequestError]  # index: the error of a line that will not run
+    # the run tag of the first answer kept, which the resumed run writes its own lines under
+    kept_tag: list[str] = field(default_factory=list)
 
     def custom_id(self, index: int) -> str | None:
         error = self.fails.get(index)
         return self.runs[index][0] if error is None else error.custom_id
 
     def judge(self, index: int, line: str, failed: bool) -> Judged:
-        error = self.fails.get(index)
-        if error is not None:
-            if failed and line == error.to_line():
-                return KEEP
-            custom_id = error.custom_id
-        else:
-            custom_id, now = self.runs[index]
-            if not failed and line.startswith(
-                f"{_HEAD}{request_hash(index, custom_id)}{now}{_CUSTOM_ID}"
-            ):
-                return KEEP
         identity = _identity(line)
         if identity is None:
             return NOT_THEIRS
-        hashed, fingerprint, named = identity
+        tag, hashed, fingerprint, named = identity
+        error = self.fails.get(index)
+        if error is not None:
+            if failed and line == error.to_line(tag):
+                return self._kept(tag)
+            custom_id = error.custom_id
+        else:
+            custom_id, now = self.runs[index]
+            if not failed and fingerprint == now and hashed == request_hash(index, custom_id):
+                return self._kept(tag)
         if not _same_position(index, custom_id, hashed, named):
             return NOT_THEIRS
         if error is not None:
@@ -68,9 +70,23 @@ class ExpectedAnswers:
             return Judged(True, f"was an error ({_error_code(line)}), now runs")
         return Judged(True, CHANGED if fingerprint else NO_FINGERPRINT)
 
+    def _kept(self, tag: str) -> Judged:
+        if tag and not self.kept_tag:
+            self.kept_tag.append(tag)
+        return KEEP
 
-def _identity(line: str) -> tuple[str, str, str | None] | None:
-    """(position hash, fingerprint, custom_id) of a line as output_lines writes them."""
+
+def _split(ident: str) -> tuple[str, str, str]:
+    """(run tag, position hash, fingerprint) of an id's hex digits; ids written before run
+    tags have none."""
+    for tag in (RUN_TAG_CHARS, 0):
+        if len(ident) - tag in (_HASH_CHARS, _HASH_CHARS + _FINGERPRINT_CHARS):
+            return ident[:tag], ident[tag : tag + _HASH_CHARS], ident[tag + _HASH_CHARS :]
+    return "", ident[:_HASH_CHARS], ident[_HASH_CHARS:]
+
+
+def _identity(line: str) -> tuple[str, str, str, str | None] | None:
+    """(run tag, position hash, fingerprint, custom_id) of a line as output_lines writes it."""
     if not line.startswith(_HEAD):
         return None
     end = line.find(_CUSTOM_ID, len(_HEAD))
@@ -83,7 +99,7 @@ def _identity(line: str) -> tuple[str, str, str | None] | None:
         return None
     if custom_id is not None and not isinstance(custom_id, str):
         return None
-    return ident[:_HASH_CHARS], ident[_HASH_CHARS:], custom_id
+    return (*_split(ident), custom_id)
 
 
 def _same_position(index: int, custom_id: str | None, hashed: str, named: str | None) -> bool:

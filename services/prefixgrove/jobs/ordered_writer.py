@@ -12,7 +12,7 @@ the answers kept after it are written again in their turn.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -53,12 +53,17 @@ class Resumed:
     stale: dict[int, str] = field(default_factory=dict)
 
     def runs(self, index: int) -> bool:
-        return index >= self.count or index in self.stale
+        return (index >= self.count or index in self.stale) and index not in self.kept
 
     @property
     def skipped(self) -> int:
-        """Lines answered by the earlier run and kept."""
-        return self.count - len(self.stale)
+        """Lines answered by the earlier run and kept (past the files' prefix too: the answers
+        a stopped run held, held_answers.py)."""
+        return self.count - len(self.stale) + sum(1 for i in self.kept if i >= self.count)
+
+    def keeping(self, more: dict[int, tuple[str, bool]]) -> Resumed:
+        """These answers of lines past the files' prefix kept too, written in their turn."""
+        return replace(self, kept={**self.kept, **more})
 
 
 class OrderedWriter:
@@ -81,6 +86,11 @@ class OrderedWriter:
     @property
     def next_index(self) -> int:
         return self._next
+
+    @property
+    def held(self) -> dict[int, tuple[str, bool]]:
+        """The answers not written yet (a line before them is unanswered): index: (line, failed)."""
+        return {i: (line, failed) for i, (line, failed, _) in self._held.items()}
 
     def put(self, index: int, line: str, failed: bool = False) -> None:
         if index < self._next or index in self._held:

@@ -1,18 +1,19 @@
 """A finished request -> its OpenAI Batch output line; a refused one -> its error line. The worker
 and the local run both write these, so one input gives the same lines either way: no wall-clock
-fields, and ids derive from the request's position and custom_id (`<h>`) and, in a success line,
-from the request as it ran (`<f>`: its fingerprint).
+fields, and ids derive from the job (`<r>`, its run tag: a job's ids are its own), the request's
+position and custom_id (`<h>`) and, in a success line, from the request as it ran (`<f>`: its
+fingerprint). Given the same run id, `prefixgrove run` writes the bytes the services write.
 
 A success line is what OpenAI's Batch API writes, its body a ChatCompletion or a Completion that
 the `openai` package's types accept strictly (tests/jobs/test_output_lines.py checks them):
 
-  {"id": "batch_req_<h><f>", "custom_id": ..., "error": null,
-   "response": {"status_code": 200, "request_id": "<h>", "body": <chat.completion | text_completion>}}
+  {"id": "batch_req_<r><h><f>", "custom_id": ..., "error": null,
+   "response": {"status_code": 200, "request_id": "<r><h>", "body": <chat.completion | text_completion>}}
 
 A resumed `prefixgrove run` keeps a success line only while `<f>` is the fingerprint of the line's
 request now, so an answer never outlives a change to the request it answers.
 
-An error line: {"id": "batch_req_<h>", "custom_id": ..., "response": null,
+An error line: {"id": "batch_req_<r><h>", "custom_id": ..., "response": null,
 "error": {"code": ..., "message": ...}}. A request the engine finished as an error (finish_reason
 "error": its structured-output constraint could not be enforced) gets one too, never a success line:
 `failed_output` gives its code and message.
@@ -33,6 +34,16 @@ if TYPE_CHECKING:  # the shared job model imports no engine; these are only type
 # NOTE: `created` is part of the byte-equal contract between the services and `prefixgrove run`,
 # so it cannot be a clock reading; the job record keeps when the job was created.
 CREATED = 0
+
+
+RUN_TAG_CHARS = 12
+
+
+def run_tag(run_id: str) -> str:
+    """The part of every id of a job's lines that makes them that job's own, so that no two jobs
+    share an id (OpenAI's ids are unique too): 12 hex digits of the job's id (the planner's job
+    id; a local run's --run-id, or one it makes up)."""
+    return hashlib.blake2b(run_id.encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
 
 
 def request_hash(index: int, custom_id: str | None) -> str:
@@ -66,9 +77,10 @@ def served_model_name(model: str) -> str:
     return model
 
 
-def error_line(index: int, custom_id: str | None, code: str, message: str) -> str:
+def error_line(index: int, custom_id: str | None, code: str, message: str, tag: str) -> str:
+    """`tag`: the job's run_tag."""
     line = {
-        "id": f"batch_req_{request_hash(index, custom_id)}",
+        "id": f"batch_req_{tag}{request_hash(index, custom_id)}",
         "custom_id": custom_id,
         "response": None,
         "error": {"code": code, "message": message},
@@ -97,11 +109,12 @@ def success_line(
     tokenizer: Any,
     *,
     requested_model: str | None,
+    tag: str,
 ) -> str:
     """`params` are the request's SamplingParams keyword arguments (for how many top logprobs).
     The body names the request's `model` when it gave one, else the served `model` (named as
-    `served_model_name` says)."""
-    h = request_hash(index, custom_id)
+    `served_model_name` says). `tag`: the job's run_tag."""
+    h = tag + request_hash(index, custom_id)
     fingerprint = request_fingerprint(endpoint, params, out.prompt_token_ids, requested_model)
     top = int(params.get("logprobs") or 0)
     choices = [_choice(c, endpoint, tokenizer, top) for c in out.outputs]

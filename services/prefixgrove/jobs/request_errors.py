@@ -30,8 +30,9 @@ class RequestError:
     code: str
     message: str
 
-    def to_line(self) -> str:
-        line = error_line(self.index, self.custom_id, self.code, self.message)
+    def to_line(self, tag: str) -> str:
+        """The error file's line, its id under the job's run tag (output_lines.run_tag)."""
+        line = error_line(self.index, self.custom_id, self.code, self.message, tag)
         # A message quoting a tokenizer's or template's words may hold what UTF-8 cannot.
         if is_unicode(line):
             return line

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import grpc
 
+from prefixgrove.jobs.output_lines import run_tag
 from prefixgrove.jobs.redis_store.schema import JobRecord, JobState, ResultRecord
 from prefixgrove.jobs.redis_store.store import JobStore
 from prefixgrove.jobs.request_errors import RequestError
@@ -72,8 +73,9 @@ def _unanswered_lines(
         why = f" ({job.error_code}: {job.error_message})" if job.error_code else ""
         code, message = "not_run", f"the job failed before this request was answered{why}"
     ids = store.read_custom_ids(job.id, indices)
+    tag = run_tag(job.id)
     return {
-        i: RequestError(i, c, code, message).to_line() for i, c in zip(indices, ids, strict=True)
+        i: RequestError(i, c, code, message).to_line(tag) for i, c in zip(indices, ids, strict=True)
     }
 
 

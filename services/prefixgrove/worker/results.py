@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from prefixgrove.jobs.output_lines import failed_output, success_line
+from prefixgrove.jobs.output_lines import failed_output, run_tag, success_line
 from prefixgrove.jobs.redis_store.schema import ResultRecord
 from prefixgrove.jobs.redis_store.store import JobStore
 from prefixgrove.jobs.request_errors import RequestError
@@ -41,7 +41,8 @@ class Results:
         self.pending: list[Pending] = []
 
     def fail(self, job_id: str, error: RequestError) -> None:
-        self.pending.append(Pending(job_id, error.index, ResultRecord(True, error.to_line()), 0))
+        line = error.to_line(run_tag(job_id))
+        self.pending.append(Pending(job_id, error.index, ResultRecord(True, line), 0))
         self.metrics.requests_failed.inc()
 
     def answer(self, flight: InFlight, out: RequestOutput) -> None:
@@ -53,8 +54,8 @@ class Results:
             flight.outstanding.discard(out.request_id)
             return
         line = success_line(index, record.custom_id, record.endpoint, record.params,
-                            self.served_name, out, self.tokenizer,
-                            requested_model=record.model)  # fmt: skip
+                            self.served_name, out, self.tokenizer, requested_model=record.model,
+                            tag=run_tag(flight.lease.job_id))  # fmt: skip
         tokens = sum(len(c.token_ids) for c in out.outputs)
         self.pending.append(Pending(flight.lease.job_id, index, ResultRecord(False, line), tokens))
         flight.outstanding.discard(out.request_id)

@@ -13,6 +13,7 @@ import redis
 from redis.commands.core import Script
 
 from prefixgrove.jobs.ingest import IngestedBatch, JobPlan
+from prefixgrove.jobs.output_lines import run_tag
 from prefixgrove.jobs.redis_store import schema
 from prefixgrove.jobs.redis_store.connection import Redis
 from prefixgrove.jobs.redis_store.idempotency import IdempotencyKeys
@@ -180,7 +181,7 @@ class JobStore:
         self.r.hset(keys.job, mapping={"total": total, "prompt_tokens": prompt_tokens})
 
     def write_errors(self, job_id: str, errors: Sequence[RequestError]) -> int:
-        results = [(e.index, ResultRecord(True, e.to_line()), 0) for e in errors]
+        results = [(e.index, ResultRecord(True, e.to_line(run_tag(job_id))), 0) for e in errors]
         return self.write_results(job_id, results)
 
     def queue_plan(self, job_id: str, model: str, plan: JobPlan) -> JobState:
