@@ -142,6 +142,10 @@ def test_a_group_that_keeps_killing_workers_fails_after_max_deliveries(
     assert "stopped 2 workers" in json.loads(got[0].line)["error"]["message"]
 
 
+@pytest.mark.slow(
+    reason="the poison group of test_groups_leased_beside_a_poison_group_spend_one_delivery_on_it"
+    " takes this path (two deaths with its group, two alone, failed alone at delivery 5)"
+)
 def test_a_request_that_kills_workers_alone_twice_is_failed_alone(
     redis_server: RedisServer, store: JobStore, tmp_path: Path, workers: list[Process]
 ) -> None:
@@ -175,6 +179,7 @@ def test_groups_leased_beside_a_poison_group_spend_one_delivery_on_it(
     got = results(store, job_id)
     assert sorted(got) == list(range(12))
     assert [i for i, r in got.items() if r.is_error] == [1]
+    assert json.loads(got[1].line)["error"]["message"] == DIED_ALONE
     highest = highest_deliveries(workers)
     assert len(highest) == 4, highest  # the first worker held all four when it died
     assert sorted(highest.values()) == [2, 2, 2, 5], highest  # only the poison's went on
