@@ -23,6 +23,7 @@ from prefixgrove.input_lines import line_batches
 from prefixgrove.jobs.ingest import JobIngestor, JobPlan
 from prefixgrove.jobs.ordered_writer import OrderedWriter, Resumed
 from prefixgrove.jobs.output_lines import failed_output, run_tag, success_line
+from prefixgrove.jobs.prompt_parts import PartsEngine, split
 from prefixgrove.jobs.request_errors import RequestError, engine_error
 from prefixgrove.jobs.requests import BatchRequest
 from prefixgrove.jobs.sampling_fields import sampling_kwargs
@@ -209,6 +210,8 @@ def _load(model: str, engine: EngineSettings) -> LLM:
     progress.info("loading model %s (%s)", model, _engine_text(changed) or "engine defaults")
     start = time.perf_counter()
     llm = LLM(model, **engine.as_kwargs())
+    # a completions line of several prompts runs each as a request of its own, as on a worker
+    llm.engine = PartsEngine(llm.engine)  # type: ignore[assignment]
     progress.info("model %s loaded in %.1fs", model, time.perf_counter() - start)
     return llm
 
@@ -271,7 +274,7 @@ def _runnable(
     for request, tokens in requests:
         try:
             params = SamplingParams(**sampling_kwargs(request.params))
-            ids = llm.engine.validate(tokens, params)
+            ids = llm.engine.validate(split(tokens, request.params), params)
         except ValueError as exc:
             errors.append(engine_error(request.index, request.custom_id, exc))
             continue

@@ -18,6 +18,7 @@ import numpy as np
 
 from prefixgrove.jobs.line_parser import LineParser, LineRules
 from prefixgrove.jobs.prefix_index import PrefixIndex
+from prefixgrove.jobs.prompt_parts import groupable
 from prefixgrove.jobs.redis_store.schema import GroupRecord
 from prefixgrove.jobs.request_errors import RequestError
 from prefixgrove.jobs.requests import BatchRequest
@@ -309,7 +310,7 @@ class JobIngestor:
                     if isinstance(tokens, RequestError):
                         out.errors.append(tokens)
                         continue
-                    lines.add(request.index, tokens)
+                    lines.add(request.index, groupable(tokens, request.params))
                     prompt_tokens += len(tokens)
                     taken[request.index] = tokens
         out.requests.extend((r, taken[r.index]) for r in parsed if r.index in taken)

@@ -178,9 +178,15 @@ def _echo(
     that every path writes the same text), a chat reply after the assistant message it follows."""
     if params.get("echo"):
         skip = params.get("skip_special_tokens", True)
-        prompt = tokenizer.decode(out.prompt_token_ids, skip_special_tokens=skip)
+        counts = params.get("prompt_parts") or [len(out.prompt_token_ids)]  # each prompt's
+        ends = [sum(counts[: k + 1]) for k in range(len(counts))]
+        prompts = [
+            tokenizer.decode(out.prompt_token_ids[end - count : end], skip_special_tokens=skip)
+            for count, end in zip(counts, ends, strict=True)
+        ]
+        n = int(params.get("n") or 1)  # a prompt's choices are n in turn (prompt_parts.py)
         for choice in choices:
-            choice["text"] = prompt + choice["text"]
+            choice["text"] = prompts[choice["index"] // n] + choice["text"]
     prefix = params.get("echo_prefix")
     if prefix:
         for choice in choices:

@@ -81,8 +81,12 @@ def body_model(model: Any) -> str | None:
     raise InvalidRequest("invalid_value", f"model must be a non-empty string, got {shown(model)}")
 
 
-def body_prompt(prompt: Any) -> str | np.ndarray:
-    """A completions prompt: its text, or its token ids (int64)."""
+MAX_PROMPTS = 128  # prompts in one completions line (OpenAI's list of prompts)
+
+
+def body_prompt(prompt: Any) -> str | np.ndarray | list[str] | list[np.ndarray]:
+    """A completions prompt: its text, or its token ids (int64); several prompts (a list of
+    strings, or of token-id lists: prompt_parts.py) as a list of either."""
     # A one-element list is how the OpenAI API spells a single prompt too.
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
@@ -90,9 +94,15 @@ def body_prompt(prompt: Any) -> str | np.ndarray:
         return prompt
     if isinstance(prompt, list) and prompt and _all_ints(prompt):
         return _token_ids(prompt)
+    if isinstance(prompt, list) and 1 < len(prompt) <= MAX_PROMPTS:
+        if all(isinstance(p, str) and p for p in prompt):
+            return list(prompt)
+        if all(isinstance(p, list) and p and _all_ints(p) for p in prompt):
+            return [_token_ids(p) for p in prompt]
     raise InvalidRequest(
         "invalid_prompt",
-        f"prompt must be a non-empty string or a non-empty list of token ids, got {shown(prompt)}",
+        "prompt must be a non-empty string, a non-empty list of token ids, or a list of up to "
+        f"{MAX_PROMPTS} of either (each non-empty, all of one kind), got {shown(prompt)}",
     )
 
 

@@ -37,7 +37,8 @@ _LINE_FIELDS = {"custom_id", "method", "url", "body"}
 
 @dataclass(slots=True)
 class BatchRequest:
-    """A valid request line. Exactly one of prompt_text, prompt_token_ids, messages is set."""
+    """A valid request line. Exactly one of prompt_text, prompt_token_ids, prompt_parts (a
+    completions line of several prompts: prompt_parts.py), messages is set."""
 
     index: int
     custom_id: str
@@ -48,6 +49,7 @@ class BatchRequest:
     messages: list[dict[str, str]] | None = field(default=None)
     model: str | None = None  # the body's model, which the response names
     chat_options: ChatOptions | None = None  # how a chat's template renders it
+    prompt_parts: list[str] | list[np.ndarray] | None = None
 
 
 def parse_line(
@@ -103,6 +105,14 @@ def _parse_object(obj: dict[str, Any], index: int, default_max_tokens: int) -> B
     prompt = body_prompt(body.get("prompt"))
     if isinstance(prompt, str):
         request.prompt_text = prompt
+    elif isinstance(prompt, list):
+        if "prompt_logprobs" in request.params:
+            raise InvalidRequest(
+                "unsupported_field",
+                "prompt_logprobs with several prompts is not supported: give each prompt a line "
+                "of its own",
+            )
+        request.prompt_parts = prompt
     else:
         request.prompt_token_ids = prompt
     return request

@@ -5,10 +5,12 @@ need token ids: the vocabulary and the context length. Loads no weights.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import replace
+from typing import Any, cast
 
 import numpy as np
 
+from prefixgrove.jobs.prompt_parts import PARTS
 from prefixgrove.jobs.request_errors import RequestError
 from prefixgrove.jobs.requests import BatchRequest
 from prefixgrove.jobs.vllm_fields import ChatOptions
@@ -37,10 +39,33 @@ class PromptTokenizer:
             if isinstance(text, RequestError):
                 out.append(text)
                 continue
+            if request.prompt_parts is not None:
+                out.append(self._parts(request))
+                continue
             given = request.prompt_token_ids
             ids = encoded[request.index] if given is None else given
             out.append(ids if isinstance(ids, RequestError) else self._check(request, ids))
         return out
+
+    def _parts(self, request: BatchRequest) -> np.ndarray | RequestError:
+        """A line of several prompts: each encoded and checked as a prompt of its own, then one
+        after another, with their token counts in the params (prompt_parts.py)."""
+        parts = request.prompt_parts or []
+        texts = [p for p in parts if isinstance(p, str)]
+        try:
+            encoded = iter(self._encode_batch(texts, True) if texts else [])
+        except Exception as exc:
+            return RequestError(request.index, request.custom_id, "invalid_prompt",
+                                f"the tokenizer refused a prompt: {exc}")  # fmt: skip
+        checked = []
+        for k, part in enumerate(parts):
+            given = next(encoded) if isinstance(part, str) else part
+            ids = self._check(request, cast(Sequence[int], given))
+            if isinstance(ids, RequestError):
+                return replace(ids, message=f"prompt {k}: {ids.message}")
+            checked.append(ids)
+        request.params[PARTS] = [len(ids) for ids in checked]
+        return np.concatenate(checked)
 
     def _chat(self, request: BatchRequest) -> str | RequestError | None:
         if request.messages is None:

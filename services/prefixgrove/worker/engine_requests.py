@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
 from prefixgrove.grouping import PrefixGroup
+from prefixgrove.jobs.prompt_parts import split
 from prefixgrove.jobs.redis_store.schema import RequestRecord
 from prefixgrove.jobs.sampling_fields import sampling_kwargs
 from prefixgrove.worker.engine_protocol import Engine, NewRequest
@@ -60,5 +61,6 @@ def sampling_params(record: RequestRecord) -> SamplingParams:
 
 
 def token_ids(record: RequestRecord) -> Sequence[int]:
-    """The record's prompt, an int32 array: the engine takes arrays as it takes lists."""
-    return cast("Sequence[int]", record.prompt_token_ids)
+    """The record's prompt, an int32 array (the engine takes arrays as it takes lists), or the
+    prompts of a line of several, which the worker's PartsEngine takes (prompt_parts.py)."""
+    return cast("Sequence[int]", split(record.prompt_token_ids, record.params))

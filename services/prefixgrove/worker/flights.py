@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from prefixgrove.jobs.prompt_parts import PARTS
 from prefixgrove.jobs.redis_store.queue import Lease
 from prefixgrove.jobs.redis_store.schema import RequestRecord
 from prefixgrove.worker.lease_budget import Held
@@ -105,7 +106,8 @@ def shared_prefix(prefix_len: int, accepted: list[RequestRecord]) -> int:
 
 
 def samples(record: RequestRecord) -> int:
-    return int(record.params.get("n") or 1)
+    """The sequences a request runs: n per prompt (a line may hold several: prompt_parts.py)."""
+    return int(record.params.get("n") or 1) * max(1, len(record.params.get(PARTS) or ()))
 
 
 def own_kv_tokens(record: RequestRecord, prefix_len: int, max_model_len: int) -> int:

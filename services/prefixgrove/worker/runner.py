@@ -20,6 +20,7 @@ from typing import Any
 import redis
 
 from prefixgrove.engine_settings import EngineSettings
+from prefixgrove.jobs.prompt_parts import PartsEngine
 from prefixgrove.jobs.redis_store.connection import connect
 from prefixgrove.jobs.redis_store.queue import GroupQueue
 from prefixgrove.jobs.redis_store.store import JobStore
@@ -223,7 +224,8 @@ def make_engine(model: str, settings: EngineSettings) -> Any:
 
     if settings.tensor_parallel_size is None:
         settings = settings.replace(tensor_parallel_size=visible_gpus(settings.device))
-    return LLMEngine(EngineConfig.from_settings(model, settings))
+    # a completions line of several prompts runs each as a request of its own
+    return PartsEngine(LLMEngine(EngineConfig.from_settings(model, settings)))
 
 
 def visible_gpus(device: str) -> int:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from prefixgrove.jobs.ingest import JobPlan, ModelLines, UploadClosed, UploadCounts, plan_models
+from prefixgrove.jobs.prompt_parts import groupable
 from prefixgrove.jobs.redis_store import schema
 from prefixgrove.jobs.redis_store.connection import Redis
 from prefixgrove.jobs.redis_store.schema import JobKeys, RequestRecord
@@ -270,8 +271,8 @@ class Uploads:
         self.r.hset(JobKeys(job_id).job, mapping=totals)  # type: ignore[arg-type]
 
     def prompts(self, job_id: str, lines: int) -> Iterator[tuple[int, np.ndarray, str | None]]:
-        """(line index, prompt tokens, body's model or None) of every request record of the job,
-        in line order."""
+        """(line index, prompt tokens grouping may see, body's model or None) of every request
+        record of the job, in line order."""
         key = JobKeys(job_id).requests
         for start in range(0, lines, _READ_BATCH):
             indices = range(start, min(start + _READ_BATCH, lines))
@@ -279,7 +280,7 @@ class Uploads:
             for index, blob in zip(indices, blobs, strict=True):  # type: ignore[call-overload]
                 if blob is not None:  # a line that failed at ingest has no record
                     record = RequestRecord.decode(blob)  # type: ignore[arg-type]
-                    yield index, record.prompt_token_ids, record.model
+                    yield index, groupable(record.prompt_token_ids, record.params), record.model
 
     # --- ending -------------------------------------------------------------------------------
     def claim_idle(self, job_id: str, idle_s: float, now: float) -> bool:
