@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from run_tags import as_job
 from services_testbed import (
     MAX_MODEL_LEN,
@@ -125,8 +126,10 @@ def test_constrained_lines_hold_to_their_constraint_and_a_bad_one_fails_alone(tm
     assert "/nope" in errors["bad-schema"]["message"]
 
 
-def failing_job(path: Path) -> Path:
-    """Answered lines, lines refused up front and lines whose matcher fails mid-decode."""
+@pytest.fixture(scope="module")
+def failing_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """Answered lines, lines refused up front and lines whose matcher fails mid-decode, and the
+    output and error files of their local run (both tests below read it)."""
     lines = [
         chat("wide", guided_grammar=WIDE_RULE, temperature=0, max_tokens=64),
         chat("choice", structured_outputs={"choice": CHOICES}, temperature=1.0, seed=1),
@@ -134,12 +137,16 @@ def failing_job(path: Path) -> Path:
         *(chat(name, **fields) for name, fields in UNSATISFIABLE.items()),
         chat("free", temperature=0, max_tokens=5),
     ]
+    d = tmp_path_factory.mktemp("failing")
+    path = d / "in.jsonl"
     path.write_text("".join(line + "\n" for line in lines))
-    return path
+    return path, *local_run(path, d / "local")
 
 
-def test_a_constraint_that_fails_mid_decode_or_accepts_nothing_is_an_error_line(tmp_path: Path):
-    out, errors = local_run(failing_job(tmp_path / "in.jsonl"), tmp_path)
+def test_a_constraint_that_fails_mid_decode_or_accepts_nothing_is_an_error_line(
+    failing_job: tuple[Path, Path, Path],
+):
+    _, out, errors = failing_job
     answered = {o["custom_id"]: o for o in map(json.loads, out.read_text().splitlines())}
     assert set(answered) == {"choice", "free"}
     assert answered["choice"]["response"]["body"]["choices"][0]["message"]["content"] in CHOICES
@@ -156,11 +163,12 @@ def test_a_constraint_that_fails_mid_decode_or_accepts_nothing_is_an_error_line(
     assert "accepts no output" in failed["grammar-none"]["message"]
 
 
-def test_the_services_write_the_same_error_lines_as_the_local_run(tmp_path: Path):
+def test_the_services_write_the_same_error_lines_as_the_local_run(
+    failing_job: tuple[Path, Path, Path], tmp_path: Path
+):
     """A worker ends the failing requests as `prefixgrove run` does: the same output and error
     files, byte for byte."""
-    job = failing_job(tmp_path / "in.jsonl")
-    local_out, local_errors = local_run(job, tmp_path / "local")
+    job, local_out, local_errors = failing_job
     (tmp_path / "stack").mkdir()
     with service_stack(tmp_path / "stack", workers={"w1": ()}) as stack:
         client = stack.client()
