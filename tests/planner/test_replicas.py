@@ -37,6 +37,7 @@ from prefixgrove.jobs.redis_store.store import JobStore
 from prefixgrove.jobs.redis_store.uploads import UploadKeys, Uploads, rebuild_plan
 from prefixgrove.jobs.tokenize import PromptTokenizer
 from prefixgrove.planner import client as client_module
+from prefixgrove.planner import sealing
 from prefixgrove.planner.client import PlannerClient, PlannerError
 from prefixgrove.planner.server import UPLOAD_FAILED_WITHIN_S
 from prefixgrove.settings import IngestSettings
@@ -150,8 +151,10 @@ def test_an_upload_whose_sealer_stopped_is_expired_and_one_sealed_by_a_live_plan
 
 
 def test_a_seal_that_finds_lines_taken_but_never_stored_fails_the_job_for_a_new_upload(
-    redis_server: RedisServer, tmp_path: Path
+    redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # the lines never come: the seal's wait for streams still storing theirs only delays the end
+    monkeypatch.setattr(sealing, "_STORE_WAIT_S", 1.0)
     with planner_in_process(redis_server.url) as (server, client):
         job = client.create_job(idempotency_key="lost-lines")
         client.add_lines(job.id, job_lines(tmp_path / "in.jsonl", 4))
