@@ -66,7 +66,6 @@ def test_a_completions_field_that_changes_nothing_is_accepted(field: str, value:
 @pytest.mark.parametrize(
     "field, value",
     [
-        ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"),
         ("functions", [{"name": "f"}]), ("function_call", "auto"), ("audio", {"voice": "alloy"}),
         ("prediction", {"type": "content", "content": "x"}), ("web_search_options", {}),
         ("reasoning_effort", "low"), ("modalities", ["text", "audio"]),

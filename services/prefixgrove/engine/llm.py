@@ -140,10 +140,13 @@ class LLM:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[RequestOutput]:
         """Generates replies to one conversation (a list of {"role", "content"} messages) or to a
         list of them, as vLLM's `LLM.chat`: each is rendered with the model's chat template (or
-        `chat_template`) exactly as transformers' `apply_chat_template` renders and tokenizes it."""
+        `chat_template`) exactly as transformers' `apply_chat_template` renders and tokenizes it,
+        `tools` (OpenAI's function definitions) with it. As vLLM's, the replies are text: tool
+        calls are parsed in batch files' answers (services.md)."""
         if add_generation_prompt and continue_final_message:
             raise ValueError(
                 "add_generation_prompt and continue_final_message cannot both be true: the reply "
@@ -155,6 +158,7 @@ class LLM:
             chat_template=chat_template,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
+            tools=tools,
             **(chat_template_kwargs or {}),
         )
         prompts = [self._render_chat(c, i, options) for i, c in enumerate(conversations)]

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from prefixgrove.jobs.tool_calls import assistant_reply
+
 if TYPE_CHECKING:  # the shared job model imports no engine; these are only types
     from prefixgrove.engine.sampling.outputs import CompletionOutput, RequestOutput
 
@@ -117,7 +119,7 @@ def success_line(
     h = tag + request_hash(index, custom_id)
     fingerprint = request_fingerprint(endpoint, params, out.prompt_token_ids, requested_model)
     top = int(params.get("logprobs") or 0)
-    choices = [_choice(c, endpoint, tokenizer, top) for c in out.outputs]
+    choices = [_choice(c, endpoint, tokenizer, top, params, h) for c in out.outputs]
     _echo(choices, params, out, tokenizer)
     prompt_tokens = len(out.prompt_token_ids)
     completion_tokens = sum(len(c.token_ids) for c in out.outputs)
@@ -149,23 +151,35 @@ def success_line(
     return json.dumps(line, ensure_ascii=False)
 
 
-def _choice(completion: CompletionOutput, endpoint: str, tokenizer: Any, k: int) -> dict[str, Any]:
+def _choice(
+    completion: CompletionOutput,
+    endpoint: str,
+    tokenizer: Any,
+    k: int,
+    params: dict[str, Any],
+    h: str,
+) -> dict[str, Any]:
     """One sample. Beside OpenAI's fields it keeps `token_ids` and `stop_reason` (the stop string
-    or token that ended it), which OpenAI's types allow as extra fields."""
+    or token that ended it), which OpenAI's types allow as extra fields; a chat reply's thinking
+    and tool calls are parsed out of it (tool_calls.py)."""
     if completion.finish_reason not in ("stop", "length"):
         raise ValueError(
             f"sample {completion.index} ended with finish_reason {completion.finish_reason!r}; "
             "a finished request's samples end with 'stop' or 'length'"
         )
     choice: dict[str, Any] = {"index": completion.index}
+    finish = completion.finish_reason
     if endpoint == "chat":
-        choice["message"] = {"role": "assistant", "content": completion.text}
+        choice["message"], finish = assistant_reply(
+            completion.text, completion.token_ids, finish, params, tokenizer,
+            f"{h}:{completion.index}",
+        )  # fmt: skip
     else:
         choice["text"] = completion.text
     choice.update(
         token_ids=list(completion.token_ids),
         logprobs=_logprobs(completion, endpoint, tokenizer, k),
-        finish_reason=completion.finish_reason,
+        finish_reason=finish,
         stop_reason=completion.stop_reason,
     )
     return choice
@@ -190,7 +204,7 @@ def _echo(
     prefix = params.get("echo_prefix")
     if prefix:
         for choice in choices:
-            choice["message"]["content"] = prefix + choice["message"]["content"]
+            choice["message"]["content"] = prefix + (choice["message"]["content"] or "")
 
 
 def _prompt_logprobs(out: RequestOutput, tokenizer: Any) -> list[dict[str, Any] | None]:

@@ -1,5 +1,5 @@
 """A request's body, chat or completions: the fields each endpoint accepts, those it refuses by
-name, and its prompt (text or token ids) or its messages. The sampling fields are
+name, and its prompt (text or token ids); its messages are chat_messages.py's. The sampling fields are
 sampling_fields.py's (vLLM's own fields vllm_fields.py's), the output constraint
 structured_fields.py's."""
 
@@ -22,7 +22,9 @@ VLLM_FIELDS = {
     "skip_special_tokens", "spaces_between_special_tokens", "prompt_logprobs",
     "truncate_prompt_tokens", "echo",
 }  # fmt: skip
-VLLM_CHAT_FIELDS = {"chat_template_kwargs", "add_generation_prompt", "continue_final_message"}
+VLLM_CHAT_FIELDS = {
+    "chat_template_kwargs", "add_generation_prompt", "continue_final_message", "include_reasoning",
+}  # fmt: skip
 _COMMON_BODY_FIELDS = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
     "logprobs", "ignore_eos", "n", "stream", "presence_penalty", "frequency_penalty",
@@ -38,8 +40,9 @@ _IGNORED_CHAT_FIELDS = {
 _UNSERVED_FIELDS: dict[Endpoint, dict[str, str]] = {
     "completions": {"suffix": "insertion (suffix)"},
     "chat": {
-        "tools": "tool calling", "tool_choice": "tool calling", "functions": "function calling",
-        "function_call": "function calling", "audio": "audio output",
+        "functions": "function calling (deprecated by OpenAI: use tools)",
+        "function_call": "function calling (deprecated by OpenAI: use tool_choice)",
+        "audio": "audio output",
         "prediction": "predicted outputs", "web_search_options": "web search",
         "reasoning_effort": "reasoning models", "verbosity": "reasoning models",
     },
@@ -48,7 +51,8 @@ _BODY_FIELDS: dict[Endpoint, set[str]] = {
     "completions": _COMMON_BODY_FIELDS | set(_UNSERVED_FIELDS["completions"])
     | {"prompt", "best_of"},
     "chat": _COMMON_BODY_FIELDS | _IGNORED_CHAT_FIELDS | set(_UNSERVED_FIELDS["chat"])
-    | VLLM_CHAT_FIELDS | {"messages", "top_logprobs", "max_completion_tokens", "modalities"},
+    | VLLM_CHAT_FIELDS
+    | {"messages", "top_logprobs", "max_completion_tokens", "modalities", "tools", "tool_choice"},
 }  # fmt: skip
 
 
@@ -126,43 +130,3 @@ def _token_ids(prompt: list[int]) -> np.ndarray:
         f"prompt token {shown(token)} at position {i} is not a token id: ids are "
         f"integers in [0, {INT32_MAX}] (and below the model's vocabulary size)",
     )
-
-
-def body_messages(messages: Any) -> list[dict[str, str]]:
-    """A chat body's messages, each its role and its text."""
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequest(
-            "invalid_messages", f"messages must be a non-empty list, got {shown(messages)}"
-        )
-    out = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise InvalidRequest(
-                "invalid_messages", f"messages[{i}] must be an object with a string role"
-            )
-        content = message.get("content")
-        if isinstance(content, list):  # content parts: only text is served
-            content = _text_parts(content, i)
-        if not isinstance(content, str):
-            raise InvalidRequest(
-                "invalid_messages",
-                f"messages[{i}].content must be a string or a list of text parts, "
-                f"got {shown(content)}",
-            )
-        out.append({"role": message["role"], "content": content})
-    return out
-
-
-def _text_parts(parts: list[Any], i: int) -> str:
-    for j, part in enumerate(parts):
-        if not (
-            isinstance(part, dict)
-            and part.get("type") == "text"
-            and isinstance(part.get("text"), str)
-        ):
-            raise InvalidRequest(
-                "invalid_messages",
-                f"messages[{i}].content[{j}] must be {{'type': 'text', 'text': <string>}} "
-                f"(only text parts are served), got {shown(part)}",
-            )
-    return "".join(part["text"] for part in parts)

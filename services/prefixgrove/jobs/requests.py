@@ -19,17 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from prefixgrove.jobs.request_body import (
-    URLS,
-    Endpoint,
-    body_messages,
-    body_model,
-    body_prompt,
-    check_body_fields,
-)
+from prefixgrove.jobs.chat_messages import Message, body_messages
+from prefixgrove.jobs.request_body import URLS, Endpoint, body_model, body_prompt, check_body_fields
 from prefixgrove.jobs.request_errors import InvalidRequest, RequestError, is_unicode, shown
 from prefixgrove.jobs.request_line import check_values, load_line
 from prefixgrove.jobs.sampling_fields import sampling_params
+from prefixgrove.jobs.tool_fields import tool_request
 from prefixgrove.jobs.vllm_fields import ChatOptions, chat_options
 
 _LINE_FIELDS = {"custom_id", "method", "url", "body"}
@@ -46,10 +41,11 @@ class BatchRequest:
     params: dict[str, Any]  # keyword arguments of SamplingParams, JSON-serialisable
     prompt_text: str | None = None
     prompt_token_ids: np.ndarray | None = None  # int64
-    messages: list[dict[str, str]] | None = field(default=None)
+    messages: list[Message] | None = field(default=None)
     model: str | None = None  # the body's model, which the response names
     chat_options: ChatOptions | None = None  # how a chat's template renders it
     prompt_parts: list[str] | list[np.ndarray] | None = None
+    tools: list[dict[str, Any]] | None = None  # a chat's tools, which its template renders
 
 
 def parse_line(
@@ -101,6 +97,7 @@ def _parse_object(obj: dict[str, Any], index: int, default_max_tokens: int) -> B
     if endpoint == "chat":
         request.messages = body_messages(body.get("messages"))
         request.chat_options = chat_options(body)
+        request.tools = tool_request(body, request.params)
         return request
     prompt = body_prompt(body.get("prompt"))
     if isinstance(prompt, str):

@@ -13,6 +13,7 @@ import numpy as np
 from prefixgrove.jobs.prompt_parts import PARTS
 from prefixgrove.jobs.request_errors import RequestError
 from prefixgrove.jobs.requests import BatchRequest
+from prefixgrove.jobs.tool_calls import thinks, tool_format
 from prefixgrove.jobs.vllm_fields import ChatOptions
 
 
@@ -71,13 +72,43 @@ class PromptTokenizer:
         if request.messages is None:
             return None  # token ids given
         options = (request.chat_options or ChatOptions()).as_kwargs()
+        refused = self._reply_format(request)
+        if refused is not None:
+            return refused
         try:
-            text = self.tokenizer.apply_chat_template(request.messages, tokenize=False, **options)
+            text = self.tokenizer.apply_chat_template(
+                request.messages, tools=request.tools, tokenize=False, **options
+            )
         except Exception as exc:  # a template may reject any message shape it dislikes
             return RequestError(
                 request.index, request.custom_id, "invalid_messages", f"chat template failed: {exc}"
             )
         return str(text)
+
+    def _reply_format(self, request: BatchRequest) -> RequestError | None:
+        """Notes in the params what the chat template says of the reply (tool_fields.py): the
+        tool-call format its "auto" tool choice is parsed in, whether the model thinks; refuses
+        tools the template does not render, and an "auto" choice of a format not parsed here."""
+        template = getattr(self.tokenizer, "chat_template", None) or ""
+        if thinks(template):
+            request.params["reasoning"] = True
+        if request.tools is None:
+            return None
+        form = tool_format(template)
+        why = None
+        if "tools" not in template:
+            why = "the model's chat template does not render tools"
+        elif request.params.get("tool_choice") == "auto" and form is None:
+            why = ("tool_choice auto (the default with tools) parses the reply in the model's "
+                   "tool-call format, and its chat template has none parsed here (Hermes "
+                   "<tool_call>, Mistral [TOOL_CALLS], Llama 3 JSON): use tool_choice required "
+                   "or a named function, which any model serves")  # fmt: skip
+        if why is not None:
+            return RequestError(request.index, request.custom_id, "unsupported_field",
+                                f"tools are not supported for this model: {why}")  # fmt: skip
+        if request.params.get("tool_choice") == "auto":
+            request.params["tool_parser"] = form
+        return None
 
     def _encode_texts(
         self, texts: list[str], requests: Sequence[BatchRequest], positions: list[int]

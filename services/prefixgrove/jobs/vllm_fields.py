@@ -19,7 +19,10 @@ from prefixgrove.jobs.request_body import INT32_MAX, Endpoint
 from prefixgrove.jobs.request_errors import InvalidRequest, is_int, shown
 
 # Params that shape the output line, not the sampling: never SamplingParams arguments.
-OUTPUT_ONLY = ("echo", "echo_prefix", "prompt_parts")
+OUTPUT_ONLY = (
+    "echo", "echo_prefix", "prompt_parts", "tool_choice", "tool_parser", "reasoning",
+    "include_reasoning",
+)  # fmt: skip
 _MAX_PROMPT_LOGPROBS = 20
 _MAX_BAD_WORDS = 256
 # apply_chat_template's own arguments: chat_template_kwargs may not set them.
