@@ -59,9 +59,9 @@ def test_duplicate_custom_id_fails_the_later_line(tokenizer: PromptTokenizer) ->
 
 
 def test_unknown_url_lists_the_accepted_ones() -> None:
-    error = parse({"custom_id": "a", "url": "/v1/embeddings", "body": {"input": "x"}})
+    error = parse({"custom_id": "a", "url": "/v1/moderations", "body": {"input": "x"}})
     assert isinstance(error, RequestError) and error.code == "invalid_url"
-    assert "/v1/embeddings" in error.message and "/v1/chat/completions" in error.message
+    assert "/v1/moderations" in error.message and "/v1/embeddings" in error.message
 
 
 @pytest.mark.parametrize(

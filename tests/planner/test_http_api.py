@@ -152,12 +152,18 @@ def test_an_empty_input_fails_the_batch_with_its_error(stack: Stack, tmp_path: P
     assert done.output_file_id is None
 
 
-def test_an_unserved_endpoint_is_refused(stack: Stack, tmp_path: Path) -> None:
+def test_an_unserved_endpoint_is_refused_and_embeddings_are_served(
+    stack: Stack, tmp_path: Path
+) -> None:
     client = stack.client()
     file_id = upload(client, small_job(tmp_path / "in.jsonl", 1))
-    with pytest.raises(openai.BadRequestError, match="/v1/embeddings"):
-        client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings",
+    with pytest.raises(openai.BadRequestError, match="/v1/moderations"):
+        client.batches.create(input_file_id=file_id, endpoint="/v1/moderations",  # type: ignore[arg-type]
                               completion_window="24h")  # fmt: skip
+    batch = client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings",
+                                  completion_window="24h")  # fmt: skip
+    assert batch.endpoint == "/v1/embeddings"
+    assert wait_for_end(client, batch.id).status == "completed"
 
 
 def test_batches_list_newest_first_page_by_page(stack: Stack, tmp_path: Path) -> None:

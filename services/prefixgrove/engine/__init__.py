@@ -3,7 +3,14 @@
 from .config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from .core.llm_engine import LLMEngine
 from .llm import LLM
-from .sampling.outputs import CompletionOutput, Logprob, RequestOutput
+from .sampling.outputs import (
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    Logprob,
+    RequestOutput,
+)
+from .sampling.pooling_params import PoolingParams
 from .sampling.sampling_params import SamplingParams
 from .structured import StructuredOutputsParams
 
@@ -11,10 +18,13 @@ __all__ = [
     "LLM",
     "CacheConfig",
     "CompletionOutput",
+    "EmbeddingOutput",
+    "EmbeddingRequestOutput",
     "EngineConfig",
     "LLMEngine",
     "Logprob",
     "ModelConfig",
+    "PoolingParams",
     "RequestOutput",
     "SamplingParams",
     "SchedulerConfig",

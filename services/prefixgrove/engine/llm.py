@@ -15,8 +15,9 @@ from prefixgrove.grouping import GroupingConfig, PrefixGroup, group_prompts
 
 from .config import EngineConfig
 from .core.llm_engine import LLMEngine
-from .sampling.outputs import RequestOutput
+from .sampling.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from .sampling.parallel_samples import Samples
+from .sampling.pooling_params import PoolingParams
 from .sampling.sampling_params import SamplingParams, is_unicode
 from .vllm_args import check_request_options, engine_kwargs, unsupported_method
 
@@ -70,6 +71,37 @@ class LLM:
         succeeds here (no request holds a block between calls)."""
         self.engine.reset_prefix_cache()
         return True
+
+    def embed(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        pooling_params: PoolingParams | Seq[PoolingParams] | None = None,
+        use_tqdm: bool | Callable[..., tqdm] = True,
+        lora_request: Any = None,
+        *,
+        truncate_prompt_tokens: int | None = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt (vLLM's `LLM.embed`): the model's last hidden states pooled as
+        `pooling_params` say (pooling_params.py; None: the model's own pooling). Prompts that
+        share a prefix share its computation, as in `generate`."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        each = pooling_params if isinstance(pooling_params, Seq) else [pooling_params]
+        params = [
+            SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
+                           truncate_prompt_tokens=truncate_prompt_tokens,
+                           pooling=pooling or PoolingParams())
+            for pooling in each
+        ]  # fmt: skip
+        outputs = self.generate(prompts, params if len(params) > 1 else params[0], use_tqdm,
+                                lora_request)  # fmt: skip
+        return [
+            EmbeddingRequestOutput(
+                out.request_id, EmbeddingOutput(out.outputs[0].embedding or []),
+                out.prompt_token_ids,
+            )
+            for out in outputs
+        ]  # fmt: skip
 
     def beam_search(self, *args: Any, **kwargs: Any) -> Any:
         raise unsupported_method("beam_search")

@@ -23,6 +23,10 @@ _ONLY = {
     "cpu_offload_gb": (0,),
     "enable_chunked_prefill": (None, True),  # prefill is always chunked
     "enable_lora": (False,),
+    # one engine generates and embeds: vLLM's choice of what a model runs for changes nothing
+    "task": ("auto", "generate", "embed"),
+    "runner": ("auto", "generate", "pooling"),
+    "convert": ("auto", "none", "embed"),
 }
 _WHY = {
     "pipeline_parallel_size": "one engine splits a model by tensor_parallel_size only",
@@ -35,6 +39,9 @@ _WHY = {
     "cpu_offload_gb": "weights stay on the device",
     "enable_chunked_prefill": "prefill is always chunked",
     "enable_lora": "LoRA adapters are not supported",
+    "task": "only generation and embeddings are served",
+    "runner": "only generation and embeddings are served",
+    "convert": "only generation and embeddings are served",
 }
 # Accepted and without effect here: they tune what vLLM does and prefixgrove does not.
 IGNORED = frozenset(
@@ -45,12 +52,14 @@ IGNORED = frozenset(
 # vLLM's methods of `LLM` that prefixgrove's does not have, and what each would have done.
 UNSUPPORTED_METHODS = {
     "beam_search": "beam search",
-    "encode": "pooling models",
+    "encode": "vLLM's generic pooling: use embed",
     "classify": "classification models",
     "score": "cross-encoder and embedding scoring",
     "reward": "reward models",
 }
-SUPPORTED_METHODS = "generate, chat, get_default_sampling_params, get_tokenizer, reset_prefix_cache"
+SUPPORTED_METHODS = (
+    "generate, chat, embed, get_default_sampling_params, get_tokenizer, reset_prefix_cache"
+)
 
 
 def unsupported_method(name: str) -> NotImplementedError:

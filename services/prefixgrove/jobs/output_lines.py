@@ -21,6 +21,7 @@ An error line: {"id": "batch_req_<r><h>", "custom_id": ..., "response": null,
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from collections.abc import Sequence
@@ -118,6 +119,9 @@ def success_line(
     `served_model_name` says). `tag`: the job's run_tag."""
     h = tag + request_hash(index, custom_id)
     fingerprint = request_fingerprint(endpoint, params, out.prompt_token_ids, requested_model)
+    name = requested_model or served_model_name(model)
+    if endpoint == "embeddings":
+        return _line(h, fingerprint, custom_id, _embeddings(h, name, out, params))
     top = int(params.get("logprobs") or 0)
     choices = [_choice(c, endpoint, tokenizer, top, params, h) for c in out.outputs]
     _echo(choices, params, out, tokenizer)
@@ -127,7 +131,7 @@ def success_line(
         "id": f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{h}",
         "object": "chat.completion" if endpoint == "chat" else "text_completion",
         "created": CREATED,
-        "model": requested_model or served_model_name(model),
+        "model": name,
         "choices": choices,
         "usage": {
             "prompt_tokens": prompt_tokens,
@@ -142,6 +146,10 @@ def success_line(
         scored = _prompt_logprobs(out, tokenizer)
         for choice in [body] if endpoint == "chat" else choices:
             choice["prompt_logprobs"] = scored
+    return _line(h, fingerprint, custom_id, body)
+
+
+def _line(h: str, fingerprint: str, custom_id: str, body: dict[str, Any]) -> str:
     line = {
         "id": f"batch_req_{h}{fingerprint}",
         "custom_id": custom_id,
@@ -149,6 +157,27 @@ def success_line(
         "error": None,
     }
     return json.dumps(line, ensure_ascii=False)
+
+
+def _embeddings(h: str, model: str, out: RequestOutput, params: dict[str, Any]) -> dict[str, Any]:
+    """A CreateEmbeddingResponse (with vLLM's id and created): one embedding per input."""
+    as_text = params.get("encoding_format") == "base64"
+    data = [
+        {
+            "object": "embedding",
+            "index": c.index,
+            "embedding": _base64(c.embedding or []) if as_text else c.embedding,
+        }
+        for c in out.outputs
+    ]
+    tokens = len(out.prompt_token_ids)
+    return {"id": f"embd-{h}", "object": "list", "created": CREATED, "model": model,
+            "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}  # fmt: skip
+
+
+def _base64(embedding: list[float]) -> str:
+    """OpenAI's base64 encoding: the float32 values' little-endian bytes."""
+    return base64.b64encode(np.asarray(embedding, dtype="<f4").tobytes()).decode("ascii")
 
 
 def _choice(

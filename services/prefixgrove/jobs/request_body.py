@@ -12,9 +12,13 @@ import numpy as np
 from prefixgrove.jobs.request_errors import InvalidRequest, shown
 from prefixgrove.jobs.structured_fields import STRUCTURED_FIELDS
 
-Endpoint = Literal["completions", "chat"]
+Endpoint = Literal["completions", "chat", "embeddings"]
 
-URLS: dict[str, Endpoint] = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+URLS: dict[str, Endpoint] = {
+    "/v1/completions": "completions",
+    "/v1/chat/completions": "chat",
+    "/v1/embeddings": "embeddings",
+}
 INT32_MAX = 2**31 - 1  # token ids, max_tokens, top_k and stop_token_ids live in int32 tensors
 # vLLM's own fields beyond OpenAI's (vllm_fields.py reads them)
 VLLM_FIELDS = {
@@ -38,6 +42,7 @@ _IGNORED_CHAT_FIELDS = {
 }  # fmt: skip
 # Documented OpenAI fields whose feature is not served: a request setting one fails, naming it.
 _UNSERVED_FIELDS: dict[Endpoint, dict[str, str]] = {
+    "embeddings": {},
     "completions": {"suffix": "insertion (suffix)"},
     "chat": {
         "functions": "function calling (deprecated by OpenAI: use tools)",
@@ -48,6 +53,9 @@ _UNSERVED_FIELDS: dict[Endpoint, dict[str, str]] = {
     },
 }  # fmt: skip
 _BODY_FIELDS: dict[Endpoint, set[str]] = {
+    # OpenAI's, then vLLM's (embedding_fields.py)
+    "embeddings": {"model", "input", "encoding_format", "dimensions", "user", "normalize",
+                   "truncate_prompt_tokens"},
     "completions": _COMMON_BODY_FIELDS | set(_UNSERVED_FIELDS["completions"])
     | {"prompt", "best_of"},
     "chat": _COMMON_BODY_FIELDS | _IGNORED_CHAT_FIELDS | set(_UNSERVED_FIELDS["chat"])
@@ -88,9 +96,11 @@ def body_model(model: Any) -> str | None:
 MAX_PROMPTS = 128  # prompts in one completions line (OpenAI's list of prompts)
 
 
-def body_prompt(prompt: Any) -> str | np.ndarray | list[str] | list[np.ndarray]:
-    """A completions prompt: its text, or its token ids (int64); several prompts (a list of
-    strings, or of token-id lists: prompt_parts.py) as a list of either."""
+def body_prompt(
+    prompt: Any, most: int = MAX_PROMPTS, name: str = "prompt"
+) -> str | np.ndarray | list[str] | list[np.ndarray]:
+    """A completions prompt (an embeddings input): its text, or its token ids (int64); several
+    (a list of strings, or of token-id lists: prompt_parts.py) as a list of either."""
     # A one-element list is how the OpenAI API spells a single prompt too.
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
@@ -98,15 +108,15 @@ def body_prompt(prompt: Any) -> str | np.ndarray | list[str] | list[np.ndarray]:
         return prompt
     if isinstance(prompt, list) and prompt and _all_ints(prompt):
         return _token_ids(prompt)
-    if isinstance(prompt, list) and 1 < len(prompt) <= MAX_PROMPTS:
+    if isinstance(prompt, list) and 1 < len(prompt) <= most:
         if all(isinstance(p, str) and p for p in prompt):
             return list(prompt)
         if all(isinstance(p, list) and p and _all_ints(p) for p in prompt):
             return [_token_ids(p) for p in prompt]
     raise InvalidRequest(
         "invalid_prompt",
-        "prompt must be a non-empty string, a non-empty list of token ids, or a list of up to "
-        f"{MAX_PROMPTS} of either (each non-empty, all of one kind), got {shown(prompt)}",
+        f"{name} must be a non-empty string, a non-empty list of token ids, or a list of up to "
+        f"{most} of either (each non-empty, all of one kind), got {shown(prompt)}",
     )
 
 

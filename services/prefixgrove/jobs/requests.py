@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from prefixgrove.jobs.chat_messages import Message, body_messages
+from prefixgrove.jobs.embedding_fields import MAX_INPUTS, embedding_params
 from prefixgrove.jobs.request_body import URLS, Endpoint, body_model, body_prompt, check_body_fields
 from prefixgrove.jobs.request_errors import InvalidRequest, RequestError, is_unicode, shown
 from prefixgrove.jobs.request_line import check_values, load_line
@@ -90,16 +91,21 @@ def _parse_object(obj: dict[str, Any], index: int, default_max_tokens: int) -> B
             "invalid_body", f"body must be a JSON object, got {type(body).__name__}"
         )
     check_body_fields(body, endpoint, url)
-    request = BatchRequest(
-        index, custom_id, endpoint, sampling_params(body, endpoint, default_max_tokens)
-    )
+    if endpoint == "embeddings":
+        params = embedding_params(body)
+    else:
+        params = sampling_params(body, endpoint, default_max_tokens)
+    request = BatchRequest(index, custom_id, endpoint, params)
     request.model = body_model(body.get("model"))
     if endpoint == "chat":
         request.messages = body_messages(body.get("messages"))
         request.chat_options = chat_options(body)
         request.tools = tool_request(body, request.params)
         return request
-    prompt = body_prompt(body.get("prompt"))
+    if endpoint == "embeddings":
+        prompt = body_prompt(body.get("input"), MAX_INPUTS, "input")
+    else:
+        prompt = body_prompt(body.get("prompt"))
     if isinstance(prompt, str):
         request.prompt_text = prompt
     elif isinstance(prompt, list):

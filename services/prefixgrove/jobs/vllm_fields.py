@@ -21,7 +21,7 @@ from prefixgrove.jobs.request_errors import InvalidRequest, is_int, shown
 # Params that shape the output line, not the sampling: never SamplingParams arguments.
 OUTPUT_ONLY = (
     "echo", "echo_prefix", "prompt_parts", "tool_choice", "tool_parser", "reasoning",
-    "include_reasoning",
+    "include_reasoning", "encoding_format",
 )  # fmt: skip
 _MAX_PROMPT_LOGPROBS = 20
 _MAX_BAD_WORDS = 256

@@ -15,11 +15,13 @@ from dataclasses import KW_ONLY, dataclass, field
 from functools import partial
 from typing import Any
 
+from prefixgrove.catalog.pooling import pooling_defaults
 from prefixgrove.grouping import PrefixGroup
 
 from ..config import EngineConfig
 from ..runner.model_runner import ModelRunner
 from ..sampling.parallel_samples import SampleSets
+from ..sampling.pooling_params import PoolingParams
 from ..sampling.sampling_params import SamplingParams
 from ..structured.grammar_state import GrammarState
 from ..structured.grammars import GrammarCompiler
@@ -73,13 +75,28 @@ class Intake:
                 )
         if prepared.structured_outputs is not None:  # a constraint that does not compile fails here
             self.grammars.compile(prepared.structured_outputs)
+        if prepared.pooling is not None:
+            prepared.pooling = self._pooling(prepared.pooling)
         return prepared
+
+    def _pooling(self, pooling: PoolingParams) -> PoolingParams:
+        """The request's pooling with the model's own choices where it leaves them open."""
+        resolved = pooling.resolved(*pooling_defaults(self.config.model.model))
+        hidden = self.config.model.arch.hidden_size
+        if resolved.dimensions is not None and resolved.dimensions > hidden:
+            raise ValueError(
+                f"PoolingParams.dimensions={resolved.dimensions} is more than the model's "
+                f"embedding size, {hidden}"
+            )
+        return resolved
 
     def validate(self, prompt_token_ids: Seq[int], params: SamplingParams) -> list[int]:
         """Raises ValueError naming the problem; returns the ids as Python ints."""
         ids = checked_token_ids(prompt_token_ids, self.config.model.arch.vocab_size)
         if params.structured_outputs is not None:  # compiled once per constraint, then cached
             self.grammars.compile(params.structured_outputs)
+        if params.pooling is not None:
+            self._pooling(params.pooling)
         limit = self.config.model.max_model_len
         if params.truncate_prompt_tokens is not None:
             keep = limit if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
@@ -138,8 +155,8 @@ class Intake:
         members = self._check_group(group_id, group, requests, validated)
         # A request asking for prompt logprobs needs logits at every prompt position, which a shared
         # prefix never computes for it: it runs alone (vLLM's prefix cache skips such requests too).
-        alone = [m for m in members if m[2].prompt_logprobs is not None]
-        members = [m for m in members if m[2].prompt_logprobs is None]
+        alone = [m for m in members if m[2].prompt_logprobs is not None or m[2].pools_every_row]
+        members = [m for m in members if m[2].prompt_logprobs is None and not m[2].pools_every_row]
         prefix_len = self._shared_prefix_len(group_id, group.prefix_len, members) if members else 0
         seqs = [self._new_sequence(rid, ids, params) for rid, ids, params in members + alone]
         if prefix_len:

@@ -98,7 +98,9 @@ class PrefixCache:
 
 
 def _may_take(seq: Sequence) -> bool:
-    return seq.params.prompt_logprobs is None
+    """Whether a sequence may start from cached blocks: not one that needs every prompt row of its
+    own (prompt logprobs, a mean-pooled embedding)."""
+    return seq.params.prompt_logprobs is None and not seq.params.pools_every_row
 
 
 def _num_known(seq: Sequence) -> int:

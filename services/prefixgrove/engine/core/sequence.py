@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..sampling.outputs import Logprob, PromptLogprobs, RequestMetrics
 from ..sampling.sampling_params import SamplingParams
@@ -60,6 +60,10 @@ class Sequence:
     output_text: str = ""
     # With params.prompt_logprobs: entry p for prompt token p, filled as the prompt's chunks run
     prompt_logprobs: PromptLogprobs | None = None
+    # With params.pooling: the last prompt row's hidden state, or the sum of the rows' over the
+    # first `pooled_rows` prompt positions (mean), fp32 (sampling/prompt_logprobs.py fills it)
+    pooled: Any = None
+    pooled_rows: int = 0
     metrics: RequestMetrics = field(default_factory=RequestMetrics.arriving)
     grammar: GrammarState | None = None  # with params.structured_outputs: its matcher
 

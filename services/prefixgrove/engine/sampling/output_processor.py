@@ -134,6 +134,9 @@ class OutputProcessor:
             logprobs=seq.logprobs,
             cumulative_logprob=seq.cumulative_logprob if p.logprobs is not None else None,
             error=seq.grammar.error if seq.grammar is not None else None,
+            embedding=p.pooling.embedding(seq.pooled, seq.num_prompt_tokens)
+            if p.pooling is not None and seq.pooled is not None
+            else None,
         )
         return RequestOutput(
             request_id=seq.request_id,

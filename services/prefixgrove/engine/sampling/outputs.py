@@ -83,6 +83,8 @@ class CompletionOutput:
     # with finish_reason "error": why (its structured-output constraint could not be enforced); the
     # output is then not an answer, only what came before the failure
     error: str | None = None
+    # with SamplingParams.pooling: the prompt's embedding (the sample's token is no answer then)
+    embedding: list[float] | None = None
 
 
 @dataclass
@@ -98,3 +100,22 @@ class RequestOutput:
     num_shared_prefix_tokens: int = 0
     metrics: RequestMetrics | None = None
     prompt_logprobs: PromptLogprobs | None = None  # with SamplingParams.prompt_logprobs
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """What `LLM.embed` hands back per prompt (vLLM's shape)."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True

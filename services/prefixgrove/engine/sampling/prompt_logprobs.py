@@ -25,17 +25,20 @@ _ROWS_PER_SLICE = 256
 
 @dataclass(frozen=True)
 class PromptSpan:
-    """Rows [row, row + count) of a step score prompt tokens first_token .. first_token + count - 1."""
+    """Rows [row, row + count) of a step score prompt tokens first_token .. first_token + count - 1;
+    with `pool`, they are the hidden states of prompt positions first_token .. first_token + count
+    - 1 that an embedding request pools (pooling_params.py), and score nothing."""
 
     seq: Sequence
     row: int
     first_token: int
     count: int
+    pool: bool = False
 
 
 def prompt_spans(order: list[ScheduledSeq]) -> list[PromptSpan]:
     """The spans of a step's rows (laid out in `order`, before the step is counted as computed) whose
-    logits score prompt tokens not scored yet."""
+    logits score prompt tokens not scored yet, or whose hidden states an embedding pools."""
     spans, offset = [], 0
     for item in order:
         seq, start = item.seq, item.seq.num_computed_tokens
@@ -44,8 +47,23 @@ def prompt_spans(order: list[ScheduledSeq]) -> list[PromptSpan]:
             end = min(start + item.num_tokens, seq.num_prompt_tokens - 1) + 1
             if first < end:
                 spans.append(PromptSpan(seq, offset + first - 1 - start, first, end - first))
+        if seq.params.pooling is not None:
+            spans += _pool_span(item, offset)
         offset += item.num_tokens
     return spans
+
+
+def _pool_span(item: ScheduledSeq, offset: int) -> list[PromptSpan]:
+    """The rows of the step an embedding pools: its last prompt row ("last"), or every prompt row
+    not pooled yet ("mean"); a chunk computed again after a preemption is not pooled twice."""
+    seq, start = item.seq, item.seq.num_computed_tokens
+    assert seq.params.pooling is not None
+    last = seq.num_prompt_tokens - 1
+    first = seq.pooled_rows if seq.params.pooling.pooling_type == "mean" else last
+    if seq.pooled_rows > last or not start <= first < start + item.num_tokens:
+        return []  # pooled already, or its next row is not in this step
+    end = min(last + 1, start + item.num_tokens)
+    return [PromptSpan(seq, offset + first - start, first, end - first, pool=True)]
 
 
 @torch.inference_mode()
@@ -54,9 +72,13 @@ def record_prompt_logprobs(
     hidden: torch.Tensor,
     compute_logits: Callable[[torch.Tensor], torch.Tensor],
 ) -> None:
-    """Appends each span's entries to its sequence. hidden: [num_tokens, hidden_size], every row of
-    the step through the last layer; compute_logits: hidden rows -> fp32 logits [rows, vocab]."""
+    """Appends each span's entries to its sequence (an embedding's: its pooled rows).
+    hidden: [num_tokens, hidden_size], every row of the step through the last layer;
+    compute_logits: hidden rows -> fp32 logits [rows, vocab]."""
     for span in spans:
+        if span.pool:
+            _pool(span, hidden)
+            continue
         entries = []
         for at, n in _slices(span):
             first = span.first_token + at
@@ -74,6 +96,14 @@ def record_prompt_logprobs(
         recorded += entries
 
 
+def _pool(span: PromptSpan, hidden: torch.Tensor) -> None:
+    """Adds the span's rows to its sequence's pooled state (fp32)."""
+    seq = span.seq
+    rows = hidden[span.row : span.row + span.count].float().sum(dim=0)
+    seq.pooled = rows if seq.pooled is None else seq.pooled + rows
+    seq.pooled_rows = span.first_token + span.count
+
+
 def _slices(span: PromptSpan) -> list[tuple[int, int]]:
     """(offset in the span, rows) of each slice turned into logits at once."""
     return [
@@ -84,7 +114,7 @@ def _slices(span: PromptSpan) -> list[tuple[int, int]]:
 def logit_row_slices(spans: list[PromptSpan]) -> list[tuple[int, int]]:
     """(first row, rows) of the hidden states `record_prompt_logprobs` turns into logits, in the
     order it does: a tensor-parallel follower makes the same calls of the sharded LM head."""
-    return [(span.row + at, n) for span in spans for at, n in _slices(span)]
+    return [(span.row + at, n) for span in spans if not span.pool for at, n in _slices(span)]
 
 
 def _entries(logits: torch.Tensor, tokens: list[int], k: int) -> list[dict[int, Logprob]]:

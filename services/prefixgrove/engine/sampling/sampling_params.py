@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..structured.params import StructuredOutputsParams
+from .pooling_params import PoolingParams
 
 _MAX_LOGPROBS = 20
 _MAX_N = 1024
@@ -60,6 +61,9 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
     # vLLM's name for structured_outputs before 0.11 (GuidedDecodingParams): the same constraint
     guided_decoding: StructuredOutputsParams | None = None
+    # the request returns its prompt's pooled embedding (LLM.embed; a dict of its fields is taken
+    # too): it generates one token, which is not returned
+    pooling: PoolingParams | None = None
     # Set by `prepared`: the token sequences of bad_words, and the ids min_tokens holds back.
     bad_words_token_ids: tuple[tuple[int, ...], ...] = _derived(())
     min_tokens_stop_ids: tuple[int, ...] = _derived(())
@@ -80,6 +84,28 @@ class SamplingParams:
         self._take_guided_decoding()
         if self.structured_outputs is not None:
             self.structured_outputs = StructuredOutputsParams.of(self.structured_outputs)
+        if self.pooling is not None:
+            self.pooling = PoolingParams.of(self.pooling)
+            self._check_pooling()
+
+    def _check_pooling(self) -> None:
+        """An embedding request pools its prompt in one step: nothing it would generate counts."""
+        clashing = [
+            name
+            for name, value in (
+                ("n", self.n != 1), ("max_tokens", self.max_tokens != 1),
+                ("logprobs", self.logprobs is not None),
+                ("prompt_logprobs", self.prompt_logprobs is not None),
+                ("structured_outputs", self.structured_outputs is not None),
+            )
+            if value
+        ]  # fmt: skip
+        if clashing:
+            raise ValueError(
+                f"SamplingParams.pooling asks for an embedding, so {', '.join(clashing)} cannot "
+                "be set: it takes n=1, max_tokens=1 and no logprobs, prompt_logprobs or "
+                "structured_outputs"
+            )
 
     def _take_guided_decoding(self) -> None:
         """guided_decoding is structured_outputs under vLLM's older name: one constraint."""
@@ -268,6 +294,11 @@ class SamplingParams:
         if self.seed is not None:
             params.seed = (self.seed + index) % 2**63
         return params
+
+    @property
+    def pools_every_row(self) -> bool:
+        """Whether its embedding needs every prompt row computed for it (mean pooling)."""
+        return self.pooling is not None and self.pooling.pooling_type == "mean"
 
     @property
     def greedy(self) -> bool:

@@ -23,7 +23,7 @@ from prefixgrove_proto import planner_pb2 as pb
 log = logging.getLogger(__name__)
 INPUT_FILE_KEY = "openai.input_file_id"
 ENDPOINT_KEY = "openai.endpoint"
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 COMPLETION_WINDOW = "24h"
 _WINDOW_S = 24 * 3600
 _CHUNK_BYTES = 1 << 20  # lines handed to the service at once, as the gRPC client sends them
