@@ -197,3 +197,25 @@ def test_run_exits_non_zero_when_every_line_failed(
     assert len((tmp_path / "out.errors.jsonl").read_text().splitlines()) == 2
     job.write_text(job.read_text() + batch_line("ok", {"prompt": "x", "max_tokens": 1}) + "\n")
     assert cli(args) == 0
+
+
+def test_lines_asking_alike_share_one_sampling_params() -> None:
+    """A job holds every request until it ends: alike requests hold one SamplingParams, not one
+    each (2.4 KB a line), and a schema's key order keeps two schemas apart."""
+    from prefixgrove.engine import LLM
+    from prefixgrove.jobs.requests import BatchRequest, parse_line
+    from prefixgrove.local import _runnable
+
+    def request(i: int, body: dict) -> tuple[BatchRequest, list[int]]:
+        line = batch_line(f"r{i}", {"prompt": [1, 2, 3], "max_tokens": 2, **body})
+        parsed = parse_line(line, i, max_line_bytes=1 << 16, default_max_tokens=16)
+        assert isinstance(parsed, BatchRequest)
+        return parsed, [1, 2, 3]
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+    swapped = {**schema, "properties": dict(reversed(schema["properties"].items()))}
+    bodies = [{}] * 50 + [{"temperature": 0}] + [{"guided_json": s} for s in (schema, swapped)]
+    llm = LLM(MODEL, device="cpu", dtype="float32", num_gpu_blocks_override=16)
+    runnable = _runnable(llm, [request(i, b) for i, b in enumerate(bodies)], [])
+    assert len({id(params) for _, _, params in runnable}) == 4
+    assert len({id(params) for _, _, params in runnable[:50]}) == 1

@@ -4,6 +4,7 @@ lines as the planner and the workers.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -267,13 +268,18 @@ def _runnable(
     llm: LLM, requests: list[tuple[BatchRequest, Any]], errors: list[RequestError]
 ) -> list[tuple[BatchRequest, list[int], SamplingParams]]:
     """The requests the engine accepts, with their checked token ids and sampling settings; the
-    others join `errors`."""
+    others join `errors`. Requests asking alike share one SamplingParams (the engine takes its
+    own copy of each as it runs): held for a whole job, one each took 2.4 KB a request."""
     from prefixgrove.engine import SamplingParams
 
     runnable = []
+    shared: dict[str, SamplingParams] = {}
     for request, tokens in requests:
         try:
-            params = SamplingParams(**sampling_kwargs(request.params))
+            key = json.dumps(request.params)  # key order counts: a schema's is its output's
+            if key not in shared:
+                shared[key] = SamplingParams(**sampling_kwargs(request.params))
+            params = shared[key]
             ids = llm.engine.validate(split(tokens, request.params), params)
         except ValueError as exc:
             errors.append(engine_error(request.index, request.custom_id, exc))
