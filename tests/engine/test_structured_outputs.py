@@ -38,12 +38,14 @@ NOTES = [
     "Kenji Sato (age 51) from Tokyo wants to order two chairs.",
     "Marie Dupont is 27; she wrote from Paris to complain about a late parcel.",
 ]
+# NOTE: the properties come out in this order; the jump tests' premises (where forced runs fall
+# against the steps that admit waiting requests) were measured with it
 SCHEMA = {
     "type": "object",
     "properties": {
-        "name": {"type": "string", "maxLength": 24},
         "age": {"type": "integer", "minimum": 0, "maximum": 120},
         "city": {"enum": ["Berlin", "Tokyo", "Paris", "other"]},
+        "name": {"type": "string", "maxLength": 24},
         "topic": {"enum": ["refund", "order", "complaint"]},
     },
     "required": ["name", "age", "city", "topic"],
