@@ -1,7 +1,7 @@
 """On a real trained model (SmolLM2-135M-Instruct from its GGUF file) the engine computes what
 transformers computes from the same file: the same greedy tokens, grouped or not, on both attention
-backends, in fp32 on the CPU. Trained weights have the close calls between top tokens that random
-weights lack, so this is the parity check that matters."""
+backends (the Triton kernels' run is marked slow), in fp32 on the CPU. Trained weights have the close
+calls between top tokens that random weights lack, so this is the parity check that matters."""
 
 from __future__ import annotations
 
@@ -84,6 +84,12 @@ def test_greedy_tokens_match_transformers_on_the_trained_model(
         assert got == want, question
 
 
+@pytest.mark.slow(
+    reason="its path is covered by the default run: the Triton kernels against transformers in "
+    "test_hf_parity.py::test_greedy_tokens_match_transformers_on_triton_backend, on grouped batches "
+    "in test_groups.py::test_grouped_cascade_on_triton_backend_matches_ungrouped, and this model "
+    "against transformers in test_greedy_tokens_match_transformers_on_the_trained_model"
+)
 def test_triton_kernels_match_transformers_on_the_trained_model(
     prompts: list[list[int]], expected: list[list[int]]
 ) -> None:
