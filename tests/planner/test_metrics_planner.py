@@ -16,6 +16,7 @@ from services_testbed import MODEL, RedisServer, batch_line, free_port
 
 from prefixgrove.engine import EngineConfig, LLMEngine
 from prefixgrove.jobs.redis_store.schema import JobRecord, JobState
+from prefixgrove.planner import metrics as planner_metrics
 from prefixgrove.planner.client import PlannerClient
 from prefixgrove.planner.metrics import PlannerMetrics
 from prefixgrove.planner.server import PlannerServer, build_server
@@ -49,7 +50,9 @@ class Planner:
 
 
 @pytest.fixture
-def planner(redis_server: RedisServer) -> Iterator[Planner]:
+def planner(redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Planner]:
+    # ended jobs are observed at the metrics' next refresh: sooner than the planner's default
+    monkeypatch.setattr(planner_metrics, "_REFRESH_S", 0.2)
     metrics_port = free_port()
     settings = PlannerSettings(redis_url=redis_server.url, host="127.0.0.1", port=0,
                                model=f"{MODEL},{SECOND}={MODEL}", metrics_port=metrics_port)  # fmt: skip
