@@ -210,3 +210,30 @@ def test_skip_tokenizer_init_refuses_what_needs_text(no_tokenizer: LLM, field: d
     name = next(iter(field))
     with pytest.raises(ValueError, match=rf"prompt 0: SamplingParams.{name}=.*needs the tokenizer"):
         run(no_tokenizer, [[1, 2, 3]], greedy(2, **field))
+
+
+def test_a_large_job_is_handed_to_the_engine_a_window_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The engine holds at most a window of requests (each its own sequence and params), topped
+    up as they finish, groups whole; the outputs are those of handing it everything at once."""
+    import prefixgrove.engine.llm as llm_module
+
+    shared = random_prompts([40], seed=11)[0]
+    prompts = [shared + tail for tail in random_prompts([3] * 12, seed=12)]
+    prompts += random_prompts([5] * 30, seed=13)
+    whole = run(engine("tiny-random-llama"), prompts, greedy(2, ignore_eos=True))
+    monkeypatch.setattr(llm_module, "feed_window", lambda max_num_seqs: 8)
+    llm = engine("tiny-random-llama")
+    held: list[int] = []
+    step = llm.engine.step
+
+    def counting_step() -> list[RequestOutput]:
+        held.append(len(llm.engine.intake.requests))
+        return step()
+
+    llm.engine.step = counting_step  # type: ignore[method-assign]
+    windowed = run(llm, prompts, greedy(2, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in windowed] == [o.outputs[0].token_ids for o in whole]
+    assert max(held) <= 12 + 8  # the group of 12 went in whole; otherwise 8 at most
+    assert max(held[-10:]) <= 8 and len(held) > 10

@@ -15,6 +15,7 @@ from prefixgrove.grouping import GroupingConfig, PrefixGroup, group_prompts
 
 from .config import EngineConfig
 from .core.llm_engine import LLMEngine
+from .request_feed import RequestFeed, feed_window
 from .sampling.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from .sampling.parallel_samples import Samples
 from .sampling.pooling_params import PoolingParams
@@ -290,25 +291,6 @@ class LLM:
         config = GroupingConfig(block_size=block_size, max_group_tokens=max(capacity, smallest))
         return group_prompts(token_ids, config).groups
 
-    def _submit(
-        self,
-        request_ids: list[str],
-        texts: list[str | None],
-        token_ids: list[list[int]],
-        params: list[SamplingParams],
-        groups: Seq[PrefixGroup],
-    ) -> None:
-        requests = list(zip(request_ids, token_ids, params, strict=True))
-        grouped: set[int] = set()
-        for g, group in enumerate(groups):
-            self.engine.add_group(f"{request_ids[0]}-g{g}", group, requests, validated=True)
-            grouped.update(group.request_indices)
-        for i, rid in enumerate(request_ids):
-            if i not in grouped:
-                self.engine.add_request(
-                    rid, token_ids[i], params[i], prompt=texts[i], validated=True
-                )
-
     def run_requests(
         self,
         request_ids: list[str],
@@ -318,9 +300,9 @@ class LLM:
         use_tqdm: bool | Callable[..., tqdm] = True,
         texts: list[str | None] | None = None,
     ) -> Iterator[list[RequestOutput]]:
-        """Queues requests whose ids `LLMEngine.validate` returned, with their groups (positions in
-        these lists), and yields the requests each engine step finishes: `generate` and the local
-        run both drive the engine through this.
+        """Hands the engine requests whose ids `LLMEngine.validate` returned, with their groups
+        (positions in these lists), a window at a time (request_feed.py), and yields the requests
+        each engine step finishes: `generate` and the local run both drive the engine through this.
 
         While it runs, the job's objects are frozen for the garbage collector: its prompts (millions
         of ids in lists) and sequences live until it ends, and frozen, collections skip them instead
@@ -328,17 +310,22 @@ class LLM:
         interpreters start with objects frozen): freezing only spares collections work, so that
         costs speed at most, where leaving the engine's objects frozen would keep its reference
         cycles, and the GPU memory they hold, alive after the engine is gone."""
-        self._submit(request_ids, texts or [None] * len(request_ids), token_ids, params, groups)
+        texts = texts or [None] * len(request_ids)
+        window = feed_window(self.config.scheduler.max_num_seqs)
+        feed = RequestFeed(self.engine, request_ids, texts, token_ids, params, groups, window)
         # vLLM takes a tqdm-like callable too (a notebook's, or one with other settings)
         progress = use_tqdm if callable(use_tqdm) else tqdm
         bar = progress(total=len(request_ids), desc="Generating", unit="req", disable=not use_tqdm)
         start, out_tokens = time.perf_counter(), 0
         gc.freeze()
         try:
+            feed.top_up()
             while self.engine.has_unfinished_requests():
                 finished = self.engine.step()
                 if not finished:
                     continue
+                feed.finished(len(finished))
+                feed.top_up()  # before the last of them finish: the engine never runs dry
                 yield finished  # the caller takes them in before the bar counts them
                 out_tokens += sum(len(c.token_ids) for out in finished for c in out.outputs)
                 bar.update(len(finished))
