@@ -10,6 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 from polling import wait_for
+from run_tags import as_job
 from services_testbed import MODEL, RedisServer, batch_line
 from tls_certs import mutual_tls
 
@@ -391,7 +392,11 @@ def test_lines_parsed_in_worker_processes_make_the_same_job(redis_server: RedisS
         client.add_lines(job.id, mixed)
         sealed = client.seal(job.id)
         client.cancel(job.id)
-        errors = [(e.index, e.line) for e in client.results(job.id, 0, pb.RESULT_KIND_ERROR)]
+        # each job tags its ids with its own run tag: compared under one job's tag
+        errors = [
+            (e.index, as_job(e.line, "one-job"))
+            for e in client.results(job.id, 0, pb.RESULT_KIND_ERROR)
+        ]
         jobs.append((sealed.request_counts.total, sealed.groups_total, sealed.prefix_tokens_saved,
                      sealed.prompt_tokens, errors))  # fmt: skip
         client.close()
