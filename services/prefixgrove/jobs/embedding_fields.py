@@ -14,6 +14,7 @@ from typing import Any
 
 from prefixgrove.jobs.request_body import INT32_MAX
 from prefixgrove.jobs.request_errors import InvalidRequest, is_int, shown
+from prefixgrove.jobs.vllm_fields import add_truncate_prompt_tokens
 
 MAX_INPUTS = 2048  # OpenAI's bound on inputs per request
 
@@ -45,13 +46,5 @@ def embedding_params(body: dict[str, Any]) -> dict[str, Any]:
         )
     if form == "base64":
         params["encoding_format"] = "base64"
-    k = body.get("truncate_prompt_tokens")
-    if k is not None:
-        if not (is_int(k) and (k == -1 or 1 <= k <= INT32_MAX)):
-            raise InvalidRequest(
-                "invalid_value",
-                "truncate_prompt_tokens must be -1 (the model's context length) or an integer "
-                f"in [1, {INT32_MAX}], got {shown(k)}",
-            )
-        params["truncate_prompt_tokens"] = k
+    add_truncate_prompt_tokens(params, body)
     return params

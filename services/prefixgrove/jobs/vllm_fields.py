@@ -64,6 +64,12 @@ def add_vllm_sampling(params: dict[str, Any], body: dict[str, Any]) -> None:
         params["prompt_logprobs"] = _int(
             body["prompt_logprobs"], "prompt_logprobs", 0, _MAX_PROMPT_LOGPROBS
         )
+    add_truncate_prompt_tokens(params, body)
+    _add_token_controls(params, body)
+
+
+def add_truncate_prompt_tokens(params: dict[str, Any], body: dict[str, Any]) -> None:
+    """vLLM's truncate_prompt_tokens (a generation or an embedding line's): -1 or a count."""
     k = body.get("truncate_prompt_tokens")
     if k is not None:
         if not (is_int(k) and (k == -1 or 1 <= k <= INT32_MAX)):
@@ -73,7 +79,6 @@ def add_vllm_sampling(params: dict[str, Any], body: dict[str, Any]) -> None:
                 f"in [1, {INT32_MAX}], got {shown(k)}",
             )
         params["truncate_prompt_tokens"] = k
-    _add_token_controls(params, body)
 
 
 def _add_token_controls(params: dict[str, Any], body: dict[str, Any]) -> None:
