@@ -95,16 +95,21 @@ def test_chat_template_options_that_cannot_work_are_refused(extra: dict, named: 
     assert named in error.message
 
 
-def test_the_chat_templates_options_reach_the_template() -> None:
+def test_the_chat_templates_options_reach_the_template(monkeypatch: pytest.MonkeyPatch) -> None:
     """A template that reads a keyword (Qwen3's enable_thinking) gets it; add_generation_prompt
     false and continue_final_message leave the last message open."""
     tokenizer = PromptTokenizer(MODEL, max_model_len=256)
-    tokenizer.tokenizer.chat_template = (
-        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}"
-        "{% if not (continue_final_message and loop.last) %}</{{ m['role'] }}>{% endif %}"
-        "{% endfor %}{% if add_generation_prompt %}<assistant>"
-        "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}"
-        "{% endif %}"
+    # the tokenizer is the process's cached one: its own template comes back after the test
+    monkeypatch.setattr(
+        tokenizer.tokenizer,
+        "chat_template",
+        (
+            "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}"
+            "{% if not (continue_final_message and loop.last) %}</{{ m['role'] }}>{% endif %}"
+            "{% endfor %}{% if add_generation_prompt %}<assistant>"
+            "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}"
+            "{% endif %}"
+        ),
     )
     follows = [*MESSAGES, {"role": "assistant", "content": "So"}]
     bodies = {
