@@ -24,6 +24,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from prefixgrove import LLM, SamplingParams
+from prefixgrove.engine.request_feed import RequestFeed
 from prefixgrove.engine.sampling import sampler as sampler_module
 
 from _common import (
@@ -114,7 +115,10 @@ def submit_job(llm: LLM, args: argparse.Namespace) -> int:
     random.Random(1).shuffle(prompts)
     params = greedy_params(args.output_len)
     ids = [f"p{i}" for i in range(len(prompts))]
-    llm._submit(ids, [None] * len(prompts), prompts, [params] * len(prompts), llm._group(prompts))
+    texts, every = [None] * len(prompts), [params] * len(prompts)
+    # one window as large as the job: every request is queued before the first traced step
+    feed = RequestFeed(llm.engine, ids, texts, prompts, every, llm._group(prompts), len(prompts))
+    feed.top_up()
     return len(prompts)
 
 
