@@ -93,6 +93,18 @@ def make_llm(args: argparse.Namespace, **options: Any) -> Any:
     return LLM(args.model, **load(EngineSettings, args).replace(**options).as_kwargs())
 
 
+def queue_job(llm: Any, prompts: list[list[int]], params: Any, grouped: bool = True) -> None:
+    """Queues every prompt in the engine without running a step (grouped as `generate` groups
+    them), so that a benchmark can drive the engine one step at a time."""
+    from prefixgrove.engine.request_feed import RequestFeed
+
+    n = len(prompts)
+    groups = llm._group(prompts) if grouped else []
+    # one window as large as the job: every request is queued before the first step
+    RequestFeed(llm.engine, [f"p{i}" for i in range(n)], [None] * n, prompts, [params] * n,
+                groups, n).top_up()  # fmt: skip
+
+
 def greedy_params(max_tokens: int) -> Any:
     """The measured runs' sampling: greedy, exactly `max_tokens` tokens (EOS ignored), token ids
     only (no detokenizing)."""

@@ -24,7 +24,6 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from prefixgrove import LLM, SamplingParams
-from prefixgrove.engine.request_feed import RequestFeed
 from prefixgrove.engine.sampling import sampler as sampler_module
 
 from _common import (
@@ -35,6 +34,7 @@ from _common import (
     emit,
     greedy_params,
     make_llm,
+    queue_job,
     shared_prefix_prompts,
 )
 
@@ -114,11 +114,7 @@ def submit_job(llm: LLM, args: argparse.Namespace) -> int:
     )
     random.Random(1).shuffle(prompts)
     params = greedy_params(args.output_len)
-    ids = [f"p{i}" for i in range(len(prompts))]
-    texts, every = [None] * len(prompts), [params] * len(prompts)
-    # one window as large as the job: every request is queued before the first traced step
-    feed = RequestFeed(llm.engine, ids, texts, prompts, every, llm._group(prompts), len(prompts))
-    feed.top_up()
+    queue_job(llm, prompts, params)
     return len(prompts)
 
 

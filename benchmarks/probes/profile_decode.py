@@ -14,7 +14,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from prefixgrove import LLM, SamplingParams
 
-from _common import device_name, emit, shared_prefix_prompts
+from _common import device_name, emit, queue_job, shared_prefix_prompts
 
 
 def main() -> None:
@@ -39,13 +39,7 @@ def main() -> None:
     prompts = shared_prefix_prompts(groups, per_group, args.prefix_len, args.suffix_len, 128256, 0)
     engine = llm.engine
     params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True, detokenize=False)
-    llm._submit(
-        [f"r{i}" for i in range(len(prompts))],
-        [None] * len(prompts),
-        prompts,
-        [params] * len(prompts),
-        llm._group(prompts) if args.prefix_len else None,
-    )
+    queue_job(llm, prompts, params, grouped=bool(args.prefix_len))
     while not all(s.is_decoding for s in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()
     for _ in range(3):
