@@ -109,7 +109,7 @@ class Job(_message.Message):
     def __init__(self, id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., model: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., request_counts: _Optional[_Union[RequestCounts, _Mapping]] = ..., queue: _Optional[_Union[QueueDepth, _Mapping]] = ..., groups_total: _Optional[int] = ..., groups_done: _Optional[int] = ..., prefix_tokens_saved: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., created_at: _Optional[float] = ..., in_progress_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., error: _Optional[_Union[JobError, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class CreateJobRequest(_message.Message):
-    __slots__ = ("model", "idempotency_key", "metadata", "input")
+    __slots__ = ("model", "idempotency_key", "metadata", "input", "source")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -121,11 +121,38 @@ class CreateJobRequest(_message.Message):
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     INPUT_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     model: str
     idempotency_key: str
     metadata: _containers.ScalarMap[str, str]
     input: InputFingerprint
-    def __init__(self, model: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., input: _Optional[_Union[InputFingerprint, _Mapping]] = ...) -> None: ...
+    source: InputSource
+    def __init__(self, model: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., input: _Optional[_Union[InputFingerprint, _Mapping]] = ..., source: _Optional[_Union[InputSource, _Mapping]] = ...) -> None: ...
+
+class InputSource(_message.Message):
+    __slots__ = ("url", "format", "prompt_column", "messages_column", "id_column", "body_defaults_json", "credentials")
+    class CredentialsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    URL_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_COLUMN_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_COLUMN_FIELD_NUMBER: _ClassVar[int]
+    ID_COLUMN_FIELD_NUMBER: _ClassVar[int]
+    BODY_DEFAULTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIALS_FIELD_NUMBER: _ClassVar[int]
+    url: str
+    format: str
+    prompt_column: str
+    messages_column: str
+    id_column: str
+    body_defaults_json: str
+    credentials: _containers.ScalarMap[str, str]
+    def __init__(self, url: _Optional[str] = ..., format: _Optional[str] = ..., prompt_column: _Optional[str] = ..., messages_column: _Optional[str] = ..., id_column: _Optional[str] = ..., body_defaults_json: _Optional[str] = ..., credentials: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class InputFingerprint(_message.Message):
     __slots__ = ("lines", "digest")

@@ -99,11 +99,13 @@ class PlannerClient:
         idempotency_key: str = "",
         metadata: dict[str, str] | None = None,
         fingerprint: Fingerprint | None = None,
+        source: pb.InputSource | None = None,
     ) -> pb.Job:
         """Creates the job, or returns the one this key already created (refused with
-        ALREADY_EXISTS when that one was created with another input's `fingerprint`)."""
+        ALREADY_EXISTS when that one was created with another input's `fingerprint`). With
+        `source`, the planner reads the input from object storage and seals the job itself."""
         request = pb.CreateJobRequest(
-            model=model, idempotency_key=idempotency_key, metadata=metadata or {}
+            model=model, idempotency_key=idempotency_key, metadata=metadata or {}, source=source
         )
         if fingerprint is not None:
             request.input.lines, request.input.digest = fingerprint.lines, fingerprint.digest

@@ -56,6 +56,7 @@ class PlannerServer:
         for thread in self.threads:
             thread.join()
         self.service.parser.close()
+        self.service.object_inputs.close()
 
 
 def build_server(

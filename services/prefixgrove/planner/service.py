@@ -22,6 +22,7 @@ from prefixgrove.jobs.redis_store.uploads import Uploads
 from prefixgrove.planner.ingests import Ingests, UploadStream
 from prefixgrove.planner.job_messages import POLL_S, find_job, job_to_pb, queue_depth_to_pb
 from prefixgrove.planner.metrics import PlannerMetrics
+from prefixgrove.planner.object_inputs import ObjectInputs
 from prefixgrove.planner.results import stream_results
 from prefixgrove.planner.sealing import Sealer
 from prefixgrove.settings import IngestSettings, ServedModel
@@ -66,6 +67,7 @@ class PlannerService(pb_grpc.PlannerServicer):
         self.ingests = Ingests(store, self.uploads, self.models, ingest, self.parser, self.instance,
                                self.aliases)  # fmt: skip
         self.sealer = Sealer(self.ingests, metrics)
+        self.object_inputs = ObjectInputs(self)
 
     def heartbeat(self, ttl_s: int) -> None:
         self.store.heartbeat(self.instance, ttl_s)
@@ -99,6 +101,8 @@ class PlannerService(pb_grpc.PlannerServicer):
                 f"its workers serve {served} (leave the model out to use {self.default_model!r})",
             )
         _check_metadata(request.metadata, context)
+        if request.HasField("source"):
+            self.object_inputs.check(request.source, context)
         self.ingests.tokenizers(context)  # refused now rather than at the first lines
         fingerprint = request.input
         job, created = self.ingests.create(model, request.idempotency_key, dict(request.metadata),
@@ -106,6 +110,8 @@ class PlannerService(pb_grpc.PlannerServicer):
         if created:
             self.metrics.jobs_created.labels(model).inc()
             log.info("created job %s for model %s", job.id, model)
+            if request.HasField("source"):  # the planner reads the input: nobody uploads it
+                self.object_inputs.start(job.id, request.source)
         return job_to_pb(job, self.store)
 
     def AddRequests(
