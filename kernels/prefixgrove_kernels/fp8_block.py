@@ -1,0 +1,245 @@
+"""Block-scaled FP8 products, the layout of DeepSeek-V3's and Qwen3's FP8 checkpoints: a weight
+[N, K] in e4m3 with one float32 scale per 128x128 block, activations quantized per token and per
+128-column group (each group's amax / 448), and the product summed group by group in fp32:
+
+    out[m, n] = sum_g (a_g[m] . w_g[n]) * a_scale[m, g] * w_scale[n, g]
+
+Weight scales come in either of two forms: one per block, [ceil(N / 128), ceil(K / 128)] (as the
+checkpoints store `weight_scale_inv`), or one per row and group, [N, ceil(K / 128)] (each block's
+scale repeated over its rows), which is how the engine keeps a fused matrix whose parts (q, k, v)
+do not each fill whole blocks of rows. The last group of a row and the last block of a matrix may
+be partial (K or N not a multiple of 128).
+
+`quantize_groups` writes the activations' codes and scales by the rule `fp8_quant.row_scale` gives
+every per-row quantization, applied to each group; `block_scaled_mm` is one Triton GEMM whose
+K-step is a group, so each step's e4m3 dot is scaled by its two scales before it joins the fp32
+accumulator. Triton's interpreter multiplies e4m3 tiles exactly, so the CPU tests run the kernels
+themselves; the torch references (`*_ref`) dequantize and multiply in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from prefixgrove_kernels import checks
+from prefixgrove_kernels.checks import FP8_KV_DTYPE, FP8_MAX, MIN_SCALE
+from prefixgrove_kernels.fp8_quant import INPUT_DTYPES, ROW_SCALE_OPTIONS, row_scale
+from prefixgrove_kernels.launch import KernelLaunch
+from prefixgrove_kernels.reference_math import to_e4m3_ref
+from prefixgrove_kernels.rotary import to_e4m3
+
+GROUP = 128  # columns per activation group; a weight block is GROUP x GROUP
+OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def groups_of(columns: int) -> int:
+    """Groups (or blocks) along `columns`, the last one partial where GROUP does not divide it."""
+    return -(-columns // GROUP)
+
+
+@triton.jit
+def _quantize_groups_kernel(
+    x_ptr,  # [rows, C] input (row stride free)
+    q_ptr,  # [rows, C] e4m3 out
+    scale_ptr,  # [rows, G] fp32 out
+    C,
+    x_stride,
+    q_stride,
+    scale_stride,
+    FP8_MAX: tl.constexpr,
+    MIN_SCALE: tl.constexpr,
+    GROUP: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    group = tl.program_id(1)
+    cols = group * GROUP + tl.arange(0, GROUP)
+    inside = cols < C
+    x = tl.load(x_ptr + row * x_stride + cols, mask=inside, other=0.0).to(tl.float32)
+    scale = row_scale(tl.max(tl.abs(x), axis=0), FP8_MAX, MIN_SCALE)
+    tl.store(scale_ptr + row * scale_stride + group, scale)
+    tl.store(q_ptr + row * q_stride + cols, to_e4m3(x, scale), mask=inside)
+
+
+def _check_activations(x: torch.Tensor) -> None:
+    checks.check_tensor("x", x, ndim=2, dtypes=INPUT_DTYPES, device=x.device, contiguous=False)
+    checks.check_unit_last_stride("x", x)
+
+
+def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [rows, C] -> (e4m3 values [rows, C], float32 scales [rows, ceil(C / 128)]): each row's
+    group g of 128 columns stands for values[:, g] * scales[:, g]."""
+    _check_activations(x)
+    rows, cols = x.shape
+    q = torch.empty((rows, cols), dtype=FP8_KV_DTYPE, device=x.device)
+    scale = torch.empty((rows, groups_of(cols)), dtype=torch.float32, device=x.device)
+    if rows and cols:
+        args = (x, q, scale, cols, x.stride(0), q.stride(0), scale.stride(0))
+        options = {**ROW_SCALE_OPTIONS, "GROUP": GROUP, "num_warps": 4}
+        KernelLaunch(_quantize_groups_kernel, (rows, scale.shape[1]), args, options).run()
+    return q, scale
+
+
+def _padded_groups(x: torch.Tensor) -> torch.Tensor:
+    """x [rows, C] as [rows, G, 128] in fp32, the last group zero-padded (zeros leave amax as is)."""
+    rows, cols = x.shape
+    padded = torch.nn.functional.pad(x.float(), (0, groups_of(cols) * GROUP - cols))
+    return padded.view(rows, -1, GROUP)
+
+
+def quantize_groups_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch version of `quantize_groups` (the engine's path on the CPU): the same bytes."""
+    _check_activations(x)
+    groups = _padded_groups(x)
+    scale = (groups.abs().amax(dim=-1) / FP8_MAX).clamp_min(MIN_SCALE)
+    return to_e4m3_ref(x, expand_group_scales(scale, x.shape[1])), scale
+
+
+def expand_group_scales(scale: torch.Tensor, columns: int) -> torch.Tensor:
+    """Scales [..., G] -> one per column [..., columns]."""
+    return scale.repeat_interleave(GROUP, dim=-1)[..., :columns]
+
+
+def row_scales(scale: torch.Tensor, rows: int) -> torch.Tensor:
+    """Weight scales in either form -> one per row and group, [rows, G] (float32)."""
+    scale = scale.float()
+    if scale.shape[0] == rows:
+        return scale
+    if scale.shape[0] != groups_of(rows):
+        raise ValueError(
+            f"weight scales {tuple(scale.shape)} fit neither {rows} rows nor their "
+            f"{groups_of(rows)} blocks of {GROUP}"
+        )
+    return scale.repeat_interleave(GROUP, dim=0)[:rows]
+
+
+def quantize_blocks_ref(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] -> (e4m3 codes [N, K], float32 scales [ceil(N / 128), ceil(K / 128)]): each
+    128x128 block under its own scale, max(amax / 448, MIN_SCALE) (load-time quantization)."""
+    rows, cols = w.shape
+    blocks = _padded_groups(w)  # [N, G, 128]
+    blocks = torch.nn.functional.pad(blocks, (0, 0, 0, 0, 0, groups_of(rows) * GROUP - rows))
+    amax = blocks.abs().view(-1, GROUP, blocks.shape[1], GROUP).amax(dim=(1, 3))
+    scale = (amax / FP8_MAX).clamp_min(MIN_SCALE)
+    return to_e4m3_ref(w, _per_element(scale, rows, cols)), scale
+
+
+def _per_element(scale: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    return expand_group_scales(row_scales(scale, rows), cols)
+
+
+def dequantize_blocks(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """A weight's codes [N, K] times its scales (either form), in float32."""
+    return codes.float() * _per_element(scale, *codes.shape)
+
+
+@triton.jit
+def _block_scaled_mm_kernel(
+    a_ptr,  # [M, K] e4m3 (row stride free)
+    a_scale_ptr,  # [M, G] fp32
+    b_ptr,  # [N, K] e4m3 (row stride free)
+    b_scale_ptr,  # [N / ROWS_PER_SCALE, G] fp32
+    out_ptr,  # [M, N]
+    M,
+    N,
+    K,
+    stride_am,
+    stride_asm,
+    stride_bn,
+    stride_bsn,
+    stride_om,
+    ROWS_PER_SCALE: tl.constexpr,  # 1: a scale per row and group; GROUP: one per block
+    GROUP: tl.constexpr,  # the K step: one activation group, one column of weight blocks
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok, col_ok = rows < M, cols < N
+    ks = tl.arange(0, GROUP)
+    a_ptrs = a_ptr + rows.to(tl.int64)[:, None] * stride_am + ks[None, :]
+    # b tile: [GROUP, BLOCK_N], rows `cols` of the weight read along K
+    b_ptrs = b_ptr + cols.to(tl.int64)[None, :] * stride_bn + ks[:, None]
+    a_scale_ptrs = a_scale_ptr + rows.to(tl.int64) * stride_asm
+    b_scale_ptrs = b_scale_ptr + (cols // ROWS_PER_SCALE).to(tl.int64) * stride_bsn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for group in range(0, tl.cdiv(K, GROUP)):
+        k_ok = ks < K - group * GROUP
+        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        part = tl.dot(a, b, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32))
+        a_scale = tl.load(a_scale_ptrs + group, mask=row_ok, other=0.0)
+        b_scale = tl.load(b_scale_ptrs + group, mask=col_ok, other=0.0)
+        acc += part * a_scale[:, None] * b_scale[None, :]
+        a_ptrs += GROUP
+        b_ptrs += GROUP
+    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+def _check_product(
+    a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor
+) -> int:
+    """Checks the operands; returns the rows each weight scale covers (1 or GROUP)."""
+    for name, t in (("a", a), ("w", w)):
+        checks.check_tensor(
+            name, t, ndim=2, dtypes=(FP8_KV_DTYPE,), device=a.device, contiguous=False
+        )
+        checks.check_unit_last_stride(name, t)
+    (m, k), (n, k_w) = a.shape, w.shape
+    if k != k_w:
+        raise ValueError(f"a has {k} columns but w has {k_w}: expected w [N, {k}]")
+    groups = groups_of(k)
+    for name, t in (("a_scale", a_scale), ("w_scale", w_scale)):
+        checks.check_tensor(
+            name, t, ndim=2, dtypes=(torch.float32,), device=a.device, contiguous=False
+        )
+        checks.check_unit_last_stride(name, t)
+    checks.check_shape("a_scale", a_scale, (m, groups))
+    if tuple(w_scale.shape) not in ((n, groups), (groups_of(n), groups)):
+        raise ValueError(
+            f"w_scale must be [{n}, {groups}] (per row and group) or [{groups_of(n)}, {groups}] "
+            f"(per {GROUP}x{GROUP} block), got {tuple(w_scale.shape)}"
+        )
+    return 1 if w_scale.shape[0] == n else GROUP
+
+
+def block_scaled_mm(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """a [M, K] e4m3 with group scales [M, ceil(K / 128)] (`quantize_groups`) times w [N, K] e4m3
+    with block scales (either form) transposed -> [M, N] in out_dtype, accumulated in fp32."""
+    rows_per_scale = _check_product(a, a_scale, w, w_scale)
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype {out_dtype} is not one of {OUT_DTYPES}")
+    (m, k), n = a.shape, w.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    if m == 0 or n == 0:
+        return out
+    block_m = max(16, min(64, triton.next_power_of_2(m)))
+    block_n = 128
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    args = (a, a_scale, w, w_scale, out, m, n, k, a.stride(0), a_scale.stride(0), w.stride(0),
+            w_scale.stride(0), out.stride(0))  # fmt: skip
+    options = {"ROWS_PER_SCALE": rows_per_scale, "GROUP": GROUP, "BLOCK_M": block_m,
+               "BLOCK_N": block_n, "num_warps": 4, "num_stages": 3}  # fmt: skip
+    KernelLaunch(_block_scaled_mm_kernel, grid, args, options).run()
+    return out
+
+
+def block_scaled_mm_ref(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """Torch version of `block_scaled_mm`: both sides dequantized, multiplied in fp32."""
+    _check_product(a, a_scale, w, w_scale)
+    x = a.float() * expand_group_scales(a_scale, a.shape[1])
+    return (x @ dequantize_blocks(w, w_scale).T).to(out_dtype)

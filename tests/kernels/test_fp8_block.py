@@ -1,0 +1,118 @@
+"""Block-scaled FP8 (128x128 weight blocks, 1x128 activation groups): the group quantization kernel
+writes its torch reference's bytes, and the GEMM is its reference's fp32 sum of scaled group dots,
+with partial last groups and blocks and either form of weight scales. Triton's interpreter
+multiplies e4m3 tiles exactly, so these run the kernels themselves on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prefixgrove_kernels.fp8_block import (
+    GROUP,
+    block_scaled_mm,
+    block_scaled_mm_ref,
+    dequantize_blocks,
+    quantize_blocks_ref,
+    quantize_groups,
+    quantize_groups_ref,
+    row_scales,
+)
+
+E4M3_STEP = 2.0**-3  # e4m3's largest relative spacing
+
+
+def spread(rows: int, cols: int, seed: int, decades: float = 2.0) -> torch.Tensor:
+    """Random values whose 128-column groups range over 10^(+-decades) in size."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=gen)
+    group_size = torch.logspace(-decades, decades, -(-cols // GROUP)).repeat_interleave(GROUP)[
+        :cols
+    ]
+    return x * group_size
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize(("rows", "cols"), [(5, 96), (3, 300), (2, 1024)])
+def test_group_quantization_writes_the_reference_bytes(device, dtype, rows, cols):
+    x = spread(rows, cols, seed=cols).to(dtype)
+    x[0, :GROUP] = 0.0  # an all-zero group keeps a finite scale
+    q_ref, scale_ref = quantize_groups_ref(x)
+    q, scale = quantize_groups(x.to(device))
+    assert scale_ref.shape == (rows, -(-cols // GROUP))
+    assert torch.equal(scale.cpu(), scale_ref)
+    assert torch.equal(q.cpu().view(torch.uint8), q_ref.view(torch.uint8))
+    # each group under its own scale: its largest value becomes 448
+    assert float(scale_ref[0, 0]) == pytest.approx(1e-12)
+    assert q_ref[1].float().abs().view(-1)[:GROUP].max() == 448.0
+
+
+def test_block_quantization_gives_each_block_its_own_scale():
+    w = spread(200, 300, seed=1).T.contiguous()  # [300, 200]: blocks differ along rows too
+    codes, scale = quantize_blocks_ref(w)
+    assert scale.shape == (3, 2)
+    for i in range(3):
+        for j in range(2):
+            block = codes[i * GROUP : (i + 1) * GROUP, j * GROUP : (j + 1) * GROUP].float()
+            assert block.abs().max() == 448.0
+    back = dequantize_blocks(codes, scale)
+    assert torch.allclose(back, w, rtol=E4M3_STEP / 2, atol=float(scale.max()) * 2**-9)
+    # the per-row form stands for the same values
+    assert torch.equal(dequantize_blocks(codes, row_scales(scale, 300)), back)
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 40, 96), (19, 200, 300), (33, 256, 256)])
+@pytest.mark.parametrize("per_row", [False, True], ids=["block-scales", "row-scales"])
+def test_gemm_is_its_reference(device, m, n, k, per_row):
+    x, w = spread(m, k, seed=m), spread(n, k, seed=n) / 16
+    a, a_scale = quantize_groups_ref(x)
+    codes, w_scale = quantize_blocks_ref(w)
+    if per_row:
+        w_scale = row_scales(w_scale, n)
+    want = block_scaled_mm_ref(a, a_scale, codes, w_scale, torch.float32)
+    got = block_scaled_mm(*(t.to(device) for t in (a, a_scale, codes, w_scale)), torch.float32)
+    # fp32 sums in another order: within a few ulps of the largest terms' sum
+    atol = 1e-6 * float((x.abs() @ w.abs().T).max())
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=atol)
+    # and the product is x @ w.T within FP8's error on both sides
+    exact = x @ w.T
+    assert (want - exact).abs().max() < 0.1 * exact.abs().max()
+
+
+def test_block_scales_keep_small_groups_that_one_scale_per_tensor_flushes():
+    # groups 10^8 apart, wider than e4m3's range under one scale; w's grow where x's shrink, so
+    # that every group adds a share of the same size to the product
+    x, w = spread(8, 512, seed=3, decades=4), spread(64, 512, seed=4, decades=4).flip(1)
+    exact = x @ w.T
+    blocked = block_scaled_mm_ref(*quantize_groups_ref(x), *quantize_blocks_ref(w), torch.float32)
+
+    def per_tensor(t: torch.Tensor) -> torch.Tensor:
+        scale = t.abs().max() / 448.0
+        return (t / scale).to(torch.float8_e4m3fn).float() * scale
+
+    flat = per_tensor(x) @ per_tensor(w).T
+    assert (blocked - exact).norm() < 0.2 * (flat - exact).norm()
+
+
+def test_mismatched_operands_are_named(device):
+    a, a_scale = quantize_groups(torch.randn(4, 256, device=device))
+    w, w_scale = quantize_blocks_ref(torch.randn(130, 256))
+    w, w_scale = w.to(device), w_scale.to(device)
+    with pytest.raises(ValueError, match=r"w_scale must be \[130, 2\].*or \[2, 2\]"):
+        block_scaled_mm(a, a_scale, w, w_scale[:1], torch.float32)
+    with pytest.raises(ValueError, match="a has 256 columns but w has 128"):
+        block_scaled_mm(a, a_scale, w[:, :128], w_scale[:, :1], torch.float32)
+    with pytest.raises(TypeError, match=r"a has dtype torch\.float32"):
+        block_scaled_mm(a.float(), a_scale, w, w_scale, torch.float32)
+    assert block_scaled_mm(a[:0], a_scale[:0], w, w_scale, torch.float32).shape == (0, 130)
+
+
+@pytest.mark.gpu
+def test_gemm_in_bfloat16_on_the_gpu():
+    x = spread(77, 640, seed=5).to(torch.bfloat16)
+    w = spread(384, 640, seed=6) / 16
+    a, a_scale = quantize_groups(x.cuda())
+    codes, w_scale = quantize_blocks_ref(w)
+    got = block_scaled_mm(a, a_scale, codes.cuda(), w_scale.cuda(), torch.bfloat16)
+    want = block_scaled_mm_ref(a.cpu(), a_scale.cpu(), codes, w_scale, torch.float32)
+    torch.testing.assert_close(got.float().cpu(), want, rtol=2**-7, atol=1e-3)
