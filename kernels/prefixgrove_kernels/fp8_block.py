@@ -67,17 +67,27 @@ def _check_activations(x: torch.Tensor) -> None:
     checks.check_unit_last_stride("x", x)
 
 
-def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [rows, C] -> (e4m3 values [rows, C], float32 scales [rows, ceil(C / 128)]): each row's
-    group g of 128 columns stands for values[:, g] * scales[:, g]."""
+def quantize_groups_launch(
+    x: torch.Tensor,
+) -> tuple[KernelLaunch | None, torch.Tensor, torch.Tensor]:
+    """Checks the argument and plans the launch `quantize_groups` makes, with the outputs it fills."""
     _check_activations(x)
     rows, cols = x.shape
     q = torch.empty((rows, cols), dtype=FP8_KV_DTYPE, device=x.device)
     scale = torch.empty((rows, groups_of(cols)), dtype=torch.float32, device=x.device)
-    if rows and cols:
-        args = (x, q, scale, cols, x.stride(0), q.stride(0), scale.stride(0))
-        options = {**ROW_SCALE_OPTIONS, "GROUP": GROUP, "num_warps": 4}
-        KernelLaunch(_quantize_groups_kernel, (rows, scale.shape[1]), args, options).run()
+    if rows == 0 or cols == 0:
+        return None, q, scale
+    args = (x, q, scale, cols, x.stride(0), q.stride(0), scale.stride(0))
+    options = {**ROW_SCALE_OPTIONS, "GROUP": GROUP, "num_warps": 4}
+    return KernelLaunch(_quantize_groups_kernel, (rows, scale.shape[1]), args, options), q, scale
+
+
+def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [rows, C] -> (e4m3 values [rows, C], float32 scales [rows, ceil(C / 128)]): each row's
+    group g of 128 columns stands for values[:, g] * scales[:, g]."""
+    launch, q, scale = quantize_groups_launch(x)
+    if launch is not None:
+        launch.run()
     return q, scale
 
 

@@ -16,7 +16,11 @@ one in x's dtype; the sum kernel adds a token's rows in fp32, in choice order, a
 FP8 experts (W8A8): w_gate_up and w_down in e4m3 with float32 scales per expert and output channel
 ([E, rows]; [E] or [E, 1] for one per expert). The activations are quantized per row on the way in
 (`fp8_quant.quantize_rows`: x per token, h per pair), the dots run on the e4m3 codes with fp32
-accumulation, and the epilogue multiplies by the row's scale, then the channel's.
+accumulation, and the epilogue multiplies by the row's scale, then the channel's. With block scales
+(128x128 weight blocks, `fp8_block`) the scales are [E, rows, ceil(K / 128)], one per expert, row
+and 128-column group (each block's repeated over its rows), the activations are quantized per row
+and group (`fp8_block.quantize_groups`), and each K step (at most one group) scales its dot by the
+row's and the column's scale of its group before it joins the fp32 accumulator.
 
 Tensor parallelism of experts needs nothing here: a rank passes its slice of every expert's
 intermediate columns (w_gate_up [E, 2 * N / ranks, K], the rank's gate rows then its up rows;
@@ -26,6 +30,7 @@ one all-reduce after the layer completes.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 import torch
@@ -35,6 +40,13 @@ import triton.language as tl
 
 from prefixgrove_kernels import checks
 from prefixgrove_kernels.checks import FP8_KV_DTYPE
+from prefixgrove_kernels.fp8_block import (
+    GROUP,
+    block_scaled_mm_ref,
+    groups_of,
+    quantize_groups_launch,
+    quantize_groups_ref,
+)
 from prefixgrove_kernels.fp8_quant import quantize_rows_launch, quantize_rows_ref
 from prefixgrove_kernels.launch import KernelLaunch
 from prefixgrove_kernels.moe_align import MoeAlignment, moe_align_launches
@@ -57,9 +69,9 @@ def _dot(a, b, acc, FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
 @triton.jit
 def _moe_gemm_kernel(
     a_ptr,  # gate/up: x [tokens, K]; down: h [pairs, K] (row stride free; e4m3 when FP8)
-    a_scale_ptr,  # FP8: [rows of a] fp32
+    a_scale_ptr,  # FP8: [rows of a] fp32; BLOCK_SCALED: [rows of a, groups]
     b_ptr,  # gate/up: w_gate_up [E, 2 * N, K] (gate rows, then up rows); down: w_down [E, N, K]
-    b_scale_ptr,  # FP8: [E, rows of b] fp32 (channel stride 0: one scale per expert)
+    b_scale_ptr,  # FP8: [E, rows of b] fp32 (channel stride 0: one per expert); [E, rows, groups]
     out_ptr,  # [pairs, N] (row stride free)
     pair_weights_ptr,  # ROUTED_WEIGHT: [pairs] routing weights
     sorted_ptr,  # [max_blocks * BLOCK_M] int32: pairs by expert, padding = num_pairs
@@ -74,10 +86,13 @@ def _moe_gemm_kernel(
     stride_om,
     stride_se,
     stride_sn,
+    stride_asm,  # BLOCK_SCALED: a_scale's row stride (its groups are contiguous, as b_scale's)
     PAIRS_PER_A_ROW: tl.constexpr,  # top_k for gate/up (a row of x is a token), 1 for down
     SILU_MUL: tl.constexpr,  # gate/up's epilogue
     ROUTED_WEIGHT: tl.constexpr,  # down's epilogue
     FP8: tl.constexpr,
+    BLOCK_SCALED: tl.constexpr,  # FP8 with block scales; BLOCK_K then divides SCALE_GROUP
+    SCALE_GROUP: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -108,18 +123,30 @@ def _moe_gemm_kernel(
     up_offset = N.to(tl.int64) * stride_bn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    a_scale_rows = a_scale_ptr + a_rows * stride_asm
+    b_scale_cols = b_scale_ptr + expert * stride_se + cols * stride_sn
     for k0 in range(0, K, BLOCK_K):
         k_ok = ks < K - k0
         a = tl.load(a_ptrs, mask=live[:, None] & k_ok[None, :], other=0.0)
         b_mask = k_ok[:, None] & col_ok[None, :]
         b = tl.load(b_ptrs, mask=b_mask, other=0.0)
-        acc = _dot(a, b, acc, FP8, DOT_PRECISION)
-        if SILU_MUL:
-            b_up = tl.load(b_ptrs + up_offset, mask=b_mask, other=0.0)
-            acc_up = _dot(a, b_up, acc_up, FP8, DOT_PRECISION)
+        if BLOCK_SCALED:  # this step's group: its dot scaled by the row's and the column's scale
+            group = k0 // SCALE_GROUP
+            a_scale = tl.load(a_scale_rows + group, mask=live, other=0.0)[:, None]
+            b_scale = tl.load(b_scale_cols + group, mask=col_ok, other=0.0)[None, :]
+            acc += tl.dot(a, b) * a_scale * b_scale
+            if SILU_MUL:
+                b_up = tl.load(b_ptrs + up_offset, mask=b_mask, other=0.0)
+                up_scale = tl.load(b_scale_cols + N * stride_sn + group, mask=col_ok, other=0.0)
+                acc_up += tl.dot(a, b_up) * a_scale * up_scale[None, :]
+        else:
+            acc = _dot(a, b, acc, FP8, DOT_PRECISION)
+            if SILU_MUL:
+                b_up = tl.load(b_ptrs + up_offset, mask=b_mask, other=0.0)
+                acc_up = _dot(a, b_up, acc_up, FP8, DOT_PRECISION)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
-    if FP8:
+    if FP8 and not BLOCK_SCALED:
         a_scale = tl.load(a_scale_ptr + a_rows, mask=live, other=0.0)
         scale_ptrs = b_scale_ptr + expert * stride_se + cols * stride_sn
         acc = acc * a_scale[:, None] * tl.load(scale_ptrs, mask=col_ok, other=0.0)[None, :]
@@ -165,7 +192,9 @@ def _sum_choices_kernel(
 
 class Operand(NamedTuple):
     values: torch.Tensor  # activations [rows, K] or expert weights [E, rows, K]
-    scale: torch.Tensor | None  # FP8: activations [rows]; weights [E, rows] or [E, 1], float32
+    # FP8, float32: activations [rows]; weights [E, rows] or [E, 1]. Block scales: activations
+    # [rows, groups], weights [E, rows, groups]
+    scale: torch.Tensor | None
 
 
 def _check_experts(
@@ -212,9 +241,13 @@ def _check_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, x: torch.
 
 
 def _expert_scale(name: str, scale: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """An FP8 expert weight's scales as [E, rows] or [E, 1] float32."""
-    experts, rows = w.shape[:2]
+    """An FP8 expert weight's scales as [E, rows] or [E, 1] float32, or block scales as
+    [E, rows, groups] (a 3-dimensional scale)."""
+    experts, rows, columns = w.shape
     checks.check_tensor(name, scale, ndim=scale.dim(), dtypes=(torch.float32,), device=w.device)
+    if scale.dim() == 3:
+        checks.check_shape(name, scale, (experts, rows, groups_of(columns)))
+        return scale.contiguous()
     if scale.numel() not in (experts, experts * rows):
         raise ValueError(
             f"{name} must hold one scale per expert and output channel {(experts, rows)} or one "
@@ -223,13 +256,17 @@ def _expert_scale(name: str, scale: torch.Tensor, w: torch.Tensor) -> torch.Tens
     return scale.reshape(experts, -1)
 
 
-def _rows_in(t: torch.Tensor, fp8: bool) -> tuple[Operand, list[KernelLaunch]]:
-    """Activations as the GEMM takes them: as they are, or quantized per row for FP8 experts
-    (with the launch that quantizes them)."""
+def _rows_in(t: torch.Tensor, fp8: bool, blocks: bool) -> tuple[Operand, list[KernelLaunch]]:
+    """Activations as the GEMM takes them: as they are, or quantized per row (per row and group
+    for block-scaled experts) for FP8 experts, with the launch that quantizes them."""
     if not fp8:
         return Operand(t, None), []
-    launch, codes, scale = quantize_rows_launch(t)
-    return Operand(codes, scale.view(-1)), [launch] if launch is not None else []
+    if blocks:
+        launch, codes, scale = quantize_groups_launch(t)
+    else:
+        launch, codes, scale = quantize_rows_launch(t)
+        scale = scale.view(-1)
+    return Operand(codes, scale), [launch] if launch is not None else []
 
 
 def _expert_operands(
@@ -240,6 +277,11 @@ def _expert_operands(
 ) -> tuple[Operand, Operand]:
     if w_gate_up_scale is None or w_down_scale is None:
         return Operand(w_gate_up, None), Operand(w_down, None)
+    if (w_gate_up_scale.dim() == 3) != (w_down_scale.dim() == 3):
+        raise ValueError(
+            "w_gate_up_scale and w_down_scale must both be block scales [E, rows, groups] or "
+            f"neither, got {tuple(w_gate_up_scale.shape)} and {tuple(w_down_scale.shape)}"
+        )
     return (
         Operand(w_gate_up, _expert_scale("w_gate_up_scale", w_gate_up_scale, w_gate_up)),
         Operand(w_down, _expert_scale("w_down_scale", w_down_scale, w_down)),
@@ -253,17 +295,21 @@ def _gemm_launch(
     """`_moe_gemm_kernel` over every block of `align`: gate/up when pair_weights is None (b has
     twice out's columns as rows), down otherwise."""
     n, k = out.shape[1], a.values.shape[1]
+    a_scale = a.scale if a.scale is not None else out
     b_scale = b.scale if b.scale is not None else out
     per_channel = b.scale is not None and b.scale.shape[1] > 1
+    blocks = b.scale is not None and b.scale.dim() == 3
     args = (
-        a.values, a.scale if a.scale is not None else out, b.values, b_scale, out,
+        a.values, a_scale, b.values, b_scale, out,
         pair_weights if pair_weights is not None else out, *align[:3], n, k, out.shape[0],
         a.values.stride(0), b.values.stride(0), b.values.stride(1), out.stride(0),
         b_scale.stride(0), b_scale.stride(1) if per_channel else 0,
+        a_scale.stride(0) if blocks else 0,
     )  # fmt: skip
     options = {
         "PAIRS_PER_A_ROW": pairs_per_a_row, "SILU_MUL": pair_weights is None,
         "ROUTED_WEIGHT": pair_weights is not None, "FP8": a.scale is not None,
+        "BLOCK_SCALED": blocks, "SCALE_GROUP": GROUP,
         "DOT_PRECISION": dot_precision(a.values.dtype), **tiles.launch_options(),
     }  # fmt: skip
     grid = (align.block_experts.shape[0] * triton.cdiv(n, tiles.block_n),)
@@ -300,10 +346,13 @@ def fused_moe_launches(
     if tokens == 0:
         return [], out
     tiles = config or tile_config(moe_shape(x, w_gate_up), tokens)
+    blocks = gate_up.scale is not None and gate_up.scale.dim() == 3
+    if blocks:  # a K step within one scale group
+        tiles = replace(tiles, block_k=min(tiles.block_k, GROUP))
     launches, align = moe_align_launches(topk_ids, experts, tiles.block_m)
     h, y = x.new_empty((tokens * top_k, n)), x.new_empty((tokens * top_k, hidden))
-    x_in, quantize_x = _rows_in(x, fp8)
-    h_in, quantize_h = _rows_in(h, fp8)
+    x_in, quantize_x = _rows_in(x, fp8, blocks)
+    h_in, quantize_h = _rows_in(h, fp8, blocks)
     weights = topk_weights.view(-1)
     return [
         *launches,
@@ -341,9 +390,12 @@ def fused_moe(
 
 def _linear_ref(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None) -> torch.Tensor:
     """a @ w.T in a's dtype; FP8 weights (with their scales [rows] or [1]): a quantized per row,
-    the codes multiplied in fp32, then the row's scale and the channel's."""
+    the codes multiplied in fp32, then the row's scale and the channel's; block-scaled (scales
+    [rows, groups]): a quantized per row and group, both sides dequantized and multiplied in fp32."""
     if w_scale is None:
         return F.linear(a, w)
+    if w_scale.dim() == 2:
+        return block_scaled_mm_ref(*quantize_groups_ref(a), w, w_scale, a.dtype)
     codes, a_scale = quantize_rows_ref(a)
     return ((codes.float() @ w.float().T) * a_scale * w_scale.view(1, -1)).to(a.dtype)
 

@@ -37,6 +37,11 @@ class EngineSettings:
     quantization: str | None = _knob(
         None, "fp8: W8A8 linear layers quantized at load time; unset: the weights' own dtype"
     )
+    fp8_block_scales: bool = _knob(
+        False, "with quantization=fp8: weights in 128x128 blocks with one scale each, activations "
+        "per token and 128-column group (DeepSeek-V3's and Qwen3's FP8 layout); off: a scale per "
+        "output channel and per token. Block-scaled FP8 checkpoints turn it on themselves"
+    )  # fmt: skip
     kv_cache_dtype: str = _knob(
         "auto", "auto (the model's dtype) or fp8 (fp8_e4m3): twice the blocks in the same memory"
     )

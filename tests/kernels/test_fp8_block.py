@@ -18,6 +18,8 @@ from prefixgrove_kernels.fp8_block import (
     quantize_groups_ref,
     row_scales,
 )
+from prefixgrove_kernels.fused_moe import fused_moe, fused_moe_reference
+from prefixgrove_kernels.moe_configs import MoeTileConfig
 
 E4M3_STEP = 2.0**-3  # e4m3's largest relative spacing
 
@@ -116,3 +118,50 @@ def test_gemm_in_bfloat16_on_the_gpu():
     got = block_scaled_mm(a, a_scale, codes.cuda(), w_scale.cuda(), torch.bfloat16)
     want = block_scaled_mm_ref(a.cpu(), a_scale.cpu(), codes, w_scale, torch.float32)
     torch.testing.assert_close(got.float().cpu(), want, rtol=2**-7, atol=1e-3)
+
+
+# ---- block-scaled experts (fused_moe) ----------------------------------------------------------
+
+
+def blocked_experts(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each expert of w [E, rows, cols] in 128x128 blocks: codes, scales [E, rows, groups]."""
+    parts = [quantize_blocks_ref(expert) for expert in w]
+    codes = torch.stack([c for c, _ in parts])
+    return codes, torch.stack([row_scales(s, w.shape[1]) for _, s in parts])
+
+
+@pytest.mark.parametrize(
+    "tiles", [MoeTileConfig(block_m=16, block_n=32, block_k=32), None], ids=["k32", "default"]
+)
+def test_block_scaled_experts_are_their_reference(device, tiles):
+    """hidden 200 and width 136: both GEMMs end on a partial group and a partial block."""
+    tokens, experts, top_k, hidden, width = 9, 4, 2, 200, 136
+    gen = torch.Generator().manual_seed(7)
+    x = spread(tokens, hidden, seed=7)
+    gate_up, gate_up_scale = blocked_experts(spread(experts * 2 * width, hidden, seed=8).view(
+        experts, 2 * width, hidden) / 64)  # fmt: skip
+    down, down_scale = blocked_experts(torch.randn(experts, hidden, width, generator=gen) / 16)
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
+    weights = torch.rand(tokens, top_k, generator=gen)
+    scales = {"w_gate_up_scale": gate_up_scale, "w_down_scale": down_scale}
+    want = fused_moe_reference(x, gate_up, down, ids, weights, **scales)
+    on = [t.to(device) for t in (x, gate_up, down, ids.int(), weights)]
+    got = fused_moe(*on, tiles, **{name: s.to(device) for name, s in scales.items()})
+    # an e4m3 code of the intermediate may round the other way when the sums' order moves it
+    torch.testing.assert_close(got.cpu(), want, rtol=0.0, atol=2**-6 * float(want.abs().max()))
+    # and it is the MLP of the dequantized experts, to the activations' quantization
+    dequantized = [
+        torch.stack([dequantize_blocks(c, s) for c, s in zip(codes, scale, strict=True)])
+        for codes, scale in ((gate_up, gate_up_scale), (down, down_scale))
+    ]
+    plain = fused_moe_reference(x, *dequantized, ids, weights)
+    torch.testing.assert_close(want, plain, rtol=0.0, atol=2**-3 * float(plain.abs().max()))
+
+
+def test_block_and_channel_scales_do_not_mix():
+    w = torch.randn(2, 256, 128)
+    codes, scale = blocked_experts(w)
+    x, ids, weights = torch.randn(3, 128), torch.zeros(3, 1, dtype=torch.int32), torch.ones(3, 1)
+    with pytest.raises(ValueError, match="both be block scales"):
+        fused_moe_reference(x, codes, codes[:, :128].transpose(1, 2).contiguous(), ids, weights,
+                            w_gate_up_scale=scale, w_down_scale=torch.ones(2, 128))  # fmt: skip

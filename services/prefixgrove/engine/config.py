@@ -15,7 +15,11 @@ from prefixgrove.engine_settings import EngineSettings, engine_settings
 from .attention.kv_cache import FP8_KV_DTYPE, cache_torch_dtype, check_kv_cache_dtype
 from .batch_defaults import best_batch_limits
 from .models.arch import ModelArch, architecture_of
-from .models.fp8_linear import check_quantization, checkpoint_quantization
+from .models.fp8_linear import (
+    check_quantization,
+    checkpoint_block_scales,
+    checkpoint_quantization,
+)
 from .models.registry import model_class
 from .models.sharding import check_tensor_parallel
 
@@ -39,9 +43,15 @@ class ModelConfig:
     seed: int = 0
     # None (weights in `dtype`) or "fp8": W8A8 linear layers (models/fp8_linear.py)
     quantization: str | None = None
+    # with "fp8": 128x128 weight blocks, activations per 128 columns (models/fp8_block_linear.py)
+    fp8_block_scales: bool = False
 
     def __post_init__(self) -> None:
         check_quantization(self.quantization)
+        if self.fp8_block_scales and self.quantization != "fp8":
+            raise ValueError(
+                f"fp8_block_scales=True needs quantization='fp8', not {self.quantization!r}"
+            )
         if self.max_model_len < 2:
             raise ValueError(f"max_model_len={self.max_model_len}: must be at least 2")
 
@@ -198,7 +208,9 @@ class EngineConfig:
         s = settings
         device = _resolve_device(s.device)
         cuda = device.startswith("cuda")
-        model_cfg = _model_config(model, s.dtype, s.max_model_len, s.seed, cuda, s.quantization)
+        model_cfg = _model_config(
+            model, s.dtype, s.max_model_len, s.seed, cuda, s.quantization, s.fp8_block_scales
+        )
         backend = s.attention_backend
         if backend == "auto":
             backend = "triton" if cuda and kernels_take(model_cfg.arch.head_dim) else "torch"
@@ -257,6 +269,7 @@ def _model_config(
     seed: int,
     cuda: bool,
     quantization: str | None = None,
+    fp8_block_scales: bool = False,
 ) -> ModelConfig:
     hf_config = load_hf_config(model)
     model_class(architecture_of(hf_config))  # refuses an unsupported architecture, naming it
@@ -278,7 +291,21 @@ def _model_config(
         max_model_len=max_model_len,
         seed=seed,
         quantization=quantization,
+        fp8_block_scales=_block_scales(model, hf_config, fp8_block_scales),
     )
+
+
+def _block_scales(model: str, hf_config: Any, asked: bool) -> bool:
+    """Whether FP8 layers take block scales: a block-scaled checkpoint's own, or asked for on
+    an unquantized one; a checkpoint stored with other FP8 scales is not re-cut into blocks."""
+    if checkpoint_block_scales(hf_config):
+        return True
+    if asked and checkpoint_quantization(hf_config) is not None:
+        raise ValueError(
+            f"fp8_block_scales=True: {model} is stored in FP8 with per-tensor or per-channel "
+            "scales, which cannot be cut into blocks; leave fp8_block_scales off for it"
+        )
+    return asked
 
 
 def _cascade_kernels(gpu_kernels: bool, decode: str, prefill: str) -> tuple[str, str]:

@@ -25,6 +25,12 @@ from prefixgrove_kernels.checks import FP8_KV_DTYPE as FP8_DTYPE
 from prefixgrove_kernels.fp8_quant import quantize_rows_ref as quantize_per_row
 from prefixgrove_kernels.reference_math import to_e4m3_ref
 
+from .fp8_block_linear import (
+    SCALE_SUFFIX,
+    Fp8BlockLinear,
+    check_block_checkpoint,
+    dequantize_block_weight,
+)
 from .linear import RowInvariantLinear, row_invariant_linear
 
 if TYPE_CHECKING:
@@ -155,16 +161,19 @@ def check_quantization(quantization: str | None) -> None:
 
 
 def checkpoint_quantization(hf_config: Any) -> str | None:
-    """'fp8' for a compressed-tensors FP8 checkpoint, None for an unquantized one; ValueError naming
-    any other method or layout (block-wise scales, other bit widths)."""
-    qc = getattr(hf_config, "quantization_config", None)
+    """'fp8' for an FP8 checkpoint (compressed-tensors, or `quant_method: fp8` with 128x128 block
+    scales), None for an unquantized one; ValueError naming any other method or layout."""
+    qc = _quantization_config(hf_config)
     if qc is None:
         return None
-    qc = qc if isinstance(qc, dict) else qc.to_dict()
     method = qc.get("quant_method")
+    if method == "fp8":
+        check_block_checkpoint(qc)
+        return "fp8"
     if method != "compressed-tensors":
         raise ValueError(
-            f"checkpoint quantization {method!r} is not supported: only compressed-tensors FP8"
+            f"checkpoint quantization {method!r} is not supported: only compressed-tensors FP8 "
+            "and fp8 with 128x128 block scales"
         )
     for name, group in (qc.get("config_groups") or {}).items():
         for role in ("weights", "input_activations"):
@@ -185,38 +194,62 @@ def checkpoint_quantization(hf_config: Any) -> str | None:
     return "fp8"
 
 
+def checkpoint_block_scales(hf_config: Any) -> bool:
+    """Whether the checkpoint stores 128x128 block scales (`quant_method: fp8`)."""
+    qc = _quantization_config(hf_config)
+    return qc is not None and qc.get("quant_method") == "fp8"
+
+
+def _quantization_config(hf_config: Any) -> dict[str, Any] | None:
+    qc = getattr(hf_config, "quantization_config", None)
+    if qc is None:
+        return None
+    return qc if isinstance(qc, dict) else qc.to_dict()
+
+
 def dequantize_checkpoint(
     weights: Iterable[tuple[str, torch.Tensor]],
     dtype: torch.dtype,
     scales: dict[str, torch.Tensor],
     input_scales: dict[str, torch.Tensor],
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """A compressed-tensors checkpoint's tensors with each e4m3 `weight` dequantized (by its
-    `weight_scale`) into `dtype`; the scales are kept in `scales` / `input_scales` by the weight's
-    name, per output channel, for `quantize_model` to store the same e4m3 values again."""
+    """An FP8 checkpoint's tensors with each e4m3 `weight` dequantized into `dtype`: by its
+    `weight_scale` (compressed-tensors) or its block scales `weight_scale_inv`. The scales are kept
+    in `scales` / `input_scales` by the weight's name (per output channel, or per row and 128-column
+    group), for `quantize_model` to store the same e4m3 values again."""
     tensors = dict(weights)  # the e4m3 weights stay one byte a value until dequantized one by one
+    skipped = (".weight_scale", SCALE_SUFFIX, ".input_scale", ".weight_zero_point")
     for name, tensor in tensors.items():
-        if name.endswith((".weight_scale", ".input_scale", ".weight_zero_point")):
+        if name.endswith(skipped):
             continue
-        if tensor.dtype == FP8_DTYPE:
-            base = name.removesuffix(".weight")
-            scale = tensors.get(base + ".weight_scale")
-            if scale is None:
-                raise ValueError(f"checkpoint tensor {name!r} is float8 with no weight_scale")
-            scale = scale.float().reshape(-1)
-            if scale.numel() == 1:
-                scale = scale.expand(tensor.shape[0])
-            if scale.numel() != tensor.shape[0]:
-                raise ValueError(
-                    f"{base}.weight_scale has {scale.numel()} values for {tensor.shape[0]} rows "
-                    "(block-wise scales are not supported)"
-                )
-            scales[name] = scale.clone()
-            if (static := tensors.get(base + ".input_scale")) is not None:
-                input_scales[name] = static.float().reshape(-1).max()
-            yield name, (tensor.float() * scale.view(-1, 1)).to(dtype)
-        else:
+        if tensor.dtype != FP8_DTYPE:
             yield name, tensor
+            continue
+        base = name.removesuffix(".weight")
+        if base + ".weight_scale" not in tensors:
+            weight, scales[name] = dequantize_block_weight(
+                name, tensor, tensors.get(base + SCALE_SUFFIX)
+            )
+            yield name, weight.to(dtype)
+            continue
+        scale = _channel_scales(base, tensor, tensors[base + ".weight_scale"])
+        scales[name] = scale
+        if (static := tensors.get(base + ".input_scale")) is not None:
+            input_scales[name] = static.float().reshape(-1).max()
+        yield name, (tensor.float() * scale.view(-1, 1)).to(dtype)
+
+
+def _channel_scales(base: str, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """A compressed-tensors weight_scale (one per tensor or per output channel) per channel."""
+    scale = scale.float().reshape(-1)
+    if scale.numel() == 1:
+        scale = scale.expand(weight.shape[0])
+    if scale.numel() != weight.shape[0]:
+        raise ValueError(
+            f"{base}.weight_scale has {scale.numel()} values for {weight.shape[0]} rows "
+            f"(compressed-tensors block-wise scales are not supported; {SCALE_SUFFIX} are)"
+        )
+    return scale.clone()
 
 
 @torch.no_grad()
@@ -224,10 +257,11 @@ def quantize_model(
     net: CausalLM,
     weight_scales: dict[str, torch.Tensor] | None = None,
     input_scales: dict[str, torch.Tensor] | None = None,
+    block_scales: bool = False,
 ) -> None:
     """Replaces every `RowInvariantLinear` inside `net.layers` (Llama's qkv, o, gate_up, down) by an
-    `Fp8Linear`, whatever the family, and has every module of a layer with a `quantize_fp8` method
-    (a MoE block's stacked experts) quantize itself.
+    `Fp8Linear` (an `Fp8BlockLinear` with `block_scales`), whatever the family, and has every module
+    of a layer with a `quantize_fp8` method (a MoE block's stacked experts) quantize itself.
 
     The embedding and lm_head stay in the model's dtype, as vLLM's fp8 keeps them: the logits set the
     sampled token directly and cost a small share of the step. `weight_scales` / `input_scales` (by
@@ -243,12 +277,32 @@ def quantize_model(
             for name, child in list(parent.named_children()):
                 if isinstance(child, RowInvariantLinear):
                     key = f"{parent_name}.{name}.weight"
-                    fp8 = Fp8Linear.from_linear(
-                        child, weight_scales.get(key), input_scales.get(key)
-                    )
+                    fp8: nn.Module
+                    if block_scales:
+                        splits = _shard_rows(net, key)
+                        fp8 = Fp8BlockLinear.from_linear(child, weight_scales.get(key), splits)
+                    else:
+                        scale, static = weight_scales.get(key), input_scales.get(key)
+                        fp8 = Fp8Linear.from_linear(child, scale, static)
                     setattr(parent, name, fp8)
-        for module in layer.modules():  # blocks that quantize their own weights (MoE experts)
+        # blocks that quantize their own weights (MoE experts), with their stored scales
+        for module_name, module in layer.named_modules(prefix=f"layers.{i}"):
             quantize = getattr(module, "quantize_fp8", None)
             if quantize is not None:
-                quantize()
+                prefix = module_name + "."
+                stored = {
+                    k.removeprefix(prefix): v
+                    for k, v in weight_scales.items()
+                    if k.startswith(prefix)
+                }
+                quantize(stored, block_scales)
     net.fuse_fp8_inputs()
+
+
+def _shard_rows(net: CausalLM, name: str) -> list[int] | None:
+    """The rows of each part of a fused matrix on this rank (q, k, v; gate, up), where block
+    scales start their blocks afresh; None for an unfused one."""
+    layout = net.layout(name)
+    if layout is None or layout.dim != 0 or len(layout.pieces) == 1:
+        return None
+    return [p.cut.local_len(p.full_len) for p in layout.pieces]

@@ -17,10 +17,11 @@ from prefixgrove.catalog.presets import gguf_path, is_preset
 from ..parallel.group import TensorParallel
 from .arch import ModelArch
 from .base import CausalLM
+from .fp8_block_linear import GROUP, SCALE_SUFFIX
 from .fp8_linear import dequantize_checkpoint, quantize_model
 from .ops import ModelOps
 from .registry import model_class
-from .sharding import Cut
+from .sharding import Cut, block_cut
 
 # A checkpoint tensor's name -> the cut this rank takes of it and its whole length, or None: whole
 CutOf = Callable[[str], "tuple[Cut, int] | None"]
@@ -37,9 +38,11 @@ def load_model(
     ops: ModelOps,
     quantization: str | None = None,
     parallel: TensorParallel | None = None,
+    fp8_block_scales: bool = False,
 ) -> CausalLM:
     """The model of `model`, or this rank's shard of it under tensor parallelism: each rank reads
-    only its part of each checkpoint tensor."""
+    only its part of each checkpoint tensor. `fp8_block_scales`: FP8 layers take 128x128 block
+    scales (a block-scaled checkpoint's, or made at load)."""
     cls = model_class(arch.architecture)
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # build in the target dtype: no fp32 copy of an 8B model
@@ -48,7 +51,7 @@ def load_model(
             net = cls(arch, max_positions, ops, parallel)
     finally:
         torch.set_default_dtype(default_dtype)
-    cut_of = net.checkpoint_cut if net.parallel.size > 1 else None
+    cut_of = _with_block_scales(net.checkpoint_cut) if net.parallel.size > 1 else None
     scales: dict[str, torch.Tensor] = {}
     input_scales: dict[str, torch.Tensor] = {}
     if is_preset(model):
@@ -65,8 +68,22 @@ def load_model(
     if quantization == "fp8":
         # Quantized at load time: from the checkpoint's scales where it has them, else per output
         # channel from its weights (vLLM's quantization="fp8").
-        quantize_model(net, *_fused_scales(scales, input_scales, net))
+        fused, statics = _fused_scales(scales, input_scales, net)
+        quantize_model(net, fused, statics, block_scales=fp8_block_scales)
     return net.eval().requires_grad_(False)
+
+
+def _with_block_scales(cut_of: CutOf) -> CutOf:
+    """`cut_of` that also cuts a weight's block scales (`weight_scale_inv`): the blocks of the
+    rank's slice of the weight, refused where that slice does not keep them whole."""
+
+    def cut(name: str) -> tuple[Cut, int] | None:
+        if not name.endswith(SCALE_SUFFIX):
+            return cut_of(name)
+        found = cut_of(name.removesuffix(SCALE_SUFFIX) + ".weight")
+        return None if found is None else block_cut(name, *found, GROUP)
+
+    return cut
 
 
 def _fused_scales(

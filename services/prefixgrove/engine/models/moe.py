@@ -14,15 +14,17 @@ one all-reduce adds the partial sums, the shared expert's included.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 
 import torch
 from torch import nn
 
+from prefixgrove_kernels.fp8_block import expand_group_scales, quantize_blocks_ref, row_scales
 from prefixgrove_kernels.fp8_quant import quantize_rows_ref as quantize_per_row
 from prefixgrove_kernels.fused_moe import fused_moe, fused_moe_reference
 from prefixgrove_kernels.moe_routing import moe_routing
+from prefixgrove_kernels.reference_math import to_e4m3_ref
 
 from ..parallel.group import TensorParallel
 from .arch import ModelArch, MoeArch
@@ -100,7 +102,8 @@ class SparseMoe(nn.Module):
         self.gate = nn.Linear(hidden, moe.num_experts, bias=False)  # the router, never quantized
         self.experts_gate_up = nn.Parameter(torch.empty(moe.num_experts, 2 * width, hidden))
         self.experts_down = nn.Parameter(torch.empty(moe.num_experts, hidden, width))
-        # FP8 experts (quantize_fp8): float32 scales per expert and output channel
+        # FP8 experts (quantize_fp8): float32 scales per expert and output channel, [E, rows], or
+        # per expert, row and 128-column group for block scales, [E, rows, groups]
         self.experts_gate_up_scale: torch.Tensor | None = None
         self.experts_down_scale: torch.Tensor | None = None
         self.shared_expert: MLP | None = None
@@ -112,15 +115,37 @@ class SparseMoe(nn.Module):
             self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
 
     @torch.no_grad()
-    def quantize_fp8(self) -> None:
+    def quantize_fp8(
+        self, stored: Mapping[str, torch.Tensor] | None = None, block_scales: bool = False
+    ) -> None:
         """W8A8 experts (quantization="fp8"): each expert's weights in e4m3 with one scale per
-        output channel (amax / 448), as the dense layers' are; activations per row at run time."""
+        output channel (amax / 448), as the dense layers' are, or with `block_scales` one per
+        128x128 block (kept per row and 128-column group: [E, rows, groups]); activations per row
+        (or per row and group) at run time. `stored`: a checkpoint's scales by parameter name
+        (experts_gate_up, experts_down), its shards stacked, which give back its e4m3 values."""
         for name in ("experts_gate_up", "experts_down"):
-            weight = getattr(self, name)
+            weight = getattr(self, name).detach()
             experts, rows, columns = weight.shape
-            codes, scales = quantize_per_row(weight.detach().reshape(experts * rows, columns))
+            flat = weight.reshape(experts * rows, columns)
+            scale = (stored or {}).get(name)
+            if scale is not None:  # [E * rows] per channel, or [E * rows, groups] per block
+                scale = scale.to(flat.device).float().reshape(experts * rows, -1)
+                per_column = expand_group_scales(scale, columns) if block_scales else scale
+                codes = to_e4m3_ref(flat, per_column)
+            elif block_scales:  # every expert's gate, up (or down) blocked on its own
+                parts = [quantize_blocks_ref(p) for p in flat.split(rows // self._row_parts(name))]
+                codes = torch.cat([c for c, _ in parts])
+                scale = torch.cat([row_scales(s, c.shape[0]) for c, s in parts])
+            else:
+                codes, scale = quantize_per_row(flat)
             setattr(self, name, nn.Parameter(codes.view(experts, rows, columns), False))
-            setattr(self, f"{name}_scale", scales.view(experts, rows).float())
+            shape = (experts, rows, -1) if block_scales else (experts, rows)
+            setattr(self, f"{name}_scale", scale.reshape(shape).contiguous())
+
+    @staticmethod
+    def _row_parts(name: str) -> int:
+        """An expert's parts stacked in parameter `name`: gate and up, or down alone."""
+        return 2 if name == "experts_gate_up" else 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = row_invariant_linear(x, self.gate.weight)

@@ -102,6 +102,20 @@ class ParamLayout:
         return tuple(shape)
 
 
+def block_cut(name: str, cut: Cut, full_len: int, block: int) -> tuple[Cut, int]:
+    """The cut of a block-scaled weight's scales (one per `block` rows or columns), given its
+    weight's cut: the same slice of blocks, which exists only where this rank's slice of the weight
+    starts and ends on block edges; ValueError naming the tensor otherwise."""
+    local = cut.local_len(full_len)
+    if full_len % cut.parts or local % block:
+        raise ValueError(
+            f"{name}: a cut of {full_len} into {cut.parts} slices of {local} does not keep the "
+            f"{block}x{block} scale blocks whole; choose a tensor_parallel_size whose slices are "
+            f"multiples of {block}"
+        )
+    return cut, full_len // block
+
+
 def whole(length: int) -> ParamLayout:
     return ParamLayout(0, (Piece("", length, Cut()),))
 

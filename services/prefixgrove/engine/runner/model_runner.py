@@ -69,6 +69,7 @@ class ModelRunner:
             ops=create_ops(config.attention_backend),
             quantization=config.model.quantization,
             parallel=self.parallel,
+            fp8_block_scales=config.model.fp8_block_scales,
         )
         self.backend = create_backend(
             config.attention_backend,
