@@ -18,15 +18,16 @@ from kubernetes.client.exceptions import ApiException
 
 from prefixgrove.planner.client import PlannerClient, PlannerRejected, PlannerUnavailable
 from prefixgrove_operator.autoscaler import pool_autoscalers
+from prefixgrove_operator.credentials import secret_credentials
 from prefixgrove_operator.finishing import (
+    append_results,
     warn_of_failed_requests,
     why,
     write_results,
     wrote_message,
 )
-from prefixgrove_operator.results import append_new_results
 from prefixgrove_operator.settings import GROUP, PLURAL, VERSION, OperatorSettings
-from prefixgrove_operator.spec import BatchJobSpec, InvalidSpec, on_volume
+from prefixgrove_operator.spec import BatchJobSpec, InvalidSpec
 from prefixgrove_operator.status import (
     TERMINAL_PHASES,
     JobView,
@@ -120,14 +121,7 @@ def submit(
     patch.status["observedGeneration"] = body.metadata.get("generation")
     try:
         job_spec = BatchJobSpec.parse(spec, SETTINGS.shared_volume_root)
-        lines = job_spec.request_lines(memo.core, namespace)
-        labels = {"namespace": namespace, "name": name}
-        job = job_view(memo.planner.create_job(job_spec.model, uid, labels))
-        if not job.sealed:
-            _show_validating(memo, namespace, name, job.id, logger)
-            # lines a broken earlier attempt already delivered are skipped, not sent twice
-            memo.planner.add_lines(job.id, lines, skip=job.total)
-            job = job_view(memo.planner.seal(job.id))
+        job = _create_job(job_spec, memo, uid, namespace, name, logger)
     except InvalidSpec as exc:
         _fail(patch, body, exc.reason, str(exc), conditions)
         return
@@ -151,6 +145,26 @@ def submit(
         message=f"planner job {job.id}, {job.total} requests",
     )
     _announce(body, job, new)
+
+
+def _create_job(
+    job_spec: BatchJobSpec, memo: kopf.Memo, uid: str, namespace: str, name: str, logger: Any
+) -> JobView:
+    """The BatchJob's planner job: an `input.url` is handed to the planner, which reads it (with
+    the Secret's credentials) and seals the job; any other input is streamed from here."""
+    labels = {"namespace": namespace, "name": name}
+    if job_spec.input_url is not None:
+        credentials = secret_credentials(memo.core, namespace, job_spec.credentials_secret)
+        source = job_spec.source(credentials)
+        return job_view(memo.planner.create_job(job_spec.model, uid, labels, source=source))
+    lines = job_spec.request_lines(memo.core, namespace)
+    job = job_view(memo.planner.create_job(job_spec.model, uid, labels))
+    if not job.sealed:
+        _show_validating(memo, namespace, name, job.id, logger)
+        # lines a broken earlier attempt already delivered are skipped, not sent twice
+        memo.planner.add_lines(job.id, lines, skip=job.total)
+        job = job_view(memo.planner.seal(job.id))
+    return job
 
 
 def _show_validating(memo: kopf.Memo, namespace: str, name: str, job_id: str, logger: Any) -> None:
@@ -206,7 +220,7 @@ def sync(
         )
     else:
         new["conditions"] = _served_condition(job, job_spec, body, conditions, queued_s)
-    new.update(write_results(job, job_spec, body, memo.planner, new, target))
+    new.update(write_results(job, job_spec, body, memo.planner, memo.core, new, target))
     warn_of_failed_requests(body, status, new)
     if new["phase"] != status.get("phase"):
         _announce(body, job, new)
@@ -323,16 +337,16 @@ async def cancel(
                 )
             return
         job_spec = BatchJobSpec.parse(spec, SETTINGS.shared_volume_root)
-        output, errors = job_spec.output_path, job_spec.errors_path
+        namespace = body.metadata.namespace or "default"
         written, _failure = await asyncio.to_thread(
-            append_new_results, planner, job.id, output, errors, True
+            append_results, planner, memo.core, namespace, job.id, job_spec, True
         )
     except (PlannerUnavailable, OSError) as exc:
         raise kopf.TemporaryError(why(exc), delay=SETTINGS.retry_delay_s) from None
     except (PlannerRejected, InvalidSpec) as exc:
         logger.warning("the results of the deleted BatchJob are not written: %s", exc)
         return
-    shown = on_volume(job_spec.volume_root, output)
+    shown = job_spec.output_name
     logger.info(
         "planner job %s is %s; %s", job.id, job.phase, wrote_message(job, job_spec, shown, written)
     )

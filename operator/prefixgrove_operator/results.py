@@ -20,7 +20,7 @@ import threading
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 from prefixgrove.planner.client import PlannerClient
 from prefixgrove_proto import planner_pb2 as pb
@@ -62,6 +62,11 @@ def marker_path(output: Path) -> Path:
     return output.with_name(f".{output.name}.written")
 
 
+def lock_for(output: str) -> threading.Lock:
+    """The lock the writers of one output (a path or a URL) take."""
+    return _LOCKS[zlib.crc32(output.encode()) % len(_LOCKS)]
+
+
 def append_new_results(
     planner: PlannerClient, job_id: str, output: Path, errors: Path, finished: bool
 ) -> tuple[Progress, Failure | None]:
@@ -70,12 +75,13 @@ def append_new_results(
     failed or cancelled), so this call writes every line left and removes the marker."""
     output.parent.mkdir(parents=True, exist_ok=True)
     errors.parent.mkdir(parents=True, exist_ok=True)
-    with _LOCKS[zlib.crc32(bytes(output)) % len(_LOCKS)]:
+    with lock_for(str(output)):
         marker = marker_path(output)
         start = _read_marker(marker, job_id)
         if not _files_hold(start, output, errors):
             start = Progress()  # a file cut short since the marker: both start over, never padded
-        progress, first_failure = _append(planner, job_id, output, errors, start)
+        with _open_at(output, start.output_size) as out, _open_at(errors, start.errors_size) as err:
+            progress, first_failure = copy_results(planner, job_id, start, out, err)
         if finished:
             marker.unlink(missing_ok=True)
         else:
@@ -83,24 +89,30 @@ def append_new_results(
     return progress, first_failure
 
 
-def _append(
-    planner: PlannerClient, job_id: str, output: Path, errors: Path, start: Progress
+class Writer(Protocol):
+    def write(self, data: bytes, /) -> int: ...
+
+
+def copy_results(
+    planner: PlannerClient, job_id: str, start: Progress, out: Writer, err: Writer
 ) -> tuple[Progress, Failure | None]:
+    """Writes the result lines from `start` on (every line left, the unanswered ones too, of a
+    final job) to `out` and `err`; returns where they stand and the first failed request."""
     first_failure: Failure | None = None
     counts = [start.outputs, start.errors]
+    sizes = [start.output_size, start.errors_size]
     index = start.next_index
-    with _open_at(output, start.output_size) as out, _open_at(errors, start.errors_size) as err:
-        lines = planner.results(job_id, start.next_index, pb.RESULT_KIND_ALL, unanswered=True)
-        for result in lines:
-            (err if result.is_error else out).write(result.line.encode() + b"\n")
-            counts[result.is_error] += 1
-            index = result.index + 1
-            if result.is_error and first_failure is None:
-                failure = failure_of(result.index, result.line)
-                first_failure = None if failure.code in UNANSWERED_CODES else failure
-        out.flush()
-        err.flush()
-        return Progress(index, out.tell(), err.tell(), counts[0], counts[1]), first_failure
+    lines = planner.results(job_id, start.next_index, pb.RESULT_KIND_ALL, unanswered=True)
+    for result in lines:
+        data = result.line.encode() + b"\n"
+        (err if result.is_error else out).write(data)
+        counts[result.is_error] += 1
+        sizes[result.is_error] += len(data)
+        index = result.index + 1
+        if result.is_error and first_failure is None:
+            failure = failure_of(result.index, result.line)
+            first_failure = None if failure.code in UNANSWERED_CODES else failure
+    return Progress(index, sizes[0], sizes[1], counts[0], counts[1]), first_failure
 
 
 def failure_of(index: int, line: str) -> Failure:
@@ -139,17 +151,23 @@ def _files_hold(at: Progress, output: Path, errors: Path) -> bool:
 
 def _read_marker(marker: Path, job_id: str) -> Progress:
     try:
-        fields = marker.read_text().split()
+        return parse_marker(marker.read_text(), job_id)
     except FileNotFoundError:
         return Progress()
+
+
+def parse_marker(text: str, job_id: str) -> Progress:
+    fields = text.split()
     if len(fields) != 6 or fields[0] != job_id or not all(f.isdigit() for f in fields[1:]):
         return Progress()  # another job's, or damaged: start both files over
     return Progress(*(int(f) for f in fields[1:]))
 
 
+def marker_text(job_id: str, at: Progress) -> str:
+    return f"{job_id} {at.next_index} {at.output_size} {at.errors_size} {at.outputs} {at.errors}"
+
+
 def _write_marker(marker: Path, job_id: str, at: Progress) -> None:
     partial = marker.with_name(marker.name + ".partial")
-    partial.write_text(
-        f"{job_id} {at.next_index} {at.output_size} {at.errors_size} {at.outputs} {at.errors}"
-    )
+    partial.write_text(marker_text(job_id, at))
     os.replace(partial, marker)

@@ -1,5 +1,6 @@
-"""A BatchJob's spec as a typed record: its input read into request lines, its paths confined to the
-shared volume, and its default sampling params merged into every request body."""
+"""A BatchJob's spec as a typed record: its input read into request lines (or, for `input.url`, left
+for the planner to read), its paths confined to the shared volume, its URLs checked, and its
+default sampling params merged into every request body."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from prefixgrove.request_defaults import with_body_defaults
+from prefixgrove.storage.locations import ObjectLocation, StorageError, errors_beside
+from prefixgrove_proto import planner_pb2 as pb
+
 # spec.sampling field -> OpenAI request body field
 _SAMPLING_FIELDS = {
     "maxTokens": "max_tokens",
@@ -24,6 +29,10 @@ _SAMPLING_FIELDS = {
     "stop": "stop",
     "ignoreEos": "ignore_eos",
 }
+INPUT_SOURCES = ("inline", "configMap", "path", "url")
+# what may stand beside input.url: how the object is read
+_URL_INPUT_FIELDS = {"format", "promptColumn", "messagesColumn", "idColumn"}
+INPUT_FORMATS = ("jsonl", "parquet")
 
 
 class InvalidSpec(ValueError):
@@ -60,13 +69,28 @@ def on_volume(root: str, path: Path) -> str:
 
 
 @dataclass(frozen=True)
+class UrlInput:
+    """`spec.input.url`: an object the planner reads, and how."""
+
+    url: str
+    format: str = "jsonl"
+    prompt_column: str = ""
+    messages_column: str = ""
+    id_column: str = ""
+
+
+@dataclass(frozen=True)
 class BatchJobSpec:
     model: str
-    output_path: Path
-    errors_path: Path
+    output_path: Path | None  # one of output_path and output_url is set
+    errors_path: Path | None
     inline: tuple[Mapping[str, Any], ...] = ()
     config_map: tuple[str, str] | None = None  # (name, key)
     input_path: Path | None = None
+    input_url: UrlInput | None = None
+    output_url: str = ""
+    errors_url: str = ""
+    credentials_secret: str = ""  # a Secret in the BatchJob's namespace: the store's credentials
     sampling: Mapping[str, Any] = field(default_factory=dict)
     volume_root: str = ""
     cancel: bool = False  # the owner asked for the job to stop
@@ -79,34 +103,51 @@ class BatchJobSpec:
         if not isinstance(model, str) or not model.strip():
             raise InvalidSpec("InvalidModel", f"spec.model must be a model name, got {model!r}")
         source = dict(spec.get("input") or {})
-        if len(source) != 1 or next(iter(source)) not in ("inline", "configMap", "path"):
-            raise InvalidSpec(
-                "InvalidInput",
-                f"spec.input must set exactly one of inline, configMap, path; got {sorted(source)}",
-            )
-        output = spec.get("output") or {}
-        if not output.get("path"):
-            raise InvalidSpec("InvalidOutput", "spec.output.path is required")
-        output_path = confine(volume_root, output["path"], "spec.output.path")
-        errors = output.get("errorsPath") or output["path"] + ".errors.jsonl"
         config_map = source.get("configMap")
+        secret = spec.get("credentialsSecret") or ""
+        if not isinstance(secret, str):
+            raise InvalidSpec("InvalidSpec", "spec.credentialsSecret must name a Secret")
         return cls(
             model=model,
-            output_path=output_path,
-            errors_path=confine(volume_root, errors, "spec.output.errorsPath"),
-            inline=tuple(source.get("inline") or ()),
+            **_outputs(spec.get("output") or {}, volume_root),
+            inline=tuple(_one_source(source).get("inline") or ()),
             config_map=(config_map["name"], config_map["key"]) if config_map else None,
             input_path=(
                 confine(volume_root, source["path"], "spec.input.path")
                 if "path" in source
                 else None
             ),
+            input_url=_url_input(source) if "url" in source else None,
+            credentials_secret=secret,
             sampling=_sampling_defaults(spec.get("sampling") or {}),
             volume_root=volume_root,
             cancel=bool(spec.get("cancel")),
             max_failed_ratio=_optional_float(spec, "maxFailedRatio"),
             queue_timeout_s=_optional_float(spec, "queueTimeoutSeconds"),
         )
+
+    @property
+    def output_name(self) -> str:
+        """The output as its owner names it: a URL, or a path on the shared volume."""
+        if self.output_path is None:
+            return self.output_url
+        return on_volume(self.volume_root, self.output_path)
+
+    @property
+    def errors_name(self) -> str:
+        if self.errors_path is None:
+            return self.errors_url
+        return on_volume(self.volume_root, self.errors_path)
+
+    def source(self, credentials: Mapping[str, str]) -> pb.InputSource:
+        """What the planner reads for `input.url`, the job's sampling defaults and credentials."""
+        assert self.input_url is not None
+        given = self.input_url
+        return pb.InputSource(
+            url=given.url, format=given.format, prompt_column=given.prompt_column,
+            messages_column=given.messages_column, id_column=given.id_column,
+            body_defaults_json=json.dumps(self.sampling), credentials=dict(credentials),
+        )  # fmt: skip
 
     def request_lines(self, core: client.CoreV1Api, namespace: str) -> Iterator[bytes]:
         """The job's OpenAI Batch request lines, sampling defaults merged in, blank lines dropped.
@@ -130,24 +171,59 @@ class BatchJobSpec:
         return _file_lines(self.input_path)
 
     def _with_defaults(self, raw: bytes) -> bytes:
-        if not self.sampling:
-            return raw
-        try:
-            request = json.loads(raw)
-        except ValueError:
-            return raw  # the planner reports the line as a per-request error
-        body = request.get("body") if isinstance(request, dict) else None
-        if not isinstance(body, dict):
-            return raw
-        chat = str(request.get("url", "")).endswith("/chat/completions")
-        for name, value in self.sampling.items():
-            if name == "logprobs":
-                _set_logprobs(body, value, chat)
-            elif name == "max_tokens" and "max_completion_tokens" in body:
-                continue
-            else:
-                body.setdefault(name, value)
-        return json.dumps(request, separators=(",", ":")).encode()
+        return with_body_defaults(raw, self.sampling)
+
+
+def _one_source(source: Mapping[str, Any]) -> Mapping[str, Any]:
+    named = [key for key in INPUT_SOURCES if key in source]
+    extra = set(source) - set(INPUT_SOURCES) - (_URL_INPUT_FIELDS if named == ["url"] else set())
+    if len(named) != 1 or extra:
+        raise InvalidSpec(
+            "InvalidInput",
+            f"spec.input must set exactly one of {', '.join(INPUT_SOURCES)}; got {sorted(source)}"
+            " (format, promptColumn, messagesColumn and idColumn go with url)",
+        )
+    return source
+
+
+def _url_input(source: Mapping[str, Any]) -> UrlInput:
+    url = _checked_url(source["url"], "spec.input.url")
+    given = UrlInput(url, source.get("format") or "jsonl", source.get("promptColumn") or "",
+                     source.get("messagesColumn") or "", source.get("idColumn") or "")  # fmt: skip
+    if given.format not in INPUT_FORMATS:
+        raise InvalidSpec(
+            "InvalidInput", f"spec.input.format {given.format!r} is not read: expected one of "
+            f"{', '.join(INPUT_FORMATS)}",
+        )  # fmt: skip
+    if given.format == "parquet" and bool(given.prompt_column) == bool(given.messages_column):
+        raise InvalidSpec(
+            "InvalidInput", "spec.input.format parquet needs one of promptColumn and messagesColumn"
+        )
+    return given
+
+
+def _outputs(output: Mapping[str, Any], volume_root: str) -> dict[str, Any]:
+    """The output and error files, on the volume (path, errorsPath) or in a bucket (url,
+    errorsUrl): one of the two kinds."""
+    if bool(output.get("path")) == bool(output.get("url")):
+        raise InvalidSpec("InvalidOutput", "spec.output must set one of path and url")
+    if output.get("url"):
+        url = _checked_url(output["url"], "spec.output.url")
+        errors = _checked_url(output.get("errorsUrl") or str(errors_beside(url)),
+                              "spec.output.errorsUrl")  # fmt: skip
+        return {"output_path": None, "errors_path": None, "output_url": url, "errors_url": errors}
+    errors = output.get("errorsPath") or output["path"] + ".errors.jsonl"
+    return {
+        "output_path": confine(volume_root, output["path"], "spec.output.path"),
+        "errors_path": confine(volume_root, errors, "spec.output.errorsPath"),
+    }
+
+
+def _checked_url(url: Any, what: str) -> str:
+    try:
+        return ObjectLocation.parse(str(url)).url
+    except StorageError as exc:
+        raise InvalidSpec("InvalidUrl", f"{what}: {exc}") from None
 
 
 def _optional_float(spec: Mapping[str, Any], name: str) -> float | None:
@@ -176,14 +252,6 @@ def _file_lines(path: Path) -> Iterator[bytes]:
     with path.open("rb") as lines:
         for line in lines:
             yield line.rstrip(b"\r\n")
-
-
-def _set_logprobs(body: dict[str, Any], count: int, chat: bool) -> None:
-    if not chat:
-        body.setdefault("logprobs", count)
-    elif "logprobs" not in body and "top_logprobs" not in body:
-        body["logprobs"] = True
-        body["top_logprobs"] = count
 
 
 def _config_map_text(core: client.CoreV1Api, namespace: str, name: str, key: str) -> str:

@@ -274,6 +274,14 @@ def test_operator_rbac_is_exactly_what_it_needs(scope: str) -> None:
     assert find(objects, "ClusterRole")["metadata"]["name"] == f"prefixgrove-{PREFIX}-operator"
 
 
+def test_the_operator_reads_only_the_credentials_secrets_the_values_name() -> None:
+    objects = template("--set", "operator.credentialsSecrets={bucket-creds,other-creds}")
+    role = _grants(find(objects, "Role")["rules"])
+    assert role == SCALE_GRANTS | BATCHJOB_GRANTS | {
+        ("", "secrets", "get", "bucket-creds,other-creds")
+    }
+
+
 def test_planner_and_worker_get_no_api_credentials() -> None:
     objects = template()
     for name in ("planner", "worker"):

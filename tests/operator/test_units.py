@@ -110,7 +110,7 @@ def test_spec_defaults_errors_path_beside_output(tmp_path: Path) -> None:
 
 
 def test_spec_needs_exactly_one_input(tmp_path: Path) -> None:
-    with pytest.raises(InvalidSpec, match=r"exactly one of inline, configMap, path; got \[\]"):
+    with pytest.raises(InvalidSpec, match=r"exactly one of inline, configMap, path, url; got \[\]"):
         BatchJobSpec.parse(_spec(input={}), str(tmp_path))
     with pytest.raises(InvalidSpec, match="got \\['inline', 'path'\\]"):
         BatchJobSpec.parse(_spec(input={"inline": [], "path": "a"}), str(tmp_path))

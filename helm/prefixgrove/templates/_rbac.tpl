@@ -17,4 +17,12 @@
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+{{- with .Values.operator.credentialsSecrets }}
+# spec.credentialsSecret: these Secrets alone are read, and handed to the planner and the writer of
+# the results; no other Secret is readable.
+- apiGroups: [""]
+  resources: [secrets]
+  resourceNames: {{ toJson . }}
+  verbs: [get]
+{{- end }}
 {{- end }}
