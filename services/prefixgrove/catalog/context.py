@@ -25,3 +25,15 @@ def context_limit(hf_config: Any, requested: int | None = None) -> int:
     if window:
         limit = min(limit, int(window))
     return min(requested, limit) if requested else limit
+
+
+def engine_context(hf_config: Any, requested: int | None, on_gpu: bool) -> int:
+    """The context an engine gives a request: `requested` (a max_model_len), else the model's
+    limit capped at 8192 tokens on a GPU and 2048 on the CPU (a KV cache that holds a batch of
+    such requests); ValueError when `requested` exceeds the model's limit."""
+    limit = context_limit(hf_config)
+    if requested is None:
+        return min(limit, 8192 if on_gpu else 2048)
+    if requested > limit:
+        raise ValueError(f"max_model_len={requested} exceeds what the model supports ({limit})")
+    return requested

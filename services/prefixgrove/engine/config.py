@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from prefixgrove.catalog.context import context_limit
+from prefixgrove.catalog.context import engine_context
 from prefixgrove.catalog.presets import load_hf_config
 from prefixgrove.engine_settings import EngineSettings, engine_settings
 
@@ -274,11 +274,10 @@ def _model_config(
     hf_config = load_hf_config(model)
     model_class(architecture_of(hf_config))  # refuses an unsupported architecture, naming it
     arch = ModelArch.from_hf_config(hf_config)
-    limit = context_limit(hf_config)
-    if max_model_len is None:
-        max_model_len = min(limit, 8192 if cuda else 2048)
-    elif max_model_len > limit:
-        raise ValueError(f"max_model_len={max_model_len} exceeds what {model} supports ({limit})")
+    try:
+        max_model_len = engine_context(hf_config, max_model_len, cuda)
+    except ValueError as exc:
+        raise ValueError(f"{model}: {exc}") from None
     # An FP8 checkpoint (compressed-tensors) runs as FP8 without being asked; None keeps it so.
     stored = checkpoint_quantization(hf_config)
     if stored is not None and quantization not in (None, stored):
