@@ -22,6 +22,7 @@ from prefixgrove.settings import (
     IngestSettings,
     LogSettings,
     PlannerSettings,
+    PlanSettings,
     SecuritySettings,
     WorkerSettings,
 )
@@ -92,6 +93,7 @@ _URLS = "a path, or an object's URL: s3://BUCKET/KEY, gs://BUCKET/KEY (docs/obje
 # and `serve worker` take every engine knob (EngineSettings), as `LLM(...)` does.
 SETTINGS: dict[tuple[str, ...], tuple[type, ...]] = {
     ("run",): (IngestSettings, EngineSettings),
+    ("plan",): (PlanSettings, IngestSettings, EngineSettings),
     ("serve", "planner"): (PlannerSettings, IngestSettings, SecuritySettings),
     ("serve", "worker"): (WorkerSettings, EngineSettings),
     **{(name,): (ClientSettings, SecuritySettings) for name in CLIENT_COMMANDS},
@@ -110,6 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     _global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True)
     _run_command(sub)
+    _plan_command(sub)
     serve = sub.add_parser("serve", help="serve the planner or a worker")
     roles = serve.add_subparsers(dest="role", required=True)
     _command(roles, ("serve", "planner"), "the planner (gRPC, and HTTP if --http-port)",
@@ -152,6 +155,18 @@ def _run_command(sub: Any) -> None:
     )
     run.add_argument("--sampling-json", default="{}",
                      help=parquet + "body fields for every row, as JSON")  # fmt: skip
+
+
+def _plan_command(sub: Any) -> None:
+    helptext = "predict a batch's time and cost before it runs (no device, no Redis)"
+    plan = _command(sub, ("plan",), helptext, _plan)
+    plan.add_argument("input", type=source_arg, help=f"OpenAI Batch JSONL; {_URLS}")
+    plan.add_argument(
+        "--model", required=True, help="a preset, a Hugging Face directory or a .gguf"
+    )
+    plan.add_argument("--served-model-name", nargs="+", default=[], metavar="NAME",
+                      help="the names lines call the model by, as `run` takes them; default: --model")  # fmt: skip
+    plan.add_argument("--json", action="store_true", help="print the plan as one JSON object")
 
 
 def _submit_command(sub: Any) -> None:
@@ -310,6 +325,21 @@ def _report(args: argparse.Namespace, summary: Any, output: Path | str, errors: 
         print(f"{len(summary.rerun)} answered before, run again: {rerun_text(summary.rerun)}")
     print(f"{summary.completed} completed, {summary.failed} failed of {summary.total} in "
           f"{summary.seconds:.1f}s ({rate:.1f} req/s); output {output}, errors {errors}")  # fmt: skip
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from prefixgrove.plan_job import plan_file
+    from prefixgrove.plan_report import plan_text
+
+    settings = cfg.load(PlanSettings, args)
+    planned = plan_file(args.input, args.model, cfg.load(IngestSettings, args),
+                        cfg.load(EngineSettings, args), settings, args.served_model_name)  # fmt: skip
+    if args.json:
+        print(json.dumps({**planned.estimate.as_dict(), "lines": planned.lines,
+                          "read_s": planned.read_s, "gpu": settings.gpu}))  # fmt: skip
+    else:
+        print(plan_text(planned.estimate, args.input, args.model, settings.gpu, planned.read_s))
+    return 0
 
 
 # --- services ----------------------------------------------------------------------------------

@@ -193,6 +193,10 @@ class PlannerSettings:
     http_port: int = 0
     # where files uploaded through the OpenAI Batch API are kept; empty: a folder in the temp dir
     data_dir: str = ""
+    # or a bucket (s3://BUCKET[/PREFIX], gs://...) all replicas share, instead of data_dir
+    files_url: str = field(default="", metadata={HELP: (
+        "a bucket for the OpenAI Batch API's files, s3://BUCKET[/PREFIX] or gs://BUCKET[/PREFIX], "
+        "shared by every replica; default: under --data-dir")})  # fmt: skip
     max_message_bytes: int = 64 << 20
     job_retention_s: int = 7 * 24 * 3600  # a finished job's keys expire after this; 0: kept
     # streaming calls (uploads, status --watch, submit --wait's results) served at once; the
@@ -226,6 +230,11 @@ class PlannerSettings:
             )
         positive(self, "max_streams")
         positive(self, "upload_idle_timeout_s", "stream_stall_timeout_s")
+        if self.files_url and not self.files_url.startswith(("s3://", "gs://")):
+            raise ValueError(
+                f"files_url={self.files_url!r} is invalid: expected s3://BUCKET[/PREFIX] or "
+                "gs://BUCKET[/PREFIX]"
+            )
         if self.parse_processes < 0:
             raise ValueError(
                 f"parse_processes={self.parse_processes} is invalid: expected >= 0 (0: automatic)"
@@ -249,6 +258,30 @@ class PlannerSettings:
     def files_dir(self) -> Path:
         """The folder of the files uploaded through the OpenAI Batch API."""
         return Path(self.data_dir or tempfile.gettempdir()) / "prefixgrove-files"
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """What `prefixgrove plan` plans for: the device kind the job runs on (every GPU kind is
+    predicted beside it), how many, the price of a device-hour, and an observed mean of output
+    tokens for the requests that may stop before max_tokens."""
+
+    gpu: str = field(default="h100", metadata={HELP: "the device kind: h100, h200, a100, l40s or cpu"})  # fmt: skip
+    gpus: int = field(default=1, metadata={HELP: "devices (replicas of tensor-parallel-size each)"})
+    price_per_gpu_hour: float | None = field(default=None, metadata={HELP: "prints the cost"})
+    mean_output_tokens: float | None = field(default=None, metadata={
+        HELP: "an observed mean (an earlier run's) for requests that may stop early; unset: "
+        "their max_tokens"})  # fmt: skip
+
+    def __post_init__(self) -> None:
+        from prefixgrove.costmodel.devices import device_kind
+
+        device_kind(self.gpu)
+        positive(self, "gpus")
+        for name in ("price_per_gpu_hour", "mean_output_tokens"):
+            value = getattr(self, name)
+            if value is not None and not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{name}={value} is invalid: expected a number >= 0")
 
 
 @dataclass(frozen=True)
