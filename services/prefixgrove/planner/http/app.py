@@ -18,17 +18,17 @@ from aiohttp.http_exceptions import BadHttpMessage
 
 from prefixgrove.planner.http.batches import MAX_LIST, Batches, is_result_file
 from prefixgrove.planner.http.errors import ApiError, not_found
-from prefixgrove.planner.http.files import READ_CHUNK, FileStore, PartialFile, file_object
+from prefixgrove.planner.http.files import READ_CHUNK, Files, PartialFile, file_object
 
 _BATCHES = web.AppKey("batches", Batches)
-_FILES = web.AppKey("files", FileStore)
+_FILES = web.AppKey("files", Files)  # type: ignore[type-abstract]
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _MAX_FIELD_BYTES = 1024  # an upload's form fields but its file
 _FILES_PAGE = 10_000  # files in one list answer, as OpenAI's API has it
 _BATCHES_PAGE = 20
 
 
-def build_app(batches: Batches, files: FileStore, token: str | None) -> web.Application:
+def build_app(batches: Batches, files: Files, token: str | None) -> web.Application:
     app = web.Application(middlewares=[_errors_middleware(), _token_middleware(token)])
     app[_BATCHES] = batches
     app[_FILES] = files
@@ -87,10 +87,13 @@ async def upload_file(request: web.Request) -> web.Response:
             raise ApiError(400, "the upload has no `file` part (multipart/form-data)")
         if form.purpose != "batch":
             raise ApiError(400, f"purpose {form.purpose!r} is not served: expected 'batch'")
-        return web.json_response(files.finish(form.upload, form.filename, form.purpose))
+        finished = await asyncio.to_thread(files.finish, form.upload, form.filename, form.purpose)
+        return web.json_response(finished)
     finally:
         if form.upload is not None:
-            files.discard(form.upload)  # a finished file was renamed away: only its lock goes
+            await asyncio.to_thread(
+                files.discard, form.upload
+            )  # a finished file was renamed away: only its lock goes
 
 
 @dataclass
@@ -102,7 +105,7 @@ class _Form:
     upload: PartialFile | None = None
 
 
-async def _read_form(request: web.Request, files: FileStore, form: _Form) -> None:
+async def _read_form(request: web.Request, files: Files, form: _Form) -> None:
     async for part in await _multipart(request):
         if not isinstance(part, BodyPartReader):
             continue
@@ -110,7 +113,7 @@ async def _read_form(request: web.Request, files: FileStore, form: _Form) -> Non
             form.purpose = await _small_text(part, "purpose")
         elif part.name == "file" and form.upload is None:
             form.filename = part.filename or "upload.jsonl"
-            form.upload = files.create()
+            form.upload = await asyncio.to_thread(files.create)
             await _copy(part, form.upload.handle)
 
 
@@ -136,8 +139,9 @@ async def _small_text(part: BodyPartReader, name: str) -> str:
 
 
 async def _copy(part: BodyPartReader, handle: BinaryIO) -> None:
+    # NOTE: off the loop: a write into a bucket's file uploads a part whenever one is full
     while chunk := await part.read_chunk(READ_CHUNK):
-        handle.write(chunk)
+        await asyncio.to_thread(handle.write, chunk)
 
 
 async def list_files(request: web.Request) -> web.Response:
@@ -168,7 +172,7 @@ def _limit(request: web.Request, default: int, most: int) -> int:
 async def retrieve_file(request: web.Request) -> web.Response:
     file_id = request.match_info["file_id"]
     if not is_result_file(file_id):
-        return web.json_response(request.app[_FILES].get(file_id))
+        return web.json_response(await asyncio.to_thread(request.app[_FILES].get, file_id))
     return web.json_response(await asyncio.to_thread(_result_file_object, request, file_id))
 
 
@@ -186,7 +190,7 @@ async def file_content(request: web.Request) -> web.StreamResponse:
         _, lines = await asyncio.to_thread(request.app[_BATCHES].result_lines, file_id)
         chunks = _joined(lines)
     else:
-        request.app[_FILES].get(file_id)  # missing: 404 before the answer starts
+        await asyncio.to_thread(request.app[_FILES].get, file_id)  # missing: 404 before the answer
         chunks = request.app[_FILES].chunks(file_id)
     response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
     await response.prepare(request)
@@ -214,7 +218,7 @@ async def delete_file(request: web.Request) -> web.Response:
     file_id = request.match_info["file_id"]
     if is_result_file(file_id):
         raise ApiError(400, f"file {file_id} is a batch's results: it goes with its batch")
-    return web.json_response(request.app[_FILES].delete(file_id))
+    return web.json_response(await asyncio.to_thread(request.app[_FILES].delete, file_id))
 
 
 # --- batches --------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from prefixgrove.input_lines import line_batches
 from prefixgrove.jobs.redis_store import schema
 from prefixgrove.jobs.redis_store.schema import JobRecord, JobState
 from prefixgrove.planner.http.errors import ApiError, ServiceCall, not_found
-from prefixgrove.planner.http.files import FileStore
+from prefixgrove.planner.http.files import Files
 from prefixgrove.planner.service import PlannerService
 from prefixgrove_proto import planner_pb2 as pb
 
@@ -43,9 +43,7 @@ _RESULT_FILES = {"output": pb.RESULT_KIND_OUTPUT, "errors": pb.RESULT_KIND_ERROR
 class Batches:
     """Creates, reads, lists and cancels batches; `feeders` stream inputs into their jobs."""
 
-    def __init__(
-        self, service: PlannerService, files: FileStore, feeders: ThreadPoolExecutor
-    ) -> None:
+    def __init__(self, service: PlannerService, files: Files, feeders: ThreadPoolExecutor) -> None:
         self.service = service
         self.files = files
         self.feeders = feeders
@@ -53,7 +51,7 @@ class Batches:
     def create(self, body: dict[str, Any]) -> dict[str, Any]:
         """A job for the batch, its input streaming in behind the answer (status `validating`)."""
         metadata = _checked_request(body)
-        input_path = self.files.path(body["input_file_id"])
+        input_path = self.files.source(body["input_file_id"])
         metadata |= {INPUT_FILE_KEY: body["input_file_id"], ENDPOINT_KEY: body["endpoint"]}
         created = self.service.CreateJob(pb.CreateJobRequest(metadata=metadata), ServiceCall())
         self.feeders.submit(self._feed, created.id, input_path)
@@ -104,7 +102,7 @@ class Batches:
             raise not_found("file", file_id)
         return _RESULT_FILES[name], job
 
-    def _feed(self, job_id: str, input_path: Path) -> None:
+    def _feed(self, job_id: str, input_path: Path | str) -> None:
         """Streams the input into the job and seals it; a refused input fails the job, and its
         record says why (the batch's `errors`)."""
         call = ServiceCall()
@@ -202,7 +200,7 @@ def _checked_request(body: dict[str, Any]) -> dict[str, str]:
     return dict(metadata)
 
 
-def _chunks(job_id: str, path: Path, max_line_bytes: int) -> Iterator[pb.AddRequestsChunk]:
+def _chunks(job_id: str, path: Path | str, max_line_bytes: int) -> Iterator[pb.AddRequestsChunk]:
     """The file's lines in chunks of about 1 MiB, read in bounded memory (a line over the limit
     is never held whole: input_lines.py); an empty file still sends one chunk."""
     batches = line_batches(path, max_line_bytes, max_lines=_CHUNK_LINES, max_bytes=_CHUNK_BYTES)

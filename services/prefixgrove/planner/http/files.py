@@ -1,4 +1,5 @@
-"""The files uploaded through the OpenAI Batch API, kept on the planner's disk.
+"""The files uploaded through the OpenAI Batch API: what a store of them does (Files), and the
+one kept on the planner's disk (FileStore; object_files.py keeps them in a bucket).
 
 Layout under `root`: `<file id>` holds the content, `<file id>.json` the file object OpenAI's
 clients read (id, bytes, created_at, filename, purpose). A file is written under a temporary name
@@ -18,7 +19,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 from prefixgrove.planner.http.errors import not_found
 
@@ -32,6 +33,25 @@ class PartialFile:
 
     id: str
     handle: BinaryIO
+
+
+class Files(Protocol):
+    """Uploaded files: a listed file is always whole, and an upload a planner left half-way is
+    dropped (`reclaim_partials`) without touching the uploads other replicas are writing."""
+
+    root: Path | str  # where they are, as the planner's log names it
+
+    def create(self) -> PartialFile: ...
+    def finish(self, upload: PartialFile, filename: str, purpose: str) -> dict[str, Any]: ...
+    def discard(self, upload: PartialFile) -> None: ...
+    def reclaim_partials(self) -> list[str]: ...
+    def get(self, file_id: str) -> dict[str, Any]: ...
+    def list(self) -> list[dict[str, Any]]: ...
+    def source(self, file_id: str) -> Path | str:
+        """The file's content as the input readers take it: a path, or an object's URL."""
+
+    def chunks(self, file_id: str) -> Iterator[bytes]: ...
+    def delete(self, file_id: str) -> dict[str, Any]: ...
 
 
 class FileStore:
@@ -87,7 +107,7 @@ class FileStore:
         return self.root / f".{file_id}.partial"
 
     def get(self, file_id: str) -> dict[str, Any]:
-        meta = self.root / f"{_checked(file_id)}.json"
+        meta = self.root / f"{checked_id(file_id)}.json"
         if not meta.exists() or not (self.root / file_id).exists():
             raise not_found("file", file_id)
         return dict(json.loads(meta.read_text()))
@@ -102,12 +122,12 @@ class FileStore:
                 continue
         return sorted(objects, key=lambda o: (-o["created_at"], o["id"]))
 
-    def path(self, file_id: str) -> Path:
+    def source(self, file_id: str) -> Path:
         self.get(file_id)
         return self.root / file_id
 
     def chunks(self, file_id: str) -> Iterator[bytes]:
-        with self.path(file_id).open("rb") as f:
+        with self.source(file_id).open("rb") as f:
             while chunk := f.read(READ_CHUNK):
                 yield chunk
 
@@ -126,7 +146,7 @@ def file_object(
             "status_details": None}  # fmt: skip
 
 
-def _checked(file_id: str) -> str:
+def checked_id(file_id: str) -> str:
     """An id names a file in `root` and nothing outside it."""
     if not file_id.startswith("file-") or not file_id[5:].replace("-", "").isalnum():
         raise not_found("file", file_id)

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from prefixgrove.planner.http.app import build_app
 from prefixgrove.planner.http.batches import Batches
-from prefixgrove.planner.http.files import FileStore
+from prefixgrove.planner.http.files import Files, FileStore
 from prefixgrove.planner.service import PlannerService
 from prefixgrove.settings import PlannerSettings, SecuritySettings
 
@@ -53,7 +53,7 @@ class HttpApi:
 def start_http_api(
     service: PlannerService, planner: PlannerSettings, security: SecuritySettings
 ) -> HttpApi:
-    files = FileStore(planner.files_dir)
+    files = _file_store(planner)
     feeders = ThreadPoolExecutor(_FEEDERS, thread_name_prefix="batch-feed")
     app = build_app(Batches(service, files, feeders), files, security.auth_token)
     api = HttpApi(web.AppRunner(app, access_log=None), feeders)
@@ -62,6 +62,18 @@ def start_http_api(
     log.info("OpenAI Batch API on %s://%s:%d/v1 (files in %s)",
              "https" if tls else "http", planner.host, api.port, files.root)  # fmt: skip
     return api
+
+
+def _file_store(planner: PlannerSettings) -> Files:
+    """The uploaded files: in the bucket of --files-url (every replica shares them), else on the
+    planner's disk under --data-dir."""
+    if not planner.files_url:
+        return FileStore(planner.files_dir)
+    from prefixgrove import settings as cfg
+    from prefixgrove.planner.http.object_files import ObjectFileStore
+    from prefixgrove.settings import StorageSettings
+
+    return ObjectFileStore(planner.files_url, cfg.load(StorageSettings).object_part_bytes)
 
 
 def tls_context(security: SecuritySettings) -> ssl.SSLContext | None:
