@@ -8,8 +8,9 @@ With --continuation greedy the unquantized engine continues greedily instead (as
 does): top-1 agreement on the model's own most likely text, and the mean log p(x) - log q(x) of the
 token that follows, which is then no longer an estimate of the KL.
 
-Variants: `weights` (quantization="fp8"), and with --kv, `kv` (kv_cache_dtype="fp8") and `both`.
-Prints one JSON line per variant.
+Variants: `weights` (quantization="fp8": weights per output channel, activations per token); with
+--blocks, `blocks` (the same with fp8_block_scales=True: 128x128 weight blocks, activations per token
+and 128 columns); with --kv, `kv` (kv_cache_dtype="fp8") and `both`. Prints one JSON line per variant.
 
   python3 fp8_agreement.py --prompts 32 --tokens 64            # 2,048 positions
 """
@@ -27,6 +28,7 @@ VARIANTS = {
     "weights": {"quantization": "fp8"},
     "kv": {"kv_cache_dtype": "fp8"},
     "both": {"quantization": "fp8", "kv_cache_dtype": "fp8"},
+    "blocks": {"quantization": "fp8", "fp8_block_scales": True},
 }
 
 
@@ -54,6 +56,7 @@ def main() -> None:
         "--dtype", default="auto", help="the unquantized model's (and FP8's activations)"
     )
     ap.add_argument("--kv", action="store_true", help="also kv_cache_dtype='fp8' alone and both")
+    ap.add_argument("--blocks", action="store_true", help="also fp8_block_scales=True")
     ap.add_argument("--continuation", choices=["sampled", "greedy"], default="sampled")
     args = ap.parse_args()
     from prefixgrove import LLM, SamplingParams
@@ -70,7 +73,12 @@ def main() -> None:
     ref = prompt_scores(base, sequences)
     dtype = str(base.engine.config.model.dtype).removeprefix("torch.")
     del base
-    for variant in ["weights", "kv", "both"] if args.kv else ["weights"]:
+    variants = [
+        "weights",
+        *(["blocks"] if args.blocks else []),
+        *(["kv", "both"] if args.kv else []),
+    ]
+    for variant in variants:
         llm = LLM(args.model, dtype=args.dtype, enable_prefix_caching=False, **VARIANTS[variant])
         emit({"benchmark": "fp8_agreement", "model": args.model, "device": device_name(),
               "variant": variant, "dtype": dtype, "continuation": args.continuation,

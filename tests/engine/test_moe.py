@@ -78,3 +78,23 @@ def test_a_transformers_5_stacked_checkpoint_loads_as_the_published_one(
     assert token_ids(run(engine(str(tmp_path)), PROMPTS, params)) == token_ids(
         run(engine(qwen3_moe), PROMPTS, params)
     )
+
+
+def test_a_compressed_tensors_checkpoint_keeps_its_experts_codes_and_scales(
+    qwen3_moe: str, tmp_path: Path
+) -> None:
+    """Experts stored in e4m3 under one scale per projection run on those very codes and scales,
+    each projection's scale over its rows (not quantized again per channel)."""
+    from safetensors.torch import load_file
+    from test_fp8 import write_compressed_tensors
+
+    stored = write_compressed_tensors(qwen3_moe, tmp_path / "fp8", per_tensor=("experts",))
+    block = _sparse(engine(stored))
+    tensors = load_file(str(Path(stored) / "model.safetensors"))
+    prefix = "model.layers.0.mlp.experts.5"
+    down = tensors[f"{prefix}.down_proj.weight"]
+    assert torch.equal(block.experts_down[5].view(torch.uint8), down.view(torch.uint8))
+    assert block.experts_gate_up_scale is not None
+    for half, proj in ((slice(0, 64), "gate_proj"), (slice(64, 128), "up_proj")):
+        scale = tensors[f"{prefix}.{proj}.weight_scale"]
+        assert torch.equal(block.experts_gate_up_scale[5, half], scale.expand(64))
