@@ -243,7 +243,24 @@ def fit_recorded(model: str, folder: Path) -> dict[str, dict[str, Any]]:
         for kind in sorted({f.kind for f in figures}):
             rows[f"{kind}/{dtype}"] = {**coefficients, "source": f"RESULTS.md: {sources}"}
         report(figures, matrix, seconds, coefficients)
+        held_out(figures, matrix, seconds, keep)
     return rows
+
+
+def held_out(figures: list[Recorded], matrix: list[list[float]], seconds: list[float],
+             fixed: dict[str, float] | None) -> None:  # fmt: skip
+    """Each figure predicted by a fit to the others (where the others are more than the
+    coefficients fitted): the error on a run the fit did not see."""
+    unknown = len(FEATURES) - len(fixed or {})
+    if len(figures) - 1 <= unknown:
+        return
+    for i, figure in enumerate(figures):
+        rest = [j for j in range(len(figures)) if j != i]
+        c = fit([matrix[j] for j in rest], [seconds[j] for j in rest], fixed)
+        predicted = sum(c[name] * value for name, value in zip(FEATURES, matrix[i], strict=True))
+        emit({"held_out": figure.source, "kind": figure.kind, "measured_s": round(seconds[i], 2),
+              "predicted_s": round(predicted, 2),
+              "error": round(predicted / seconds[i] - 1, 4)})  # fmt: skip
 
 
 def report(figures: list[Recorded], matrix: list[list[float]], seconds: list[float], c: dict[str, float]) -> None:  # fmt: skip
