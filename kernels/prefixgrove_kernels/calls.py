@@ -3,7 +3,10 @@ and the torch reference of a kernel take the same arguments, so one of them (or 
 holds the parameter list and the others take it over (`takes_arguments_of`).
 
 The attention kernels' records share `AttentionCall`: the queries, the paged cache (in q's dtype, or
-FP8 with k_scale and v_scale) and the softmax scale; each kernel's docstring explains the rest.
+FP8 with k_scale and v_scale), the softmax scale and a layer's score shaping: `softcap` (Gemma 2's
+attention-logit soft-capping: a score x becomes softcap * tanh(x / softcap), 0 for none) and
+`window` (a sliding window: the query at position p sees keys k with p - k < window, 0 for all);
+each kernel's docstring explains the rest.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ class AttentionCall:
     scale: float
     k_scale: torch.Tensor | None = None
     v_scale: torch.Tensor | None = None
+    softcap: float = 0.0
+    window: int = 0
 
     def check(self, kernel: bool) -> tuple[int, tuple[torch.Tensor, torch.Tensor]]:
         """Checks what every attention kernel takes; returns (the GQA ratio, the launch's scale
@@ -54,6 +59,7 @@ class AttentionCall:
         group = checks.check_kv_cache(self.q, self.k_cache, self.v_cache)
         scales = checks.kv_scale_args(self.q.device, self.k_cache, self.k_scale, self.v_scale)
         checks.check_scale(self.scale)
+        checks.check_score_shaping(self.softcap, self.window)
         return group, scales
 
 
@@ -80,6 +86,9 @@ class PrefixCall(AttentionCall):
     num_splits: int | None = None
     suffix_chunks: SuffixChunks | None = None
     tile_rows: int | None = None
+    # The step's sequences as the paged kernel takes them (rows as q's), which give each row its
+    # position: needed with a window (suffix_chunks' seqs serve when given)
+    query_seqs: PagedMetadata | None = None
 
 
 @dataclass(frozen=True, eq=False, slots=True)

@@ -45,11 +45,12 @@ from prefixgrove_kernels.paged_attention import (
     score_masked_tile,
     score_queries,
     scores,
+    softcap_factors,
     table_chunk,
     tile_options,
     tile_tier,
 )
-from prefixgrove_kernels.reference_math import attend, fp8_query_values, gather_keys
+from prefixgrove_kernels.reference_math import attend, causal_window, fp8_query_values, gather_keys
 from prefixgrove_kernels.segments import find_owner, search_segments, segment_begin
 
 __all__ = [
@@ -88,18 +89,11 @@ def group_row_tile(
 
 
 @triton.jit
-def attend_suffix_chunks(
-    q, q_scale, k_ptr, v_ptr, v_scale, cu_q_ptr, seq_lens_ptr, kv_start_ptr, seq_tables_ptr, num_seqs,
-    first, end, token, row_valid, kv_head, dims, scale_log2, m_i, l_i, acc,
-    stride_kb, stride_ks, stride_kh, stride_st,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PV_DTYPE: tl.constexpr,
-):  # fmt: skip
-    """Folds the own keys of the suffix chunks among query tokens [first, end) into their rows'
-    online softmax: each row of such a chunk sees its sequence's keys [kv_start, its position],
-    causally, and no other sequence's. The tile's tokens belong to consecutive sequences (a 32-token
-    tile of 200-token chunks: one or two), walked one after the other. Returns (m, l, acc) and the
-    rows that belong to suffix chunks."""
+def row_sequences(cu_q_ptr, seq_lens_ptr, num_seqs, first, end, token, row_valid):
+    """Where query tokens [first, end) (a tile's; `token`: each row's) sit among the step's
+    sequences: the tile's first and last sequence, and each row's sequence, first token, query count
+    and position. The tile's tokens belong to consecutive sequences (a 32-token tile of 200-token
+    chunks: one or two)."""
     s_first = find_owner(cu_q_ptr, first, num_seqs)
     s_last = find_owner(cu_q_ptr, end - 1, num_seqs)
     row_seq = tl.zeros_like(token).to(tl.int32) + s_first
@@ -107,11 +101,30 @@ def attend_suffix_chunks(
         row_seq += (token >= tl.load(cu_q_ptr + s)).to(tl.int32)
     row_begin = tl.load(cu_q_ptr + row_seq, mask=row_valid, other=0)
     row_q_len = tl.load(cu_q_ptr + row_seq + 1, mask=row_valid, other=0) - row_begin
+    row_len = tl.load(seq_lens_ptr + row_seq, mask=row_valid, other=0)
+    row_pos = row_len - row_q_len + (token - row_begin).to(tl.int32)
+    return s_first, s_last, row_seq, row_begin, row_q_len, row_pos
+
+
+@triton.jit
+def attend_suffix_chunks(
+    q, q_scale, k_ptr, v_ptr, v_scale, cu_q_ptr, seq_lens_ptr, kv_start_ptr, seq_tables_ptr, num_seqs,
+    first, end, token, row_valid, kv_head, dims, scale_log2, m_i, l_i, acc,
+    stride_kb, stride_ks, stride_kh, stride_st, cap_in, cap_out, window,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PV_DTYPE: tl.constexpr, SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr,
+):  # fmt: skip
+    """Folds the own keys of the suffix chunks among query tokens [first, end) into their rows'
+    online softmax: each row of such a chunk sees its sequence's keys [kv_start, its position],
+    causally (within the window with HAS_WINDOW), and no other sequence's; the tile's sequences
+    are walked one after the other. Returns (m, l, acc) and the rows that belong to suffix
+    chunks."""
+    s_first, s_last, row_seq, row_begin, row_q_len, row_pos = row_sequences(
+        cu_q_ptr, seq_lens_ptr, num_seqs, first, end, token, row_valid
+    )
     row_kv_start = tl.load(kv_start_ptr + row_seq, mask=row_valid, other=0)
     in_seq = (token - row_begin) < row_q_len  # not a padding row past the last sequence
     chunk_rows = row_valid & in_seq & is_suffix_chunk(row_kv_start, row_q_len)
-    row_len = tl.load(seq_lens_ptr + row_seq, mask=row_valid, other=0)
-    row_pos = row_len - row_q_len + (token - row_begin).to(tl.int32)
     for s in range(s_first, s_last + 1):
         begin = tl.load(cu_q_ptr + s)
         q_len = tl.load(cu_q_ptr + s + 1) - begin
@@ -124,11 +137,14 @@ def attend_suffix_chunks(
             for tile in range(kv_lo // BLOCK_N, tl.cdiv(kv_hi, BLOCK_N)):
                 sc, keys, key_valid, kv_offs = score_masked_tile(
                     q, q_scale, k_ptr, table_row, tile, kv_lo, kv_hi, kv_head, dims,
-                    stride_kb, stride_ks, stride_kh, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
+                    stride_kb, stride_ks, stride_kh, cap_in, cap_out, BLOCK_SIZE, BLOCK_N,
+                    DOT_PRECISION, SOFTCAP,
                 )  # fmt: skip
                 allowed = (
                     key_valid[None, :] & rows_of_s[:, None] & (keys[None, :] <= row_pos[:, None])
                 )
+                if HAS_WINDOW:
+                    allowed &= keys[None, :] > row_pos[:, None] - window
                 sc = tl.where(allowed, sc, float("-inf"))
                 m_i, l_i, acc = online_softmax_step(
                     sc, scale_log2, v_ptr, v_scale, kv_offs, dims, key_valid, m_i, l_i, acc, True,
@@ -163,6 +179,8 @@ def _prefix_attention_kernel(
     num_splits,  # programs per (group tile, kv head) along the prefix (a runtime int: no recompiles)
     num_seqs,
     scale_log2,
+    softcap,  # > 0 with SOFTCAP
+    window,  # > 0 with HAS_WINDOW: a row at position p sees keys k with p - k < window
     stride_qt,
     stride_qh,
     stride_kb,
@@ -181,6 +199,8 @@ def _prefix_attention_kernel(
     TABLE_CHUNK: tl.constexpr,
     SUFFIX_CHUNKS: tl.constexpr,  # finish suffix chunks here (see prefix_attention)
     DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,  # the rows' positions come from the step's sequences (cu_q_ptr, ...)
 ):
     kv_head, split, seg_begin, seg_len, q_tile, group, is_group = group_row_tile(
         group_cu_ptr, num_groups, num_tokens, num_heads, num_splits, NUM_QUERIES_PER_KV, BLOCK_Q
@@ -206,7 +226,10 @@ def _prefix_attention_kernel(
     # the scores' scale), and the value tiles are scaled here, not folded: this pass is bound by its
     # dots over a whole group's rows, and measures faster so (see paged_attention's docstring).
     scale_log2, v_scale = fold_kv_scales(scale_log2, k_scale_ptr, v_scale_ptr, k_ptr)
+    cap_in, cap_out, scale_log2 = softcap_factors(scale_log2, softcap, SOFTCAP)
     q_dot, q_scale = score_queries(q, k_ptr, BLOCK_M)
+    first = seg_begin + q_tile * BLOCK_Q
+    end = seg_begin + tl.minimum((q_tile + 1) * BLOCK_Q, seg_len)  # one past the tile's last
 
     num_tiles = tl.cdiv(prefix_len, BLOCK_N)
     tiles_per_split = tl.cdiv(num_tiles, num_splits)
@@ -221,19 +244,33 @@ def _prefix_attention_kernel(
     # registers a chunk at a time, see attend_whole_tiles); a prefix that ends inside a tile leaves
     # that one tile to the masked step after the loop.
     full_hi = tl.minimum(tile_hi, prefix_len // BLOCK_N)
+    masked_lo = tl.maximum(tile_lo, full_hi)
+    row_lo = tl.zeros([BLOCK_M], tl.int32)  # each row's first key in its window
+    if HAS_WINDOW:
+        # The rows (of several sequences) see prefix keys from different places: every tile takes
+        # the masked loop, from the tile holding the lowest row's first key.
+        row_pos = row_sequences(cu_q_ptr, seq_lens_ptr, num_seqs, first, end, token, row_valid)[5]
+        row_lo = row_pos - window + 1
+        full_hi = tile_lo
+        lowest = tl.min(tl.where(row_valid, row_lo, prefix_len), 0)
+        masked_lo = tl.maximum(tile_lo, tl.maximum(lowest, 0) // BLOCK_N)
     m_i, l_i, acc = attend_whole_tiles(
         q_dot, q_scale, k_ptr, v_ptr, v_scale, table_row, tile_lo, full_hi, prefix_blocks,
-        kv_head, dims, scale_log2, m_i, l_i, acc, stride_kb, stride_ks, stride_kh,
-        BLOCK_SIZE, BLOCK_N, TABLE_CHUNK, DOT_PRECISION, q.dtype,
+        kv_head, dims, scale_log2, m_i, l_i, acc, stride_kb, stride_ks, stride_kh, cap_in, cap_out,
+        BLOCK_SIZE, BLOCK_N, TABLE_CHUNK, DOT_PRECISION, q.dtype, SOFTCAP,
     )  # fmt: skip
-    for tile in range(tl.maximum(tile_lo, full_hi), tile_hi):  # at most one: the prefix's last
+    for tile in range(masked_lo, tile_hi):  # at most one (the prefix's last) without a window
         keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         key_valid = keys < prefix_len
         block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0)
         kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
         kv_offs += kv_head * stride_kh
         k = load_keys(k_ptr, kv_offs, dims, key_valid, True, q_dot.dtype)
-        s = tl.where(key_valid[None, :], scores(q_dot, q_scale, k, DOT_PRECISION), float("-inf"))
+        s = scores(q_dot, q_scale, k, cap_in, cap_out, DOT_PRECISION, SOFTCAP)
+        allowed = key_valid[None, :]
+        if HAS_WINDOW:
+            allowed = allowed & (keys[None, :] >= row_lo[:, None])
+        s = tl.where(allowed, s, float("-inf"))
         m_i, l_i, acc = online_softmax_step(
             s, scale_log2, v_ptr, v_scale, kv_offs, dims, key_valid, m_i, l_i, acc, True,
             DOT_PRECISION, q.dtype,
@@ -243,13 +280,11 @@ def _prefix_attention_kernel(
     if SUFFIX_CHUNKS:
         # The rows of suffix chunks go on to their own keys in the same online softmax, and their
         # output is final; every other row leaves its prefix state for the suffix pass as before.
-        first = seg_begin + q_tile * BLOCK_Q
-        end = seg_begin + tl.minimum((q_tile + 1) * BLOCK_Q, seg_len)  # one past the tile's last
         m_i, l_i, acc, chunk_rows = attend_suffix_chunks(
             q_dot, q_scale, k_ptr, v_ptr, v_scale, cu_q_ptr, seq_lens_ptr, kv_start_ptr,
             seq_tables_ptr, num_seqs, first, end, token, row_valid, kv_head, dims, scale_log2, m_i,
-            l_i, acc, stride_kb, stride_ks, stride_kh, stride_st, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
-            q.dtype,
+            l_i, acc, stride_kb, stride_ks, stride_kh, stride_st, cap_in, cap_out, window,
+            BLOCK_SIZE, BLOCK_N, DOT_PRECISION, q.dtype, SOFTCAP, HAS_WINDOW,
         )  # fmt: skip
         state_rows = row_valid & ~chunk_rows
     o, has_keys = finish_rows(acc, l_i, None, k_ptr)
@@ -320,16 +355,27 @@ def default_num_splits(
 def _check_prefix_args(
     call: PrefixCall, kernel: bool = True
 ) -> tuple[int, int, int, tuple[torch.Tensor, torch.Tensor]]:
-    """Validates on the host; returns (num_groups, GQA ratio, suffix chunks' sequences or 0, the
-    launch's scale arguments: `checks.kv_scale_args`). kernel: as `checks.check_queries`."""
+    """Validates on the host; returns (num_groups, GQA ratio, the sequences of `_query_seqs` or 0,
+    the launch's scale arguments: `checks.kv_scale_args`). kernel: as `checks.check_queries`."""
     group, scales = call.check(kernel)
     q, groups, suffix_chunks = call.q, call.groups, call.suffix_chunks
     num_groups = checks.check_segments(
         q, "group_cu_q", groups.group_cu_q, {"group_prefix_lens": groups.group_prefix_lens},
         "group_block_tables", groups.group_block_tables, "max_group_q", groups.max_group_q,
     )  # fmt: skip
+    if call.window and _query_seqs(call) is None:
+        raise ValueError(
+            f"window={call.window} needs query_seqs (or suffix_chunks): each row's position"
+        )
     if suffix_chunks is None:
-        return num_groups, group, 0, scales
+        if call.query_seqs is None:
+            return num_groups, group, 0, scales
+        seqs = call.query_seqs
+        num_seqs = checks.check_segments(
+            q, "query_seqs.cu_seqlens_q", seqs.cu_seqlens_q, {"query_seqs.seq_lens": seqs.seq_lens},
+            "query_seqs.block_tables", seqs.block_tables, "num_tokens", q.shape[0],
+        )  # fmt: skip
+        return num_groups, group, num_seqs, scales
     chunks = suffix_chunks.seqs
     if chunks.kv_start is None:
         raise ValueError("suffix_chunks.seqs needs kv_start (suffix chunks are grouped sequences)")
@@ -340,6 +386,11 @@ def _check_prefix_args(
         "suffix_chunks.block_tables", chunks.block_tables, "num_tokens", q.shape[0],
     )  # fmt: skip
     return num_groups, group, num_seqs, scales
+
+
+def _query_seqs(call: PrefixCall) -> PagedMetadata | None:
+    """The step's sequences the call gives (suffix chunks' or query_seqs), which place its rows."""
+    return call.suffix_chunks.seqs if call.suffix_chunks is not None else call.query_seqs
 
 
 def _outputs(call: PrefixCall) -> tuple[torch.Tensor, torch.Tensor]:
@@ -408,17 +459,25 @@ def prefix_attention_launches(
     else:
         part_o = torch.empty((num_splits, *q.shape), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((num_splits, *q.shape[:2]), dtype=torch.float32, device=q.device)
-    # Without suffix chunks their pointers are never read: tensors of the call stand in.
-    chunks_out, chunks = suffix_chunks or (part_o, _stand_in_seqs(groups))
+    # Without suffix chunks (and a window) their pointers are never read: the call's tensors stand
+    # in.
+    seqs = _query_seqs(call)
+    chunks_out = part_o if suffix_chunks is None else suffix_chunks.out
+    chunks = _stand_in_seqs(groups) if seqs is None else seqs
     args = (
         q, k_cache, call.v_cache, *scales, part_o, part_lse,
         groups.group_cu_q, groups.group_prefix_lens, groups.group_block_tables,
-        chunks_out, chunks.cu_seqlens_q, chunks.seq_lens, chunks.kv_start, chunks.block_tables,
+        chunks_out, chunks.cu_seqlens_q, chunks.seq_lens,
+        chunks.kv_start if chunks.kv_start is not None else chunks.seq_lens, chunks.block_tables,
         num_groups, num_tokens, num_heads, num_splits, num_seqs, call.scale * LOG2E,
+        float(call.softcap), call.window,
         q.stride(0), q.stride(1), *cache_strides(k_cache), groups.group_block_tables.stride(0),
         chunks_out.stride(0), chunks_out.stride(1), chunks.block_tables.stride(0),
     )  # fmt: skip
-    options = _prefix_options(q, k_cache, group, block_m, block_n, num_seqs > 0)
+    options = _prefix_options(q, k_cache, group, block_m, block_n, suffix_chunks is not None) | {
+        "SOFTCAP": call.softcap > 0,
+        "HAS_WINDOW": call.window > 0,
+    }
     grid = ((num_tokens // block_q + num_groups + 2) * num_splits * num_kv_heads,)
     launches = [KernelLaunch(_prefix_attention_kernel, grid, args, options)]
     if num_splits > 1:
@@ -458,6 +517,10 @@ def prefix_attention(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Ten
     suffix_chunks.out; (o_p, lse_p) of those rows are then left unwritten, and the paged kernel's
     suffix pass (skip_suffix_chunks) takes the other rows. This saves writing and reading back the
     chunks' prefix state and a pass of programs over their few hundred own keys (one split only).
+    softcap caps the scores as `paged_attention` does; with window > 0 a row at position p sees the
+    prefix keys k with p - k < window only, the positions taken from query_seqs (the step's
+    sequences, rows as q's; suffix_chunks' seqs when given): a prefix longer than the window is
+    masked where it falls outside it, and a row that sees none of it gets an empty state (lse -inf).
     The grid depends on host ints only, so the call can be captured in a CUDA graph.
     """
     launches, out, out_lse = prefix_attention_launches(*args, **kwargs)
@@ -478,18 +541,36 @@ def prefix_attention_ref(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch
     cu = groups.group_cu_q.tolist()
     prefix_lens = groups.group_prefix_lens.tolist()
     queries = fp8_query_values(q) if k_cache.dtype == checks.FP8_KV_DTYPE else q
+    positions = _row_positions(call)
     for g in range(num_groups):
         if cu[g + 1] == cu[g] or prefix_lens[g] == 0:
             continue
         table = groups.group_block_tables[g]
         k, v = gather_keys(k_cache, v_cache, table, 0, prefix_lens[g], call.k_scale, call.v_scale)
+        rows = slice(cu[g], cu[g + 1])
         allowed = torch.ones(cu[g + 1] - cu[g], k.shape[0], dtype=torch.bool, device=q.device)
-        out[cu[g] : cu[g + 1]], out_lse[cu[g] : cu[g + 1]] = attend(
-            queries[cu[g] : cu[g + 1]], k, v, call.scale, allowed
-        )
+        if positions is not None:  # prefix keys precede every row: the window alone masks
+            key_pos = torch.arange(k.shape[0], device=q.device)
+            allowed = causal_window(positions[rows], key_pos, call.window)
+        out[rows], out_lse[rows] = attend(queries[rows], k, v, call.scale, allowed, call.softcap)
     if call.suffix_chunks is not None:
         _finish_suffix_chunks_ref(call, call.suffix_chunks, out, out_lse)
     return out, out_lse
+
+
+def _row_positions(call: PrefixCall) -> torch.Tensor | None:
+    """[num_tokens]: each row's position, from the step's sequences, where a window needs it."""
+    seqs = _query_seqs(call)
+    if not call.window or seqs is None:
+        return None
+    q_lens = seqs.cu_seqlens_q.diff().long()
+    firsts = (seqs.seq_lens.long() - q_lens).repeat_interleave(q_lens)
+    starts = seqs.cu_seqlens_q[:-1].long().repeat_interleave(q_lens)
+    first_row = int(seqs.cu_seqlens_q[0])
+    rows = torch.arange(first_row, first_row + firsts.shape[0], device=firsts.device)
+    positions = torch.zeros(call.q.shape[0], dtype=torch.long, device=call.q.device)
+    positions[rows] = firsts + rows - starts
+    return positions
 
 
 def _finish_suffix_chunks_ref(
@@ -516,5 +597,5 @@ def _finish_suffix_chunks_ref(
         paged_attention_ref(
             call.q[rows], call.k_cache, call.v_cache, chunks.out[rows], one, scale=call.scale,
             prefix_out=prefix_out[rows], prefix_lse=prefix_lse[rows], k_scale=call.k_scale,
-            v_scale=call.v_scale,
+            v_scale=call.v_scale, softcap=call.softcap, window=call.window,
         )  # fmt: skip

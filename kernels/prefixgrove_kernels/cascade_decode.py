@@ -46,10 +46,11 @@ from prefixgrove_kernels.paged_attention import (
     queries_for_cache,
     score_queries,
     scores,
+    softcap_factors,
     tile_options,
     tile_tier,
 )
-from prefixgrove_kernels.reference_math import attend, fp8_query_values, gather_keys
+from prefixgrove_kernels.reference_math import attend, causal_window, fp8_query_values, gather_keys
 
 __all__ = ["cascade_decode_attention", "cascade_decode_attention_ref"]
 
@@ -97,6 +98,8 @@ def _cascade_decode_kernel(
     num_heads,
     num_splits,
     scale_log2,
+    softcap,  # > 0 with SOFTCAP
+    window,  # > 0 with HAS_WINDOW: row s (at position seq_lens[s] - 1) sees keys k with p - k < window
     stride_qt,
     stride_qh,
     stride_ot,
@@ -116,6 +119,8 @@ def _cascade_decode_kernel(
     CHUNK_TILES: tl.constexpr,
     SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
 ):
     kv_head, split, seg_begin, seg_len, q_tile, group, is_group = group_row_tile(
         group_cu_ptr, num_groups, num_seqs, num_heads, num_splits, NUM_QUERIES_PER_KV, BLOCK_Q
@@ -160,7 +165,11 @@ def _cascade_decode_kernel(
     q_offs = token * stride_qt + head * stride_qh
     q = tl.load(q_ptr + q_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
     scale_log2, v_scale = fold_kv_scales(scale_log2, k_scale_ptr, v_scale_ptr, k_ptr)
+    cap_in, cap_out, scale_log2 = softcap_factors(scale_log2, softcap, SOFTCAP)
     q_dot, q_scale = score_queries(q, k_ptr, BLOCK_M)
+    row_lo = tl.zeros([BLOCK_M], tl.int32)  # each row's first key in its window
+    if HAS_WINDOW:  # a row's position is its sequence's last
+        row_lo = tl.load(seq_lens_ptr + token, mask=row_valid, other=0) - window
     q = queries_for_cache(q, k_ptr)  # for the p @ v dots' dtype
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -194,6 +203,7 @@ def _cascade_decode_kernel(
             block_tables_ptr + (first_seq + u_member).to(tl.int64) * stride_bt,
         )
         chunk_ids = tl.load(u_rows + u_index // UNITS_PER_BLOCK, mask=live, other=0)
+        chunk_keys = u_key  # each unit's first key position (prefix and own keys alike)
         owner = tl.where(u_in_prefix, BLOCK_Q, u_member)
         chunk_codes = (
             (owner << _OWNER_SHIFT)
@@ -212,11 +222,14 @@ def _cascade_decode_kernel(
             in_block = ((code >> _SUB_SHIFT) & 1023) * UNIT + key_in_unit
             kv_offs = block.to(tl.int64) * stride_kb + in_block * stride_ks + kv_head * stride_kh
             k = load_keys(k_ptr, kv_offs, dims, key_valid, True, q_dot.dtype)
-            s = scores(q_dot, q_scale, k, DOT_PRECISION)
+            s = scores(q_dot, q_scale, k, cap_in, cap_out, DOT_PRECISION, SOFTCAP)
             # Prefix keys count for every row; a request's own keys for its own rows only.
             allowed = key_valid[None, :] & (
                 (key_owner == BLOCK_Q)[None, :] | (row_member[:, None] == key_owner[None, :])
             )
+            if HAS_WINDOW:  # a unit's keys are consecutive positions from its first
+                key_pos = tl.gather(chunk_keys, slot, 0) + key_in_unit
+                allowed &= key_pos[None, :] >= row_lo[:, None]
             s = tl.where(allowed, s, float("-inf"))
             m_i, l_i, acc = online_softmax_step(
                 s, scale_log2, v_ptr, None, kv_offs, dims, key_valid, m_i, l_i, acc, True,
@@ -317,7 +330,8 @@ def cascade_decode_attention_launches(*args: Any, **kwargs: Any) -> list[KernelL
     args = (
         q, k_cache, call.v_cache, *scales, out, part_o, part_lse, meta.seq_lens, kv_start,
         meta.block_tables, groups.group_cu_q, groups.group_prefix_lens, groups.group_block_tables,
-        num_groups, num_seqs, num_heads, num_splits, call.scale * LOG2E,
+        num_groups, num_seqs, num_heads, num_splits, call.scale * LOG2E, float(call.softcap),
+        call.window,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), *cache_strides(k_cache),
         meta.block_tables.stride(0), groups.group_block_tables.stride(0),
     )  # fmt: skip
@@ -325,6 +339,8 @@ def cascade_decode_attention_launches(*args: Any, **kwargs: Any) -> list[KernelL
         "UNIT": key_unit(k_cache.shape[1], block_n),
         "CHUNK_TILES": CHUNK_TILES,
         "SPLIT": split,
+        "SOFTCAP": call.softcap > 0,
+        "HAS_WINDOW": call.window > 0,
         "num_warps": 4,
         "num_stages": 3 if tile_tier(head_dim, q.element_size()) == 0 else 2,
     }
@@ -348,7 +364,8 @@ def cascade_decode_attention(*args: Any, **kwargs: Any) -> None:
     group_block_tables[g]; the caller keeps kv_start[s] at or after the prefix, as in the two-pass
     path. max_group_q (the most rows of a group) picks the tile shape only. num_splits (1..16)
     splits each program's key stream; by default it is picked from the SM count. The grid depends
-    on host ints only, so the call can be captured in a CUDA graph.
+    on host ints only, so the call can be captured in a CUDA graph. softcap and window as
+    `paged_attention` takes them: a window masks the prefix keys outside it too.
     """
     for launch in cascade_decode_attention_launches(*args, **kwargs):
         launch.run()
@@ -370,11 +387,14 @@ def cascade_decode_attention_ref(*args: Any, **kwargs: Any) -> None:
         k, v = gather_keys(
             k_cache, v_cache, meta.block_tables[s], starts[s], lens[s], k_scale, v_scale
         )
+        key_pos = torch.arange(starts[s], lens[s], device=q.device)
         g = next((g for g in range(num_groups) if cu[g] <= s < cu[g + 1]), None)
         if g is not None and prefix_lens[g] > 0:
             table = groups.group_block_tables[g]
             k_p, v_p = gather_keys(k_cache, v_cache, table, 0, prefix_lens[g], k_scale, v_scale)
             k, v = torch.cat([k_p, k]), torch.cat([v_p, v])
-        allowed = torch.ones(1, k.shape[0], dtype=torch.bool, device=q.device)
-        o, _ = attend(queries[s : s + 1], k, v, call.scale, allowed)
+            key_pos = torch.cat([torch.arange(prefix_lens[g], device=q.device), key_pos])
+        position = torch.tensor([lens[s] - 1], device=q.device)
+        allowed = causal_window(position, key_pos, call.window)
+        o, _ = attend(queries[s : s + 1], k, v, call.scale, allowed, call.softcap)
         call.out[s] = o[0].to(call.out.dtype)

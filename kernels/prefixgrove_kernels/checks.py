@@ -146,6 +146,14 @@ def check_scale(scale: float) -> None:
         raise ValueError(f"scale must be a positive number, got {scale!r}")
 
 
+def check_score_shaping(softcap: float, window: int) -> None:
+    """softcap: a non-negative number (0: no soft-capping); window: a non-negative int (0: none)."""
+    if not isinstance(softcap, float | int) or not softcap >= 0:
+        raise ValueError(f"softcap must be a number >= 0 (0: none), got {softcap!r}")
+    if not isinstance(window, int) or window < 0:
+        raise ValueError(f"window must be an int >= 0 (0: no sliding window), got {window!r}")
+
+
 def check_segments(
     q: torch.Tensor,
     cu_name: str,

@@ -38,7 +38,13 @@ from prefixgrove_kernels.checks import FP8_MAX, MIN_SCALE
 from prefixgrove_kernels.fp8_quant import row_scale
 from prefixgrove_kernels.launch import KernelLaunch
 from prefixgrove_kernels.merge_states import merge_pair
-from prefixgrove_kernels.reference_math import attend, fp8_query_values, gather_keys, merge_states
+from prefixgrove_kernels.reference_math import (
+    attend,
+    causal_window,
+    fp8_query_values,
+    gather_keys,
+    merge_states,
+)
 from prefixgrove_kernels.rotary import to_e4m3
 from prefixgrove_kernels.segments import search_segments
 
@@ -114,13 +120,39 @@ def score_queries(q, k_ptr, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def scores(q, q_scale, k, DOT_PRECISION: tl.constexpr):
+def tanh(x):
+    """tanh in fp32 through one exp2, as sign(x) * (1 - e) / (1 + e) with e = exp(-2|x|): no
+    overflow for any x (libdevice's tanh is out of the interpreter's reach)."""
+    e = tl.exp2(-2.0 * 1.4426950408889634 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def softcap_factors(scale_log2, softcap, SOFTCAP: tl.constexpr):
+    """(cap_in, cap_out, scale_log2) for `scores`: with SOFTCAP a raw score s becomes
+    cap_out * tanh(s * cap_in), softcap * tanh(x / softcap) of the scaled score x already in the
+    log2 domain, so the online softmax's own scale turns 1; otherwise nothing changes (the factors
+    are never read). scale_log2 is the kernel's, k_scale folded in (fold_kv_scales)."""
+    cap_in = 0.0
+    cap_out = 0.0
+    if SOFTCAP:
+        cap_in = scale_log2 / (1.4426950408889634 * softcap)
+        cap_out = softcap * 1.4426950408889634
+        scale_log2 = 1.0
+    return cap_in, cap_out, scale_log2
+
+
+@triton.jit
+def scores(q, q_scale, k, cap_in, cap_out, DOT_PRECISION: tl.constexpr, SOFTCAP: tl.constexpr):
     """The rows' raw scores q.k over a key tile (k in q's dtype), q and q_scale as `score_queries`
-    gives them."""
+    gives them; soft-capped with SOFTCAP (see softcap_factors). Masks go on after the cap."""
     if q.dtype == tl.float8e4nv:
         s = tl.dot(q, k) * q_scale[:, None]
     else:
         s = tl.dot(q, k, input_precision=DOT_PRECISION)
+    if SOFTCAP:
+        s = cap_out * tanh(s * cap_in)
     return s
 
 
@@ -193,7 +225,8 @@ def load_keys(k_ptr, kv_offs, dims, key_valid, MASKED: tl.constexpr, DTYPE: tl.c
 @triton.jit
 def score_masked_tile(
     q, q_scale, k_ptr, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb, stride_ks, stride_kh,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    cap_in, cap_out, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     """Key tile `tile` of one block-table row with the keys outside [kv_lo, kv_hi) masked off: the
     rows' raw scores q.k over it, and its keys, their validity and cache offsets (for the online
@@ -205,15 +238,15 @@ def score_masked_tile(
     kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
     kv_offs += kv_head * stride_kh
     k = load_keys(k_ptr, kv_offs, dims, key_valid, True, q.dtype)
-    return scores(q, q_scale, k, DOT_PRECISION), keys, key_valid, kv_offs
+    return scores(q, q_scale, k, cap_in, cap_out, DOT_PRECISION, SOFTCAP), keys, key_valid, kv_offs
 
 
 @triton.jit
 def attend_whole_tiles(
     q, q_scale, k_ptr, v_ptr, v_scale, table_row, tile_lo, tile_hi, num_blocks, kv_head, dims,
-    scale_log2, m_i, l_i, acc, stride_kb, stride_ks, stride_kh,
+    scale_log2, m_i, l_i, acc, stride_kb, stride_ks, stride_kh, cap_in, cap_out,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TABLE_CHUNK: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PV_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PV_DTYPE: tl.constexpr, SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     """Folds key tiles [tile_lo, tile_hi) of one block-table row into the online softmax, every key
     of them counting for every row (no masks). The table row (num_blocks entries in use) is read
@@ -240,7 +273,7 @@ def attend_whole_tiles(
             kv_offs = block.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_ks
             kv_offs += kv_head * stride_kh
             k = load_keys(k_ptr, kv_offs, dims, keys, False, q.dtype)
-            s = scores(q, q_scale, k, DOT_PRECISION)
+            s = scores(q, q_scale, k, cap_in, cap_out, DOT_PRECISION, SOFTCAP)
             m_i, l_i, acc = online_softmax_step(
                 s, scale_log2, v_ptr, v_scale, kv_offs, dims, keys, m_i, l_i, acc, False,
                 DOT_PRECISION, PV_DTYPE,
@@ -270,6 +303,8 @@ def _paged_attention_kernel(
     skip_suffix_chunks,  # 1: the prefix pass has finished the suffix chunks (see is_suffix_chunk)
     num_heads,
     scale_log2,
+    softcap,  # > 0 with SOFTCAP
+    window,  # > 0 with HAS_WINDOW: a query at position p sees keys k with p - k < window
     stride_qt,
     stride_qh,
     stride_ot,
@@ -289,6 +324,8 @@ def _paged_attention_kernel(
     HAS_KV_START: tl.constexpr,
     HAS_PREFIX: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,  # (never with UNMASKED_BODY: rows of a tile see different keys)
 ):
     # Programs are dispatched roughly in program-id order: the grid runs backwards so that the last
     # sequences' last query tiles, the longest of a causal prefill, start first and the short ones
@@ -325,15 +362,20 @@ def _paged_attention_kernel(
     q_offs = token * stride_qt + head * stride_qh
     q = tl.load(q_ptr + q_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
     scale_log2, v_scale = fold_kv_scales(scale_log2, k_scale_ptr, v_scale_ptr, k_ptr)
+    cap_in, cap_out, scale_log2 = softcap_factors(scale_log2, softcap, SOFTCAP)
     q_dot, q_scale = score_queries(q, k_ptr, BLOCK_M)
     q = queries_for_cache(q, k_ptr)  # for the p @ v dots' dtype
 
+    # The tile's first key: its own keys' first, or, in a window, the first its first row sees.
+    keys_lo = kv_lo
+    if HAS_WINDOW:
+        keys_lo = tl.maximum(kv_lo, context + q_tile * BLOCK_Q - window + 1)
     kv_hi = context + tl.minimum((q_tile + 1) * BLOCK_Q, q_len)  # one past the last key needed
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    t_begin = kv_lo // BLOCK_N
+    t_begin = keys_lo // BLOCK_N
     t_end = tl.cdiv(kv_hi, BLOCK_N)
     full_lo = t_begin
     full_hi = t_begin
@@ -347,17 +389,20 @@ def _paged_attention_kernel(
         m_i, l_i, acc = attend_whole_tiles(
             q_dot, q_scale, k_ptr, v_ptr, None, table_row, full_lo, full_hi,
             tl.cdiv(kv_hi, BLOCK_SIZE), kv_head, dims, scale_log2, m_i, l_i, acc, stride_kb,
-            stride_ks, stride_kh, BLOCK_SIZE, BLOCK_N, TABLE_CHUNK, DOT_PRECISION, q.dtype,
+            stride_ks, stride_kh, cap_in, cap_out, BLOCK_SIZE, BLOCK_N, TABLE_CHUNK, DOT_PRECISION,
+            q.dtype, SOFTCAP,
         )  # fmt: skip
     # Every tile outside [full_lo, full_hi): all of them without UNMASKED_BODY.
     num_head_tiles = full_lo - t_begin
     for i in range(0, num_head_tiles + t_end - full_hi):
         tile = t_begin + i + tl.where(i < num_head_tiles, 0, full_hi - full_lo)
         s, keys, key_valid, kv_offs = score_masked_tile(
-            q_dot, q_scale, k_ptr, table_row, tile, kv_lo, kv_hi, kv_head, dims, stride_kb,
-            stride_ks, stride_kh, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
+            q_dot, q_scale, k_ptr, table_row, tile, keys_lo, kv_hi, kv_head, dims, stride_kb,
+            stride_ks, stride_kh, cap_in, cap_out, BLOCK_SIZE, BLOCK_N, DOT_PRECISION, SOFTCAP,
         )  # fmt: skip
         allowed = key_valid[None, :] & (keys[None, :] <= pos[:, None])
+        if HAS_WINDOW:
+            allowed &= keys[None, :] > pos[:, None] - window
         s = tl.where(allowed, s, float("-inf"))
         m_i, l_i, acc = online_softmax_step(
             s, scale_log2, v_ptr, None, kv_offs, dims, key_valid, m_i, l_i, acc, True,
@@ -482,7 +527,7 @@ def paged_attention_launch(*args: Any, **kwargs: Any) -> KernelLaunch | None:
         meta.cu_seqlens_q, meta.seq_lens,
         kv_start if kv_start is not None else meta.seq_lens,
         meta.block_tables, num_seqs, tiles_per_seq if direct else 0, int(call.skip_suffix_chunks),
-        q.shape[1], call.scale * LOG2E,
+        q.shape[1], call.scale * LOG2E, float(call.softcap), call.window,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         *cache_strides(k_cache), meta.block_tables.stride(0),
     )  # fmt: skip
@@ -493,9 +538,11 @@ def paged_attention_launch(*args: Any, **kwargs: Any) -> KernelLaunch | None:
         # holds the causal prefills of new prefixes, thousands of keys each, which the unmasked
         # loop takes faster (benchmarks/HISTORY.md, "Prefill attention"): with such a sequence in
         # the launch (a long query), every program takes the three loops.
-        "UNMASKED_BODY": kv_start is None or meta.max_query_len > LONG_QUERY,
+        "UNMASKED_BODY": not call.window and (kv_start is None or meta.max_query_len > LONG_QUERY),
         "HAS_KV_START": kv_start is not None,
         "HAS_PREFIX": prefix_out is not None,
+        "SOFTCAP": call.softcap > 0,
+        "HAS_WINDOW": call.window > 0,
         "num_warps": 4,
         "num_stages": 3 if tile_tier(head_dim, q.element_size()) == 0 else 2,
     }
@@ -514,7 +561,9 @@ def paged_attention(*args: Any, **kwargs: Any) -> None:
     of sequences with kv_start > 0 (grouped ones, whose own keys start after their group's prefix;
     other rows' state is never read). With skip_suffix_chunks, the rows of suffix chunks (sequences
     with kv_start > 0 and more than one query: see `prefix_attention`'s suffix_chunks) are left as
-    they are. The grid depends on host ints only, so the call can be captured in a CUDA graph.
+    they are. softcap > 0 caps each scaled score x as softcap * tanh(x / softcap); window > 0 limits
+    a query at position p to keys k with p - k < window (both per layer, compiled in only when set).
+    The grid depends on host ints only, so the call can be captured in a CUDA graph.
     """
     launch = paged_attention_launch(*args, **kwargs)
     if launch is not None:
@@ -541,9 +590,9 @@ def paged_attention_ref(*args: Any, **kwargs: Any) -> None:
         k, v = gather_keys(k_cache, v_cache, meta.block_tables[s], lo, seq_len, k_scale, v_scale)
         positions = torch.arange(seq_len - q_len, seq_len, device=q.device)
         key_pos = torch.arange(lo, seq_len, device=q.device)
-        allowed = key_pos[None, :] <= positions[:, None]
+        allowed = causal_window(positions, key_pos, call.window)
         rows = slice(cu[s], cu[s + 1])
-        o, lse = attend(queries[rows], k, v, call.scale, allowed)
+        o, lse = attend(queries[rows], k, v, call.scale, allowed, call.softcap)
         if call.prefix_out is not None and call.prefix_lse is not None and lo > 0:
             o, _ = merge_states(call.prefix_out[rows].float(), call.prefix_lse[rows], o, lse)
         out[rows] = o.to(out.dtype)

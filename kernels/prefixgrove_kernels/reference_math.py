@@ -24,29 +24,56 @@ KEY_TILE = 128  # keys per CPU tile, counted from the call's first key
 
 
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, allowed: torch.Tensor
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    allowed: torch.Tensor,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked softmax attention with its log-sum-exp, in fp32.
 
     q: [n_q, num_heads, head_dim]; k, v: [n_k, num_kv_heads, head_dim]; allowed: [n_q, n_k] bool.
+    softcap > 0 caps each score x = q.k * scale as softcap * tanh(x / softcap) (Gemma 2).
     Returns o: [n_q, num_heads, head_dim] and lse: [n_q, num_heads] (natural log); a row with no
     allowed key gets o = 0 and lse = -inf. On the CPU each row's bytes depend only on its query, the
     keys and values up to its last allowed one, and its mask (see the module docstring).
     """
     if q.device.type == "cpu":
-        return _attend_row_invariant(q, k, v, scale, allowed)
-    return _attend_whole(q, k, v, scale, allowed)
+        return _attend_row_invariant(q, k, v, scale, allowed, softcap)
+    return _attend_whole(q, k, v, scale, allowed, softcap)
+
+
+def cap_scores(scores: torch.Tensor, softcap: float) -> torch.Tensor:
+    """Scores soft-capped to (-softcap, softcap) by tanh; as they are for softcap 0."""
+    return torch.tanh(scores / softcap) * softcap if softcap else scores
+
+
+def causal_window(
+    positions: torch.Tensor, key_positions: torch.Tensor, window: int = 0
+) -> torch.Tensor:
+    """[n_q, n_k] bool: the keys each query may see, causally and, for window > 0, only the last
+    `window` positions up to its own (position - key < window, as transformers' sliding mask)."""
+    allowed = key_positions[None, :] <= positions[:, None]
+    if window:
+        allowed &= key_positions[None, :] > positions[:, None] - window
+    return allowed
 
 
 def _attend_whole(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, allowed: torch.Tensor
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    allowed: torch.Tensor,
+    softcap: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     n_q, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads
     # Query heads h*group .. h*group+group-1 share kv head h: no need to repeat K/V.
     qg = q.float().reshape(n_q, num_kv_heads, group, head_dim)
-    scores = torch.einsum("qhgd,khd->hgqk", qg, k.float()) * scale
+    scores = cap_scores(torch.einsum("qhgd,khd->hgqk", qg, k.float()) * scale, softcap)
     scores = scores.masked_fill(~allowed, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # [kvh, group, n_q]
     finite = torch.isfinite(lse)
@@ -56,7 +83,12 @@ def _attend_whole(
 
 
 def _attend_row_invariant(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, allowed: torch.Tensor
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    allowed: torch.Tensor,
+    softcap: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`attend` in blocks of QUERY_BLOCK query rows, each over the keys in tiles of KEY_TILE: every
     (block, tile, kv head) is one matmul entry of the same shape."""
@@ -77,7 +109,7 @@ def _attend_row_invariant(
     )
     mask = mask.view(blocks, 1, QUERY_BLOCK, tiles, KEY_TILE).permute(0, 3, 1, 2, 4)
     # scores: [blocks, tiles, kv_heads, group, QUERY_BLOCK, KEY_TILE]
-    scores = torch.matmul(qb, kt.permute(0, 2, 3, 1).unsqueeze(0)) * scale
+    scores = cap_scores(torch.matmul(qb, kt.permute(0, 2, 3, 1).unsqueeze(0)) * scale, softcap)
     scores = scores.view(blocks, tiles, kv_heads, group, QUERY_BLOCK, KEY_TILE)
     scores = scores.masked_fill(~mask.unsqueeze(2), -torch.inf)
     m = scores.amax(dim=(1, 5), keepdim=True)  # exact in any order

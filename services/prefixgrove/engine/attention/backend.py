@@ -12,6 +12,12 @@ sequences with several queries: their own keys follow the prefix in the same onl
 suffix pass takes only the other rows.
 
 With an FP8 KV cache (kv_cache.py) every kernel takes the layer's k_scale and v_scale beside the cache.
+
+A layer may shape its scores (Gemma): `softcap` caps them by tanh, `window` limits each query to the
+last `window` positions up to its own, in every pass (the prefix pass masks a group's prefix keys
+that fall outside a row's window). A windowed layer's cache keeps all of a sequence's blocks: the
+window masks the keys before it, so the blocks, the prefix cache and the groups are shared with the
+model's global layers, which need them all.
 """
 
 from __future__ import annotations
@@ -50,13 +56,17 @@ class AttentionBackend:
         scale: float,
         k_scale: torch.Tensor | None = None,
         v_scale: torch.Tensor | None = None,
+        softcap: float = 0.0,
+        window: int = 0,
     ) -> torch.Tensor:
         # q: [num_tokens, num_heads, head_dim]; caches: [num_blocks, block_size, num_kv_heads, head_dim]
         # in q's dtype, or FP8 with k_scale and v_scale
         out = torch.empty_like(q)
         if q.shape[0] == 0:  # a last layer whose step samples nothing (prefix-only chunks)
             return out
-        scales = {"k_scale": k_scale, "v_scale": v_scale}
+        scales: dict[str, Any] = {"k_scale": k_scale, "v_scale": v_scale}
+        if softcap or window:  # keyword arguments only where set: the Llama path calls as before
+            scales |= {"softcap": softcap, "window": window}
         groups = meta.cascade
         if groups is None:
             self.paged(q, k_cache, v_cache, out, meta, scale=scale, **scales)
@@ -75,7 +85,7 @@ class AttentionBackend:
         meta: AttentionMetadata,
         groups: CascadeMetadata,
         scale: float,
-        scales: dict[str, torch.Tensor | None],
+        scales: dict[str, Any],
     ) -> None:
         """The prefix pass, then the suffix pass that merges its state (writes `out`)."""
         # With the fused form (Triton on CUDA), every step with prefill rows runs the prefix pass in
@@ -87,6 +97,8 @@ class AttentionBackend:
         # arithmetic is the same in a mixed step as in a decode step.
         one_shape = self.fuse_suffix_chunks and meta.max_query_len > 1
         chunks = None
+        # A window masks prefix keys by each row's position, which the step's sequences give.
+        rows = {"query_seqs": meta} if scales.get("window") else {}
         if one_shape and meta.kv_start is not None:
             chunks = SuffixChunks(out, meta)
         # The prefix state in the model's dtype (lse in fp32), as FlashInfer keeps its cascade
@@ -96,6 +108,7 @@ class AttentionBackend:
             q, k_cache, v_cache, groups, scale=scale, out=torch.empty_like(q),
             num_splits=1 if one_shape else None, suffix_chunks=chunks,
             tile_rows=max(groups.max_group_q, WIDEST_TILE_HINT) if one_shape else None, **scales,
+            **rows,
         )  # fmt: skip
         self.paged(
             q, k_cache, v_cache, out, meta, scale=scale, prefix_out=prefix_out,
@@ -127,13 +140,18 @@ class ForwardContext:
         q: torch.Tensor,
         scale: float,
         metadata: AttentionMetadata | None = None,
+        softcap: float = 0.0,
+        window: int = 0,
     ) -> torch.Tensor:
         """q's attention over the layer's cache, which already holds this step's keys and values
         (written to `slots` by the model's rotary kernel); q's rows are the step's, or those that
-        `metadata` describes (the sampled rows' decode-shaped metadata)."""
+        `metadata` describes (the sampled rows' decode-shaped metadata). softcap and window: the
+        layer's score shaping (0: none), as the kernels take them."""
         (k_cache, k_scale), (v_cache, v_scale) = map(unpack, self.kv_caches[layer])
         meta = metadata or self.metadata
-        return self.backend.forward(q, k_cache, v_cache, meta, scale, k_scale, v_scale)
+        return self.backend.forward(
+            q, k_cache, v_cache, meta, scale, k_scale, v_scale, softcap, window
+        )
 
 
 def create_backend(
