@@ -215,6 +215,31 @@ def _check_product(
     return 1 if w_scale.shape[0] == n else GROUP
 
 
+def block_scaled_mm_launch(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> tuple[KernelLaunch | None, torch.Tensor]:
+    """Checks the arguments and plans the launch `block_scaled_mm` makes, with the output it fills."""
+    rows_per_scale = _check_product(a, a_scale, w, w_scale)
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype {out_dtype} is not one of {OUT_DTYPES}")
+    (m, k), n = a.shape, w.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    if m == 0 or n == 0:
+        return None, out
+    block_m = max(16, min(64, triton.next_power_of_2(m)))
+    block_n = 128
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    args = (a, a_scale, w, w_scale, out, m, n, k, a.stride(0), a_scale.stride(0), w.stride(0),
+            w_scale.stride(0), out.stride(0))  # fmt: skip
+    options = {"ROWS_PER_SCALE": rows_per_scale, "GROUP": GROUP, "BLOCK_M": block_m,
+               "BLOCK_N": block_n, "num_warps": 4, "num_stages": 3}  # fmt: skip
+    return KernelLaunch(_block_scaled_mm_kernel, grid, args, options), out
+
+
 def block_scaled_mm(
     a: torch.Tensor,
     a_scale: torch.Tensor,
@@ -224,21 +249,9 @@ def block_scaled_mm(
 ) -> torch.Tensor:
     """a [M, K] e4m3 with group scales [M, ceil(K / 128)] (`quantize_groups`) times w [N, K] e4m3
     with block scales (either form) transposed -> [M, N] in out_dtype, accumulated in fp32."""
-    rows_per_scale = _check_product(a, a_scale, w, w_scale)
-    if out_dtype not in OUT_DTYPES:
-        raise TypeError(f"out_dtype {out_dtype} is not one of {OUT_DTYPES}")
-    (m, k), n = a.shape, w.shape[0]
-    out = torch.empty((m, n), dtype=out_dtype, device=a.device)
-    if m == 0 or n == 0:
-        return out
-    block_m = max(16, min(64, triton.next_power_of_2(m)))
-    block_n = 128
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    args = (a, a_scale, w, w_scale, out, m, n, k, a.stride(0), a_scale.stride(0), w.stride(0),
-            w_scale.stride(0), out.stride(0))  # fmt: skip
-    options = {"ROWS_PER_SCALE": rows_per_scale, "GROUP": GROUP, "BLOCK_M": block_m,
-               "BLOCK_N": block_n, "num_warps": 4, "num_stages": 3}  # fmt: skip
-    KernelLaunch(_block_scaled_mm_kernel, grid, args, options).run()
+    launch, out = block_scaled_mm_launch(a, a_scale, w, w_scale, out_dtype)
+    if launch is not None:
+        launch.run()
     return out
 
 
