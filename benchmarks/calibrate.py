@@ -39,11 +39,12 @@ ensure_prefixgrove()
 from prefixgrove.costmodel import calibration_table  # noqa: E402
 from prefixgrove.costmodel.calibration import FEATURES, Calibration, Coefficients  # noqa: E402
 from prefixgrove.costmodel.fitting import fit  # noqa: E402
+from prefixgrove.costmodel.placement import placement_on  # noqa: E402
 from prefixgrove.costmodel.predict import Placement, features, fit_row, predict  # noqa: E402
 from prefixgrove.costmodel.shape import ModelShape  # noqa: E402
 from prefixgrove.costmodel.workload import Workload  # noqa: E402
 from prefixgrove.engine_settings import EngineSettings  # noqa: E402
-from prefixgrove.plan_job import placement_on, read_job  # noqa: E402
+from prefixgrove.plan_job import read_job  # noqa: E402
 from prefixgrove.settings import IngestSettings, load  # noqa: E402
 
 TABLE = ROOT / "services/prefixgrove/costmodel/calibration_table.py"

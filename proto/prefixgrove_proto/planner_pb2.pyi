@@ -66,7 +66,7 @@ class JobError(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "idempotency_key", "model", "state", "request_counts", "queue", "groups_total", "groups_done", "prefix_tokens_saved", "prompt_tokens", "completion_tokens", "created_at", "in_progress_at", "finished_at", "error", "metadata")
+    __slots__ = ("id", "idempotency_key", "model", "state", "request_counts", "queue", "groups_total", "groups_done", "prefix_tokens_saved", "prompt_tokens", "completion_tokens", "created_at", "in_progress_at", "finished_at", "error", "metadata", "plan", "dry_run")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,8 @@ class Job(_message.Message):
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     id: str
     idempotency_key: str
     model: str
@@ -106,10 +108,101 @@ class Job(_message.Message):
     finished_at: float
     error: JobError
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., model: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., request_counts: _Optional[_Union[RequestCounts, _Mapping]] = ..., queue: _Optional[_Union[QueueDepth, _Mapping]] = ..., groups_total: _Optional[int] = ..., groups_done: _Optional[int] = ..., prefix_tokens_saved: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., created_at: _Optional[float] = ..., in_progress_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., error: _Optional[_Union[JobError, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    plan: JobPlan
+    dry_run: bool
+    def __init__(self, id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., model: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., request_counts: _Optional[_Union[RequestCounts, _Mapping]] = ..., queue: _Optional[_Union[QueueDepth, _Mapping]] = ..., groups_total: _Optional[int] = ..., groups_done: _Optional[int] = ..., prefix_tokens_saved: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., created_at: _Optional[float] = ..., in_progress_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., error: _Optional[_Union[JobError, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., plan: _Optional[_Union[JobPlan, _Mapping]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class PlanOptions(_message.Message):
+    __slots__ = ("gpu", "gpus", "tensor_parallel_size", "quantization", "kv_cache_dtype", "price_per_gpu_hour", "mean_output_tokens")
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    PRICE_PER_GPU_HOUR_FIELD_NUMBER: _ClassVar[int]
+    MEAN_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    gpu: str
+    gpus: int
+    tensor_parallel_size: int
+    quantization: str
+    kv_cache_dtype: str
+    price_per_gpu_hour: float
+    mean_output_tokens: float
+    def __init__(self, gpu: _Optional[str] = ..., gpus: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., quantization: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., price_per_gpu_hour: _Optional[float] = ..., mean_output_tokens: _Optional[float] = ...) -> None: ...
+
+class JobPlan(_message.Message):
+    __slots__ = ("requests", "invalid_lines", "prompt_tokens", "prefill_tokens", "saved_share", "groups", "grouped_requests", "group_sizes", "largest_group", "output_tokens", "output_tokens_low", "output_tokens_high", "output_exact", "mean_output_tokens", "devices")
+    class GroupSizesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    INVALID_LINES_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAVED_SHARE_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    GROUPED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZES_FIELD_NUMBER: _ClassVar[int]
+    LARGEST_GROUP_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_LOW_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_HIGH_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_EXACT_FIELD_NUMBER: _ClassVar[int]
+    MEAN_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    requests: int
+    invalid_lines: int
+    prompt_tokens: int
+    prefill_tokens: int
+    saved_share: float
+    groups: int
+    grouped_requests: int
+    group_sizes: _containers.ScalarMap[str, int]
+    largest_group: int
+    output_tokens: int
+    output_tokens_low: int
+    output_tokens_high: int
+    output_exact: bool
+    mean_output_tokens: float
+    devices: _containers.RepeatedCompositeFieldContainer[DevicePlan]
+    def __init__(self, requests: _Optional[int] = ..., invalid_lines: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., saved_share: _Optional[float] = ..., groups: _Optional[int] = ..., grouped_requests: _Optional[int] = ..., group_sizes: _Optional[_Mapping[str, int]] = ..., largest_group: _Optional[int] = ..., output_tokens: _Optional[int] = ..., output_tokens_low: _Optional[int] = ..., output_tokens_high: _Optional[int] = ..., output_exact: _Optional[bool] = ..., mean_output_tokens: _Optional[float] = ..., devices: _Optional[_Iterable[_Union[DevicePlan, _Mapping]]] = ...) -> None: ...
+
+class DevicePlan(_message.Message):
+    __slots__ = ("kind", "unavailable", "gpus", "tensor_parallel_size", "prefill_s", "decode_s", "gpu_hours", "wall_s", "wall_s_low", "wall_s_high", "cost", "calibration", "borrowed")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_S_FIELD_NUMBER: _ClassVar[int]
+    DECODE_S_FIELD_NUMBER: _ClassVar[int]
+    GPU_HOURS_FIELD_NUMBER: _ClassVar[int]
+    WALL_S_FIELD_NUMBER: _ClassVar[int]
+    WALL_S_LOW_FIELD_NUMBER: _ClassVar[int]
+    WALL_S_HIGH_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATION_FIELD_NUMBER: _ClassVar[int]
+    BORROWED_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    unavailable: str
+    gpus: int
+    tensor_parallel_size: int
+    prefill_s: float
+    decode_s: float
+    gpu_hours: float
+    wall_s: float
+    wall_s_low: float
+    wall_s_high: float
+    cost: float
+    calibration: str
+    borrowed: bool
+    def __init__(self, kind: _Optional[str] = ..., unavailable: _Optional[str] = ..., gpus: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., prefill_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., gpu_hours: _Optional[float] = ..., wall_s: _Optional[float] = ..., wall_s_low: _Optional[float] = ..., wall_s_high: _Optional[float] = ..., cost: _Optional[float] = ..., calibration: _Optional[str] = ..., borrowed: _Optional[bool] = ...) -> None: ...
 
 class CreateJobRequest(_message.Message):
-    __slots__ = ("model", "idempotency_key", "metadata", "input", "source")
+    __slots__ = ("model", "idempotency_key", "metadata", "input", "source", "dry_run", "plan_options")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -122,12 +215,16 @@ class CreateJobRequest(_message.Message):
     METADATA_FIELD_NUMBER: _ClassVar[int]
     INPUT_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    PLAN_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     model: str
     idempotency_key: str
     metadata: _containers.ScalarMap[str, str]
     input: InputFingerprint
     source: InputSource
-    def __init__(self, model: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., input: _Optional[_Union[InputFingerprint, _Mapping]] = ..., source: _Optional[_Union[InputSource, _Mapping]] = ...) -> None: ...
+    dry_run: bool
+    plan_options: PlanOptions
+    def __init__(self, model: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., input: _Optional[_Union[InputFingerprint, _Mapping]] = ..., source: _Optional[_Union[InputSource, _Mapping]] = ..., dry_run: _Optional[bool] = ..., plan_options: _Optional[_Union[PlanOptions, _Mapping]] = ...) -> None: ...
 
 class InputSource(_message.Message):
     __slots__ = ("url", "format", "prompt_column", "messages_column", "id_column", "body_defaults_json", "credentials")

@@ -14,9 +14,8 @@ from typing import Any
 
 from prefixgrove.catalog.context import engine_context
 from prefixgrove.catalog.presets import load_hf_config
-from prefixgrove.costmodel.devices import KINDS, device_kind
-from prefixgrove.costmodel.placement import placement
-from prefixgrove.costmodel.predict import Placement
+from prefixgrove.costmodel.devices import KINDS
+from prefixgrove.costmodel.placement import placement_on
 from prefixgrove.costmodel.shape import ModelShape
 from prefixgrove.engine_settings import EngineSettings
 from prefixgrove.input_lines import line_batches
@@ -97,11 +96,3 @@ def plan_file(
                       job.invalid, request.mean_output_tokens, request.price_per_gpu_hour,
                       grouping=engine.enable_prefix_grouping)  # fmt: skip
     return PlannedJob(result, job.lines, time.perf_counter() - start)
-
-
-def placement_on(engine: EngineSettings, hf_config: Any, kind: str, gpus: int) -> Placement | str:
-    """The engine on `gpus` devices of `kind` (the CPU: one engine), or why it cannot run there."""
-    try:
-        return placement(engine, hf_config, device_kind(kind), gpus if kind != "cpu" else 1)
-    except ValueError as exc:
-        return str(exc)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefixgrove.costmodel.devices import DeviceKind
+from prefixgrove.costmodel.devices import DeviceKind, device_kind
 from prefixgrove.costmodel.predict import Placement
 from prefixgrove.engine_settings import EngineSettings
 
@@ -34,6 +34,14 @@ def placement(engine: EngineSettings, hf_config: Any, kind: DeviceKind, gpus: in
         memory_utilization=engine.gpu_memory_utilization,
         cascade=engine.enable_cascade_attention,
     )
+
+
+def placement_on(engine: EngineSettings, hf_config: Any, kind: str, gpus: int) -> Placement | str:
+    """The engine on `gpus` devices of `kind` (the CPU: one engine), or why it cannot run there."""
+    try:
+        return placement(engine, hf_config, device_kind(kind), gpus if kind != "cpu" else 1)
+    except ValueError as exc:
+        return str(exc)
 
 
 def _activation_dtype(engine: EngineSettings, hf_config: Any, gpu: bool) -> str:

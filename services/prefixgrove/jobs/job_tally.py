@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import array
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -51,18 +52,22 @@ class JobTally:
 
     def add(self, batch: IngestedBatch) -> None:
         for request, tokens in batch.requests:
-            params = request.params
-            embedding = "pooling" in params  # a pooled row: no token is generated
-            high = 0 if embedding else int(params["max_tokens"])
-            exact = embedding or (
-                bool(params.get("ignore_eos")) and not any(params.get(k) for k in _EARLY_ENDS)
-            )
-            self._index.append(request.index)
-            self._prompt.append(len(tokens))
-            self._high.append(high)
-            self._low.append(high if exact else min(high, max(1, int(params.get("min_tokens") or 0))))  # fmt: skip
-            self._samples.append(int(params.get("n", 1)))
-            self._exact.append(exact)
+            self.add_request(request.index, len(tokens), request.params)
+
+    def add_request(self, index: int, prompt_tokens: int, params: dict[str, Any]) -> None:
+        """One request: its line index, prompt length and params (a request's record)."""
+        embedding = "pooling" in params  # a pooled row: no token is generated
+        high = 0 if embedding else int(params["max_tokens"])
+        exact = embedding or (
+            bool(params.get("ignore_eos")) and not any(params.get(k) for k in _EARLY_ENDS)
+        )
+        least = high if exact else min(high, max(1, int(params.get("min_tokens") or 0)))
+        self._index.append(index)
+        self._prompt.append(prompt_tokens)
+        self._high.append(high)
+        self._low.append(least)
+        self._samples.append(int(params.get("n", 1)))
+        self._exact.append(exact)
 
     def table(self, plan: JobPlan, grouping: bool = True) -> RequestTable:
         """The requests with the prefixes the plan's groups share (none without `grouping`: the

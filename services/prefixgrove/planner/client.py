@@ -100,13 +100,17 @@ class PlannerClient:
         metadata: dict[str, str] | None = None,
         fingerprint: Fingerprint | None = None,
         source: pb.InputSource | None = None,
+        dry_run: pb.PlanOptions | None = None,
     ) -> pb.Job:
         """Creates the job, or returns the one this key already created (refused with
         ALREADY_EXISTS when that one was created with another input's `fingerprint`). With
-        `source`, the planner reads the input from object storage and seals the job itself."""
+        `source`, the planner reads the input from object storage and seals the job itself.
+        With `dry_run`, the sealed job ends completed with its plan for those options (Job.plan)
+        and nothing runs."""
         request = pb.CreateJobRequest(
-            model=model, idempotency_key=idempotency_key, metadata=metadata or {}, source=source
-        )
+            model=model, idempotency_key=idempotency_key, metadata=metadata or {}, source=source,
+            dry_run=dry_run is not None, plan_options=dry_run,
+        )  # fmt: skip
         if fingerprint is not None:
             request.input.lines, request.input.digest = fingerprint.lines, fingerprint.digest
         return self._call("CreateJob", request)

@@ -7,6 +7,7 @@ import grpc
 
 from prefixgrove.jobs.redis_store.schema import JobRecord, JobState
 from prefixgrove.jobs.redis_store.store import JobStore, QueueDepth
+from prefixgrove.planner.dry_runs import plan_to_pb
 from prefixgrove_proto import planner_pb2 as pb
 
 POLL_S = 0.25
@@ -58,6 +59,8 @@ def job_to_pb(job: JobRecord, store: JobStore) -> pb.Job:
         if job.error_code
         else None,
         metadata=job.metadata,
+        plan=plan_to_pb(job.plan) if job.plan else None,
+        dry_run=bool(job.dry_run),
     )
 
 

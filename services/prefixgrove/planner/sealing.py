@@ -12,8 +12,10 @@ import grpc
 import redis
 
 from prefixgrove.jobs.ingest import JobPlan, UploadCounts, job_error
+from prefixgrove.jobs.redis_store.dry_runs import DryRuns
 from prefixgrove.jobs.redis_store.schema import JobRecord, JobState
 from prefixgrove.jobs.redis_store.uploads import rebuild_plan
+from prefixgrove.planner.dry_runs import DryRunPlanner
 from prefixgrove.planner.ingests import Ingests
 from prefixgrove.planner.input_digest import Fingerprint
 from prefixgrove.planner.job_messages import POLL_S, find_job, job_to_pb
@@ -33,6 +35,7 @@ class Sealer:
         self.ingests = ingests
         self.store, self.uploads = ingests.store, ingests.uploads
         self.metrics = metrics
+        self.dry_runs = DryRunPlanner(DryRuns(ingests.store), ingests.models, ingests.aliases)
         self._sealing: set[str] = set()  # jobs this replica seals right now
         self._lock = threading.Lock()
 
@@ -91,10 +94,12 @@ class Sealer:
         start = time.perf_counter()
         plans, path = self._plan(job, counts.lines)
         self.uploads.write_totals(job.id, counts)
-        if self.store.job_state(job.id) == JobState.VALIDATING:
-            self.store.queue_plans(job.id, plans)
-        else:
+        if self.store.job_state(job.id) != JobState.VALIDATING:
             self.store.cancel(job.id)  # cancelled while streaming in: nothing to queue
+        elif job.dry_run:  # planned, and nothing runs
+            self.dry_runs.end(find_job(self.store, job.id, context), counts.lines, plans)
+        else:
+            self.store.queue_plans(job.id, plans)
         self.ingests.end(job.id)
         units = {model: len(plan.units) for model, plan in plans.items()}
         saved = sum(plan.prefix_tokens_saved for plan in plans.values())

@@ -11,6 +11,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 
 import grpc
 
@@ -19,6 +20,7 @@ from prefixgrove.jobs.line_parser import LineParser, LineRules
 from prefixgrove.jobs.redis_store.schema import JobRecord, JobState
 from prefixgrove.jobs.redis_store.store import JobStore
 from prefixgrove.jobs.redis_store.uploads import Uploads
+from prefixgrove.planner.dry_runs import plan_options
 from prefixgrove.planner.ingests import Ingests, UploadStream
 from prefixgrove.planner.job_messages import POLL_S, find_job, job_to_pb, queue_depth_to_pb
 from prefixgrove.planner.metrics import PlannerMetrics
@@ -104,9 +106,12 @@ class PlannerService(pb_grpc.PlannerServicer):
         if request.HasField("source"):
             self.object_inputs.check(request.source, context)
         self.ingests.tokenizers(context)  # refused now rather than at the first lines
+        options = plan_options(request.plan_options, context) if request.dry_run else None
         fingerprint = request.input
         job, created = self.ingests.create(model, request.idempotency_key, dict(request.metadata),
                                            fingerprint.lines, fingerprint.digest, context)  # fmt: skip
+        if created and options is not None:  # marked before any line can seal it
+            job = replace(job, dry_run=self.sealer.dry_runs.mark(job.id, options))
         if created:
             self.metrics.jobs_created.labels(model).inc()
             log.info("created job %s for model %s", job.id, model)

@@ -6,7 +6,8 @@ Layout (prefix `pg:`; `{...}` in a key is a literal Redis Cluster hash tag, `<..
   pg:idem:<key>             job id created under an idempotency key (idempotency.py: freed when
                             the job's upload fails, expires with the job)
   pg:job:{<id>}             hash: JobRecord, and model_groups: {model: [first, end)}, the run of
-                            group ids each model's queue holds (a job may mix models)
+                            group ids each model's queue holds (a job may mix models); a dry
+                            run's options and, once sealed, its plan (dry_runs.py)
   pg:job:{<id>}:req         hash: line index -> RequestRecord
   pg:job:{<id>}:grp         hash: group id -> GroupRecord; `<group id>:alone` ->
                             "index:delivery:strikes:blamed" of the request a worker last ran alone
@@ -141,6 +142,8 @@ class JobRecord:
     error_code: str = ""
     error_message: str = ""
     metadata: dict[str, str] = field(default_factory=dict)
+    dry_run: str = ""  # set: a dry run, planned for these options (JSON; dry_runs.py)
+    plan: str = ""  # a dry run's plan once sealed (JSON of jobs/job_estimate.py's JobEstimate)
 
     def encode(self) -> dict[str, str]:
         out = {k: str(v) for k, v in asdict(self).items() if k != "metadata"}
@@ -166,6 +169,8 @@ class JobRecord:
             error_code=h.get("error_code", ""),
             error_message=h.get("error_message", ""),
             metadata=json.loads(h.get("metadata") or "{}"),
+            dry_run=h.get("dry_run", ""),
+            plan=h.get("plan", ""),
             **numbers,
         )
 
@@ -341,6 +346,20 @@ return reply('failed')
 # FAIL that Redis runs even when out of memory: a failed upload's job is marked failed rather than
 # left validating for good (a few fields more). Script flags need Redis 7.
 FAIL_WHEN_FULL = "#!lua flags=allow-oom\n" + FAIL
+
+# ARGV: now, the plan (JSON), the prompt tokens grouping saves. Ends a validating dry run as
+# completed with its plan; its request records go, as nothing will run them. Result: the state.
+END_DRY_RUN = (
+    _REPLY
+    + """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= 'validating' then return reply(state) end
+redis.call('HSET', KEYS[1], 'state', 'completed', 'plan', ARGV[2], 'prefix_tokens_saved', ARGV[3],
+           'in_progress_at', ARGV[1], 'finished_at', ARGV[1])
+redis.call('DEL', KEYS[2])
+return reply('completed')
+"""
+)
 
 # ARGV: now. Moves a validating job to in_progress, or straight to completed when every
 # request is already answered (all invalid). Result: the state after the call.
