@@ -16,6 +16,10 @@ from typing import Any
 import pytest
 import torch
 from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
@@ -120,6 +124,34 @@ def _olmoe() -> tuple[PretrainedConfig, type[PreTrainedModel]]:
     return config, OlmoeForCausalLM
 
 
+# Gemma: a sliding layer then a global one; the window (24 keys) is shorter than the longer test
+# prompts and than the shared prefixes of the grouping tests (80 keys). Soft-caps (Gemma 2) low
+# enough to bend these small models' scores and logits; query_pre_attn_scalar unlike head_dim.
+_GEMMA = {
+    **_SHAPES,
+    "sliding_window": 24,
+    "layer_types": ["sliding_attention", "full_attention"],
+    "pad_token_id": None,
+}
+
+
+def _gemma2() -> tuple[PretrainedConfig, type[PreTrainedModel]]:
+    config = Gemma2Config(
+        **_GEMMA, query_pre_attn_scalar=24, attn_logit_softcapping=5.0, final_logit_softcapping=3.0
+    )
+    return config, Gemma2ForCausalLM
+
+
+def _gemma3() -> tuple[PretrainedConfig, type[PreTrainedModel]]:
+    rope = {
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+    }
+    config = Gemma3TextConfig(**_GEMMA, query_pre_attn_scalar=48, rope_parameters=rope)
+    config.architectures = ["Gemma3ForCausalLM"]
+    return config, Gemma3ForCausalLM
+
+
 ARCHES: dict[str, Callable[[], tuple[PretrainedConfig, type[PreTrainedModel]]]] = {
     "llama3": lambda: _llama3(tied=True),
     "llama3-untied": lambda: _llama3(tied=False),
@@ -131,6 +163,8 @@ ARCHES: dict[str, Callable[[], tuple[PretrainedConfig, type[PreTrainedModel]]]] 
     "qwen2-moe": _qwen2_moe,
     "mixtral": _mixtral,
     "olmoe": _olmoe,
+    "gemma2": _gemma2,
+    "gemma3": _gemma3,
 }
 
 

@@ -1,6 +1,7 @@
-"""Every engine feature on each family beyond the Llama one (Phi-3 and the mixtures of experts),
-as the Llama family is tested: a request's tokens and log-probs do not depend on whether its prefix
-was grouped (cascade attention), computed before (prefix cache) or decoded in windows of 8 steps."""
+"""Every engine feature on each family beyond the Llama one (Phi-3, the mixtures of experts and
+Gemma, whose 80-token prefixes here outrun its 24-key sliding window), as the Llama family is
+tested: a request's tokens and log-probs do not depend on whether its prefix was grouped (cascade
+attention), computed before (prefix cache) or decoded in windows of 8 steps."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from engine_checkpoints import (
     shared_prefix_job,
 )
 
-FAMILIES = ["phi3", "qwen3-moe", "qwen2-moe", "mixtral", "olmoe"]
+FAMILIES = ["phi3", "qwen3-moe", "qwen2-moe", "mixtral", "olmoe", "gemma2", "gemma3"]
 PARAMS = greedy(10, ignore_eos=True, logprobs=2)
 
 

@@ -89,7 +89,17 @@ def test_experts_split_over_ranks_compute_what_one_rank_computes(
 ) -> None:
     """Experts and a shared expert split by width; OLMoE's whole-projection q/k norms summed
     over the ranks, at 4 ranks over 2 KV heads each held twice."""
-    model = save_checkpoint(arch, tmp_path)
+    _assert_ranks_agree(save_checkpoint(arch, tmp_path), size)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+def test_gemma_layers_over_ranks_compute_what_one_rank_computes(arch: str, tmp_path: Path) -> None:
+    """Gemma's layer cut as Llama's (its four norms, q/k norms and soft-caps whole on every
+    rank), with the shared prefix longer than the sliding window."""
+    _assert_ranks_agree(save_checkpoint(arch, tmp_path), 2)
+
+
+def _assert_ranks_agree(model: str, size: int) -> None:
     prompts = shared_prefix_job(num_prefixes=1, per_prefix=3, prefix_len=70)
     outputs = []
     for ranks in (1, size):

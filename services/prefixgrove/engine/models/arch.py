@@ -51,6 +51,56 @@ def moe_arch_of(config: Any, num_layers: int) -> MoeArch | None:
     )
 
 
+GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+
+
+@dataclass(frozen=True)
+class GemmaArch:
+    """Gemma 2 and 3's facts beyond the Llama decoder: the attention scale's 1 / sqrt of
+    query_pre_attn_scalar, the attention-logit and final-logit soft-caps (0: none), each layer's
+    sliding window (0: a global layer) and Gemma 3's rotary base of its local layers (None: the
+    local layers share the global table)."""
+
+    query_pre_attn_scalar: float
+    attn_softcap: float
+    final_softcap: float
+    layer_windows: tuple[int, ...]
+    local_rope_theta: float | None
+
+
+def gemma_arch_of(config: Any, arch: str) -> GemmaArch | None:
+    """GemmaArch of Gemma 2 and Gemma 3 text configs; None for other architectures."""
+    if arch not in GEMMA_ARCHITECTURES:
+        return None
+    activation = getattr(config, "hidden_activation", None) or config.hidden_act
+    if activation != "gelu_pytorch_tanh":
+        raise ValueError(f"{arch} with hidden_activation={activation!r}: only gelu_pytorch_tanh")
+    if getattr(config, "use_bidirectional_attention", False):
+        raise ValueError(f"{arch} with use_bidirectional_attention: only causal attention")
+    window = int(config.sliding_window or 0)
+    kinds = config.layer_types or ["full_attention"] * config.num_hidden_layers
+    unknown = sorted(set(kinds) - {"sliding_attention", "full_attention"})
+    if unknown:
+        raise ValueError(f"{arch} layer types {unknown}: expected sliding_ or full_attention")
+    local_theta = None
+    if arch == "Gemma3ForCausalLM":
+        local = (getattr(config, "rope_parameters", None) or {}).get("sliding_attention") or {}
+        if local.get("rope_type", "default") != "default":
+            raise ValueError(
+                f"{arch}: local layers' rope type {local['rope_type']!r}: only default"
+            )
+        local_theta = float(
+            local.get("rope_theta") or getattr(config, "rope_local_base_freq", None) or 10000.0
+        )
+    return GemmaArch(
+        query_pre_attn_scalar=float(config.query_pre_attn_scalar),
+        attn_softcap=float(getattr(config, "attn_logit_softcapping", None) or 0.0),
+        final_softcap=float(getattr(config, "final_logit_softcapping", None) or 0.0),
+        layer_windows=tuple(window if kind == "sliding_attention" else 0 for kind in kinds),
+        local_rope_theta=local_theta,
+    )
+
+
 @dataclass(frozen=True)
 class ModelArch:
     """Shapes and switches of a Llama-family decoder; one type covers Llama 2/3, Mistral, Qwen2 and Qwen3."""
@@ -69,10 +119,11 @@ class ModelArch:
     max_position_embeddings: int
     tie_word_embeddings: bool
     qkv_bias: bool  # Qwen2 (and Llama configs with attention_bias)
-    qk_norm: bool  # Qwen3: RMSNorm on each head of q and k before rotary
+    qk_norm: bool  # Qwen3 and Gemma 3: RMSNorm on each head of q and k before rotary
     sliding_window: int | None
     eos_token_ids: tuple[int, ...]
     moe: MoeArch | None = None
+    gemma: GemmaArch | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -126,6 +177,10 @@ class ModelArch:
             )
         if getattr(config, "clip_qkv", None) is not None:
             raise ValueError(f"clip_qkv={config.clip_qkv} of {arch} is not supported")
+        if isinstance(rope_params, dict) and "full_attention" in rope_params:
+            # Gemma 3's rope per layer type (rope_scaling then holds the same dict): the global
+            # layers' here, the local layers' base in GemmaArch
+            rope_params, scaling = rope_params["full_attention"], None
         if isinstance(rope_params, dict):
             theta = rope_params.get("rope_theta", theta)
             if rope_params.get("rope_type", "default") != "default":
@@ -146,8 +201,9 @@ class ModelArch:
             max_position_embeddings=config.max_position_embeddings,
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
             qkv_bias=qwen2 or bool(getattr(config, "attention_bias", False)),
-            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"),
             sliding_window=sliding_window(config),
             eos_token_ids=eos_ids,
             moe=moe_arch_of(config, config.num_hidden_layers),
+            gemma=gemma_arch_of(config, arch),
         )

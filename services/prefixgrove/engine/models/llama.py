@@ -72,6 +72,10 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps, ops) if arch.qk_norm else None
         self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps, ops) if arch.qk_norm else None
         self.scale = arch.head_dim**-0.5
+        self.softcap, self.window = (
+            0.0,
+            0,
+        )  # a family's score shaping (Gemma's), as ctx.attend takes
 
     def forward(
         self,
@@ -83,10 +87,10 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """Every row's keys and values go to the cache; the output is every row's, or `rows`' only."""
         q = self._project_to_cache(x, positions, cos_sin, ctx)
-        if rows is None:
-            out = ctx.attend(self.layer_idx, q, self.scale)
-        else:
-            out = ctx.attend(self.layer_idx, q[rows.token_rows], self.scale, rows.metadata)
+        meta = None
+        if rows is not None:
+            q, meta = q[rows.token_rows], rows.metadata
+        out = ctx.attend(self.layer_idx, q, self.scale, meta, self.softcap, self.window)
         return self.parallel.all_reduce(self.o_proj(out.view(-1, self.q_size)))
 
     def norm_queries_and_keys(
@@ -212,8 +216,7 @@ class LlamaForCausalLM(CausalLM):
         p, local = self.parallel, local_arch(arch, self.parallel.size)
         self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, p)
         self.layers = nn.ModuleList(
-            DecoderLayer(local, i, ops, p, self.feed_forward(local, i, ops), self.attention)
-            for i in range(arch.num_layers)
+            self.decoder_layer(local, i, ops) for i in range(arch.num_layers)
         )
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, ops)
         self.lm_head = (
@@ -246,6 +249,12 @@ class LlamaForCausalLM(CausalLM):
             x, residual = layer(x, residual, positions, self.cos_sin, ctx)
         x, residual = last(x, residual, positions, self.cos_sin, ctx, ctx.sampled)
         return self.norm(x, residual)[0]
+
+    def decoder_layer(self, local: ModelArch, layer_idx: int, ops: ModelOps) -> nn.Module:
+        """Layer `layer_idx` of this rank (`local`: its shapes); a family with its own layer
+        overrides."""
+        mlp = self.feed_forward(local, layer_idx, ops)
+        return DecoderLayer(local, layer_idx, ops, self.parallel, mlp, self.attention)
 
     def feed_forward(self, local: ModelArch, layer_idx: int, ops: ModelOps) -> nn.Module | None:
         """Layer `layer_idx`'s feed-forward block; None: the dense MLP (a MoE family overrides)."""

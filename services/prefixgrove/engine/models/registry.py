@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .base import CausalLM
+from .gemma import GemmaForCausalLM
 from .llama import LlamaForCausalLM
 from .moe import MoeForCausalLM
 from .olmoe import OlmoeForCausalLM
@@ -25,6 +26,8 @@ MODELS: Mapping[str, type[CausalLM]] = {
     "Qwen2MoeForCausalLM": MoeForCausalLM,
     "MixtralForCausalLM": MoeForCausalLM,
     "OlmoeForCausalLM": OlmoeForCausalLM,
+    "Gemma2ForCausalLM": GemmaForCausalLM,
+    "Gemma3ForCausalLM": GemmaForCausalLM,
 }
 
 
