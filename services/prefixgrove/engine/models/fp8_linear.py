@@ -10,6 +10,10 @@ scale is its own).
 A layer with per-token scales also takes its input already quantized (`QuantizedRows`): the
 RMSNorm or SiLU-and-mul before it then writes e4m3 values and scales in the pass that computes
 them, instead of an activation in the model's dtype that the layer would read again to quantize.
+
+Block scales (128x128 weight blocks, activations per token and 128 columns) are
+`fp8_block_linear.Fp8BlockLinear`'s; this module reads both kinds of FP8 checkpoint and quantizes
+a model into either kind of layer (`quantize_model`).
 """
 
 from __future__ import annotations
