@@ -247,3 +247,23 @@ def test_a_cut_through_a_block_is_refused_by_name(llama_block: tuple[str, str]) 
     """The tiny Llama's k has 64 rows: 2 ranks would hold 32 rows of one block each."""
     with pytest.raises(ValueError, match=r"k_proj\.weight_scale_inv: a cut of 64 into 2 slices"):
         load_rank(llama_block[0], TensorParallel(1, 2))
+
+
+def test_ranks_take_whole_blocks_of_every_expert_and_their_scales(tmp_path: Path) -> None:
+    """Each expert's gate/up rows and down columns, width 256 over 2 ranks: 128 each."""
+    source = save_checkpoint("qwen3-moe", tmp_path / "source", moe_intermediate_size=256, **ALIGNED)
+    stored = write_block_fp8(source, tmp_path / "fp8")
+    whole = next(m for m in load_rank(stored, TensorParallel.single()).modules()
+                 if isinstance(m, SparseMoe))  # fmt: skip
+    for rank in (0, 1):
+        model = load_rank(stored, TensorParallel(rank, 2))
+        shard = next(m for m in model.modules() if isinstance(m, SparseMoe))
+        gate_up = model.layout("layers.0.mlp.experts_gate_up")
+        assert gate_up is not None
+        for name in ("experts_gate_up", "experts_gate_up_scale"):
+            want = gate_up.local_of_full(getattr(whole, name))
+            assert torch.equal(getattr(shard, name).float(), want.float()), (rank, name)
+        columns = Cut(2, 2, rank)
+        for name in ("experts_down", "experts_down_scale"):  # the scales' columns are blocks
+            want = columns.take(getattr(whole, name))
+            assert torch.equal(getattr(shard, name).float(), want.float()), (rank, name)
