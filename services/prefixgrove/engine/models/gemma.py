@@ -6,7 +6,7 @@ What differs from Llama (the facts are `arch.gemma`, `arch.GemmaArch`):
 - RMSNorm weights stored as (1 + w): Gemma's norm multiplies by 1 + w, so the checkpoint's w plus
   one is loaded into the shared RMSNorm, and random weights' 1.0 is Gemma's own zero init;
 - four norms a layer: after attention and before and after the feed-forward block;
-- a GeGLU feed-forward block (gelu with the tanh approximation);
+- a GeGLU feed-forward block (gelu with the tanh approximation: `ops.gelu_tanh_and_mul`);
 - attention scaled by query_pre_attn_scalar ** -0.5, its logits soft-capped (Gemma 2), sliding-window
   layers beside global ones, and Gemma 3's q/k norms and its local layers' own rotary base;
 - final logits soft-capped (Gemma 2).
@@ -25,11 +25,10 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from torch.nn import functional
 
 from ..parallel.group import TensorParallel
 from .arch import GemmaArch, ModelArch
-from .fp8_linear import QuantizedRows
+from .fp8_linear import takes_quantized_rows
 from .llama import MLP, Attention, LlamaForCausalLM, RMSNorm
 from .ops import ModelOps
 from .rotary import rotary_table
@@ -62,10 +61,9 @@ class GemmaAttention(Attention):
 class GemmaMLP(MLP):
     """down(gelu_tanh(gate) * up): the Llama MLP's fused gate/up with Gemma's activation."""
 
-    def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        down = self.down_proj(functional.gelu(gate, approximate="tanh") * up)
-        return self.parallel.all_reduce(down)
+    def __init__(self, arch: ModelArch, ops: ModelOps, parallel: TensorParallel) -> None:
+        super().__init__(arch, ops, parallel)
+        self.act_and_mul, self.act_and_mul_fp8 = ops.gelu_tanh_and_mul, ops.gelu_tanh_and_mul_fp8
 
 
 class GemmaDecoderLayer(nn.Module):
@@ -84,6 +82,15 @@ class GemmaDecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(size, eps, ops)
         self.mlp = GemmaMLP(arch, ops, parallel)
         self.post_feedforward_layernorm = RMSNorm(size, eps, ops)
+
+    def fuse_fp8_inputs(self) -> None:
+        """As Llama's layer: the norms before qkv_proj and gate_up_proj, and the activation before
+        down_proj, write the FP8 rows those layers take (the post-norms feed no linear layer)."""
+        self.input_layernorm.quantizes_output = takes_quantized_rows(self.self_attn.qkv_proj)
+        self.pre_feedforward_layernorm.quantizes_output = takes_quantized_rows(
+            self.mlp.gate_up_proj
+        )
+        self.mlp.quantizes_activation = takes_quantized_rows(self.mlp.down_proj)
 
     def forward(
         self,
@@ -133,6 +140,11 @@ class GemmaForCausalLM(LlamaForCausalLM):
 
     def decoder_layer(self, local: ModelArch, layer_idx: int, ops: ModelOps) -> nn.Module:
         return GemmaDecoderLayer(local, layer_idx, ops, self.parallel)
+
+    def fuse_fp8_inputs(self) -> None:
+        for layer in self.layers:
+            if isinstance(layer, GemmaDecoderLayer):
+                layer.fuse_fp8_inputs()
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext

@@ -130,14 +130,16 @@ class MLP(nn.Module):
             arch.hidden_size, 2 * arch.intermediate_size, bias=False
         )
         self.down_proj = RowInvariantLinear(arch.intermediate_size, arch.hidden_size, bias=False)
-        self.quantizes_activation = False  # silu_and_mul's output as QuantizedRows for down_proj
+        self.quantizes_activation = False  # act_and_mul's output as QuantizedRows for down_proj
+        # act(gate) * up, and its FP8 form: SwiGLU here, a family's own gate where it differs
+        self.act_and_mul, self.act_and_mul_fp8 = ops.silu_and_mul, ops.silu_and_mul_fp8
 
     def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if self.quantizes_activation:
-            down = self.down_proj(QuantizedRows(*self.ops.silu_and_mul_fp8(gate_up)))
+            down = self.down_proj(QuantizedRows(*self.act_and_mul_fp8(gate_up)))
         else:
-            down = self.down_proj(self.ops.silu_and_mul(gate_up))
+            down = self.down_proj(self.act_and_mul(gate_up))
         return self.parallel.all_reduce(down)
 
 

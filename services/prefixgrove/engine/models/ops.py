@@ -20,10 +20,12 @@ class ModelOps:
     # allocates them: tensors, or FP8 caches with their scales, see attention/kv_cache.py)
     rotary_to_cache: Any
     silu_and_mul: Any  # [n, 2d] (gate | up) -> [n, d]
+    gelu_tanh_and_mul: Any  # the same with gelu (tanh approximation): Gemma's GeGLU
     # rms_norm and silu_and_mul with their outputs as an FP8 linear layer takes them (e4m3 values,
     # float32 scales [rows, 1]: the bytes the layer's own per-token quantization would write)
     rms_norm_fp8: Any  # (x [rows, hidden], weight, eps, residual | None) -> (q, scales, sum | None)
     silu_and_mul_fp8: Any  # [n, 2d] (gate | up) -> (q [n, d], scales [n, 1])
+    gelu_tanh_and_mul_fp8: Any
 
 
 def create_ops(name: str) -> ModelOps:
@@ -38,8 +40,10 @@ def create_ops(name: str) -> ModelOps:
             rms_norm=rmsnorm.rms_norm,
             rotary_to_cache=rotary_to_cache,
             silu_and_mul=activation.silu_and_mul,
+            gelu_tanh_and_mul=activation.gelu_tanh_and_mul,
             rms_norm_fp8=rmsnorm.rms_norm_fp8,
             silu_and_mul_fp8=activation.silu_and_mul_fp8,
+            gelu_tanh_and_mul_fp8=activation.gelu_tanh_and_mul_fp8,
         )
     if name == "torch":
         rotary_to_cache = _on_layer_caches(rotary.apply_rotary_to_cache_ref)
@@ -48,8 +52,10 @@ def create_ops(name: str) -> ModelOps:
             rms_norm=rmsnorm.rms_norm_ref,
             rotary_to_cache=rotary_to_cache,
             silu_and_mul=activation.silu_and_mul_ref,
+            gelu_tanh_and_mul=activation.gelu_tanh_and_mul_ref,
             rms_norm_fp8=rmsnorm.rms_norm_fp8_ref,
             silu_and_mul_fp8=activation.silu_and_mul_fp8_ref,
+            gelu_tanh_and_mul_fp8=activation.gelu_tanh_and_mul_fp8_ref,
         )
     raise ValueError(f"model ops {name!r} are unknown; expected 'triton' or 'torch'")
 
