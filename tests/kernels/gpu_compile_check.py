@@ -215,6 +215,50 @@ def decode_launches(dtype: torch.dtype, kv_dtype: torch.dtype) -> list[tuple[str
     return out
 
 
+def gemma_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
+    """Gemma's layers: soft-capped scores and a sliding window in every attention kernel (head
+    size 256, two query heads a KV head), the paged kernel's prefill and suffix pass, the prefix
+    pass (rows placed by their sequences) with and without suffix chunks, and cascade decode."""
+    from prefixgrove_kernels.cascade_attention import prefix_attention_launches
+    from prefixgrove_kernels.cascade_decode import cascade_decode_attention_launches
+    from prefixgrove_kernels.launch import PagedMetadata, SuffixChunks
+    from prefixgrove_kernels.paged_attention import paged_attention_launch
+
+    def seqs(count: int, max_query_len: int, grouped: bool) -> PagedMetadata:
+        index = torch.zeros(count + 1, dtype=torch.int32)
+        return PagedMetadata(
+            cu_seqlens_q=index,
+            seq_lens=index[:count],
+            block_tables=torch.zeros(count, 160, dtype=torch.int32),
+            max_query_len=max_query_len,
+            kv_start=index[:count] if grouped else None,
+        )
+
+    shaping = {"scale": 0.0625, "softcap": 50.0, "window": 4096}
+    q, cache = torch.empty(256, 8, 256, dtype=dtype), torch.empty(64, 16, 4, 256, dtype=dtype)
+    out, decode, groups = torch.empty_like(q), seqs(256, 1, True), zero_groups(16, 16)
+    state = {"prefix_out": torch.empty(q.shape), "prefix_lse": torch.empty(q.shape[:2])}
+    prefill = paged_attention_launch(q, cache, cache, out, seqs(2, 128, False), **shaping)
+    suffix = paged_attention_launch(q, cache, cache, out, decode, **state, **shaping)
+    window, _, _ = prefix_attention_launches(
+        q, cache, cache, groups, num_splits=1, query_seqs=decode, **shaping
+    )
+    chunks = SuffixChunks(out, seqs(2, 128, True))
+    fused, _, _ = prefix_attention_launches(
+        q, cache, cache, zero_groups(2, 128), out=out, suffix_chunks=chunks, **shaping
+    )
+    one_pass = cascade_decode_attention_launches(
+        q, cache, cache, out, decode, groups, num_splits=1, **shaping
+    )
+    return [
+        ("paged/gemma_prefill", prefill),
+        ("paged/gemma_suffix", suffix),
+        ("prefix/gemma_window/0", window[0]),
+        ("prefix/gemma_suffix_chunks/0", fused[0]),
+        ("cascade_decode/gemma/0", one_pass[0]),
+    ]
+
+
 def merge_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
     from prefixgrove_kernels.merge_states import merge_attention_states_launch
 
@@ -238,7 +282,7 @@ def main(sm: int, dtypes: list[torch.dtype]) -> int:
             paged_launches(dtype, kv_dtype)
             + prefix_launches(dtype, kv_dtype)
             + decode_launches(dtype, kv_dtype)
-            + (merge_launches(dtype) if kv_dtype == dtype else [])
+            + (merge_launches(dtype) + gemma_launches(dtype) if kv_dtype == dtype else [])
         )
         for name, launch in planned:
             record: dict[str, Any] = {
