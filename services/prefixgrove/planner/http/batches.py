@@ -6,6 +6,7 @@ metadata under the reserved keys below, hidden from the batch's `metadata`."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -53,7 +54,10 @@ class Batches:
         metadata = _checked_request(body)
         input_path = self.files.source(body["input_file_id"])
         metadata |= {INPUT_FILE_KEY: body["input_file_id"], ENDPOINT_KEY: body["endpoint"]}
-        created = self.service.CreateJob(pb.CreateJobRequest(metadata=metadata), ServiceCall())
+        options = _dry_run(body)
+        request = pb.CreateJobRequest(metadata=metadata, dry_run=options is not None,
+                                      plan_options=options)  # fmt: skip
+        created = self.service.CreateJob(request, ServiceCall())
         self.feeders.submit(self._feed, created.id, input_path)
         return self.get(created.id)
 
@@ -149,6 +153,9 @@ def batch_object(job: JobRecord) -> dict[str, Any]:
         "metadata": metadata or None,
         "model": job.model,
         "usage": _usage(job),
+        # a dry run's plan (docs/plan.md), beside OpenAI's fields: its clients keep fields they
+        # do not know (batch.plan, or model_extra)
+        **({"plan": json.loads(job.plan)} if job.plan else {}),
     }
 
 
@@ -198,6 +205,22 @@ def _checked_request(body: dict[str, Any]) -> dict[str, str]:
     ):
         raise ApiError(400, "metadata must map strings to strings (keys not starting openai.)")
     return dict(metadata)
+
+
+def _dry_run(body: dict[str, Any]) -> pb.PlanOptions | None:
+    """The batch's `dry_run` (an extension: extra_body in OpenAI's SDK): true, or the plan
+    options as an object (PlanOptions' fields); absent or false: a batch that runs."""
+    value = body.get("dry_run", False)
+    if value is False:
+        return None
+    if value is True:
+        return pb.PlanOptions()
+    try:
+        return pb.PlanOptions(**value)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as exc:
+        fields = ", ".join(pb.PlanOptions.DESCRIPTOR.fields_by_name)
+        raise ApiError(400, f"dry_run {value!r} is invalid ({exc}): expected true, or an object "
+                            f"of {fields}") from None  # fmt: skip
 
 
 def _chunks(job_id: str, path: Path | str, max_line_bytes: int) -> Iterator[pb.AddRequestsChunk]:
