@@ -325,7 +325,7 @@ def _paged_attention_kernel(
     HAS_PREFIX: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr,
-    HAS_WINDOW: tl.constexpr,  # (never with UNMASKED_BODY: rows of a tile see different keys)
+    HAS_WINDOW: tl.constexpr,
 ):
     # Programs are dispatched roughly in program-id order: the grid runs backwards so that the last
     # sequences' last query tiles, the longest of a causal prefill, start first and the short ones
@@ -383,8 +383,11 @@ def _paged_attention_kernel(
         # Key tiles [full_lo, full_hi) lie inside [kv_lo, kv_hi) and at or before the tile's first
         # query, so every row may see all their keys: that loop needs no mask (most of a long
         # prefill's tiles). The tiles before and after it (a kv_lo inside a tile, the causal
-        # diagonal) take the masked loop below.
-        full_lo = tl.minimum(tl.cdiv(kv_lo, BLOCK_N), t_end)
+        # diagonal, the keys some rows' windows leave out) take the masked loop below.
+        first_full = kv_lo
+        if HAS_WINDOW:  # and inside the tile's last row's window, which starts last
+            first_full = tl.maximum(kv_lo, kv_hi - window)
+        full_lo = tl.minimum(tl.cdiv(first_full, BLOCK_N), t_end)
         full_hi = tl.maximum(full_lo, (context + q_tile * BLOCK_Q + 1) // BLOCK_N)
         m_i, l_i, acc = attend_whole_tiles(
             q_dot, q_scale, k_ptr, v_ptr, None, table_row, full_lo, full_hi,
@@ -538,7 +541,7 @@ def paged_attention_launch(*args: Any, **kwargs: Any) -> KernelLaunch | None:
         # holds the causal prefills of new prefixes, thousands of keys each, which the unmasked
         # loop takes faster (benchmarks/HISTORY.md, "Prefill attention"): with such a sequence in
         # the launch (a long query), every program takes the three loops.
-        "UNMASKED_BODY": not call.window and (kv_start is None or meta.max_query_len > LONG_QUERY),
+        "UNMASKED_BODY": kv_start is None or meta.max_query_len > LONG_QUERY,
         "HAS_KV_START": kv_start is not None,
         "HAS_PREFIX": prefix_out is not None,
         "SOFTCAP": call.softcap > 0,

@@ -85,6 +85,19 @@ def test_paged_attention_caps_scores_and_slides_its_window(fn, softcap: float, w
     assert (out.double() - want).abs().max() < TOL
 
 
+@pytest.mark.parametrize("fn", [paged_attention, paged_attention_ref], ids=["triton", "torch"])
+def test_a_long_prefill_with_a_wide_window_is_windowed_in_whole_and_edge_tiles(fn):
+    """A window wider than a key tile (64 keys here): the tiles inside every row's window take the
+    kernel's unmasked loop, those its rows' windows cut take the masked one."""
+    cache = SHAPE.cache(48, torch.float32, torch.device("cpu"))
+    batch = make_batch(cache, [Seq(200, 330), Seq(1, 300)], SHAPE.num_heads, torch.float32)
+    out = torch.empty_like(batch.q)
+    meta = batch.metadata(with_kv_start=False)
+    fn(batch.q, cache.k, cache.v, out, meta, scale=SHAPE.scale, softcap=SOFTCAP, window=150)
+    want = dense_shaped(batch, cache, SHAPE.scale, SOFTCAP, 150)
+    assert (out.double() - want).abs().max() < TOL
+
+
 @pytest.mark.parametrize("fused", [False, True], ids=["two-pass", "fused-chunks"])
 @pytest.mark.parametrize("impl", ["triton", "torch"])
 def test_cascade_masks_prefix_keys_outside_the_window(impl: str, fused: bool):
