@@ -66,7 +66,7 @@ class JobError(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "idempotency_key", "model", "state", "request_counts", "queue", "groups_total", "groups_done", "prefix_tokens_saved", "prompt_tokens", "completion_tokens", "created_at", "in_progress_at", "finished_at", "error", "metadata", "plan", "dry_run")
+    __slots__ = ("id", "idempotency_key", "model", "state", "request_counts", "queue", "groups_total", "groups_done", "prefix_tokens_saved", "prompt_tokens", "completion_tokens", "created_at", "in_progress_at", "finished_at", "error", "metadata", "plan", "dry_run", "eta_s")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +92,7 @@ class Job(_message.Message):
     METADATA_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    ETA_S_FIELD_NUMBER: _ClassVar[int]
     id: str
     idempotency_key: str
     model: str
@@ -110,7 +111,8 @@ class Job(_message.Message):
     metadata: _containers.ScalarMap[str, str]
     plan: JobPlan
     dry_run: bool
-    def __init__(self, id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., model: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., request_counts: _Optional[_Union[RequestCounts, _Mapping]] = ..., queue: _Optional[_Union[QueueDepth, _Mapping]] = ..., groups_total: _Optional[int] = ..., groups_done: _Optional[int] = ..., prefix_tokens_saved: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., created_at: _Optional[float] = ..., in_progress_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., error: _Optional[_Union[JobError, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., plan: _Optional[_Union[JobPlan, _Mapping]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+    eta_s: float
+    def __init__(self, id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., model: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., request_counts: _Optional[_Union[RequestCounts, _Mapping]] = ..., queue: _Optional[_Union[QueueDepth, _Mapping]] = ..., groups_total: _Optional[int] = ..., groups_done: _Optional[int] = ..., prefix_tokens_saved: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., created_at: _Optional[float] = ..., in_progress_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., error: _Optional[_Union[JobError, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., plan: _Optional[_Union[JobPlan, _Mapping]] = ..., dry_run: _Optional[bool] = ..., eta_s: _Optional[float] = ...) -> None: ...
 
 class PlanOptions(_message.Message):
     __slots__ = ("gpu", "gpus", "tensor_parallel_size", "quantization", "kv_cache_dtype", "price_per_gpu_hour", "mean_output_tokens")

@@ -177,7 +177,9 @@ _LOG_EVERY_S = 2.0
 def _show(job: Any, as_json: bool) -> None:
     from google.protobuf.json_format import MessageToDict
 
+    from prefixgrove.plan_report import duration
     from prefixgrove.planner.client import state_name
+    from prefixgrove_proto import planner_pb2 as pb
 
     if as_json:
         print(json.dumps(MessageToDict(job, preserving_proto_field_name=True)), flush=True)
@@ -187,6 +189,8 @@ def _show(job: Any, as_json: bool) -> None:
             f"({c.failed} failed)  queue {job.queue.depth}  model {job.model}")  # fmt: skip
     if "namespace" in job.metadata and "name" in job.metadata:  # the operator's BatchJob
         line += f"  batchjob {job.metadata['namespace']}/{job.metadata['name']}"
+    if job.state == pb.JOB_STATE_IN_PROGRESS and job.eta_s >= 0:
+        line += f"  ETA {duration(job.eta_s)}"
     if job.error.code:
         line += f"  error {job.error.code}: {job.error.message}"
     print(line, flush=True)

@@ -76,13 +76,17 @@ def test_a_dry_run_plans_as_prefixgrove_plan_does(
     assert remote.devices[0].wall_s == pytest.approx(local["devices"]["h100"]["wall_s"])
 
 
-def test_a_job_without_dry_run_has_no_plan(planner: tuple[PlannerClient, PlannerServer]) -> None:
+def test_a_job_that_runs_keeps_a_plan_for_its_eta(
+    planner: tuple[PlannerClient, PlannerServer],
+) -> None:
     client, _ = planner
     job = client.create_job()
     client.add_lines(job.id, [line.encode() for line in lines(2)])
     sealed = client.seal(job.id)
-    assert not sealed.dry_run and not sealed.HasField("plan")
-    assert sealed.state == pb.JOB_STATE_IN_PROGRESS
+    assert not sealed.dry_run and sealed.state == pb.JOB_STATE_IN_PROGRESS
+    assert sealed.groups_total >= 1 and sealed.plan.requests == 2
+    assert sealed.plan.devices[0].kind == "h100"  # one engine of the default kind
+    assert 0 <= sealed.eta_s <= sealed.plan.devices[0].wall_s  # known: -1 is unknown
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ as `prefixgrove plan` (docs/plan.md); answered in Job.plan."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -22,6 +23,8 @@ from prefixgrove.jobs.job_tally import JobTally
 from prefixgrove.jobs.redis_store.dry_runs import DryRuns
 from prefixgrove.jobs.redis_store.schema import JobRecord, JobState
 from prefixgrove_proto import planner_pb2 as pb
+
+log = logging.getLogger(__name__)
 
 
 def plan_options(options: pb.PlanOptions, context: grpc.ServicerContext) -> dict[str, Any]:
@@ -53,34 +56,62 @@ def _engine(options: dict[str, Any]) -> EngineSettings:
                           tensor_parallel_size=options["tensor_parallel_size"])  # fmt: skip
 
 
+# what a job that is not a dry run is planned for (its ETA until requests finish): one engine of
+# the kind the cost model's table knows best
+DEFAULT_OPTIONS: dict[str, Any] = {
+    "gpu": "h100", "gpus": 1, "tensor_parallel_size": 1, "quantization": None,
+    "kv_cache_dtype": "auto", "price_per_gpu_hour": None, "mean_output_tokens": None,
+}  # fmt: skip
+
+
 class DryRunPlanner:
-    """Ends sealed dry runs with their plans."""
+    """Plans sealed jobs: a dry run ends with its plan; any other job keeps one for its ETA."""
 
     def __init__(self, dry_runs: DryRuns, sources: Mapping[str, str], aliases: Mapping[str, str]) -> None:  # fmt: skip
         self.dry_runs = dry_runs
         self.sources = sources  # served model name -> what loads its config
         self.aliases = aliases  # alias -> served model name
+        self._configs: dict[str, Any] = {}  # by source: a GGUF file's config takes seconds to read
 
     def mark(self, job_id: str, options: dict[str, Any]) -> str:
         """Makes the new job a dry run for `options` (plan_options); returns what it holds."""
         return self.dry_runs.mark(job_id, options)
 
-    def end(self, job: JobRecord, lines: int, plans: dict[str, JobPlan]) -> JobState:
-        """Plans the job's lines of its own model and ends it, completed, with that plan."""
-        options = json.loads(job.dry_run)
-        tally = JobTally()
-        for index, prompt, params, model in self.dry_runs.requests(job.id, lines):
-            if model is None or self.aliases.get(model, model) == job.model:
-                tally.add_request(index, prompt, params)
-        hf_config = load_hf_config(self.sources[job.model])
+    def end(self, job: JobRecord, lines: int, plans: dict[str, JobPlan], tally: JobTally | None) -> JobState:  # fmt: skip
+        """Plans the dry run's lines of its own model (`tally`, else read back from Redis) and
+        ends it, completed, with that plan."""
+        if tally is None:
+            tally = JobTally()
+            for index, prompt, params, model in self.dry_runs.requests(job.id, lines):
+                if model is None or self.aliases.get(model, model) == job.model:
+                    tally.add_request(index, prompt, params)
+        plan = plans[job.model]
+        found = self.plan(job, tally, plan, json.loads(job.dry_run))
+        return self.dry_runs.end(job.id, found, plan.prefix_tokens_saved)
+
+    def keep(self, job: JobRecord, tally: JobTally, plans: dict[str, JobPlan]) -> None:
+        """Keeps a queued job's plan (DEFAULT_OPTIONS), from which its ETA starts; a plan that
+        cannot be made leaves the job without one (its ETA then starts at its first results)."""
+        try:
+            found = self.plan(job, tally, plans[job.model], DEFAULT_OPTIONS)
+        except Exception:  # NOTE: a plan is an estimate; it never stops the job it is for
+            log.exception("job %s: no plan, its ETA waits for its first results", job.id)
+            return
+        self.dry_runs.keep(job.id, found)
+
+    def plan(self, job: JobRecord, tally: JobTally, plan: JobPlan, options: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+        """The job's plan for `options`, the kind planned for first."""
+        source = self.sources[job.model]
+        if source not in self._configs:
+            self._configs[source] = load_hf_config(source)
+        hf_config = self._configs[source]
         engine = _engine(options)
         kinds = [options["gpu"], *(k for k in KINDS if k not in ("cpu", options["gpu"]))]
         where = {k: placement_on(engine, hf_config, k, options["gpus"]) for k in kinds}
-        plan = plans[job.model]
         result = estimate(tally, plan, ModelShape.from_hf_config(hf_config), where,
                           job.failed, options["mean_output_tokens"],
                           options["price_per_gpu_hour"])  # fmt: skip
-        return self.dry_runs.end(job.id, result.as_dict(), plan.prefix_tokens_saved)
+        return result.as_dict()
 
 
 def plan_to_pb(plan_json: str) -> pb.JobPlan:

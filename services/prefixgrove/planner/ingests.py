@@ -15,6 +15,7 @@ import grpc
 import redis
 
 from prefixgrove.jobs.ingest import IngestedBatch, JobIngestor, JobPlan
+from prefixgrove.jobs.job_tally import JobTally
 from prefixgrove.jobs.line_parser import LineParser
 from prefixgrove.jobs.redis_store.idempotency import InputConflict, check_same_input
 from prefixgrove.jobs.redis_store.schema import JobRecord, JobState
@@ -36,6 +37,7 @@ class JobIngest:
         self.ingestor = ingestor
         self.ledger = ledger
         self.lock = threading.Lock()
+        self.tally = JobTally()  # the job's own model's requests taken here, for its plan
 
     def add(self, lines: Sequence[bytes], first_line: int | None, store: JobStore) -> IngestedBatch:
         """Takes in a chunk of request lines (none blank) placed from `first_line` (None: after
@@ -46,6 +48,9 @@ class JobIngest:
             ing = self.ingestor
             batch = ing.add(lines[skipped:])
             store.write_requests(self.job_id, batch, ing.total, ing.prompt_tokens)
+            for request, tokens in batch.requests:
+                if ing.model_of(request) == ing.default_model:
+                    self.tally.add_request(request.index, len(tokens), request.params)
         return batch
 
 
@@ -179,15 +184,15 @@ class Ingests:
             self.fail_out_of_memory(job, context)
         return UploadStream(self, ingest, job, first_line, context)
 
-    def cached_plan(self, job_id: str) -> dict[str, JobPlan] | None:
-        """The job's plan per model from this replica's cache, when every request of the job
-        came through here; else None."""
+    def cached_plan(self, job_id: str) -> tuple[dict[str, JobPlan], JobTally] | None:
+        """The job's plan per model and the tally of its own model's requests from this
+        replica's cache, when every request of the job came through here; else None."""
         with self._lock:
             ingest = self._ingests.get(job_id)
         if ingest is not None:
             with ingest.lock:
                 if len(ingest.ingestor) == self.uploads.request_count(job_id):
-                    return ingest.ingestor.plan()
+                    return ingest.ingestor.plan(), ingest.tally
         return None
 
     def end(self, job_id: str) -> None:

@@ -3,11 +3,14 @@ message, and looked at again every POLL_S while a call waits for it to change.""
 
 from __future__ import annotations
 
+import time
+
 import grpc
 
 from prefixgrove.jobs.redis_store.schema import JobRecord, JobState
 from prefixgrove.jobs.redis_store.store import JobStore, QueueDepth
 from prefixgrove.planner.dry_runs import plan_to_pb
+from prefixgrove.planner.eta import eta_seconds
 from prefixgrove_proto import planner_pb2 as pb
 
 POLL_S = 0.25
@@ -61,7 +64,16 @@ def job_to_pb(job: JobRecord, store: JobStore) -> pb.Job:
         metadata=job.metadata,
         plan=plan_to_pb(job.plan) if job.plan else None,
         dry_run=bool(job.dry_run),
+        eta_s=eta_seconds(job, time.time()),
     )
+
+
+def without_eta(job: pb.Job) -> pb.Job:
+    """The job as a watcher compares it: all but its ETA, which moves with the clock."""
+    copy = pb.Job()
+    copy.CopyFrom(job)
+    copy.ClearField("eta_s")
+    return copy
 
 
 def queue_depth_to_pb(depth: QueueDepth) -> pb.QueueDepth:

@@ -10,7 +10,9 @@ next finds it ended; a replica that stops first leaves its jobs unobserved.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -20,6 +22,7 @@ from prefixgrove.jobs.redis_store.schema import JobRecord, JobState
 from prefixgrove.jobs.redis_store.store import QueueDepth
 from prefixgrove.jobs.requests import BatchRequest
 from prefixgrove.metrics_registry import service_registry
+from prefixgrove.planner.eta import eta_seconds
 
 _REFRESH_S = 5.0
 # Seconds from a job's creation to its end: a second to two days
@@ -62,6 +65,13 @@ class PlannerMetrics:
         self.queue_leased = gauge("prefixgrove_queue_groups_leased", "Groups a worker holds")
         self.queue_depth = gauge(
             "prefixgrove_queue_depth", "Groups not yet acknowledged (waiting + leased)"
+        )
+        self.job_eta = Gauge(
+            "prefixgrove_planner_job_eta_seconds",
+            "Seconds until a running job sealed here ends, as its plan and measured rate say "
+            "(docs/plan.md); -1 while unknown; gone once the job ends",
+            ["job"],
+            registry=self.registry,
         )
         self._read_job: Callable[[str], JobRecord | None] | None = None
         self._followed: dict[str, None] = {}  # job ids, oldest first
@@ -109,7 +119,7 @@ class PlannerMetrics:
 
     def observe_ended_jobs(self) -> int:
         """Observes the duration of each followed job that has ended, and stops following it (and
-        those gone from Redis); returns how many it observed."""
+        those gone from Redis); sets the ETA of those still running. Returns how many ended."""
         if self._read_job is None:
             return 0
         with self._lock:
@@ -118,6 +128,7 @@ class PlannerMetrics:
         for job_id in followed:
             job = self._read_job(job_id)
             if job is not None and not job.state.terminal:
+                self.job_eta.labels(job_id).set(eta_seconds(job, time.time()))
                 continue
             if job is not None:
                 seconds = max(job.finished_at - job.created_at, 0.0)
@@ -125,6 +136,8 @@ class PlannerMetrics:
                 observed += 1
             with self._lock:
                 self._followed.pop(job_id, None)
+            with suppress(KeyError):  # never set: the job ended before a refresh saw it run
+                self.job_eta.remove(job_id)
         return observed
 
     def serve(

@@ -12,6 +12,7 @@ import grpc
 import redis
 
 from prefixgrove.jobs.ingest import JobPlan, UploadCounts, job_error
+from prefixgrove.jobs.job_tally import JobTally
 from prefixgrove.jobs.redis_store.dry_runs import DryRuns
 from prefixgrove.jobs.redis_store.schema import JobRecord, JobState
 from prefixgrove.jobs.redis_store.uploads import rebuild_plan
@@ -92,13 +93,16 @@ class Sealer:
             self.ingests.fail(job.id, "ingest_interrupted", message)
             context.abort(grpc.StatusCode.ABORTED, f"job {job.id} failed: {message}")
         start = time.perf_counter()
-        plans, path = self._plan(job, counts.lines)
+        plans, tally, path = self._plan(job, counts.lines)
         self.uploads.write_totals(job.id, counts)
-        if self.store.job_state(job.id) != JobState.VALIDATING:
+        job = find_job(self.store, job.id, context)  # its totals, for its plan
+        if job.state != JobState.VALIDATING:
             self.store.cancel(job.id)  # cancelled while streaming in: nothing to queue
         elif job.dry_run:  # planned, and nothing runs
-            self.dry_runs.end(find_job(self.store, job.id, context), counts.lines, plans)
+            self.dry_runs.end(job, counts.lines, plans, tally)
         else:
+            if tally is not None:  # kept before the groups go out: the ETA starts from it
+                self.dry_runs.keep(job, tally, plans)
             self.store.queue_plans(job.id, plans)
         self.ingests.end(job.id)
         units = {model: len(plan.units) for model, plan in plans.items()}
@@ -135,15 +139,16 @@ class Sealer:
         self.ingests.fail(job.id, "input_mismatch", message)
         context.abort(grpc.StatusCode.ABORTED, f"job {job.id} failed: {message}")
 
-    def _plan(self, job: JobRecord, lines: int) -> tuple[dict[str, JobPlan], str]:
-        """The job's plan per model, and how it was built: from this replica's indexes when
-        every request came through here, else from the request records in Redis."""
-        plans = self.ingests.cached_plan(job.id)
-        if plans is not None:
-            return plans, "cached index"
+    def _plan(self, job: JobRecord, lines: int) -> tuple[dict[str, JobPlan], JobTally | None, str]:  # fmt: skip
+        """The job's plan per model, the tally of its model's requests when this replica took
+        them all, and how the plan was built: from this replica's indexes when every request
+        came through here, else from the request records in Redis."""
+        cached = self.ingests.cached_plan(job.id)
+        if cached is not None:
+            return *cached, "cached index"
         settings = self.ingests.settings
         plans = rebuild_plan(self.uploads, job.id, lines, settings, job.model, self.ingests.aliases)
-        return plans, "rebuilt index"
+        return plans, None, "rebuilt index"
 
     def _all_lines_stored(self, job_id: str, lines: int) -> bool:
         """Waits a little for streams still writing lines they took before the seal."""

@@ -22,7 +22,13 @@ from prefixgrove.jobs.redis_store.store import JobStore
 from prefixgrove.jobs.redis_store.uploads import Uploads
 from prefixgrove.planner.dry_runs import plan_options
 from prefixgrove.planner.ingests import Ingests, UploadStream
-from prefixgrove.planner.job_messages import POLL_S, find_job, job_to_pb, queue_depth_to_pb
+from prefixgrove.planner.job_messages import (
+    POLL_S,
+    find_job,
+    job_to_pb,
+    queue_depth_to_pb,
+    without_eta,
+)
 from prefixgrove.planner.metrics import PlannerMetrics
 from prefixgrove.planner.object_inputs import ObjectInputs
 from prefixgrove.planner.results import stream_results
@@ -168,9 +174,10 @@ class PlannerService(pb_grpc.PlannerServicer):
         last: pb.Job | None = None
         while context.is_active():
             current = job_to_pb(self._job(request.job_id, context), self.store)
-            if current != last:
+            seen = without_eta(current)  # the ETA moves with the clock: not a change
+            if seen != last:
                 yield current
-                last = current
+                last = seen
             state = self.store.job_state(request.job_id)
             if state is None or state.terminal:  # gone (expired, or Redis lost it) or done
                 return

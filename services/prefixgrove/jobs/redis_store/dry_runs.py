@@ -1,6 +1,6 @@
-"""Dry runs in Redis: a job marked as one at its creation (its plan options in the job hash), the
-shape of its requests read back at its seal, and its end as a completed job that holds its plan
-instead of queued groups (schema.END_DRY_RUN)."""
+"""Plans and dry runs in Redis: a job marked as a dry run at its creation (its plan options in the
+job hash), the shape of its requests read back at its seal, and its end as a completed job that
+holds its plan instead of queued groups (schema.END_DRY_RUN); any other job's plan kept beside it."""
 
 from __future__ import annotations
 
@@ -37,6 +37,10 @@ class DryRuns:
                 if blob is not None:  # a line that failed at ingest has no record
                     record = RequestRecord.decode(blob)  # type: ignore[arg-type]
                     yield index, record.prompt_token_ids.size, record.params, record.model
+
+    def keep(self, job_id: str, plan: dict[str, Any]) -> None:
+        """Keeps a job's plan beside it (a job that runs: its ETA starts from it)."""
+        self.store.r.hset(JobKeys(job_id).job, "plan", json.dumps(plan))
 
     def end(self, job_id: str, plan: dict[str, Any], saved: int) -> JobState:
         """Ends the validating dry run as completed, holding `plan`."""
