@@ -78,7 +78,8 @@ def test_every_option_has_help_that_names_its_default(path: tuple[str, ...]) -> 
 def sample(f: Field[Any]) -> Any:
     """A valid value of a field other than its default."""
     special = {"device": "cpu", "quantization": "fp8", "log_format": "json", "model": "m1",
-               "model_alias": "gpt-4o-mini=m1", "gpu": "h200"}  # fmt: skip
+               "model_alias": "gpt-4o-mini=m1", "gpu": "h200",
+               "files_url": "s3://bucket/files"}  # fmt: skip
     if f.name in special:
         return special[f.name]
     kind = str(f.type)

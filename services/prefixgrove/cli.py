@@ -145,16 +145,19 @@ def _run_command(sub: Any) -> None:
                      help="an id whose tag is in every answer id, so that runs never share ids "
                      "(the services use the job id: a job's id gives the bytes the services "
                      "write); default: a new one, or on --resume the kept answers' tag")  # fmt: skip
-    parquet = "a Parquet INPUT (*.parquet, OUTPUT *.parquet too): "
-    run.add_argument("--prompt-column", default="",
-                     help=parquet + "the column of prompts (completions); default: none")  # fmt: skip
-    run.add_argument("--messages-column", default="",
-                     help=parquet + "the column of chat messages, instead; default: none")  # fmt: skip
-    run.add_argument(
-        "--id-column", default="", help=parquet + "an id column that must be there; default: none"
-    )
-    run.add_argument("--sampling-json", default="{}",
-                     help=parquet + "body fields for every row, as JSON")  # fmt: skip
+    _parquet_arguments(run, "OUTPUT *.parquet too")
+
+
+def _parquet_arguments(command: argparse.ArgumentParser, output: str) -> None:
+    parquet = f"a Parquet INPUT (*.parquet, {output}): "
+    command.add_argument("--prompt-column", default="",
+                         help=parquet + "the column of prompts (completions); default: none")  # fmt: skip
+    command.add_argument("--messages-column", default="",
+                         help=parquet + "the column of chat messages, instead; default: none")  # fmt: skip
+    command.add_argument("--id-column", default="",
+                         help=parquet + "an id column that must be there; default: none")  # fmt: skip
+    command.add_argument("--sampling-json", default="{}",
+                         help=parquet + "body fields for every row, as JSON")  # fmt: skip
 
 
 def _plan_command(sub: Any) -> None:
@@ -183,6 +186,7 @@ def _submit_command(sub: Any) -> None:
                         help="with --wait: the output JSONL (a path or URL); default: none")  # fmt: skip
     submit.add_argument("--errors", type=source_arg,
                         help="with --wait: the error JSONL; default: OUTPUT with .errors.jsonl")  # fmt: skip
+    _parquet_arguments(submit, "with --wait OUTPUT *.parquet too")
 
 
 def _job_commands(sub: Any) -> None:
@@ -289,8 +293,7 @@ def _run_parquet(args: argparse.Namespace) -> int:
 
     if not str(args.output).endswith(".parquet"):
         raise ValueError(f"{args.output}: a Parquet input's output is Parquet too (OUTPUT.parquet)")
-    columns = parquet_jobs.ParquetColumns(args.prompt_column, args.messages_column,
-                                          args.id_column, json.loads(args.sampling_json))  # fmt: skip
+    columns = parquet_jobs.columns_of(args)
     answers, errors = f"{args.output}.jsonl", args.errors or f"{args.output}.errors.jsonl"
     with tempfile.TemporaryDirectory(prefix="prefixgrove-parquet-") as scratch:
         job = parquet_jobs.write_jsonl(args.input, columns, Path(scratch) / "requests.jsonl")

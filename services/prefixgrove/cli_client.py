@@ -45,14 +45,44 @@ def _client(args: argparse.Namespace) -> Any:
 
 def submit(args: argparse.Namespace) -> int:
     check_input(args.input)
-    client = _client(args)
     if args.wait and args.output is None:
         raise ValueError("--wait needs -o OUTPUT")
+    if str(args.input).endswith(".parquet"):
+        return _submit_parquet(args)
+    return _submit(args, args.input)
+
+
+def _submit_parquet(args: argparse.Namespace) -> int:
+    """A Parquet dataset: its rows sent as a batch file (made in the temp folder, row group by
+    row group); with --wait, the answers joined to the rows in OUTPUT (Parquet), the job's
+    JSONL results beside it (OUTPUT.jsonl, OUTPUT.errors.jsonl), as `run` leaves them."""
+    import tempfile
+
+    from prefixgrove import parquet_jobs
+
+    if args.wait and not str(args.output).endswith(".parquet"):
+        raise ValueError(f"{args.output}: a Parquet input's output is Parquet too (OUTPUT.parquet)")
+    columns = parquet_jobs.columns_of(args)
+    answers = argparse.Namespace(**vars(args))
+    if args.wait:
+        answers.output = f"{args.output}.jsonl"
+        answers.errors = args.errors or f"{args.output}.errors.jsonl"
+    with tempfile.TemporaryDirectory(prefix="prefixgrove-parquet-") as scratch:
+        requests = parquet_jobs.write_jsonl(args.input, columns, Path(scratch) / "requests.jsonl")
+        status = _submit(answers, requests)
+    if args.wait and status == 0:  # a job that ended unfinished keeps its JSONL results alone
+        parquet_jobs.write_results(args.input, answers.output, answers.errors, args.output)
+        log.info("the rows with their answers -> %s", args.output)
+    return status
+
+
+def _submit(args: argparse.Namespace, source: Path | str) -> int:
+    client = _client(args)
     if args.wait:  # before the job exists: a path that would be refused submits nothing
         from prefixgrove.planner.download import check_paths
 
         check_paths(args.output, errors_path(args))
-    job = client.submit_file(args.input, args.model, args.idempotency_key)
+    job = client.submit_file(source, args.model, args.idempotency_key)
     _show(job, args.json)
     if not args.wait:
         return 1 if _ended_unanswered(job) else 0

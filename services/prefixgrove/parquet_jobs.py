@@ -52,6 +52,17 @@ class ParquetColumns:
             raise ValueError("a Parquet input needs one of --prompt-column and --messages-column")
 
 
+def columns_of(args: Any) -> ParquetColumns:
+    """The columns and sampling JSON the command line names (--prompt-column, ...)."""
+    try:
+        sampling = json.loads(args.sampling_json)
+    except ValueError as exc:
+        raise ValueError(f"--sampling-json is not JSON: {exc}") from None
+    if not isinstance(sampling, dict):
+        raise ValueError("--sampling-json must be a JSON object of body fields")
+    return ParquetColumns(args.prompt_column, args.messages_column, args.id_column, sampling)
+
+
 def _pyarrow() -> Any:
     try:
         import pyarrow.parquet as pq
