@@ -44,6 +44,7 @@ from prefixgrove_operator.verdicts import (
     unserved_message,
     unserved_warning_s,
 )
+from prefixgrove_proto import planner_pb2 as pb
 
 # NOTE: read at import because kopf takes timer intervals when the decorators run.
 SETTINGS = OperatorSettings.from_env()
@@ -153,12 +154,14 @@ def _create_job(
     """The BatchJob's planner job: an `input.url` is handed to the planner, which reads it (with
     the Secret's credentials) and seals the job; any other input is streamed from here."""
     labels = {"namespace": namespace, "name": name}
+    dry_run = pb.PlanOptions() if job_spec.dry_run else None  # the planner's default kind
     if job_spec.input_url is not None:
         credentials = secret_credentials(memo.core, namespace, job_spec.credentials_secret)
         source = job_spec.source(credentials)
-        return job_view(memo.planner.create_job(job_spec.model, uid, labels, source=source))
+        return job_view(memo.planner.create_job(job_spec.model, uid, labels, source=source,
+                                                dry_run=dry_run))  # fmt: skip
     lines = job_spec.request_lines(memo.core, namespace)
-    job = job_view(memo.planner.create_job(job_spec.model, uid, labels))
+    job = job_view(memo.planner.create_job(job_spec.model, uid, labels, dry_run=dry_run))
     if not job.sealed:
         _show_validating(memo, namespace, name, job.id, logger)
         # lines a broken earlier attempt already delivered are skipped, not sent twice

@@ -96,6 +96,7 @@ class BatchJobSpec:
     cancel: bool = False  # the owner asked for the job to stop
     max_failed_ratio: float | None = None  # failed / total above which the job is Failed
     queue_timeout_s: float | None = None  # Queued this long, no worker serving: Failed
+    dry_run: bool = False  # planned only: status.plan, and nothing runs
 
     @classmethod
     def parse(cls, spec: Mapping[str, Any], volume_root: str) -> BatchJobSpec:
@@ -124,6 +125,7 @@ class BatchJobSpec:
             cancel=bool(spec.get("cancel")),
             max_failed_ratio=_optional_float(spec, "maxFailedRatio"),
             queue_timeout_s=_optional_float(spec, "queueTimeoutSeconds"),
+            dry_run=bool(spec.get("dryRun")),
         )
 
     @property

@@ -37,6 +37,8 @@ class JobView:
     error: str
     groups_leased: int = 0
     groups_done: int = 0
+    eta_s: float = -1.0  # the planner's live ETA; -1: unknown
+    plan: Mapping[str, Any] | None = None  # a dry run's plan (plan_status)
 
     @property
     def sealed(self) -> bool:
@@ -70,7 +72,43 @@ def job_view(job: pb.Job) -> JobView:
         error=error,
         groups_leased=job.queue.groups_leased,
         groups_done=job.groups_done,
+        eta_s=job.eta_s,
+        plan=plan_status(job.plan) if job.dry_run and job.HasField("plan") else None,
     )
+
+
+def plan_status(plan: pb.JobPlan) -> dict[str, Any]:
+    """A dry run's plan as BatchJob status shows it (docs/plan.md says what each field is)."""
+    devices = [
+        {"kind": d.kind, "unavailable": d.unavailable}
+        if d.unavailable
+        else {"kind": d.kind, "gpus": d.gpus, "tensorParallelSize": d.tensor_parallel_size,
+              "wall": duration(d.wall_s), "gpuHours": round(d.gpu_hours, 4),
+              "calibration": d.calibration + (" (borrowed)" if d.borrowed else "")}
+        for d in plan.devices
+    ]  # fmt: skip
+    return {
+        "requests": plan.requests,
+        "invalidLines": plan.invalid_lines,
+        "promptTokens": plan.prompt_tokens,
+        "prefillTokens": plan.prefill_tokens,
+        "saved": f"{100 * plan.saved_share:.1f}%",
+        "groups": plan.groups,
+        "largestGroup": plan.largest_group,
+        "outputTokens": plan.output_tokens,
+        "outputTokensExact": plan.output_exact,
+        "devices": devices,
+    }
+
+
+def duration(seconds: float) -> str:
+    """Seconds as kubectl shows ages: 45s, 12m, 3h20m."""
+    s = max(int(seconds), 0)
+    if s < 120:
+        return f"{s}s"
+    if s < 3 * 3600:
+        return f"{s // 60}m"
+    return f"{s // 3600}h{s % 3600 // 60}m"
 
 
 def rfc3339(unix_s: float | None = None) -> str:
@@ -131,6 +169,10 @@ def job_status(
     }
     if job.started_at:
         status["startTime"] = rfc3339(job.started_at)
+    if not job.terminal and job.eta_s >= 0:
+        status["eta"], status["etaSeconds"] = duration(job.eta_s), round(job.eta_s)
+    if job.plan is not None:
+        status["plan"] = dict(job.plan)
     if first_failure:
         status["firstFailure"] = first_failure
     if job.failed:
@@ -160,6 +202,8 @@ def final_status(
     return {
         "phase": phase,
         "message": wrote if phase == "Succeeded" else f"{why}; {wrote}",
+        "eta": None,  # nothing left
+        "etaSeconds": None,
         "completionTime": rfc3339(job.finished_at or None),
         "conditions": with_condition(conditions, kind, True, reason, why),
     }

@@ -113,7 +113,7 @@ def test_example_batchjob_in_notes_is_accepted_and_listed(api: KubeApi, namespac
     assert example["kind"] == "BatchJob"
     kubectl(api, "apply", "-n", namespace, "-f", "-", input=json.dumps(example))
     listed = kubectl(api, "get", "bj", "-n", namespace)
-    assert re.match(r"NAME\s+PHASE\s+PROGRESS\s+COMPLETED\s+FAILED\s+TOTAL\s+AGE", listed)
+    assert re.match(r"NAME\s+PHASE\s+PROGRESS\s+COMPLETED\s+FAILED\s+TOTAL\s+ETA\s+AGE", listed)
     assert "hello" in listed
 
 
