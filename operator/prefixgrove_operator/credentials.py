@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
+from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -41,7 +42,7 @@ def secret_credentials(core: client.CoreV1Api, namespace: str, name: str) -> dic
     return _decoded(name, secret.data or {})
 
 
-def _decoded(name: str, data: Mapping[str, str]) -> dict[str, str]:
+def _decoded(name: str, data: Mapping[str, Any]) -> dict[str, str]:
     unknown = sorted(set(data) - JOB_CREDENTIAL_KEYS)
     if unknown:
         raise InvalidSpec(

@@ -39,7 +39,9 @@ class Files(Protocol):
     """Uploaded files: a listed file is always whole, and an upload a planner left half-way is
     dropped (`reclaim_partials`) without touching the uploads other replicas are writing."""
 
-    root: Path | str  # where they are, as the planner's log names it
+    @property
+    def root(self) -> Path | str:
+        """Where they are, as the planner's log names it."""
 
     def create(self) -> PartialFile: ...
     def finish(self, upload: PartialFile, filename: str, purpose: str) -> dict[str, Any]: ...
