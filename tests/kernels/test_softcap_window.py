@@ -58,18 +58,25 @@ def dense_shaped(
     return torch.cat(outs)
 
 
-def cascade_case(cache: Cache) -> tuple[Batch, object, torch.Tensor]:
-    """Two groups whose 48-key prefixes exceed the window (decode rows, and prompt chunks of
-    several queries: some rows see part of the prefix, some none) and a sequence of no group."""
-    layout = [
-        (48, [Request(1, 3), Request(5, 9), Request(1, 30)]),
-        (0, [Request(7, 40)]),
-        (48, [Request(12, 12), Request(1, 1)]),
-    ]
+# Two groups whose 48-key prefixes exceed the window (decode rows, and prompt chunks of several
+# queries: some rows see part of the prefix, some none) and a sequence of no group.
+NARROW = [
+    (48, [Request(1, 3), Request(5, 9), Request(1, 30)]),
+    (0, [Request(7, 40)]),
+    (48, [Request(12, 12), Request(1, 1)]),
+]
+# A window of 100 over a 160-key prefix: the rows' windows start in its third and fourth 32-key
+# tiles, and its fifth lies inside every row's window (the prefix pass's unmasked loop).
+WIDE = [(160, [Request(1, 5), Request(8, 20), Request(1, 40)])]
+
+
+def cascade_case(
+    cache: Cache, layout: list = NARROW, window: int = WINDOW
+) -> tuple[Batch, object, torch.Tensor]:
     batch, groups = build_cascade(cache, layout, SHAPE.num_heads, torch.float32)
     for s in batch.seqs:  # the dense check attends all a sequence's table holds
         s.kv_start = 0
-    return batch, groups.metadata(cache), dense_shaped(batch, cache, SHAPE.scale, SOFTCAP, WINDOW)
+    return batch, groups.metadata(cache), dense_shaped(batch, cache, SHAPE.scale, SOFTCAP, window)
 
 
 @pytest.mark.parametrize("fn", [paged_attention, paged_attention_ref], ids=["triton", "torch"])
@@ -98,9 +105,14 @@ def test_a_long_prefill_with_a_wide_window_is_windowed_in_whole_and_edge_tiles(f
     assert (out.double() - want).abs().max() < TOL
 
 
+@pytest.mark.parametrize(
+    ("layout", "window"), [(NARROW, WINDOW), (WIDE, 100)], ids=["narrow", "wide"]
+)
 @pytest.mark.parametrize("fused", [False, True], ids=["two-pass", "fused-chunks"])
 @pytest.mark.parametrize("impl", ["triton", "torch"])
-def test_cascade_masks_prefix_keys_outside_the_window(impl: str, fused: bool):
+def test_cascade_masks_prefix_keys_outside_the_window(
+    impl: str, fused: bool, layout: list, window: int
+):
     """Prefix pass then suffix pass equal the sequences attended whole: the prefix keys a row's
     window leaves out count for nothing, whether suffix chunks finish in the prefix pass or not."""
     prefix, paged = (
@@ -109,10 +121,10 @@ def test_cascade_masks_prefix_keys_outside_the_window(impl: str, fused: bool):
         else (prefix_attention_ref, paged_attention_ref)
     )
     cache = SHAPE.cache(60, torch.float32, torch.device("cpu"))
-    batch, groups, want = cascade_case(cache)
+    batch, groups, want = cascade_case(cache, layout, window)
     meta = batch.metadata()
     out = torch.empty_like(batch.q)
-    shaping = {"scale": SHAPE.scale, "softcap": SOFTCAP, "window": WINDOW}
+    shaping = {"scale": SHAPE.scale, "softcap": SOFTCAP, "window": window}
     chunks = SuffixChunks(out, meta) if fused else None
     rows = {} if fused else {"query_seqs": meta}
     state = prefix(batch.q, cache.k, cache.v, groups, suffix_chunks=chunks, **rows, **shaping)
