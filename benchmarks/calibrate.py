@@ -76,10 +76,14 @@ class Job:
     output: int
     structured: bool = False
 
-    def scaled(self, scale: float) -> Job:
+    def scaled(self, scale: float, lengths: float = 1.0) -> Job:
+        """`scale` of its requests (whole groups), each of its lengths times `lengths`."""
         groups = max(1, round(self.requests / self.per_group * scale))
         per_group = min(self.per_group, max(1, round(self.requests * scale)))
-        return replace(self, requests=groups * per_group, per_group=per_group)
+        prefix, own, output = (max(1, round(n * lengths)) if n else 0
+                               for n in (self.prefix, self.own, self.output))  # fmt: skip
+        return replace(self, requests=groups * per_group, per_group=per_group, prefix=prefix,
+                       own=own, output=output)  # fmt: skip
 
 
 JOBS = {
@@ -306,7 +310,7 @@ def run_jobs(args: argparse.Namespace, engine: EngineSettings, cal: Calibration,
     """Each job at `scale`: (name, features, measured seconds, plan)."""
     runs = []
     for name in args.jobs.split(","):
-        job = JOBS[name].scaled(scale)
+        job = JOBS[name].scaled(scale, args.lengths)
         path = write_job(job, folder, args.prompt_vocab)
         seconds, mean = measure(path, args.model, engine)
         planned = plan_job(path, args.model, engine, args.gpu, mean if job.structured else None)
@@ -320,14 +324,14 @@ def calibrate_here(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     engine = load(EngineSettings, args)
     engine = engine.replace(device="cpu" if args.gpu == "cpu" else engine.device)
     peak, copy = cpu_rates() if args.gpu == "cpu" else (0.0, 0.0)
-    dtype = plan_job(write_job(JOBS["no-sharing"].scaled(0.01), folder, args.prompt_vocab),
+    dtype = plan_job(write_job(JOBS["no-sharing"].scaled(0.01, args.lengths), folder, args.prompt_vocab),
                      args.model, engine, args.gpu, None).where.weight_dtype  # fmt: skip
     ones = unit_calibration(args.gpu, dtype, peak, copy)
-    measure(write_job(JOBS["canonical"].scaled(0.01), folder, args.prompt_vocab), args.model, engine)  # fmt: skip
+    measure(write_job(JOBS["canonical"].scaled(0.01, args.lengths), folder, args.prompt_vocab), args.model, engine)  # fmt: skip
     fitted = run_jobs(args, engine, ones, args.fit_scale, folder)
     c = fit([r[1] for r in fitted], [r[2] for r in fitted])
     source = (f"calibrate.py on {args.gpu}, {time.strftime('%Y-%m-%d')}: {args.jobs} at scale "
-              f"{args.fit_scale}, {args.model}")  # fmt: skip
+              f"{args.fit_scale}, lengths {args.lengths}, {args.model}")  # fmt: skip
     row = {**c, "source": source, "peak_flops": peak, "bytes_per_s": copy}
     cal = Calibration(Coefficients(**row), f"{args.gpu}/{dtype}", False)
     for name, _, measured, planned in run_jobs(args, engine, ones, args.scale, folder):
@@ -359,6 +363,8 @@ def main() -> None:
     ap.add_argument("--jobs", default=",".join(JOBS))
     ap.add_argument("--fit-scale", type=float, default=0.25, help="the fitted runs' share of each job")  # fmt: skip
     ap.add_argument("--scale", type=float, default=1.0, help="the checked runs' share of each job")
+    ap.add_argument("--lengths", type=float, default=1.0,
+                    help="each job's prompt and output lengths times this (a small CPU)")  # fmt: skip
     ap.add_argument("--prompt-vocab", type=int, default=128_000, help="prompt ids are drawn below this")  # fmt: skip
     ap.add_argument("--dry-run", action="store_true", help="print the row, leave the table")
     args = ap.parse_args()

@@ -132,3 +132,12 @@ def test_a_bad_plan_setting_is_named_with_what_is_accepted(
     path = job(tmp_path, exact_lines(1))
     assert cli(["plan", str(path), "--model", MODEL, *flags]) == 2
     assert named in capsys.readouterr().err
+
+
+def test_the_cpu_kind_is_planned_only_when_asked_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = job(tmp_path, exact_lines(2))
+    assert "cpu" not in plan(path, capsys)["devices"]
+    cpu = plan(path, capsys, "--gpu", "cpu")["devices"]["cpu"]
+    assert cpu["calibration"] == "cpu/float32" and cpu["gpus"] == 1

@@ -5,6 +5,16 @@ row names the runs it was fitted to."""
 from typing import Any
 
 TABLE: dict[str, dict[str, Any]] = {
+    "cpu/float32": {
+        "prefill_compute": 73.77524641929651,
+        "decode_compute": 0.0,
+        "decode_memory": 303.7415534902902,
+        "steps": 0.0,
+        "decode_tokens": 0.0,
+        "source": "calibrate.py on cpu, 2026-11-28: canonical,no-sharing,decode-heavy,structured at scale 0.01, lengths 0.1, tiny-random-llama (2 shared cores; its checks: RESULTS.md)",
+        "peak_flops": 50091340664.32327,
+        "bytes_per_s": 14156423213.298061,
+    },
     "h100/bfloat16": {
         "prefill_compute": 1.642007523925874,
         "decode_compute": 1.5168653920040491,
