@@ -10,10 +10,19 @@ from __future__ import annotations
 import re
 
 import pytest
-from engine_checkpoints import build_model, engine, greedy, random_prompts, run, save_checkpoint
+from engine_checkpoints import (
+    ARCHES,
+    build_model,
+    engine,
+    greedy,
+    random_prompts,
+    run,
+    save_checkpoint,
+)
 from test_hf_parity import hf_greedy, hf_logprobs
 
 from prefixgrove import StructuredOutputsParams
+from prefixgrove.engine.models.arch import ModelArch
 from prefixgrove.engine.models.fp8_linear import Fp8Linear
 
 
@@ -70,3 +79,21 @@ def test_structured_outputs_hold_on_gemma(gemma) -> None:
     params = greedy(8, structured_outputs=constraint)
     out = run(engine(path), random_prompts([30], seed=9), params)[0]
     assert re.fullmatch("[a-d]{4}x", out.outputs[0].text), out.outputs[0].text
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        ({"hidden_activation": "gelu"}, "hidden_activation='gelu': only gelu_pytorch_tanh"),
+        ({"use_bidirectional_attention": True}, "use_bidirectional_attention: only causal"),
+    ],
+)
+def test_a_gemma_config_the_layers_do_not_compute_is_refused_naming_it(
+    change: dict, refusal: str
+) -> None:
+    config, _ = ARCHES["gemma2"]()
+    config.architectures = ["Gemma2ForCausalLM"]
+    for key, value in change.items():
+        setattr(config, key, value)
+    with pytest.raises(ValueError, match=re.escape(refusal)):
+        ModelArch.from_hf_config(config)
