@@ -114,7 +114,8 @@ def test_cascade_masks_prefix_keys_outside_the_window(
     impl: str, fused: bool, layout: list, window: int
 ):
     """Prefix pass then suffix pass equal the sequences attended whole: the prefix keys a row's
-    window leaves out count for nothing, whether suffix chunks finish in the prefix pass or not."""
+    window leaves out count for nothing, whether suffix chunks finish in the prefix pass or the
+    prefix is split across programs."""
     prefix, paged = (
         (prefix_attention, paged_attention)
         if impl == "triton"
@@ -126,7 +127,8 @@ def test_cascade_masks_prefix_keys_outside_the_window(
     out = torch.empty_like(batch.q)
     shaping = {"scale": SHAPE.scale, "softcap": SOFTCAP, "window": window}
     chunks = SuffixChunks(out, meta) if fused else None
-    rows = {} if fused else {"query_seqs": meta}
+    # Unfused, the prefix is split over 3 programs: some of them see no key of a row's window.
+    rows = {} if fused else {"query_seqs": meta, "num_splits": 3}
     state = prefix(batch.q, cache.k, cache.v, groups, suffix_chunks=chunks, **rows, **shaping)
     paged(
         batch.q, cache.k, cache.v, out, meta, prefix_out=state[0], prefix_lse=state[1],
@@ -157,7 +159,7 @@ def test_one_pass_decode_masks_prefix_keys_outside_the_window(fn):
     out = torch.empty_like(batch.q)
     fn(
         batch.q, cache.k, cache.v, out, meta, groups.metadata(cache), scale=SHAPE.scale,
-        softcap=SOFTCAP, window=WINDOW,
+        softcap=SOFTCAP, window=WINDOW, num_splits=2,
     )  # fmt: skip
     for s in batch.seqs:
         s.kv_start = 0
