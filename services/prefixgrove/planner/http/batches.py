@@ -155,7 +155,7 @@ def batch_object(job: JobRecord) -> dict[str, Any]:
         "usage": _usage(job),
         # a dry run's plan (docs/plan.md), beside OpenAI's fields: its clients keep fields they
         # do not know (batch.plan, or model_extra)
-        **({"plan": json.loads(job.plan)} if job.plan else {}),
+        **({"plan": json.loads(job.plan)} if job.plan and job.dry_run else {}),
     }
 
 
