@@ -323,6 +323,9 @@ def calibrate_here(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     """Fits the row of this device from runs at --fit-scale, then checks it at --scale."""
     engine = load(EngineSettings, args)
     engine = engine.replace(device="cpu" if args.gpu == "cpu" else engine.device)
+    if "structured" in args.jobs.split(",") and args.gpu != "cpu" and not engine.tokenizer:
+        raise SystemExit("the structured job needs Llama 3's tokenizer (--tokenizer DIR, as "
+                         "structured.py says), or leave it out of --jobs")  # fmt: skip
     peak, copy = cpu_rates() if args.gpu == "cpu" else (0.0, 0.0)
     dtype = plan_job(write_job(JOBS["no-sharing"].scaled(0.01, args.lengths), folder, args.prompt_vocab),
                      args.model, engine, args.gpu, None).where.weight_dtype  # fmt: skip
