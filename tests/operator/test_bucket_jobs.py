@@ -18,14 +18,17 @@ import pytest
 from k8s_fixtures import KubeApi
 from object_store_testbed import REGION, S3Server, s3_server
 from operator_testbed import MODEL, NAMESPACE, BatchJobs, Service
+from polling import wait_for
 from test_lifecycle import RUN_TIMEOUT_S, completion
 
 __all__ = ["s3_server"]  # the module's S3 server (a fixture)
 
 
-def credentials_secret(kube: KubeApi, s3: S3Server, secret_key: str | None = None) -> str:
+def credentials_secret(
+    kube: KubeApi, s3: S3Server, secret_key: str | None = None, name: str = ""
+) -> str:
     """A Secret holding the bucket's credentials, as a platform team makes one."""
-    name = f"bucket-{uuid.uuid4().hex[:8]}"
+    name = name or f"bucket-{uuid.uuid4().hex[:8]}"
     values = {"AWS_ACCESS_KEY_ID": s3.access_key,
               "AWS_SECRET_ACCESS_KEY": secret_key or s3.secret_key,
               "AWS_REGION": REGION, "AWS_ENDPOINT_URL": s3.endpoint}  # fmt: skip
@@ -128,3 +131,30 @@ def test_a_missing_secret_fails_the_batchjob_naming_it(batchjobs: BatchJobs, ope
     })  # fmt: skip
     status = batchjobs.wait_phase(name, "Failed", timeout=30)
     assert "no Secret 'no-such-secret'" in status["message"]
+
+
+def test_outputs_refused_wait_in_finalizing_and_are_written_once_the_secret_is_fixed(
+    batchjobs: BatchJobs, operator: Any, cpu_worker: Service, crd: KubeApi,
+    s3_server: S3Server, logs_dir: Path, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    caplog.set_level(logging.DEBUG)
+    bucket, name = s3_server.bucket(), f"fix-{uuid.uuid4().hex[:8]}"
+    wrong = f"wrong-{uuid.uuid4().hex}"
+    secret = credentials_secret(crd, s3_server, secret_key=wrong)
+    url = f"s3://{bucket}/answers.jsonl"
+    batchjobs.apply(name, {
+        "model": MODEL, "credentialsSecret": secret,
+        "input": {"inline": [completion("a", "The capital of France is")]}, "output": {"url": url},
+    })  # fmt: skip
+    warning = wait_for("an OutputNotWritten Warning", lambda: batchjobs.warnings(name).get(
+        "OutputNotWritten"), RUN_TIMEOUT_S)  # fmt: skip
+    assert url in warning and "wrong credentials" in warning
+    batchjobs.wait_phase(name, "Finalizing", timeout=RUN_TIMEOUT_S)  # answered, not written
+    crd.kubectl("delete", "secret", secret, "-n", NAMESPACE)
+    credentials_secret(crd, s3_server, name=secret)  # the right key, under the same name
+    status = batchjobs.wait_phase(name, "Succeeded", "Failed", timeout=RUN_TIMEOUT_S)
+    assert status["phase"] == "Succeeded", status
+    outputs = s3_server.get(bucket, "answers.jsonl").decode().splitlines()
+    assert [json.loads(o)["custom_id"] for o in outputs] == ["a"]
+    shown = everything_shown(crd, batchjobs, name, logs_of(caplog, logs_dir))
+    assert wrong not in shown and s3_server.secret_key not in shown
