@@ -139,12 +139,9 @@ def submit(
         new.get("conditions", conditions), "Submitted", True, "Submitted", f"planner job {job.id}"
     )
     patch.status.update(new)
-    kopf.event(
-        body,
-        type="Normal",
-        reason="Submitted",
-        message=f"planner job {job.id}, {job.total} requests",
-    )
+    # an input.url job is still being read by the planner: its count is not known yet
+    counted = f"{job.total} requests" if job.sealed else "the planner reads its input"
+    kopf.event(body, type="Normal", reason="Submitted", message=f"planner job {job.id}, {counted}")
     _announce(body, job, new)
 
 
