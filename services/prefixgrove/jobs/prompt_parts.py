@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from prefixgrove.gathered_outputs import GatheredOutputs
+
 if TYPE_CHECKING:  # the shared job model imports no engine; these are only types
     from prefixgrove.engine import RequestOutput, SamplingParams
     from prefixgrove.grouping import PrefixGroup
@@ -60,8 +62,7 @@ class PartsEngine:
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
-        self._owner: dict[str, tuple[str, int]] = {}  # part id -> (request id, part index)
-        self._done: dict[str, list[RequestOutput | None]] = {}  # request id -> its parts' outputs
+        self._gathered: GatheredOutputs[RequestOutput] = GatheredOutputs(_merged)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
@@ -85,8 +86,7 @@ class PartsEngine:
             except Exception:
                 self.engine.abort(ids[:k])  # none of the request runs
                 raise
-        self._done[request_id] = [None] * len(ids)
-        self._owner.update((pid, (request_id, k)) for k, pid in enumerate(ids))
+        self._gathered.open(request_id, ids)
 
     def add_group(
         self, group_id: str, group: PrefixGroup, requests: Sequence[Any], /, **kw: Any
@@ -102,30 +102,10 @@ class PartsEngine:
                 self.add_request(request_id, prompt, params, **kw)
 
     def step(self) -> list[RequestOutput]:
-        finished = []
-        for out in self.engine.step():
-            owner = self._owner.pop(out.request_id, None)
-            if owner is None:
-                finished.append(out)
-                continue
-            request_id, k = owner
-            parts = self._done[request_id]
-            parts[k] = out
-            if all(p is not None for p in parts):
-                del self._done[request_id]
-                finished.append(_merged(request_id, [p for p in parts if p is not None]))
-        return finished
+        return self._gathered.collect(self.engine.step())
 
     def abort(self, request_ids: Sequence[str], /) -> Any:
-        ids: list[str] = []
-        for request_id in request_ids:
-            parts = self._done.pop(request_id, None)
-            if parts is None:
-                ids.append(request_id)
-                continue
-            ids += [part_id(request_id, k) for k in range(len(parts))]
-            for k in range(len(parts)):
-                self._owner.pop(part_id(request_id, k), None)
+        ids = [pid for rid in request_ids for pid in self._gathered.forget(rid) or [rid]]
         return self.engine.abort(ids)
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
+from prefixgrove.gathered_outputs import GatheredOutputs
 from prefixgrove.grouping import PrefixGroup
 
 from .outputs import RequestMetrics, RequestOutput
@@ -93,8 +94,7 @@ class SampleSets:
     answered as one RequestOutput once all k finished."""
 
     def __init__(self) -> None:
-        self._open: dict[str, list[RequestOutput | None]] = {}  # request id -> its samples' outputs
-        self._of: dict[str, tuple[str, int]] = {}  # sample id -> (request id, sample index)
+        self._gathered = GatheredOutputs(_merged)
 
     @staticmethod
     def sample_id(request_id: str, index: int) -> str:
@@ -111,42 +111,26 @@ class SampleSets:
     def open(self, request_id: str, n: int) -> None:
         """Called once all samples of the request were accepted by the engine."""
         if n > 1:
-            self._open[request_id] = [None] * n
-            self._of.update((self.sample_id(request_id, j), (request_id, j)) for j in range(n))
+            self._gathered.open(request_id, [self.sample_id(request_id, j) for j in range(n)])
 
     def sample_ids(self, request_id: str) -> list[str]:
         """The engine ids of a request (all its samples), for abort."""
-        samples = self._open.get(request_id)
-        if samples is None:
-            return [request_id]
-        return [self.sample_id(request_id, j) for j in range(len(samples))]
+        return self._gathered.part_ids(request_id) or [request_id]
 
     def forget(self, request_id: str) -> None:
-        for j in range(len(self._open.pop(request_id, ()))):
-            self._of.pop(self.sample_id(request_id, j), None)
+        self._gathered.forget(request_id)
 
     def collect(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         """Finished sequences -> finished requests: a sample waits for its request's others."""
-        done: list[RequestOutput] = []
-        for out in outputs:
-            owner = self._of.pop(out.request_id, None)
-            if owner is None:
-                done.append(out)
-                continue
-            request_id, j = owner
-            samples = self._open[request_id]
-            out.outputs[0].index = j
-            samples[j] = out
-            if all(s is not None for s in samples):
-                del self._open[request_id]
-                done.append(_merged(request_id, cast(list[RequestOutput], samples)))
-        return done
+        return self._gathered.collect(outputs)
 
 
 def _merged(request_id: str, samples: list[RequestOutput]) -> RequestOutput:
     merged = samples[0]
     merged.request_id = request_id
     merged.outputs = [s.outputs[0] for s in samples]
+    for j, completion in enumerate(merged.outputs):
+        completion.index = j
     metrics = [s.metrics for s in samples if s.metrics is not None]
     if len(metrics) > 1:
         merged.metrics = RequestMetrics.of_samples(metrics)
