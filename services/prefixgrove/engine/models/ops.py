@@ -31,33 +31,31 @@ class ModelOps:
 def create_ops(name: str) -> ModelOps:
     from prefixgrove_kernels import activation, rmsnorm, rotary
 
-    if name == "triton":
-        # q is a view of the fused qkv output: rotating it where it is saves a copy; the keys go to
-        # the cache rotated in the same launch (no rotated k tensor, no index_copy_ of k and v).
-        rotary_to_cache = _on_layer_caches(rotary.apply_rotary_to_cache, rotate_q_in_place=True)
-        return ModelOps(
-            name="triton",
-            rms_norm=rmsnorm.rms_norm,
-            rotary_to_cache=rotary_to_cache,
-            silu_and_mul=activation.silu_and_mul,
-            gelu_tanh_and_mul=activation.gelu_tanh_and_mul,
-            rms_norm_fp8=rmsnorm.rms_norm_fp8,
-            silu_and_mul_fp8=activation.silu_and_mul_fp8,
-            gelu_tanh_and_mul_fp8=activation.gelu_tanh_and_mul_fp8,
-        )
-    if name == "torch":
-        rotary_to_cache = _on_layer_caches(rotary.apply_rotary_to_cache_ref)
-        return ModelOps(
-            name="torch",
-            rms_norm=rmsnorm.rms_norm_ref,
-            rotary_to_cache=rotary_to_cache,
-            silu_and_mul=activation.silu_and_mul_ref,
-            gelu_tanh_and_mul=activation.gelu_tanh_and_mul_ref,
-            rms_norm_fp8=rmsnorm.rms_norm_fp8_ref,
-            silu_and_mul_fp8=activation.silu_and_mul_fp8_ref,
-            gelu_tanh_and_mul_fp8=activation.gelu_tanh_and_mul_fp8_ref,
-        )
-    raise ValueError(f"model ops {name!r} are unknown; expected 'triton' or 'torch'")
+    if name not in ("triton", "torch"):
+        raise ValueError(f"model ops {name!r} are unknown; expected 'triton' or 'torch'")
+    fused = name == "triton"
+
+    def pick(kernel: Any, reference: Any) -> Any:
+        return kernel if fused else reference
+
+    # q is a view of the fused qkv output: rotating it where it is saves a copy; the keys go to
+    # the cache rotated in the same launch (no rotated k tensor, no index_copy_ of k and v).
+    rotary_to_cache = _on_layer_caches(
+        pick(rotary.apply_rotary_to_cache, rotary.apply_rotary_to_cache_ref),
+        rotate_q_in_place=fused,
+    )
+    return ModelOps(
+        name=name,
+        rms_norm=pick(rmsnorm.rms_norm, rmsnorm.rms_norm_ref),
+        rotary_to_cache=rotary_to_cache,
+        silu_and_mul=pick(activation.silu_and_mul, activation.silu_and_mul_ref),
+        gelu_tanh_and_mul=pick(activation.gelu_tanh_and_mul, activation.gelu_tanh_and_mul_ref),
+        rms_norm_fp8=pick(rmsnorm.rms_norm_fp8, rmsnorm.rms_norm_fp8_ref),
+        silu_and_mul_fp8=pick(activation.silu_and_mul_fp8, activation.silu_and_mul_fp8_ref),
+        gelu_tanh_and_mul_fp8=pick(
+            activation.gelu_tanh_and_mul_fp8, activation.gelu_tanh_and_mul_fp8_ref
+        ),
+    )
 
 
 def _on_layer_caches(apply: Any, rotate_q_in_place: bool = False) -> Any:
