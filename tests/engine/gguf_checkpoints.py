@@ -1,7 +1,8 @@
 """Tiny random GGUF files, written with the gguf package in the layout llama.cpp's converter gives
 them: its tensor names (gguf's own name map), q/k rows interleaved per head for the `llama`
 architecture only, each layer's experts stacked in one tensor per projection ([experts, width,
-hidden] for gate and up, [experts, hidden, width] for down), a byte-level vocabulary in the metadata.
+hidden] for gate and up, [experts, hidden, width] for down), Gemma's norm weights as 1 + w and no
+output tensor where the embeddings are tied, a byte-level vocabulary in the metadata.
 
 Weights are F32, or Q8_0 where a row is a whole number of blocks (`quantized=True`), so that a
 tensor-parallel rank's block-aligned column cut reads real quantized bytes.
@@ -19,6 +20,7 @@ from gguf import (
     MODEL_ARCH_NAMES,
     GGMLQuantizationType,
     GGUFWriter,
+    RopeScalingType,
     TokenType,
     get_tensor_name_map,
 )
@@ -58,6 +60,26 @@ def write_gguf(
     return str(path)
 
 
+def write_metadata(config: Any, path: Path, gguf_arch: str, fields: dict[str, Any]) -> str:
+    """A GGUF file of `config`'s metadata, `fields` (full key -> str, float or int) after it, and no
+    tensors: all that reading its config takes."""
+    writer = GGUFWriter(str(path), gguf_arch)
+    _write_hparams(writer, config, gguf_arch)
+    _write_tokenizer(writer)
+    for key, value in fields.items():
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
+        else:
+            writer.add_uint32(key, value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
 def _write_hparams(writer: GGUFWriter, config: Any, gguf_arch: str) -> None:
     """The metadata llama.cpp's converter writes for the families tested here."""
     heads = config.num_attention_heads
@@ -70,7 +92,10 @@ def _write_hparams(writer: GGUFWriter, config: Any, gguf_arch: str) -> None:
     writer.add_head_count(heads)
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    if gguf_arch in ("gemma2", "gemma3"):
+        _write_gemma_hparams(writer, config, gguf_arch)
+    else:
+        writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
     writer.add_rope_dimension_count(head_dim)
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
@@ -82,6 +107,21 @@ def _write_hparams(writer: GGUFWriter, config: Any, gguf_arch: str) -> None:
         writer.add_expert_feed_forward_length(width)
     if getattr(config, "shared_expert_intermediate_size", None):
         writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
+
+
+def _write_gemma_hparams(writer: GGUFWriter, config: Any, gguf_arch: str) -> None:
+    """As llama.cpp's converter: Gemma 2's soft-caps and no rotary base (its default, 10000);
+    Gemma 3's global layers' base and linear scaling (its local base is llama.cpp's constant)."""
+    writer.add_sliding_window(config.sliding_window)
+    if gguf_arch == "gemma2":
+        writer.add_attn_logit_softcapping(config.attn_logit_softcapping)
+        writer.add_final_logit_softcapping(config.final_logit_softcapping)
+        return
+    rope = config.rope_parameters["full_attention"]
+    writer.add_rope_freq_base(rope["rope_theta"])
+    if rope.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope["factor"])
 
 
 def _write_tokenizer(writer: GGUFWriter) -> None:
@@ -103,7 +143,10 @@ def _gguf_tensors(model: PreTrainedModel, gguf_arch: str) -> Iterator[tuple[str,
     config = model.config
     arch = next(k for k, v in MODEL_ARCH_NAMES.items() if v == gguf_arch)
     names = get_tensor_name_map(arch, config.num_hidden_layers)
+    tied = getattr(config, "tie_word_embeddings", False)
     for hf_name, tensor in _unstacked(model.state_dict()):
+        if tied and hf_name == "lm_head.weight":
+            continue  # the converter writes no output tensor for tied embeddings
         base, _, suffix = hf_name.rpartition(".")
         if suffix not in ("weight", "bias"):
             base, suffix = hf_name, "weight"
@@ -114,6 +157,8 @@ def _gguf_tensors(model: PreTrainedModel, gguf_arch: str) -> Iterator[tuple[str,
         if gguf_arch == "llama" and gguf_name.endswith(("attn_q", "attn_k")):
             kv = config.num_key_value_heads
             array = _permute(array, config.num_attention_heads if "attn_q" in gguf_name else kv)
+        if gguf_arch in ("gemma2", "gemma3") and gguf_name.endswith("norm"):
+            array = array + 1.0  # llama.cpp stores the 1 + w that Gemma's norms multiply by
         if gguf_name.endswith("ffn_gate_inp_shexp"):
             array = array.reshape(-1)  # llama.cpp stores the shared expert's gate as a vector
         yield f"{gguf_name}.{suffix}", np.ascontiguousarray(array)

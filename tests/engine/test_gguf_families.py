@@ -1,7 +1,8 @@
 """GGUF files of every family whose GGUF files transformers reads (Llama, Qwen2, Qwen3, Phi-3,
-Qwen2-MoE, Qwen3-MoE): the engine computes what transformers computes from the same file, each
-tensor-parallel rank reads its cut of every tensor and nothing more, and the families transformers
-does not read from GGUF (OLMoE, llama.cpp's Mixtral) are refused by name.
+Qwen2-MoE, Qwen3-MoE, Gemma 2, Gemma 3): the engine computes what transformers computes from the
+same file, each tensor-parallel rank reads its cut of every tensor and nothing more, and the
+families transformers does not read from GGUF (OLMoE, llama.cpp's Mixtral) are refused by name.
+Gemma's facts that transformers leaves at its defaults are read as llama.cpp reads them.
 
 The files are tiny random models written in llama.cpp's layout (gguf_checkpoints.py), in fp32 on the
 CPU; the tensor-parallel ones in Q8_0, so that column cuts read quantized blocks.
@@ -16,10 +17,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from engine_checkpoints import build_model, engine, greedy, random_prompts, run
-from gguf_checkpoints import write_gguf
+from engine_checkpoints import ARCHES, build_model, engine, greedy, random_prompts, run
+from gguf_checkpoints import write_gguf, write_metadata
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from prefixgrove.catalog import gguf
 from prefixgrove.engine.config import EngineConfig
 from prefixgrove.engine.models.base import CausalLM
 from prefixgrove.engine.models.loader import load_model
@@ -28,6 +30,13 @@ from prefixgrove.engine.parallel.group import TensorParallel
 
 # 4 experts, 2 per token; every layer sparse, as llama.cpp's Qwen MoEs are
 _EXPERTS = {"num_experts": 4, "num_experts_per_tok": 2}
+# Gemma 3's layers as llama.cpp and transformers lay them out from a file: five local, one global
+_GEMMA3_LAYERS = {
+    "num_hidden_layers": 6,
+    "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+}
+# transformers' Gemma defaults, which it keeps where it reads the file alone
+_GEMMA_DEFAULTS = {"head_dim": 256, "query_pre_attn_scalar": 256}
 
 # test family -> (llama.cpp architecture, config overrides). transformers maps no expert width and
 # no Qwen3 head size from the metadata: where it reads the file alone, those are its config
@@ -42,12 +51,30 @@ DEFAULT_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
         {**_EXPERTS, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632},
     ),
     "qwen3-moe": ("qwen3moe", {**_EXPERTS, "moe_intermediate_size": 768, "mlp_only_layers": []}),
+    "gemma2": (
+        "gemma2",
+        {**_GEMMA_DEFAULTS, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
+    ),
+    "gemma3": ("gemma3", {**_GEMMA_DEFAULTS, **_GEMMA3_LAYERS}),
 }
-# Other shapes, which only the file states
+# Other shapes, which only the file states (Gemma: its attention scale is its head size's, as
+# llama.cpp takes it, and Gemma 3's global layers scale their rotary positions linearly)
 FILE_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3": ("qwen3", {}),
     "qwen2-moe": ("qwen2moe", _EXPERTS),
     "qwen3-moe": ("qwen3moe", {**_EXPERTS, "mlp_only_layers": []}),
+    "gemma2": ("gemma2", {"query_pre_attn_scalar": 32}),
+    "gemma3": (
+        "gemma3",
+        {
+            **_GEMMA3_LAYERS,
+            "query_pre_attn_scalar": 32,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+        },
+    ),
 }
 STEPS = 6
 
@@ -142,15 +169,17 @@ def _dequantized_values(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    ("family", "quantized"), [("phi3", False), ("qwen2-moe", True), ("qwen3-moe", True)]
+    ("family", "quantized"),
+    [("phi3", False), ("qwen2-moe", True), ("qwen3-moe", True), ("gemma3", True)],
 )
 def test_a_rank_dequantizes_only_its_cut_of_each_tensor(
     family: str, quantized: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Phi-3's fused q/k/v and gate/up cut part by part, and o_proj's and down_proj's columns,
     in F32 (whose units are values, not bytes); every expert's rows of gate and up and its
-    block-aligned columns of down, in Q8_0. A rank's shard is the cut of the whole
-    model, of which it dequantized little more than half (the router and norms are whole)."""
+    block-aligned columns of down, in Q8_0; Gemma 3's layers, whose norms (whole) are stored
+    as 1 + w. A rank's shard is the cut of the whole model, of which it dequantized little more
+    than half (the router and norms are whole)."""
     shapes = FILE_SHAPES.get(family) or DEFAULT_SHAPES[family]
     _, path = _write(family, shapes, tmp_path, quantized)
     counted = _dequantized_values(monkeypatch)
@@ -185,4 +214,27 @@ def test_rotary_scaling_stored_as_tensors_is_refused_by_name(tmp_path: Path) -> 
     factors = {f"rope_factors_{kind}.weight": np.ones(16, np.float32) for kind in ("long", "short")}
     path = write_gguf(build_model("phi3"), tmp_path / "phi3.gguf", "phi3", extra=factors)
     with pytest.raises(ValueError, match=r"rope_factors_long\.weight, rope_factors_short\.weight"):
+        EngineConfig.create(path, device="cpu", dtype="float32")
+
+
+@pytest.mark.parametrize(("arch", "blocks"), [("gemma2", 46), ("gemma3", 62)])
+def test_gemma_27b_files_scale_attention_by_hidden_size_over_heads(
+    arch: str, blocks: int, tmp_path: Path
+) -> None:
+    """As llama.cpp: the 27B models (told by their block count, as no metadata states the scale)
+    scale by hidden size / heads, the others by their head size; transformers keeps 256 for all."""
+    config, _ = ARCHES[arch]()
+    config.num_hidden_layers, config.head_dim = blocks, 16
+    path = write_metadata(config, tmp_path / f"{arch}-27b.gguf", arch, {})
+    assert gguf.load_config(path).query_pre_attn_scalar == 128 // 4
+    config.num_hidden_layers = blocks - 1
+    path = write_metadata(config, tmp_path / f"{arch}.gguf", arch, {})
+    assert gguf.load_config(path).query_pre_attn_scalar == 16
+
+
+def test_gemma3_rotary_scaling_other_than_linear_is_refused_by_name(tmp_path: Path) -> None:
+    config, _ = ARCHES["gemma3"]()
+    fields = {"gemma3.rope.scaling.type": "yarn", "gemma3.rope.scaling.factor": 8.0}
+    path = write_metadata(config, tmp_path / "gemma3.gguf", "gemma3", fields)
+    with pytest.raises(ValueError, match=r"Gemma 3 rotary scaling 'yarn' with factor 8\.0"):
         EngineConfig.create(path, device="cpu", dtype="float32")

@@ -2,9 +2,10 @@
 tensors dequantized to the run's dtype, for the families whose GGUF files transformers reads.
 
 transformers reads the config and the tokenizer (chat template included) from the file's metadata;
-the config is completed here where transformers leaves a shape at its config class's default though
-the file states it (the Qwen MoEs' expert widths, Qwen3's head size). The weights are read by
-`gguf_tensors`, tensor by tensor, under their Hugging Face names.
+the config is completed here where transformers leaves a fact at its config class's default though
+the file states it (the Qwen MoEs' expert widths, Qwen3's head size, Gemma 2's soft-caps, Gemma 3's
+linear rotary scaling), and Gemma's attention scale is taken as llama.cpp takes it. The weights are
+read by `gguf_tensors`, tensor by tensor, under their Hugging Face names.
 
 A file of any other architecture is refused by name, with the supported ones: OLMoE, which
 transformers has no GGUF reader for, and Mixtral, which llama.cpp writes as a `llama` file with
@@ -32,6 +33,8 @@ FAMILIES = {
     "phi3": "Phi3ForCausalLM",
     "qwen2moe": "Qwen2MoeForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",  # the text model: llama.cpp keeps the vision tower apart
 }
 # llama.cpp's tensors of per-frequency rotary scaling, which no GGUF config of transformers describes
 _ROPE_FACTORS = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
@@ -44,7 +47,14 @@ _UNMAPPED = {
         "expert_shared_feed_forward_length": "shared_expert_intermediate_size",
     },
     "qwen3moe": {"expert_feed_forward_length": "moe_intermediate_size"},
+    "gemma2": {
+        "attn_logit_softcapping": "attn_logit_softcapping",
+        "final_logit_softcapping": "final_logit_softcapping",
+    },
 }
+# Block counts of the Gemma 27B models, whose query_pre_attn_scalar is hidden size / heads where the
+# others' is their head size: no metadata states it, and llama.cpp tells those models by their size
+_GEMMA_27B_BLOCKS = {"gemma2": 46, "gemma3": 62}
 
 
 def packaged_file(package: str, filename: str) -> str:
@@ -83,8 +93,9 @@ def check_family(path: str) -> str:
     supported = ", ".join(f"{a} ({hf})" for a, hf in FAMILIES.items())
     if arch not in FAMILIES:
         raise ValueError(
-            f"{name}: GGUF architecture {arch!r} is not supported, since transformers does not "
-            f"read that family's GGUF files; supported GGUF architectures: {supported}. Load "
+            f"{name}: GGUF architecture {arch!r} is not supported (transformers does not read "
+            "that family's GGUF files, or the engine does not compute that family); supported "
+            f"GGUF architectures: {supported}. Load "
             "the model from its Hugging Face safetensors directory instead"
         )
     experts = _field(reader, arch, "expert_count")
@@ -122,7 +133,34 @@ def load_config(path: str) -> Any:
     for key, attribute in _UNMAPPED.get(arch, {}).items():
         if value := _field(reader, arch, key):
             setattr(config, attribute, value)
+    if arch in _GEMMA_27B_BLOCKS:
+        _complete_gemma(config, reader, arch, Path(path).name)
     return config
+
+
+def _complete_gemma(config: Any, reader: Any, arch: str, name: str) -> None:
+    """Gemma's attention scale as llama.cpp computes it (transformers keeps its default, 256, which
+    is wrong for the 27B models), and Gemma 3's linear rotary scaling of its global layers, which
+    llama.cpp's converter writes and transformers does not read (its local layers' base is
+    10000 in both)."""
+    if config.num_hidden_layers == _GEMMA_27B_BLOCKS[arch]:
+        config.query_pre_attn_scalar = config.hidden_size // config.num_attention_heads
+    else:
+        config.query_pre_attn_scalar = config.head_dim
+    kind = _field(reader, arch, "rope.scaling.type")
+    if arch != "gemma3" or not kind or kind == "none":
+        return
+    factor = _field(reader, arch, "rope.scaling.factor")
+    if kind != "linear" or not factor:
+        raise ValueError(
+            f"{name}: Gemma 3 rotary scaling {kind!r} with factor {factor!r} is not supported; "
+            "expected 'linear' with a factor, as llama.cpp's converter writes it"
+        )
+    global_rope = {**config.rope_parameters["full_attention"], "rope_type": "linear"}
+    config.rope_parameters = {
+        **config.rope_parameters,
+        "full_attention": {**global_rope, "factor": float(factor)},
+    }
 
 
 @functools.lru_cache(maxsize=4)
@@ -146,6 +184,7 @@ def iter_tensors(
     return gguf_tensors.iter_tensors(path, device, cut_of)
 
 
-def _field(reader: Any, arch: str, key: str) -> int:
+def _field(reader: Any, arch: str, key: str) -> Any:
+    """The metadata value `{arch}.{key}` (a number or a string), 0 where the file has none."""
     field = reader.fields.get(f"{arch}.{key}")
-    return int(field.contents()) if field is not None else 0
+    return field.contents() if field is not None else 0

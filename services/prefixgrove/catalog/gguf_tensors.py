@@ -8,7 +8,10 @@ put back as transformers' own GGUF reader puts it back:
 - Phi-3's q/k/v are one `attn_qkv` and its gate/up one `ffn_up` (gate first);
 - a mixture of experts stacks each layer's experts in one tensor per projection, [experts, width,
   hidden] for gate and up and [experts, hidden, width] for down (numpy's order);
-- Qwen2-MoE's shared-expert gate is a vector, where Hugging Face has a [1, hidden] matrix.
+- Qwen2-MoE's shared-expert gate is a vector, where Hugging Face has a [1, hidden] matrix;
+- Gemma's norm weights are stored as the 1 + w its norms multiply by (w is put back, the model adds
+  the one again as it does for Hugging Face checkpoints), and its `ffn_norm` is the norm before the
+  feed-forward block, one of its four norms a layer.
 
 A fused or stacked tensor is a run of row ranges, one per Hugging Face tensor (a quantized matrix
 stores each row as its own run of blocks), so each is read as a tensor of its own: under tensor
@@ -45,6 +48,14 @@ _LAYER_NAMES = {
     "ffn_up_shexp": "mlp.shared_expert.up_proj",
     "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
+# Gemma's names where they differ: four norms a layer, `ffn_norm` the one before the MLP
+_GEMMA_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_GEMMA = ("gemma2", "gemma3")
 # stacked experts -> each expert's projection
 _EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 _GLOBAL_NAMES = {
@@ -101,6 +112,8 @@ def iter_tensors(
                 array = _unpermute(array, total * array.shape[0] // part.shape[0])
             if part.kind == "ffn_gate_inp_shexp":
                 array = array.reshape(1, -1)
+            if arch in _GEMMA and part.name.endswith("norm.weight"):
+                array = array - 1.0  # as transformers' reader: the model adds the one back
             # NOTE: a tensor the file maps without quantization comes back read-only: copy it
             if not (array.flags.writeable and array.flags.c_contiguous):
                 array = np.array(array, order="C")
@@ -131,9 +144,10 @@ def parts_of(
         ]
     if kind == "attn_qkv" or (arch == "phi3" and kind == "ffn_up"):
         return _split_rows(prefix, kind, param, shape, heads, kv_heads)
-    if kind not in _LAYER_NAMES:
+    names = _GEMMA_LAYER_NAMES if arch in _GEMMA else _LAYER_NAMES
+    if kind not in names:
         raise ValueError(f"GGUF tensor {gguf_name!r} has no place in a {arch!r} model")
-    return [Part(f"{prefix}{_LAYER_NAMES[kind]}.{param}", kind, 0, shape)]
+    return [Part(f"{prefix}{names[kind]}.{param}", kind, 0, shape)]
 
 
 def _split_rows(
