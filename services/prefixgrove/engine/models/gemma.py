@@ -29,7 +29,7 @@ from torch import nn
 from ..parallel.group import TensorParallel
 from .arch import GemmaArch, ModelArch
 from .fp8_linear import takes_quantized_rows
-from .llama import MLP, Attention, LlamaForCausalLM, RMSNorm
+from .llama import MLP, Attention, DecoderLayer, LlamaForCausalLM, RMSNorm
 from .ops import ModelOps
 from .rotary import rotary_table
 from .vocab_parallel import vocab_logits
@@ -66,21 +66,20 @@ class GemmaMLP(MLP):
         self.act_and_mul, self.act_and_mul_fp8 = ops.gelu_tanh_and_mul, ops.gelu_tanh_and_mul_fp8
 
 
-class GemmaDecoderLayer(nn.Module):
+class GemmaDecoderLayer(DecoderLayer):
     """x + post_attention_norm(attention(input_norm(x))), then the same around the MLP with the
-    pre- and post-feed-forward norms; the residual is carried beside x, as in Llama's layer, so that
-    each add fuses into the norm after it."""
+    pre- and post-feed-forward norms; Llama's layer with its attention half, its residual carried
+    beside x so that each add fuses into the norm after it."""
+
+    mlp: GemmaMLP
 
     def __init__(
         self, arch: ModelArch, layer_idx: int, ops: ModelOps, parallel: TensorParallel
     ) -> None:
-        super().__init__()
+        mlp = GemmaMLP(arch, ops, parallel)
+        super().__init__(arch, layer_idx, ops, parallel, mlp, GemmaAttention)
         size, eps = arch.hidden_size, arch.rms_norm_eps
-        self.input_layernorm = RMSNorm(size, eps, ops)
-        self.self_attn = GemmaAttention(arch, layer_idx, ops, parallel)
-        self.post_attention_layernorm = RMSNorm(size, eps, ops)
         self.pre_feedforward_layernorm = RMSNorm(size, eps, ops)
-        self.mlp = GemmaMLP(arch, ops, parallel)
         self.post_feedforward_layernorm = RMSNorm(size, eps, ops)
 
     def fuse_fp8_inputs(self) -> None:
@@ -102,14 +101,8 @@ class GemmaDecoderLayer(nn.Module):
         rows: SampledRows | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, residual) of every row, or of `rows` only once their keys and values are cached."""
-        if residual is None:
-            x, residual = self.input_layernorm(x), x
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.post_attention_layernorm(self.self_attn(x, positions, cos_sin, ctx, rows))
-        if rows is not None:
-            residual = residual[rows.token_rows]
-        x, residual = self.pre_feedforward_layernorm(x, residual)
+        x, residual = self.attend(x, residual, positions, cos_sin, ctx, rows)
+        x, residual = self.pre_feedforward_layernorm(self.post_attention_layernorm(x), residual)
         return self.post_feedforward_layernorm(self.mlp(x)), residual
 
 
@@ -140,11 +133,6 @@ class GemmaForCausalLM(LlamaForCausalLM):
 
     def decoder_layer(self, local: ModelArch, layer_idx: int, ops: ModelOps) -> nn.Module:
         return GemmaDecoderLayer(local, layer_idx, ops, self.parallel)
-
-    def fuse_fp8_inputs(self) -> None:
-        for layer in self.layers:
-            if isinstance(layer, GemmaDecoderLayer):
-                layer.fuse_fp8_inputs()
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext

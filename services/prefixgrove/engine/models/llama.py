@@ -182,6 +182,21 @@ class DecoderLayer(nn.Module):
         rows: SampledRows | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, residual) of every row, or of `rows` only once their keys and values are cached."""
+        x, residual = self.attend(x, residual, positions, cos_sin, ctx, rows)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+    def attend(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        ctx: ForwardContext,
+        rows: SampledRows | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(attention(input_norm(x + residual)), x + residual), both cut to `rows` when given:
+        the first half of every family's layer, whatever norms it puts around the MLP after."""
         # The residual stream is carried beside x so that each add fuses into the next norm.
         if residual is None:
             x, residual = self.input_layernorm(x), x
@@ -190,8 +205,7 @@ class DecoderLayer(nn.Module):
         x = self.self_attn(x, positions, cos_sin, ctx, rows)
         if rows is not None:
             residual = residual[rows.token_rows]
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        return x, residual
 
 
 # A checkpoint's separate projections -> (the fused parameter they fill, their shard of it).
