@@ -22,6 +22,21 @@ ROOT = Path(__file__).resolve().parents[1]
 H100_BF16_FLOPS = 798e12
 H100_HBM_BYTES_PER_S = 3.0e12
 
+# The 6-field record that structured.py asks for and calibrate.py times its structured jobs on.
+EXTRACTION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "company": {"type": "string", "maxLength": 24},
+        "contact": {"type": "string", "maxLength": 24},
+        "category": {"enum": ["invoice", "complaint", "order", "refund", "question"]},
+        "priority": {"type": "integer", "minimum": 1, "maximum": 5},
+        "urgent": {"type": "boolean"},
+        "country": {"enum": ["US", "DE", "FR", "JP", "BR", "IN", "other"]},
+    },
+    "required": ["company", "contact", "category", "priority", "urgent", "country"],
+    "additionalProperties": False,
+}
+
 
 def device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, add_engine_args, emit, ensure_prefixgrove
+from _common import EXTRACTION_SCHEMA, ROOT, add_engine_args, emit, ensure_prefixgrove
 
 ensure_prefixgrove()
 
@@ -48,26 +48,13 @@ from prefixgrove.plan_job import read_job  # noqa: E402
 from prefixgrove.settings import IngestSettings, load  # noqa: E402
 
 TABLE = ROOT / "services/prefixgrove/costmodel/calibration_table.py"
-SCHEMA: dict[str, Any] = {  # structured.py's extraction schema
-    "type": "object",
-    "properties": {
-        "company": {"type": "string", "maxLength": 24},
-        "contact": {"type": "string", "maxLength": 24},
-        "category": {"enum": ["invoice", "complaint", "order", "refund", "question"]},
-        "priority": {"type": "integer", "minimum": 1, "maximum": 5},
-        "urgent": {"type": "boolean"},
-        "country": {"enum": ["US", "DE", "FR", "JP", "BR", "IN", "other"]},
-    },
-    "required": ["company", "contact", "category", "priority", "urgent", "country"],
-    "additionalProperties": False,
-}
 
 
 @dataclass(frozen=True)
 class Job:
     """A benchmark's shape: `requests` prompts, each `per_group` sharing a `prefix`-token block,
     then `own` tokens of their own, making `output` tokens (EOS ignored) or, `structured`, at most
-    `output` tokens of SCHEMA's JSON."""
+    `output` tokens of EXTRACTION_SCHEMA's JSON."""
 
     requests: int
     per_group: int
@@ -183,7 +170,7 @@ def job_lines(job: Job, vocab: int, seed: int = 0) -> Iterator[str]:
             "temperature": 0,
         }
         if job.structured:
-            body["structured_outputs"] = {"json": SCHEMA, "disable_any_whitespace": True}
+            body["structured_outputs"] = {"json": EXTRACTION_SCHEMA, "disable_any_whitespace": True}
         else:
             body["ignore_eos"] = True
         yield json.dumps({"custom_id": f"r{i}", "url": "/v1/completions", "body": body}) + "\n"

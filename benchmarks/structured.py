@@ -3,13 +3,13 @@ in one process (issue: constrained >= 0.9x unconstrained).
 
 The job: Llama-3.1-8B shapes (random weights, bf16) with the real Llama 3 tokenizer (128k vocabulary:
 a mask is as costly as on the real model); N requests sharing one instruction block of --prefix-len
-tokens, each with its own --doc-len-token document, answered as a 6-field JSON object (SCHEMA, compact)
-in at most --max-tokens tokens, greedy.
+tokens, each with its own --doc-len-token document, answered as a 6-field JSON object
+(_common.EXTRACTION_SCHEMA, compact) in at most --max-tokens tokens, greedy.
 
 Modes, each on a fresh engine:
-  constrained           json=SCHEMA, with jump-forward (the default: where the grammar allows one
+  constrained           json=the schema, with jump-forward (the default: where the grammar allows one
                         token alone, it is appended without a decoding step)
-  constrained-stepwise  json=SCHEMA, every token sampled by a step (structured_outputs_jump_forward
+  constrained-stepwise  json=the schema, every token sampled by a step (structured_outputs_jump_forward
                         off); its outputs are compared with the constrained mode's, token for token
   unconstrained         no constraint, each request generating exactly the tokens its constrained run
                         produced (EOS ignored): the same work without the grammar, so wall times compare
@@ -36,25 +36,20 @@ from typing import Any
 
 import torch
 
-from _common import add_engine_args, device_name, emit, ensure_prefixgrove, make_llm, timed
+from _common import (
+    EXTRACTION_SCHEMA,
+    add_engine_args,
+    device_name,
+    emit,
+    ensure_prefixgrove,
+    make_llm,
+    timed,
+)
 
 ensure_prefixgrove()
 
 from prefixgrove import SamplingParams, StructuredOutputsParams  # noqa: E402
 
-SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "company": {"type": "string", "maxLength": 24},
-        "contact": {"type": "string", "maxLength": 24},
-        "category": {"enum": ["invoice", "complaint", "order", "refund", "question"]},
-        "priority": {"type": "integer", "minimum": 1, "maximum": 5},
-        "urgent": {"type": "boolean"},
-        "country": {"enum": ["US", "DE", "FR", "JP", "BR", "IN", "other"]},
-    },
-    "required": ["company", "contact", "category", "priority", "urgent", "country"],
-    "additionalProperties": False,
-}
 MODES = ("constrained", "constrained-stepwise", "unconstrained")
 
 
@@ -68,7 +63,7 @@ def prompts(n: int, prefix_len: int, doc_len: int, vocab: int, seed: int) -> lis
 
 def constrained_params(max_tokens: int) -> SamplingParams:
     # Compact JSON: on random weights, free whitespace would let outputs run on to max_tokens.
-    constraint = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)
+    constraint = StructuredOutputsParams(json=EXTRACTION_SCHEMA, disable_any_whitespace=True)
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, structured_outputs=constraint)
 
 
@@ -172,7 +167,7 @@ def _validity(outputs: list[Any]) -> dict[str, Any]:
         except ValueError as e:
             invalid.append(f"{e}: {choice.text!r}")
             continue
-        valid += isinstance(value, dict) and set(value) == set(SCHEMA["required"])
+        valid += isinstance(value, dict) and set(value) == set(EXTRACTION_SCHEMA["required"])
     return {"valid_json_fraction": round(valid / len(outputs), 4),
             "finished_by_grammar_fraction": round(stopped / len(outputs), 4),
             "invalid_examples": invalid[:3]}  # fmt: skip
