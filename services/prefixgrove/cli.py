@@ -202,11 +202,18 @@ def _job_commands(sub: Any) -> None:
         if name == "status":
             command.add_argument("--watch", action="store_true", help="follow the job to its end")
         if name == "results":
-            command.add_argument(
-                "-o", "--output", type=source_arg, required=True, help=f"the output JSONL; {_URLS}"
-            )
-            command.add_argument("--errors", type=source_arg,
-                                 help="the error JSONL; default: OUTPUT with .errors.jsonl")  # fmt: skip
+            _results_arguments(command)
+
+
+def _results_arguments(command: argparse.ArgumentParser) -> None:
+    command.add_argument("-o", "--output", type=source_arg, required=True,
+                         help=f"the output JSONL, or *.parquet (the JSONL beside it); {_URLS}")  # fmt: skip
+    command.add_argument("--errors", type=source_arg,
+                         help="the error JSONL; default: OUTPUT with .errors.jsonl")  # fmt: skip
+    command.add_argument("--input", type=source_arg,
+                         help="with OUTPUT *.parquet: the Parquet dataset the job was submitted "
+                              "from, its rows joined to the answers; default: the result columns "
+                              "alone")  # fmt: skip
 
 
 def _global_options(parser: argparse.ArgumentParser, top: bool) -> None:

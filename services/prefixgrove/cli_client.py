@@ -63,17 +63,37 @@ def _submit_parquet(args: argparse.Namespace) -> int:
     if args.wait and not str(args.output).endswith(".parquet"):
         raise ValueError(f"{args.output}: a Parquet input's output is Parquet too (OUTPUT.parquet)")
     columns = parquet_jobs.columns_of(args)
-    answers = argparse.Namespace(**vars(args))
-    if args.wait:
-        answers.output = f"{args.output}.jsonl"
-        answers.errors = args.errors or f"{args.output}.errors.jsonl"
+    answers = _jsonl_beside(args) if args.wait else args
     with tempfile.TemporaryDirectory(prefix="prefixgrove-parquet-") as scratch:
         requests = parquet_jobs.write_jsonl(args.input, columns, Path(scratch) / "requests.jsonl")
         status = _submit(answers, requests)
     if args.wait and status == 0:  # a job that ended unfinished keeps its JSONL results alone
-        parquet_jobs.write_results(args.input, answers.output, answers.errors, args.output)
-        log.info("the rows with their answers -> %s", args.output)
+        _write_parquet(args.input, answers, args.output)
     return status
+
+
+def _jsonl_beside(args: argparse.Namespace) -> argparse.Namespace:
+    """The arguments with the job's JSONL results beside OUTPUT.parquet: OUTPUT.parquet.jsonl
+    and (without --errors) OUTPUT.parquet.errors.jsonl, as `run` leaves them."""
+    answers = argparse.Namespace(**vars(args))
+    answers.output = f"{args.output}.jsonl"
+    answers.errors = args.errors or f"{args.output}.errors.jsonl"
+    return answers
+
+
+def _write_parquet(
+    rows: Path | str | None, answers: argparse.Namespace, target: Path | str
+) -> None:
+    """The answers in JSONL as Parquet: joined to the dataset's rows, or without one the result
+    columns alone."""
+    from prefixgrove import parquet_jobs
+
+    if rows is None:
+        parquet_jobs.write_result_columns(answers.output, answers.errors, target)
+        log.info("the answers' columns -> %s", target)
+        return
+    parquet_jobs.write_results(rows, answers.output, answers.errors, target)
+    log.info("the rows with their answers -> %s", target)
 
 
 def _submit(args: argparse.Namespace, source: Path | str) -> int:
@@ -120,8 +140,23 @@ def list(args: argparse.Namespace) -> int:
 
 
 def results(args: argparse.Namespace) -> int:
-    client = _client(args)
-    return _download(client, client.get(args.job), args)
+    """The job's results as JSONL; into OUTPUT.parquet, as Parquet too (the JSONL beside it):
+    joined to the rows of --input, the dataset the job was submitted from, or without it the
+    result columns alone. A job that ended unfinished keeps its JSONL results alone."""
+    if not str(args.output).endswith(".parquet"):
+        if args.input is not None:
+            raise ValueError(f"--input {args.input}: the rows are joined only into OUTPUT.parquet")
+        client = _client(args)
+        return _download(client, client.get(args.job), args)
+    if args.input is not None:
+        check_input(args.input)
+        if not str(args.input).endswith(".parquet"):
+            raise ValueError(f"--input {args.input}: not a Parquet dataset (*.parquet)")
+    client, answers = _client(args), _jsonl_beside(args)
+    status = _download(client, client.get(args.job), answers)
+    if status == 0:
+        _write_parquet(args.input, answers, args.output)
+    return status
 
 
 def _download(client: Any, job: Any, args: argparse.Namespace) -> int:

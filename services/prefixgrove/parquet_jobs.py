@@ -6,7 +6,8 @@ In: each row becomes one OpenAI Batch request line: its prompt column's text as 
 sampling JSON's fields join every body. The id column (if named) is carried along as a column; the
 lines' own custom_id is `row-<n>`, which ties each answer to its row. Out: the input's columns with `generated_text`,
 `finish_reason`, `prompt_tokens`, `completion_tokens` and `error` added, row for row, read back
-from the run's JSONL outputs (which stay beside it, so `--resume` works as for JSONL).
+from the run's JSONL outputs (which stay beside it, so `--resume` works as for JSONL). Without the
+input's rows (`results` with no dataset), the answers alone: `custom_id` and the result columns.
 """
 
 from __future__ import annotations
@@ -143,16 +144,70 @@ def write_results(
         try:
             for group in range(dataset.num_row_groups):
                 table = dataset.read_row_group(group)
-                results = [next(answers) for _ in range(table.num_rows)]
+                results = [_next_answer(answers, source) for _ in range(table.num_rows)]
                 for name, kind in types.items():
                     column = pa.array([r.get(name) for r in results], type=kind)
                     table = table.append_column(name, column)
                 writer.write_table(table)
                 rows += table.num_rows
+            if next(answers, None) is not None:
+                raise ValueError(f"{source}: the job answered more requests than its {rows} rows")
             writer.close()
         finally:
             sink.closed = True  # NOTE: a writer left open on an error writes nothing more
     return rows
+
+
+def _next_answer(answers: Iterator[dict[str, Any]], source: Path | str) -> dict[str, Any]:
+    answer = next(answers, None)
+    if answer is None:
+        raise ValueError(f"{source}: more rows than the job has answers (another dataset?)")
+    return answer
+
+
+def write_result_columns(
+    outputs: Path | str, errors: Path | str, target: Path | str, group_rows: int = 10_000
+) -> int:
+    """The answers alone, where the input's rows are not at hand: `custom_id` and the result
+    columns, a row per line (the output lines, then the error lines), `group_rows` to a row
+    group; returns the rows."""
+    import pyarrow as pa
+
+    pq = _pyarrow()
+    types = {"custom_id": pa.string(), **_result_types()}
+    schema = pa.schema([pa.field(name, kind) for name, kind in types.items()])
+    rows = 0
+    with _output(target) as out:
+        sink = _Sink(out)
+        writer = pq.ParquetWriter(sink, schema)
+        try:
+            for batch in _batches(_result_lines(outputs, errors), group_rows):
+                columns = [pa.array([r.get(n) for r in batch], type=k) for n, k in types.items()]
+                writer.write_table(pa.Table.from_arrays(columns, schema=schema))
+                rows += len(batch)
+            writer.close()
+        finally:
+            sink.closed = True  # NOTE: as in write_results
+    return rows
+
+
+def _result_lines(*sources: Path | str) -> Iterator[dict[str, Any]]:
+    for source in sources:
+        with open_source(source) as f:
+            for raw in f:
+                line = json.loads(raw)
+                yield {"custom_id": str(line["custom_id"]), **_result(line)}
+
+
+def _batches(records: Iterator[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
+    batch: list[dict[str, Any]] = []
+    for record in records:
+        batch.append(record)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 @contextmanager
@@ -190,8 +245,16 @@ def _lines(source: Path | str) -> Iterator[dict[str, Any]]:
     with open_source(source) as f:
         for raw in f:
             record = json.loads(raw)
-            record["_i"] = int(str(record["custom_id"]).removeprefix("row-"))
+            record["_i"] = _row_of(str(record["custom_id"]), source)
             yield record
+
+
+def _row_of(custom_id: str, source: Path | str) -> int:
+    row = custom_id.removeprefix("row-")
+    if custom_id == row or not row.isdigit():
+        raise ValueError(f"{source}: custom_id {custom_id!r} is not row-<n>: these answers are "
+                         "not of a Parquet dataset's rows")  # fmt: skip
+    return int(row)
 
 
 def _result(line: dict[str, Any]) -> dict[str, Any]:
