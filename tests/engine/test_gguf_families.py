@@ -19,13 +19,11 @@ import pytest
 import torch
 from engine_checkpoints import ARCHES, build_model, engine, greedy, random_prompts, run
 from gguf_checkpoints import write_gguf, write_metadata
+from sharded_loads import assert_shard_is_cut_of_whole, load_on_cpu
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from prefixgrove.catalog import gguf
 from prefixgrove.engine.config import EngineConfig
-from prefixgrove.engine.models.base import CausalLM
-from prefixgrove.engine.models.loader import load_model
-from prefixgrove.engine.models.ops import create_ops
 from prefixgrove.engine.parallel.group import TensorParallel
 
 # 4 experts, 2 per token; every layer sparse, as llama.cpp's Qwen MoEs are
@@ -138,20 +136,6 @@ def test_shapes_only_the_file_states_are_read_from_it(family: str, tmp_path: Pat
     _assert_engine_matches(path, reference)
 
 
-def _load(path: str, parallel: TensorParallel) -> CausalLM:
-    config = EngineConfig.create(path, device="cpu", dtype="float32")
-    return load_model(
-        path,
-        config.model.arch,
-        dtype=torch.float32,
-        device="cpu",
-        max_positions=64,
-        seed=0,
-        ops=create_ops("torch"),
-        parallel=parallel,
-    )
-
-
 def _dequantized_values(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the values every dequantization of a GGUF tensor yields, from now on."""
     import gguf.quants
@@ -183,16 +167,13 @@ def test_a_rank_dequantizes_only_its_cut_of_each_tensor(
     shapes = FILE_SHAPES.get(family) or DEFAULT_SHAPES[family]
     _, path = _write(family, shapes, tmp_path, quantized)
     counted = _dequantized_values(monkeypatch)
-    whole = dict(_load(path, TensorParallel.single()).named_parameters())
+    whole = dict(load_on_cpu(path, TensorParallel.single()).named_parameters())
     whole_values = sum(counted)
     for rank in (0, 1):
         counted.clear()
-        shard = _load(path, TensorParallel(rank, 2))
+        shard = load_on_cpu(path, TensorParallel(rank, 2))
         assert sum(counted) < 0.55 * whole_values
-        for name, param in shard.named_parameters():
-            layout = shard.layout(name)
-            expected = whole[name] if layout is None else layout.local_of_full(whole[name])
-            assert torch.equal(param, expected), f"rank {rank}: {name}"
+        assert_shard_is_cut_of_whole(shard, whole, f"rank {rank}")
 
 
 @pytest.mark.parametrize(

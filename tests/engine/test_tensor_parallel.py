@@ -27,13 +27,10 @@ from engine_checkpoints import (
     shared_prefix_job,
     smollm2_file,
 )
+from sharded_loads import assert_shard_is_cut_of_whole, load_on_cpu
 from test_fp8 import write_compressed_tensors
 
 from prefixgrove import LLM, SamplingParams, StructuredOutputsParams
-from prefixgrove.engine.config import EngineConfig
-from prefixgrove.engine.models.base import CausalLM
-from prefixgrove.engine.models.loader import load_model
-from prefixgrove.engine.models.ops import create_ops
 from prefixgrove.engine.parallel.group import TensorParallel
 from prefixgrove.engine.parallel.launch import RANK_LOST_EXIT
 
@@ -45,31 +42,13 @@ def qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return save_checkpoint("qwen2", tmp_path_factory.mktemp("qwen2"))
 
 
-def _load(model: str, parallel: TensorParallel, quantization: str | None = None) -> CausalLM:
-    config = EngineConfig.create(model, device="cpu", dtype="float32", quantization=quantization)
-    return load_model(
-        model,
-        config.model.arch,
-        dtype=torch.float32,
-        device="cpu",
-        max_positions=64,
-        seed=0,
-        ops=create_ops("torch"),
-        quantization=config.model.quantization,
-        parallel=parallel,
-    )
-
-
 def _assert_shards_are_cuts_of_the_whole(
     model: str, size: int, ranks: list[int], quantization: str | None = None
 ) -> None:
-    whole = dict(_load(model, TensorParallel.single(), quantization).named_parameters())
-    for rank in ranks:  # loading calls no collective: a rank's shard loads in this process
-        shard = _load(model, TensorParallel(rank, size), quantization)
-        for name, param in shard.named_parameters():
-            layout = shard.layout(name)
-            expected = whole[name] if layout is None else layout.local_of_full(whole[name])
-            assert torch.equal(param.float(), expected.float()), f"rank {rank} of {size}: {name}"
+    whole = dict(load_on_cpu(model, TensorParallel.single(), quantization).named_parameters())
+    for rank in ranks:
+        shard = load_on_cpu(model, TensorParallel(rank, size), quantization)
+        assert_shard_is_cut_of_whole(shard, whole, f"rank {rank} of {size}")
 
 
 @pytest.mark.parametrize("size", [2, 4])
