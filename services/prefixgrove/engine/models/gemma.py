@@ -28,7 +28,6 @@ from torch import nn
 
 from ..parallel.group import TensorParallel
 from .arch import GemmaArch, ModelArch
-from .fp8_linear import takes_quantized_rows
 from .llama import MLP, Attention, DecoderLayer, LlamaForCausalLM, RMSNorm
 from .ops import ModelOps
 from .rotary import rotary_table
@@ -36,7 +35,6 @@ from .vocab_parallel import vocab_logits
 
 if TYPE_CHECKING:
     from ..attention.backend import ForwardContext
-    from ..attention.metadata import SampledRows
 
 
 def gemma_facts(arch: ModelArch) -> GemmaArch:
@@ -71,8 +69,6 @@ class GemmaDecoderLayer(DecoderLayer):
     pre- and post-feed-forward norms; Llama's layer with its attention half, its residual carried
     beside x so that each add fuses into the norm after it."""
 
-    mlp: GemmaMLP
-
     def __init__(
         self, arch: ModelArch, layer_idx: int, ops: ModelOps, parallel: TensorParallel
     ) -> None:
@@ -82,26 +78,16 @@ class GemmaDecoderLayer(DecoderLayer):
         self.pre_feedforward_layernorm = RMSNorm(size, eps, ops)
         self.post_feedforward_layernorm = RMSNorm(size, eps, ops)
 
-    def fuse_fp8_inputs(self) -> None:
-        """As Llama's layer: the norms before qkv_proj and gate_up_proj, and the activation before
-        down_proj, write the FP8 rows those layers take (the post-norms feed no linear layer)."""
-        self.input_layernorm.quantizes_output = takes_quantized_rows(self.self_attn.qkv_proj)
-        self.pre_feedforward_layernorm.quantizes_output = takes_quantized_rows(
-            self.mlp.gate_up_proj
-        )
-        self.mlp.quantizes_activation = takes_quantized_rows(self.mlp.down_proj)
+    def norm_before_mlp(self) -> RMSNorm:
+        """The pre-feed-forward norm: with FP8 layers it writes gate_up_proj's rows, as Llama's
+        post-attention norm does (Gemma's post-norms feed no linear layer)."""
+        return self.pre_feedforward_layernorm
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        residual: torch.Tensor | None,
-        positions: torch.Tensor,
-        cos_sin: torch.Tensor,
-        ctx: ForwardContext,
-        rows: SampledRows | None = None,
+    def mlp_block(
+        self, x: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x, residual) of every row, or of `rows` only once their keys and values are cached."""
-        x, residual = self.attend(x, residual, positions, cos_sin, ctx, rows)
+        """post_attention_norm on the attention's output alone, then the residual's add fused
+        into the pre-feed-forward norm, and the MLP's output normed before the next layer adds it."""
         x, residual = self.pre_feedforward_layernorm(self.post_attention_layernorm(x), residual)
         return self.post_feedforward_layernorm(self.mlp(x)), residual
 

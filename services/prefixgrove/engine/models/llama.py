@@ -167,10 +167,12 @@ class DecoderLayer(nn.Module):
         being stored in the model's dtype and read again by the linear's own quantization."""
         self.input_layernorm.quantizes_output = takes_quantized_rows(self.self_attn.qkv_proj)
         if isinstance(self.mlp, MLP):  # a sparse MoE block reads its input in the model's dtype
-            self.post_attention_layernorm.quantizes_output = takes_quantized_rows(
-                self.mlp.gate_up_proj
-            )
+            self.norm_before_mlp().quantizes_output = takes_quantized_rows(self.mlp.gate_up_proj)
             self.mlp.quantizes_activation = takes_quantized_rows(self.mlp.down_proj)
+
+    def norm_before_mlp(self) -> RMSNorm:
+        """The norm whose output the MLP reads (a family with other norms overrides)."""
+        return self.post_attention_layernorm
 
     def forward(
         self,
@@ -182,21 +184,6 @@ class DecoderLayer(nn.Module):
         rows: SampledRows | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, residual) of every row, or of `rows` only once their keys and values are cached."""
-        x, residual = self.attend(x, residual, positions, cos_sin, ctx, rows)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
-
-    def attend(
-        self,
-        x: torch.Tensor,
-        residual: torch.Tensor | None,
-        positions: torch.Tensor,
-        cos_sin: torch.Tensor,
-        ctx: ForwardContext,
-        rows: SampledRows | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(attention(input_norm(x + residual)), x + residual), both cut to `rows` when given:
-        the first half of every family's layer, whatever norms it puts around the MLP after."""
         # The residual stream is carried beside x so that each add fuses into the next norm.
         if residual is None:
             x, residual = self.input_layernorm(x), x
@@ -205,7 +192,15 @@ class DecoderLayer(nn.Module):
         x = self.self_attn(x, positions, cos_sin, ctx, rows)
         if rows is not None:
             residual = residual[rows.token_rows]
-        return x, residual
+        return self.mlp_block(x, residual)
+
+    def mlp_block(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's second half, from the attention's output: the norms a family puts around
+        its MLP (a family with other norms overrides)."""
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 # A checkpoint's separate projections -> (the fused parameter they fill, their shard of it).
