@@ -8,7 +8,7 @@ past in blocks. The lines after it keep their places and their answers.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -50,16 +50,24 @@ def open_source(source: Path | str) -> BinaryIO:
 def line_batches(
     path: Path | str, max_line_bytes: int, max_lines: int, max_bytes: int = _BATCH_BYTES
 ) -> Iterator[list[bytes]]:
-    """The file's (or object's) lines (bounded_lines) in batches of at most `max_lines` lines or
-    about `max_bytes` bytes, whichever comes first; an empty file gives no batch."""
+    """The file's (or object's) lines (bounded_lines) in batches (batch_lines); an empty file
+    gives no batch."""
     with open_source(path) as f:
-        batch: list[bytes] = []
-        size = 0
-        for line in bounded_lines(f, max_line_bytes):
-            batch.append(line)
-            size += len(line)
-            if len(batch) >= max_lines or size >= max_bytes:
-                yield batch
-                batch, size = [], 0
-        if batch:
+        yield from batch_lines(bounded_lines(f, max_line_bytes), max_lines, max_bytes)
+
+
+def batch_lines(
+    lines: Iterable[bytes], max_lines: int, max_bytes: int = _BATCH_BYTES
+) -> Iterator[list[bytes]]:
+    """`lines` in batches of at most `max_lines` lines or about `max_bytes` bytes, whichever comes
+    first; no lines give no batch."""
+    batch: list[bytes] = []
+    size = 0
+    for line in lines:
+        batch.append(line)
+        size += len(line)
+        if len(batch) >= max_lines or size >= max_bytes:
             yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch

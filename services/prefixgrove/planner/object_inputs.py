@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from prefixgrove.input_lines import line_batches
+from prefixgrove.input_lines import batch_lines, line_batches
 from prefixgrove.planner.http.errors import ApiError, ServiceCall
 from prefixgrove.request_defaults import with_body_defaults
 from prefixgrove.storage.locations import ObjectLocation, StorageError
@@ -111,17 +111,4 @@ def _batches(source: pb.InputSource, max_line_bytes: int) -> Iterable[list[bytes
     columns = parquet_jobs.ParquetColumns(
         source.prompt_column, source.messages_column, source.id_column
     )
-    return _batched(parquet_jobs.request_lines(source.url, columns))
-
-
-def _batched(lines: Iterable[bytes]) -> Iterator[list[bytes]]:
-    batch: list[bytes] = []
-    size = 0
-    for line in lines:
-        batch.append(line)
-        size += len(line)
-        if len(batch) >= _CHUNK_LINES or size >= _CHUNK_BYTES:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch
+    return batch_lines(parquet_jobs.request_lines(source.url, columns), _CHUNK_LINES, _CHUNK_BYTES)
