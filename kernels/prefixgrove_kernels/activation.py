@@ -125,18 +125,35 @@ def silu_and_mul_launch(
     ), out
 
 
-def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """silu(gate) * up for x: [rows, 2 * d] = [gate | up] (rows may be strided); out: [rows, d]."""
-    launch, out = silu_and_mul_launch(x, out)
+def _gate_and_up(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x's two halves, checked as the kernels check it: the references' input."""
+    _check_input(x)
+    gate, up = x.split(x.shape[1] // 2, dim=-1)
+    return gate, up
+
+
+def _run_act_and_mul(x: torch.Tensor, out: torch.Tensor | None, gelu: bool) -> torch.Tensor:
+    launch, out = silu_and_mul_launch(x, out, gelu)
     if launch is not None:
         launch.run()
     return out
 
 
+def _run_act_and_mul_fp8(x: torch.Tensor, gelu: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    launch, q, scale = silu_and_mul_fp8_launch(x, gelu)
+    if launch is not None:
+        launch.run()
+    return q, scale
+
+
+def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """silu(gate) * up for x: [rows, 2 * d] = [gate | up] (rows may be strided); out: [rows, d]."""
+    return _run_act_and_mul(x, out, gelu=False)
+
+
 def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
     """Torch version of `silu_and_mul` (the engine's unfused MLP gate)."""
-    _check_input(x)
-    gate, up = x.split(x.shape[1] // 2, dim=-1)
+    gate, up = _gate_and_up(x)
     return F.silu(gate) * up
 
 
@@ -157,10 +174,7 @@ def silu_and_mul_fp8_launch(
 def silu_and_mul_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`silu_and_mul`'s output as an FP8 linear layer takes it: (e4m3 values [rows, d], float32
     scales [rows, 1]), the bytes `quantize_rows(silu_and_mul(x))` writes; x: [rows, 2 * d]."""
-    launch, q, scale = silu_and_mul_fp8_launch(x)
-    if launch is not None:
-        launch.run()
-    return q, scale
+    return _run_act_and_mul_fp8(x, gelu=False)
 
 
 def silu_and_mul_fp8_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,25 +184,18 @@ def silu_and_mul_fp8_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def gelu_tanh_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """gelu_tanh(gate) * up (GeGLU), as `silu_and_mul` takes x and out."""
-    launch, out = silu_and_mul_launch(x, out, gelu=True)
-    if launch is not None:
-        launch.run()
-    return out
+    return _run_act_and_mul(x, out, gelu=True)
 
 
 def gelu_tanh_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
     """Torch version of `gelu_tanh_and_mul` (transformers' gelu_pytorch_tanh gate)."""
-    _check_input(x)
-    gate, up = x.split(x.shape[1] // 2, dim=-1)
+    gate, up = _gate_and_up(x)
     return F.gelu(gate, approximate="tanh") * up
 
 
 def gelu_tanh_and_mul_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`gelu_tanh_and_mul`'s output as an FP8 linear layer takes it, as `silu_and_mul_fp8`."""
-    launch, q, scale = silu_and_mul_fp8_launch(x, gelu=True)
-    if launch is not None:
-        launch.run()
-    return q, scale
+    return _run_act_and_mul_fp8(x, gelu=True)
 
 
 def gelu_tanh_and_mul_fp8_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
