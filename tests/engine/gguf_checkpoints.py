@@ -53,11 +53,7 @@ def write_gguf(
             )
         else:
             writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return str(path)
+    return _finish(writer, path)
 
 
 def write_metadata(config: Any, path: Path, gguf_arch: str, fields: dict[str, Any]) -> str:
@@ -73,6 +69,11 @@ def write_metadata(config: Any, path: Path, gguf_arch: str, fields: dict[str, An
             writer.add_float32(key, value)
         else:
             writer.add_uint32(key, value)
+    return _finish(writer, path)
+
+
+def _finish(writer: GGUFWriter, path: Path) -> str:
+    """Writes out what `writer` was given, in GGUF's order, and closes the file at `path`."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
