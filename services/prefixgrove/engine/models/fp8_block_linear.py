@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from prefixgrove_kernels.checks import FP8_KV_DTYPE as FP8_DTYPE
 from prefixgrove_kernels.fp8_block import (
     GROUP,
     dequantize_blocks,
@@ -33,37 +32,25 @@ from prefixgrove_kernels.fp8_block import (
 )
 from prefixgrove_kernels.reference_math import to_e4m3_ref
 
+from .fp8_layer import Fp8Layer
 from .linear import row_invariant_linear
 
 BLOCK_SIZE = [GROUP, GROUP]  # the one `weight_block_size` the kernels take
 SCALE_SUFFIX = ".weight_scale_inv"
 
 
-class Fp8BlockLinear(nn.Module):
+class Fp8BlockLinear(Fp8Layer):
     """y = x @ W.T (+ bias) with W in e4m3 under 128x128 block scales, x quantized per token and
     per 128 columns."""
 
-    def __init__(
-        self,
-        weight: torch.Tensor,
-        weight_scale: torch.Tensor,
-        bias: torch.Tensor | None,
-        out_dtype: torch.dtype,
-    ) -> None:
-        super().__init__()
-        if weight.dtype != FP8_DTYPE:
-            raise ValueError(f"Fp8BlockLinear takes float8_e4m3fn weights, not {weight.dtype}")
-        self.out_features, self.in_features = weight.shape
-        self.weight = nn.Parameter(weight, requires_grad=False)
+    def held_scales(self, weight_scale: torch.Tensor) -> torch.Tensor:
         scale = row_scales(weight_scale, self.out_features)
         if scale.shape[1] != groups_of(self.in_features):
             raise ValueError(
                 f"weight_scale {tuple(weight_scale.shape)} has {scale.shape[1]} column blocks "
                 f"for {self.in_features} input features (expected {groups_of(self.in_features)})"
             )
-        self.weight_scale = nn.Parameter(scale.contiguous(), requires_grad=False)
-        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
-        self.out_dtype = out_dtype
+        return scale.contiguous()
 
     @classmethod
     def from_linear(

@@ -35,6 +35,7 @@ from .fp8_block_linear import (
     check_block_checkpoint,
     dequantize_block_weight,
 )
+from .fp8_layer import Fp8Layer
 from .linear import RowInvariantLinear, row_invariant_linear
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ class QuantizedRows:
     scales: torch.Tensor  # [rows, 1] float32: row r stands for values[r] * scales[r]
 
 
-class Fp8Linear(nn.Module):
+class Fp8Linear(Fp8Layer):
     """y = x @ W.T (+ bias) with W in e4m3 and per-output-channel scales, x quantized per token."""
 
     def __init__(
@@ -60,11 +61,11 @@ class Fp8Linear(nn.Module):
         out_dtype: torch.dtype,
         input_scale: torch.Tensor | None = None,
     ) -> None:
-        super().__init__()
-        if weight.dtype != FP8_DTYPE:
-            raise ValueError(f"Fp8Linear takes float8_e4m3fn weights, not {weight.dtype}")
-        self.out_features, self.in_features = weight.shape
-        self.weight = nn.Parameter(weight, requires_grad=False)
+        super().__init__(weight, weight_scale, bias, out_dtype)
+        # A checkpoint's static activation scale (one for the layer); None: per token at run time.
+        self.input_scale = None if input_scale is None else float(input_scale)
+
+    def held_scales(self, weight_scale: torch.Tensor) -> torch.Tensor:
         scale = weight_scale.float().reshape(-1)
         if scale.numel() == 1:  # a per-tensor checkpoint scale, expanded to every channel
             scale = scale.expand(self.out_features).clone()
@@ -72,11 +73,7 @@ class Fp8Linear(nn.Module):
             raise ValueError(
                 f"weight_scale has {scale.numel()} values for {self.out_features} output channels"
             )
-        self.weight_scale = nn.Parameter(scale, requires_grad=False)
-        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
-        self.out_dtype = out_dtype
-        # A checkpoint's static activation scale (one for the layer); None: per token at run time.
-        self.input_scale = None if input_scale is None else float(input_scale)
+        return scale
 
     @classmethod
     def from_linear(
