@@ -33,20 +33,38 @@ def secret(s3: S3Server) -> dict[str, str]:
             "AWS_REGION": REGION, "AWS_ENDPOINT_URL": s3.endpoint}  # fmt: skip
 
 
+def _first_round(
+    answered_job: tuple[PlannerClient, str], s3: S3Server, prefix: str
+) -> tuple[str, str, str]:
+    """A new bucket, and a round of the job's results written into it under `prefix`, not
+    committed: (the bucket, the outputs' URL, the errors' URL)."""
+    client, job_id = answered_job
+    bucket = s3.bucket()
+    out, err = f"s3://{bucket}/{prefix}out.jsonl", f"s3://{bucket}/{prefix}out.errors.jsonl"
+    append_new_objects(client, job_id, out, err, False, secret(s3))
+    return bucket, out, err
+
+
+def _assert_objects_hold_the_files_bytes(
+    answered_job: tuple[PlannerClient, str], s3: S3Server, bucket: str, prefix: str, tmp_path: Path
+) -> None:
+    """The committed objects hold the bytes that the writer of files writes for the same job."""
+    client, job_id = answered_job
+    files = tmp_path / "out.jsonl", tmp_path / "out.errors.jsonl"
+    append_new_results(client, job_id, *files, True)
+    assert s3.get(bucket, f"{prefix}out.jsonl") == files[0].read_bytes()
+    assert s3.get(bucket, f"{prefix}out.errors.jsonl") == files[1].read_bytes()
+
+
 def test_rounds_upload_parts_and_the_last_commits_the_same_bytes_as_files(
     answered_job: tuple[PlannerClient, str], s3: S3Server, tmp_path: Path
 ) -> None:
     client, job_id = answered_job
-    bucket = s3.bucket()
-    out, err = f"s3://{bucket}/o/out.jsonl", f"s3://{bucket}/o/out.errors.jsonl"
-    append_new_objects(client, job_id, out, err, False, secret(s3))
+    bucket, out, err = _first_round(answered_job, s3, "o/")
     assert "o/out.jsonl" not in s3.keys(bucket)  # parts and a marker only, until the commit
     assert f"o/out.jsonl{MARKER_SUFFIX}" in s3.keys(bucket)
     written, _ = append_new_objects(client, job_id, out, err, True, secret(s3))
-    files = tmp_path / "out.jsonl", tmp_path / "out.errors.jsonl"
-    append_new_results(client, job_id, *files, True)
-    assert s3.get(bucket, "o/out.jsonl") == files[0].read_bytes()
-    assert s3.get(bucket, "o/out.errors.jsonl") == files[1].read_bytes()
+    _assert_objects_hold_the_files_bytes(answered_job, s3, bucket, "o/", tmp_path)
     assert written.outputs + written.errors == len(job_lines())
     assert s3.keys(bucket) == ["o/out.errors.jsonl", "o/out.jsonl"]
 
@@ -55,13 +73,8 @@ def test_parts_a_stopped_round_left_past_its_marker_are_dropped(
     answered_job: tuple[PlannerClient, str], s3: S3Server, tmp_path: Path
 ) -> None:
     client, job_id = answered_job
-    bucket = s3.bucket()
-    out, err = f"s3://{bucket}/out.jsonl", f"s3://{bucket}/out.errors.jsonl"
-    append_new_objects(client, job_id, out, err, False, secret(s3))
+    bucket, out, err = _first_round(answered_job, s3, "")
     for name in ("out.jsonl", "out.errors.jsonl"):  # a round's parts, its marker never written
         s3.put(bucket, f"{name}.prefixgrove-parts/part-000002", b'{"written": "twice"}\n')
     append_new_objects(client, job_id, out, err, True, secret(s3))
-    files = tmp_path / "out.jsonl", tmp_path / "out.errors.jsonl"
-    append_new_results(client, job_id, *files, True)
-    assert s3.get(bucket, "out.jsonl") == files[0].read_bytes()
-    assert s3.get(bucket, "out.errors.jsonl") == files[1].read_bytes()
+    _assert_objects_hold_the_files_bytes(answered_job, s3, bucket, "", tmp_path)
