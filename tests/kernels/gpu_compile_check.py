@@ -69,7 +69,6 @@ def kv_scales(kv_dtype: torch.dtype) -> dict[str, torch.Tensor]:
 
 
 def paged_launches(dtype: torch.dtype, kv_dtype: torch.dtype) -> list[tuple[str, Any]]:
-    from prefixgrove_kernels.launch import PagedMetadata
     from prefixgrove_kernels.paged_attention import paged_attention_launch
 
     out = []
@@ -87,14 +86,7 @@ def paged_launches(dtype: torch.dtype, kv_dtype: torch.dtype) -> list[tuple[str,
     for name, tokens, seqs, max_q, heads, kv_heads, dim, block, suffix in shapes:
         q = torch.empty(tokens, heads, dim, dtype=dtype)
         cache = torch.empty(64, block, kv_heads, dim, dtype=kv_dtype)
-        index = torch.zeros(seqs + 1, dtype=torch.int32)
-        meta = PagedMetadata(
-            cu_seqlens_q=index,
-            seq_lens=index[:seqs],
-            block_tables=torch.zeros(seqs, 160, dtype=torch.int32),
-            max_query_len=max_q,
-            kv_start=index[:seqs] if suffix else None,
-        )
+        meta = zero_seqs(seqs, max_q, grouped=bool(suffix))
         state = {}
         if suffix:
             state = {
@@ -119,6 +111,21 @@ def zero_groups(num_groups: int, max_group_q: int) -> Any:
         group_prefix_lens=index[:num_groups],
         group_block_tables=torch.zeros(num_groups, 500, dtype=torch.int32),
         max_group_q=max_group_q,
+    )
+
+
+def zero_seqs(count: int, max_query_len: int, grouped: bool) -> Any:
+    """`count` sequences of the given query-length hint, with kv_start where `grouped` (the
+    contents are never read: nothing launches)."""
+    from prefixgrove_kernels.launch import PagedMetadata
+
+    index = torch.zeros(count + 1, dtype=torch.int32)
+    return PagedMetadata(
+        cu_seqlens_q=index,
+        seq_lens=index[:count],
+        block_tables=torch.zeros(count, 160, dtype=torch.int32),
+        max_query_len=max_query_len,
+        kv_start=index[:count] if grouped else None,
     )
 
 
@@ -157,7 +164,7 @@ CASCADE_SHAPES = [
 
 def prefix_launches(dtype: torch.dtype, kv_dtype: torch.dtype) -> list[tuple[str, Any]]:
     from prefixgrove_kernels.cascade_attention import prefix_attention_launches
-    from prefixgrove_kernels.launch import PagedMetadata, SuffixChunks
+    from prefixgrove_kernels.launch import SuffixChunks
 
     out = []
     for shape in CASCADE_SHAPES:
@@ -173,14 +180,7 @@ def prefix_launches(dtype: torch.dtype, kv_dtype: torch.dtype) -> list[tuple[str
     # A prefill step's prefix pass finishing its suffix chunks (16 chunks of 200 tokens a group).
     q = torch.empty(4 * 3200, 32, 128, dtype=dtype)
     cache = torch.empty(64, 16, 8, 128, dtype=kv_dtype)
-    index = torch.zeros(65, dtype=torch.int32)
-    seqs = PagedMetadata(
-        cu_seqlens_q=index,
-        seq_lens=index[:64],
-        block_tables=torch.zeros(64, 160, dtype=torch.int32),
-        max_query_len=200,
-        kv_start=index[:64],
-    )
+    seqs = zero_seqs(64, 200, grouped=True)
     launches, _, _ = prefix_attention_launches(
         q, cache, cache, zero_groups(4, 3200), scale=0.1, out=torch.empty_like(q),
         suffix_chunks=SuffixChunks(torch.empty_like(q), seqs), **kv_scales(kv_dtype),
@@ -191,21 +191,13 @@ def prefix_launches(dtype: torch.dtype, kv_dtype: torch.dtype) -> list[tuple[str
 
 def decode_launches(dtype: torch.dtype, kv_dtype: torch.dtype) -> list[tuple[str, Any]]:
     from prefixgrove_kernels.cascade_decode import cascade_decode_attention_launches
-    from prefixgrove_kernels.launch import PagedMetadata
 
     out = []
     for shape in CASCADE_SHAPES:
         if shape.decode_splits is None:
             continue
-        q, cache, seqs = shape.q(dtype), shape.cache(kv_dtype), shape.rows
-        index = torch.zeros(seqs + 1, dtype=torch.int32)
-        meta = PagedMetadata(
-            cu_seqlens_q=index,
-            seq_lens=index[:seqs],
-            block_tables=torch.zeros(seqs, 160, dtype=torch.int32),
-            max_query_len=1,
-            kv_start=index[:seqs],
-        )
+        q, cache = shape.q(dtype), shape.cache(kv_dtype)
+        meta = zero_seqs(shape.rows, 1, grouped=True)
         groups = zero_groups(shape.groups, shape.max_group_q)
         launches = cascade_decode_attention_launches(
             q, cache, cache, torch.empty_like(q), meta, groups, scale=0.1,
@@ -221,29 +213,19 @@ def gemma_launches(dtype: torch.dtype) -> list[tuple[str, Any]]:
     pass (rows placed by their sequences) with and without suffix chunks, and cascade decode."""
     from prefixgrove_kernels.cascade_attention import prefix_attention_launches
     from prefixgrove_kernels.cascade_decode import cascade_decode_attention_launches
-    from prefixgrove_kernels.launch import PagedMetadata, SuffixChunks
+    from prefixgrove_kernels.launch import SuffixChunks
     from prefixgrove_kernels.paged_attention import paged_attention_launch
-
-    def seqs(count: int, max_query_len: int, grouped: bool) -> PagedMetadata:
-        index = torch.zeros(count + 1, dtype=torch.int32)
-        return PagedMetadata(
-            cu_seqlens_q=index,
-            seq_lens=index[:count],
-            block_tables=torch.zeros(count, 160, dtype=torch.int32),
-            max_query_len=max_query_len,
-            kv_start=index[:count] if grouped else None,
-        )
 
     shaping = {"scale": 0.0625, "softcap": 50.0, "window": 4096}
     q, cache = torch.empty(256, 8, 256, dtype=dtype), torch.empty(64, 16, 4, 256, dtype=dtype)
-    out, decode, groups = torch.empty_like(q), seqs(256, 1, True), zero_groups(16, 16)
+    out, decode, groups = torch.empty_like(q), zero_seqs(256, 1, True), zero_groups(16, 16)
     state = {"prefix_out": torch.empty(q.shape), "prefix_lse": torch.empty(q.shape[:2])}
-    prefill = paged_attention_launch(q, cache, cache, out, seqs(2, 128, False), **shaping)
+    prefill = paged_attention_launch(q, cache, cache, out, zero_seqs(2, 128, False), **shaping)
     suffix = paged_attention_launch(q, cache, cache, out, decode, **state, **shaping)
     window, _, _ = prefix_attention_launches(
         q, cache, cache, groups, num_splits=1, query_seqs=decode, **shaping
     )
-    chunks = SuffixChunks(out, seqs(2, 128, True))
+    chunks = SuffixChunks(out, zero_seqs(2, 128, True))
     fused, _, _ = prefix_attention_launches(
         q, cache, cache, zero_groups(2, 128), out=out, suffix_chunks=chunks, **shaping
     )
