@@ -326,7 +326,7 @@ def median_us_clean_l2(
     step's attention finds in the engine, right after the QKV projection read ~50 MB of weights.
     triton.testing.do_bench (median_us) empties the L2 by *writing* 256 MB instead, which leaves the
     L2 full of dirty lines that the timed kernel then writes back while it reads: the one-pass decode
-    kernel pays for them, the plain kernel next to nothing (benchmarks/RESULTS.md, "Kernels", the
+    kernel pays for them, the plain kernel next to nothing (benchmarks/HISTORY.md, "Kernels", the
     do_bench column). CPU (interpreter smoke runs): wall time, as median_us."""
     if device == "cpu":
         return median_us(fn, device, use_graph)

@@ -83,8 +83,9 @@ JOBS = {
 
 @dataclass(frozen=True)
 class Recorded:
-    """A figure of RESULTS.md: the job, the engine's settings beside the defaults, the measured
-    seconds, the observed mean output (structured), and where it is recorded."""
+    """A figure of RESULTS.md (the batch limits table now stands in HISTORY.md): the job, the
+    engine's settings beside the defaults, the measured seconds, the observed mean output
+    (structured), and where it is recorded."""
 
     job: Job
     kind: str

@@ -1,6 +1,6 @@
 """The batch limits an engine takes when none are given: the engine's best measured settings for the
-device it finds (benchmarks/RESULTS.md, "Batch limits"), so that `LLM(model)`, `prefixgrove run`, a
-worker and the benchmarks run alike with defaults.
+device it finds (benchmarks/HISTORY.md, "Batch limits and engine options"), so that `LLM(model)`,
+`prefixgrove run`, a worker and the benchmarks run alike with defaults.
 
 A large GPU (the H100/H200 class) takes the larger batch and prefill step: past a few hundred
 requests a decode step's matmuls turn compute-bound, yet the larger batch still moves more requests
