@@ -133,7 +133,9 @@ def test_planner_flags_and_env_are_what_the_planner_reads() -> None:
 
 
 def test_the_planner_keeps_its_files_in_the_bucket_of_files_url() -> None:
-    objects = template("--set", "planner.httpPort=8000", "--set", "planner.filesUrl=s3://evals/files")
+    objects = template(
+        "--set", "planner.httpPort=8000", "--set", "planner.filesUrl=s3://evals/files"
+    )
     c = container(find(objects, "Deployment", f"{PREFIX}-planner"), "planner")
     assert settings_read(PlannerSettings, c).files_url == "s3://evals/files"
 
