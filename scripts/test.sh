@@ -14,8 +14,7 @@ scripts/ci/build-kube-apiserver.sh
 .venv/bin/ruff format --check .
 .venv/bin/lint-imports
 .venv/bin/mypy services kernels operator proto
-# Two pytest workers, a test file each at a time (its module fixtures stay with it; the files that hold
-# the most memory all go to one worker: tests/conftest.py's MEMORY_HEAVY_FILES): most of the suite waits
-# on the processes it starts (redis-server, planners, workers, the API server), so the two cores overlap
-# one file's waits with another's work. PYTEST_WORKERS=0 runs it in one process.
-.venv/bin/pytest -q -n "${PYTEST_WORKERS:-2}" --dist loadgroup "$@"
+# Two pytest workers, a test file each at a time (its module fixtures stay with it): most of the suite
+# waits on the processes it starts (redis-server, planners, workers, the API server), so the two cores
+# overlap one file's waits with another's work. PYTEST_WORKERS=0 runs it in one process.
+.venv/bin/pytest -q -n "${PYTEST_WORKERS:-2}" --dist loadfile "$@"

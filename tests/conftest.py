@@ -18,38 +18,13 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-# The files that hold the most memory: the trained SmolLM2 engines (with transformers' copy of the model
-# beside some) and the 1 GiB inputs. Under two pytest workers (scripts/test.sh) they all run in one
-# worker, one after another, so that two of them never add up; every other file is a group of its own,
-# run whole in one worker so that its module fixtures are shared.
-MEMORY_HEAVY_FILES = {
-    "tests/engine/test_chat.py",
-    "tests/engine/test_fp8.py",
-    "tests/engine/test_prefix_cache.py",
-    "tests/engine/test_prompt_logprobs.py",
-    "tests/engine/test_structured_failures.py",
-    "tests/engine/test_structured_outputs.py",
-    "tests/engine/test_tensor_parallel.py",
-    "tests/engine/test_trained_model.py",
-    "tests/engine/test_vllm_example_scripts.py",
-    "tests/engine/test_vllm_examples.py",
-    "tests/planner/test_http_bounded_input.py",
-    "tests/storage/test_bounded_input.py",
-    "tests/test_input_lines.py",
-}
-ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups from the marks
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` run on the GPU machine; elsewhere they are skipped, never failed. Each test
-    joins its file's group of pytest workers (see MEMORY_HEAVY_FILES)."""
+    """Tests marked `gpu` run on the GPU machine; elsewhere they are skipped, never failed."""
+    if torch.cuda.is_available():
+        return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the GPU machine)")
     for item in items:
-        file = item.path.relative_to(ROOT).as_posix()
-        group = "memory-heavy" if file in MEMORY_HEAVY_FILES else file
-        item.add_marker(pytest.mark.xdist_group(group))
-        if "gpu" in item.keywords and not torch.cuda.is_available():
+        if "gpu" in item.keywords:
             item.add_marker(skip)
 
 
