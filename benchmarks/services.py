@@ -194,8 +194,11 @@ def watch(stack: Stack, total: int, timeline: Timeline, stop: threading.Event) -
         worker_metrics(port).get("groups_done_total", 0) for port in stack.worker_metrics
     ]
     timeline.done_by_worker = [0.0] * len(stack.worker_metrics)
-    while not stop.wait(_POLL_S):
-        now = time.monotonic()
+    while True:
+        # one last poll after the stop: a small job can be answered whole between two polls; what
+        # that poll sees happened by the end
+        stopped = stop.wait(_POLL_S)
+        now = min(time.monotonic(), timeline.end) if stopped and timeline.end else time.monotonic()
         for i, port in enumerate(stack.worker_metrics):
             m = worker_metrics(port)
             # a group held, or one finished since the last poll (a small one may fit between)
@@ -205,14 +208,15 @@ def watch(stack: Stack, total: int, timeline: Timeline, stop: threading.Event) -
             if m.get("requests_done_total", 0) != last_done[i]:
                 last_done[i] = m.get("requests_done_total", 0)
                 timeline.done_by_worker[i] = now
-        if not timeline.job_id:
-            continue
-        counts = client.get(timeline.job_id).request_counts
-        answered = counts.completed + counts.failed
-        if answered and timeline.first_result is None:
-            timeline.first_result = now
-        if answered >= total and timeline.last_result is None:
-            timeline.last_result = now
+        if timeline.job_id:
+            counts = client.get(timeline.job_id).request_counts
+            answered = counts.completed + counts.failed
+            if answered and timeline.first_result is None:
+                timeline.first_result = now
+            if answered >= total and timeline.last_result is None:
+                timeline.last_result = now
+        if stopped:
+            return
 
 
 def submit(stack: Stack, job: Path, out: Path, total: int) -> tuple[float, Timeline]:
