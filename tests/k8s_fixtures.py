@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 START_SCRIPT = REPO / "scripts" / "ci" / "start-kube-apiserver.sh"
@@ -39,12 +39,6 @@ def find_kubectl() -> str | None:
     if explicit:
         return explicit if Path(explicit).exists() else None
     return shutil.which("kubectl") or (str(HELM_KUBECTL) if HELM_KUBECTL.exists() else None)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)

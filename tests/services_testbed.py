@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from polling import wait_for
+from ports import free_port
 
 if TYPE_CHECKING:
     from prefixgrove.planner.client import PlannerClient
@@ -30,12 +31,6 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "tiny-random-llama"
 MAX_MODEL_LEN = 1024
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def need_redis() -> str:
