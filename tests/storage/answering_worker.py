@@ -3,13 +3,16 @@ each answer's text naming its request."""
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pyarrow.parquet as pq
 import redis
+from object_store_testbed import S3Server
 from services_testbed import MODEL
 
 from prefixgrove.jobs.redis_store.connection import connect
@@ -57,3 +60,13 @@ def answering_worker(redis_url: str) -> Iterator[None]:
     finally:
         stop.set()
         thread.join()
+
+
+def assert_rows_with_answers(s3: S3Server, bucket: str) -> None:
+    """out.parquet in the bucket is the three-row dataset (ids q0..q2, row 1 failing) with its
+    answers joined, the job's JSONL results beside it."""
+    rows = pq.read_table(io.BytesIO(s3.get(bucket, "out.parquet"))).to_pylist()
+    assert [r["id"] for r in rows] == ["q0", "q1", "q2"]
+    assert [r["generated_text"] for r in rows] == ["answer to row-0", None, "answer to row-2"]
+    assert rows[1]["error"] and rows[0]["error"] is None
+    assert {"out.parquet.jsonl", "out.parquet.errors.jsonl"} <= set(s3.keys(bucket))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from answering_worker import answering_worker
+from answering_worker import answering_worker, assert_rows_with_answers
 from object_store_testbed import S3Server
 from services_testbed import RedisServer, planner_in_process
 
@@ -48,11 +48,7 @@ def test_results_into_parquet_with_the_dataset_give_its_rows_with_answers(
     bucket, status = submit_then_results(s3, redis_server, capsys, "-o", "s3://BUCKET/out.parquet",
                                          "--input", "s3://BUCKET/in.parquet")  # fmt: skip
     assert status == 0
-    rows = pq.read_table(io.BytesIO(s3.get(bucket, "out.parquet"))).to_pylist()
-    assert [r["id"] for r in rows] == ["q0", "q1", "q2"]
-    assert [r["generated_text"] for r in rows] == ["answer to row-0", None, "answer to row-2"]
-    assert rows[1]["error"] and rows[0]["error"] is None
-    assert {"out.parquet.jsonl", "out.parquet.errors.jsonl"} <= set(s3.keys(bucket))
+    assert_rows_with_answers(s3, bucket)
 
 
 def test_results_into_parquet_without_the_dataset_give_the_result_columns_alone(

@@ -7,7 +7,7 @@ import io
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from answering_worker import answering_worker
+from answering_worker import answering_worker, assert_rows_with_answers
 from object_store_testbed import S3Server
 from services_testbed import RedisServer, planner_in_process
 
@@ -33,8 +33,4 @@ def test_a_parquet_dataset_submitted_from_a_bucket_comes_back_as_its_rows_with_a
                        "-o", f"s3://{bucket}/out.parquet", "--planner",
                        f"127.0.0.1:{server.port}", "--json"])  # fmt: skip
     assert status == 0
-    rows = pq.read_table(io.BytesIO(s3.get(bucket, "out.parquet"))).to_pylist()
-    assert [r["id"] for r in rows] == ["q0", "q1", "q2"]
-    assert [r["generated_text"] for r in rows] == ["answer to row-0", None, "answer to row-2"]
-    assert rows[1]["error"] and rows[0]["error"] is None
-    assert {"out.parquet.jsonl", "out.parquet.errors.jsonl"} <= set(s3.keys(bucket))
+    assert_rows_with_answers(s3, bucket)
