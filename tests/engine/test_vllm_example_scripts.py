@@ -1,5 +1,5 @@
 """vLLM's offline example scripts, as of vLLM v0.10.1, run as their users run them, with only their
-`vllm` imports changed to `prefixgrove` (the copies are in vllm_v0_10_1_examples/):
+`vllm` imports changed to `prefixgrove` (the copies are in third_party/vllm_v0_10_1_examples/):
 examples/offline_inference/basic/basic.py, basic/generate.py, basic/chat.py,
 automatic_prefix_caching.py, prefix_caching.py, reproducibility.py and structured_outputs.py.
 
@@ -29,7 +29,7 @@ import prefixgrove
 from prefixgrove import LLM
 from prefixgrove.catalog.presets import load_tokenizer
 
-EXAMPLES = Path(__file__).parent / "vllm_v0_10_1_examples"
+EXAMPLES = Path(__file__).parent / "third_party" / "vllm_v0_10_1_examples"
 
 
 @pytest.fixture(scope="module")
