@@ -11,7 +11,7 @@ agreement with one GPU.
              greedily, TP = N scores the same sequences (prompt logprobs); the share of generated
              positions whose top-1 is the token TP = 1 chose
 Prints one JSON line per measurement. Usage:
-  python benchmarks/tp.py canonical --tp-sizes 1,2,4 [--groups 400] [engine flags]
+  python benchmarks/tp.py canonical --tp-sizes 1,2,4 [--groups 400] [--baseline-req-per-s X] [engine flags]
   python benchmarks/tp.py allreduce --tp-sizes 2,4 [--hidden 4096 --layers 32]
   python benchmarks/tp.py agreement --tp-sizes 2,4 [--model llama-3.1-8b-random]
 """
@@ -37,8 +37,8 @@ HERE = Path(__file__).resolve().parent
 def _child(script: str, args: list[str]) -> list[dict[str, Any]]:
     """Runs a benchmark in its own process (each size starts and ends its own ranks) and returns
     its JSON lines."""
-    out = subprocess.run(
-        [sys.executable, str(HERE / script), *args], check=True, capture_output=True, text=True
+    out = subprocess.run(  # its stderr passes through: a failing size says why
+        [sys.executable, str(HERE / script), *args], check=True, stdout=subprocess.PIPE, text=True
     )
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
@@ -50,8 +50,12 @@ def canonical(args: argparse.Namespace, engine_flags: list[str]) -> None:
         (record,) = _child("batchllm.py", ["--modes", "group-cascade", *flags])
         record.update(tensor_parallel_size=size, gpus=size)
         record["req_per_s_per_gpu"] = record["requests_per_s"] / size
-        if base is None:
-            base = record
+        if base is None:  # the first size, or TP = 1's figure from a run of its own
+            base = (
+                {"req_per_s_per_gpu": args.baseline_req_per_s}
+                if args.baseline_req_per_s
+                else record
+            )
         record["scaling_efficiency"] = (
             record["req_per_s_per_gpu"] * args.flops_ratio / base["req_per_s_per_gpu"]
         )
@@ -177,6 +181,12 @@ def main() -> None:
     ap.add_argument("--tp-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
     ap.add_argument("--groups", type=int, default=400)
     ap.add_argument("--flops-ratio", type=float, default=1.0)
+    ap.add_argument(
+        "--baseline-req-per-s",
+        type=float,
+        default=0.0,
+        help="canonical: TP = 1's req/s measured apart (default: the first size's)",
+    )
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--rows", type=lambda s: [int(x) for x in s.split(",")], default=[1, 64, 512])
@@ -197,7 +207,7 @@ def main() -> None:
     }[args.what]()
 
 
-_OWN = {"--tp-sizes", "--groups", "--flops-ratio", "--hidden", "--layers", "--rows",
+_OWN = {"--tp-sizes", "--groups", "--flops-ratio", "--baseline-req-per-s", "--hidden", "--layers", "--rows",
         "--sequences", "--output-len", "--out", "--tp"}  # fmt: skip
 
 
