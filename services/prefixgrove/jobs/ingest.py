@@ -159,6 +159,8 @@ class JobPlan:
     units: list[GroupRecord]  # line indices, in the order they are queued
     prefix_tokens_saved: int
     num_groups: int
+    # per unit, the name of its prefix that workers advertise (PrefixIndex.affinity_key; "": none)
+    affinity_keys: list[str] = field(default_factory=list)
 
 
 def plan_groups(index: PrefixIndex, line_indices: Sequence[int], settings: IngestSettings) -> JobPlan:  # fmt: skip
@@ -171,10 +173,12 @@ def plan_groups(index: PrefixIndex, line_indices: Sequence[int], settings: Inges
         GroupRecord(g.prefix_len, [line_indices[i] for i in g.request_indices])
         for g in result.groups
     ]
+    keys = [index.affinity_key(g.request_indices[0], g.prefix_len) for g in result.groups]
     rest = [line_indices[i] for i in result.ungrouped]
     for start in range(0, len(rest), s.ungrouped_chunk):
         units.append(GroupRecord(0, rest[start : start + s.ungrouped_chunk]))
-    return JobPlan(units, result.tokens_saved, len(result.groups))
+        keys.append("")
+    return JobPlan(units, result.tokens_saved, len(result.groups), keys)
 
 
 class JobIngestor:

@@ -5,6 +5,11 @@ Block k's hash covers the prompt's tokens [0, (k+1) * block_size): two prompts h
 block k exactly when they share their first k+1 blocks (blake2b, so no input can make two differ
 unseen by chance; a worker still checks every group's prefix and runs a group that fails the check
 without sharing). Grouping then runs on these block ids with a block size of one.
+
+The same hashes name a group's prefix for prefix-affine leasing (`affinity_key`): the hash of its
+leading tokens cut down to a multiple of AFFINITY_LINK_TOKENS, so that two jobs whose groups share
+a system prompt and a document but differ in a few tokens after it (another question template)
+name one prefix, and one worker takes both.
 """
 
 from __future__ import annotations
@@ -16,6 +21,10 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from prefixgrove.grouping import GroupingConfig, GroupingResult, PrefixGroup, group_prompts
+
+# A group's affinity key covers its prefix cut down to a multiple of this many tokens (its whole
+# prefix when shorter): coarse enough that prefixes of different jobs ending a little apart meet.
+AFFINITY_LINK_TOKENS = 256
 
 
 class PrefixIndex:
@@ -43,6 +52,17 @@ class PrefixIndex:
     @property
     def nbytes(self) -> int:
         return sum(a.itemsize * len(a) for a in (self._hashes, self._start, self._count))
+
+    def affinity_key(self, prompt: int, prefix_len: int) -> str:
+        """The name of the first `prefix_len` tokens of prompt `prompt` (a group's shared prefix, a
+        multiple of the block size) as workers advertise what they hold: its leading
+        AFFINITY_LINK_TOKENS-aligned part, or all of it when shorter; "" for no prefix."""
+        blocks = prefix_len // self.block_size
+        link = max(AFFINITY_LINK_TOKENS // self.block_size, 1)
+        blocks = blocks // link * link or blocks
+        if blocks <= 0:
+            return ""
+        return f"{self._hashes[self._start[prompt] + blocks - 1]:016x}"
 
     def group(self, min_prefix_len: int, max_group_size: int | None) -> GroupingResult:
         """Groups the prompts; prefix lengths in the result are in tokens, as for token prompts."""

@@ -202,23 +202,23 @@ class JobStore:
             "prefix_tokens_saved": sum(p.prefix_tokens_saved for p in plans.values()),
         })  # fmt: skip
         for model, plan in plans.items():
-            self._queue_units(job_id, model, plan.units, ranges[model][0])
+            self._queue_units(job_id, model, plan, ranges[model][0])
         return JobState(_s(self._run(self._start, job_id, [time.time()])))
 
-    def _queue_units(self, job_id: str, model: str, units: Sequence[GroupRecord], first: int) -> None:  # fmt: skip
-        keys = JobKeys(job_id)
-        stream = schema.queue_key(model)
+    def _queue_units(self, job_id: str, model: str, plan: JobPlan, first: int) -> None:
+        """Each unit's record and stream entry: {job, group, prefix (affinity.py) if it has one}."""
+        units, prefixes = plan.units, plan.affinity_keys or [""] * len(plan.units)
         self.ensure_queue(model)
         self.r.sadd(schema.active_key(model), job_id)
         for start in range(0, len(units), _BATCH):
             chunk = units[start : start + _BATCH]
             gids = range(first + start, first + start + len(chunk))
             pipe = self.r.pipeline(transaction=False)
-            pipe.hset(
-                keys.groups, mapping={str(g): u.encode() for g, u in zip(gids, chunk, strict=True)}
-            )
-            for gid in gids:
-                pipe.xadd(stream, {"job": job_id, "group": str(gid)})
+            pipe.hset(JobKeys(job_id).groups,
+                      mapping={str(g): u.encode() for g, u in zip(gids, chunk, strict=True)})  # fmt: skip
+            for gid, prefix in zip(gids, prefixes[start : start + len(chunk)], strict=True):
+                entry = {"job": job_id, "group": str(gid)} | ({"prefix": prefix} if prefix else {})
+                pipe.xadd(schema.queue_key(model), entry)  # type: ignore[arg-type]
             pipe.execute()
 
     def ensure_queue(self, model: str) -> None:
