@@ -14,6 +14,7 @@ from typing import Any
 
 from prefixgrove import cli_client
 from prefixgrove import settings as cfg
+from prefixgrove.affinity_settings import AffinitySettings
 from prefixgrove.cli_client import check_input, progress_bars
 from prefixgrove.cli_flags import add_arguments
 from prefixgrove.engine_settings import EngineSettings
@@ -95,7 +96,7 @@ SETTINGS: dict[tuple[str, ...], tuple[type, ...]] = {
     ("run",): (IngestSettings, EngineSettings),
     ("plan",): (PlanSettings, IngestSettings, EngineSettings),
     ("serve", "planner"): (PlannerSettings, IngestSettings, SecuritySettings),
-    ("serve", "worker"): (WorkerSettings, EngineSettings),
+    ("serve", "worker"): (WorkerSettings, AffinitySettings, EngineSettings),
     **{(name,): (ClientSettings, SecuritySettings) for name in CLIENT_COMMANDS},
 }
 
@@ -368,7 +369,8 @@ def _serve_worker(args: argparse.Namespace) -> int:
     from prefixgrove.worker.runner import Worker, make_engine
 
     settings = cfg.load(WorkerSettings, args)
-    worker = Worker(settings, make_engine(settings.model, cfg.load(EngineSettings, args)))
+    engine = make_engine(settings.model, cfg.load(EngineSettings, args))
+    worker = Worker(settings, engine, cfg.load(AffinitySettings, args))
     if settings.metrics_port:
         worker.metrics.serve(settings.metrics_port, settings.host)
     stop = threading.Event()

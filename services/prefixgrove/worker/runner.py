@@ -19,8 +19,10 @@ from typing import Any
 
 import redis
 
+from prefixgrove.affinity_settings import AffinitySettings
 from prefixgrove.engine_settings import EngineSettings
 from prefixgrove.jobs.prompt_parts import PartsEngine
+from prefixgrove.jobs.redis_store.affinity import PrefixAffinity
 from prefixgrove.jobs.redis_store.connection import connect
 from prefixgrove.jobs.redis_store.queue import GroupQueue
 from prefixgrove.jobs.redis_store.store import JobStore
@@ -41,14 +43,16 @@ log = logging.getLogger(__name__)
 
 
 class Worker:
-    def __init__(self, settings: WorkerSettings, engine: Engine) -> None:
+    def __init__(
+        self, settings: WorkerSettings, engine: Engine, affinity: AffinitySettings | None = None
+    ) -> None:
+        """`affinity`: prefix-affine leasing (default: on, AffinitySettings' defaults)."""
         self.settings = settings
         self.consumer = settings.consumer or f"{socket.gethostname()}-{os.getpid()}"
         self._give_up = threading.Event()  # set: Redis is not waited for any more (stopping)
         self.store = JobStore(connect(settings.redis_url, give_up=self._give_up))
-        self.queue = GroupQueue(
-            self.store.r, settings.served_name, self.consumer, settings.lease_timeout_s
-        )
+        self.queue = GroupQueue(self.store.r, settings.served_name, self.consumer,
+                                settings.lease_timeout_s, self._affinity(affinity))  # fmt: skip
         self._engine = engine
         self.budget = LeaseBudget(
             _capacity(self._engine), settings.lease_ahead, settings.max_groups_in_flight
@@ -77,6 +81,16 @@ class Worker:
             isolation=self.isolation,
         )
         self._last_cancel_poll = 0.0
+
+    def _affinity(self, settings: AffinitySettings | None) -> PrefixAffinity | None:
+        settings = settings or AffinitySettings()
+        settings.check_lease_timeout(self.settings.lease_timeout_s)
+        if not settings.prefix_affinity:
+            return None
+        return PrefixAffinity(self.store.r, self.settings.served_name, self.consumer,
+                              ttl_s=self.settings.lease_timeout_s, wait_s=settings.affinity_wait_s,
+                              max_prefixes=settings.affinity_prefixes,
+                              backlog=settings.affinity_backlog)  # fmt: skip
 
     @property
     def engine(self) -> Engine:
@@ -200,6 +214,8 @@ class Worker:
                         "given back and run again", exc, len(self.results.pending))  # fmt: skip
         try:
             give_back(self.flights, self.running, self.queue, failed)
+            if self.queue.affinity is not None:
+                self.queue.affinity.withdraw()
         except redis.RedisError as exc:
             if not self._give_up.is_set():
                 raise
