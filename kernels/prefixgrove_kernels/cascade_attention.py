@@ -36,18 +36,19 @@ from prefixgrove_kernels.paged_attention import (
     attend_whole_tiles,
     cache_strides,
     finish_rows,
-    fold_kv_scales,
     is_suffix_chunk,
     is_suffix_chunk_host,
     load_keys,
+    load_queries,
     online_softmax_step,
     paged_attention_ref,
     score_masked_tile,
     score_queries,
+    score_scales,
     scores,
-    softcap_factors,
     table_chunk,
     tile_options,
+    tile_rows,
     tile_tier,
 )
 from prefixgrove_kernels.reference_math import attend, causal_window, fp8_query_values, gather_keys
@@ -214,19 +215,19 @@ def _prefix_attention_kernel(
         # prefill step they are the new prefixes' prompts, often half the step's rows.
         return
 
-    rows = tl.arange(0, BLOCK_M)
-    q_idx = q_tile * BLOCK_Q + rows // NUM_QUERIES_PER_KV
-    head = kv_head * NUM_QUERIES_PER_KV + rows % NUM_QUERIES_PER_KV
-    row_valid = (rows < BLOCK_Q * NUM_QUERIES_PER_KV) & (q_idx < seg_len)
-    token = (seg_begin + q_idx).to(tl.int64)
-    dims = tl.arange(0, HEAD_DIM)
-    q_offs = token * stride_qt + head * stride_qh
-    q = tl.load(q_ptr + q_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
     # Over an FP8 cache the scores take e4m3 queries against the bare key codes (k_scale rides on
     # the scores' scale), and the value tiles are scaled here, not folded: this pass is bound by its
     # dots over a whole group's rows, and measures faster so (see paged_attention's docstring).
-    scale_log2, v_scale = fold_kv_scales(scale_log2, k_scale_ptr, v_scale_ptr, k_ptr)
-    cap_in, cap_out, scale_log2 = softcap_factors(scale_log2, softcap, SOFTCAP)
+    scale_log2, v_scale, cap_in, cap_out = score_scales(
+        scale_log2, softcap, k_scale_ptr, v_scale_ptr, k_ptr, SOFTCAP
+    )
+
+    q_idx, head, row_valid = tile_rows(
+        q_tile, kv_head, seg_len, NUM_QUERIES_PER_KV, BLOCK_Q, BLOCK_M
+    )
+    token = (seg_begin + q_idx).to(tl.int64)
+    dims = tl.arange(0, HEAD_DIM)
+    q = load_queries(q_ptr, token, head, dims, row_valid, stride_qt, stride_qh)
     q_dot, q_scale = score_queries(q, k_ptr, BLOCK_M)
     first = seg_begin + q_tile * BLOCK_Q
     end = seg_begin + tl.minimum((q_tile + 1) * BLOCK_Q, seg_len)  # one past the tile's last

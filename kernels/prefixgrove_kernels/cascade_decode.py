@@ -40,13 +40,13 @@ from prefixgrove_kernels.paged_attention import (
     LOG2E,
     cache_strides,
     finish_rows,
-    fold_kv_scales,
     load_keys,
+    load_queries,
     online_softmax_step,
     queries_for_cache,
     score_queries,
+    score_scales,
     scores,
-    softcap_factors,
     tile_options,
     tile_tier,
 )
@@ -155,6 +155,10 @@ def _cascade_decode_kernel(
     tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
     unit_hi = tl.minimum(tile_hi * UNITS_PER_TILE, num_units)
 
+    scale_log2, v_scale, cap_in, cap_out = score_scales(
+        scale_log2, softcap, k_scale_ptr, v_scale_ptr, k_ptr, SOFTCAP
+    )
+
     # Row r of the M dimension is request r // G of this tile, head kv_head * G + r % G.
     rows = tl.arange(0, BLOCK_M)
     row_member = rows // NUM_QUERIES_PER_KV
@@ -162,10 +166,7 @@ def _cascade_decode_kernel(
     row_valid = (rows < BLOCK_Q * NUM_QUERIES_PER_KV) & (q_tile * BLOCK_Q + row_member < seg_len)
     token = (first_seq + row_member).to(tl.int64)
     dims = tl.arange(0, HEAD_DIM)
-    q_offs = token * stride_qt + head * stride_qh
-    q = tl.load(q_ptr + q_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
-    scale_log2, v_scale = fold_kv_scales(scale_log2, k_scale_ptr, v_scale_ptr, k_ptr)
-    cap_in, cap_out, scale_log2 = softcap_factors(scale_log2, softcap, SOFTCAP)
+    q = load_queries(q_ptr, token, head, dims, row_valid, stride_qt, stride_qh)
     q_dot, q_scale = score_queries(q, k_ptr, BLOCK_M)
     row_lo = tl.zeros([BLOCK_M], tl.int32)  # each row's first key in its window
     if HAS_WINDOW:  # a row's position is its sequence's last

@@ -144,6 +144,43 @@ def softcap_factors(scale_log2, softcap, SOFTCAP: tl.constexpr):
 
 
 @triton.jit
+def score_scales(scale_log2, softcap, k_scale_ptr, v_scale_ptr, k_ptr, SOFTCAP: tl.constexpr):
+    """(scale_log2, v_scale, cap_in, cap_out): the kernel's scale with an FP8 cache's k_scale folded
+    in and its v_scale (`fold_kv_scales`), then the soft cap's factors (`softcap_factors`), which
+    take the scale over with SOFTCAP."""
+    scale_log2, v_scale = fold_kv_scales(scale_log2, k_scale_ptr, v_scale_ptr, k_ptr)
+    cap_in, cap_out, scale_log2 = softcap_factors(scale_log2, softcap, SOFTCAP)
+    return scale_log2, v_scale, cap_in, cap_out
+
+
+@triton.jit
+def tile_rows(
+    q_tile,
+    kv_head,
+    q_len,
+    NUM_QUERIES_PER_KV: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """(q_idx, head, row_valid) of a tile's BLOCK_M rows: with G = NUM_QUERIES_PER_KV, row r is
+    query q_idx = q_tile * BLOCK_Q + r // G of its sequence (or segment) of q_len queries, head
+    kv_head * G + r % G, valid within the tile's BLOCK_Q queries and q_len."""
+    rows = tl.arange(0, BLOCK_M)
+    q_idx = q_tile * BLOCK_Q + rows // NUM_QUERIES_PER_KV
+    head = kv_head * NUM_QUERIES_PER_KV + rows % NUM_QUERIES_PER_KV
+    row_valid = (rows < BLOCK_Q * NUM_QUERIES_PER_KV) & (q_idx < q_len)
+    return q_idx, head, row_valid
+
+
+@triton.jit
+def load_queries(q_ptr, token, head, dims, row_valid, stride_qt, stride_qh):
+    """The tile's query rows [BLOCK_M, HEAD_DIM]: row r is head[r] of token[r] (int64), zeros where
+    not row_valid."""
+    q_offs = token * stride_qt + head * stride_qh
+    return tl.load(q_ptr + q_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
+
+
+@triton.jit
 def scores(q, q_scale, k, cap_in, cap_out, DOT_PRECISION: tl.constexpr, SOFTCAP: tl.constexpr):
     """The rows' raw scores q.k over a key tile (k in q's dtype), q and q_scale as `score_queries`
     gives them; soft-capped with SOFTCAP (see softcap_factors). Masks go on after the cap."""
@@ -351,18 +388,16 @@ def _paged_attention_kernel(
         if (skip_suffix_chunks != 0) & is_suffix_chunk(kv_lo, q_len):
             return
 
+    scale_log2, v_scale, cap_in, cap_out = score_scales(
+        scale_log2, softcap, k_scale_ptr, v_scale_ptr, k_ptr, SOFTCAP
+    )
+
     # Row r of the M dimension is query token r // G of this tile, head kv_head * G + r % G.
-    rows = tl.arange(0, BLOCK_M)
-    q_idx = q_tile * BLOCK_Q + rows // NUM_QUERIES_PER_KV
-    head = kv_head * NUM_QUERIES_PER_KV + rows % NUM_QUERIES_PER_KV
-    row_valid = (rows < BLOCK_Q * NUM_QUERIES_PER_KV) & (q_idx < q_len)
+    q_idx, head, row_valid = tile_rows(q_tile, kv_head, q_len, NUM_QUERIES_PER_KV, BLOCK_Q, BLOCK_M)
     pos = context + q_idx
     dims = tl.arange(0, HEAD_DIM)
     token = (q_begin + q_idx).to(tl.int64)
-    q_offs = token * stride_qt + head * stride_qh
-    q = tl.load(q_ptr + q_offs[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
-    scale_log2, v_scale = fold_kv_scales(scale_log2, k_scale_ptr, v_scale_ptr, k_ptr)
-    cap_in, cap_out, scale_log2 = softcap_factors(scale_log2, softcap, SOFTCAP)
+    q = load_queries(q_ptr, token, head, dims, row_valid, stride_qt, stride_qh)
     q_dot, q_scale = score_queries(q, k_ptr, BLOCK_M)
     q = queries_for_cache(q, k_ptr)  # for the p @ v dots' dtype
 
