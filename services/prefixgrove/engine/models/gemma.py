@@ -93,14 +93,7 @@ class GemmaDecoderLayer(DecoderLayer):
 
 
 class GemmaForCausalLM(LlamaForCausalLM):
-    def __init__(
-        self,
-        arch: ModelArch,
-        max_positions: int,
-        ops: ModelOps,
-        parallel: TensorParallel | None = None,
-    ) -> None:
-        super().__init__(arch, max_positions, ops, parallel)
+    def register_family_buffers(self, arch: ModelArch, max_positions: int) -> None:
         facts = gemma_facts(arch)
         # Gemma 3's local layers rotate by their own base; Gemma 2's share the global table.
         local = self.get_buffer("cos_sin")

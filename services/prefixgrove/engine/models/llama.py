@@ -247,6 +247,11 @@ class LlamaForCausalLM(CausalLM):
             ),
             persistent=False,
         )
+        self.register_family_buffers(arch, max_positions)
+
+    def register_family_buffers(self, arch: ModelArch, max_positions: int) -> None:
+        """The constant buffers a family adds to `cos_sin`, registered once the layers are built
+        (Llama has none; Gemma its local rotary table and embedding scale)."""
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
