@@ -149,6 +149,12 @@ class CascadeShape(NamedTuple):
     def cache(self, dtype: torch.dtype) -> torch.Tensor:  # the KV cache's dtype
         return torch.empty(64, 16, self.kv_heads, self.head_dim, dtype=dtype)
 
+    def inputs(
+        self, dtype: torch.dtype, kv_dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """q, the KV cache and the groups' metadata, as both kernels take them."""
+        return self.q(dtype), self.cache(kv_dtype), zero_groups(self.groups, self.max_group_q)
+
 
 CASCADE_SHAPES = [
     CascadeShape("degree4", 256, 64, 4, 32, 8, 128, prefix_splits=1, decode_splits=2),
@@ -167,11 +173,8 @@ def prefix_launches(dtype: torch.dtype, kv_dtype: torch.dtype) -> list[tuple[str
     from prefixgrove_kernels.launch import SuffixChunks
 
     out = []
-    for shape in CASCADE_SHAPES:
-        if shape.prefix_splits is None:
-            continue
-        q, cache = shape.q(dtype), shape.cache(kv_dtype)
-        groups = zero_groups(shape.groups, shape.max_group_q)
+    for shape in (s for s in CASCADE_SHAPES if s.prefix_splits is not None):
+        q, cache, groups = shape.inputs(dtype, kv_dtype)
         launches, _, _ = prefix_attention_launches(
             q, cache, cache, groups, scale=0.1, num_splits=shape.prefix_splits,
             **kv_scales(kv_dtype),
@@ -193,12 +196,9 @@ def decode_launches(dtype: torch.dtype, kv_dtype: torch.dtype) -> list[tuple[str
     from prefixgrove_kernels.cascade_decode import cascade_decode_attention_launches
 
     out = []
-    for shape in CASCADE_SHAPES:
-        if shape.decode_splits is None:
-            continue
-        q, cache = shape.q(dtype), shape.cache(kv_dtype)
+    for shape in (s for s in CASCADE_SHAPES if s.decode_splits is not None):
+        q, cache, groups = shape.inputs(dtype, kv_dtype)
         meta = zero_seqs(shape.rows, 1, grouped=True)
-        groups = zero_groups(shape.groups, shape.max_group_q)
         launches = cascade_decode_attention_launches(
             q, cache, cache, torch.empty_like(q), meta, groups, scale=0.1,
             num_splits=shape.decode_splits, **kv_scales(kv_dtype),
