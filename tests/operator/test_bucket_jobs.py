@@ -9,6 +9,7 @@ import io
 import json
 import logging
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,24 +38,27 @@ def credentials_secret(
     return name
 
 
-def everything_shown(kube: KubeApi, batchjobs: BatchJobs, name: str, logs: str) -> str:
-    """What people and tools can read of a BatchJob: its status, its Events, the logs."""
-    events = kube.kubectl("get", "events", "-n", NAMESPACE, "-o", "json",
-                          f"--field-selector=involvedObject.name={name}")  # fmt: skip
-    return json.dumps(batchjobs.status(name)) + events + logs
+@pytest.fixture
+def everything_shown(
+    crd: KubeApi, batchjobs: BatchJobs, logs_dir: Path, caplog: pytest.LogCaptureFixture
+) -> Callable[[str], str]:
+    """What people and tools can read of a BatchJob, by its name: its status, its Events, the
+    operator's log records (it runs in this process, at DEBUG) and the planners' log files."""
+    caplog.set_level(logging.DEBUG)
 
+    def shown(name: str) -> str:
+        events = crd.kubectl("get", "events", "-n", NAMESPACE, "-o", "json",
+                             f"--field-selector=involvedObject.name={name}")  # fmt: skip
+        files = "".join(p.read_text(errors="replace") for p in logs_dir.glob("planner-*.log"))
+        return json.dumps(batchjobs.status(name)) + events + caplog.text + files
 
-def logs_of(caplog: pytest.LogCaptureFixture, logs_dir: Path) -> str:
-    """The operator's log records (it runs in this process) and the planners' log files."""
-    files = "".join(p.read_text(errors="replace") for p in logs_dir.glob("planner-*.log"))
-    return caplog.text + files
+    return shown
 
 
 def test_a_batchjob_reads_a_bucket_and_writes_its_results_into_it_with_a_secrets_keys(
     batchjobs: BatchJobs, operator: Any, cpu_worker: Service, crd: KubeApi,
-    s3_server: S3Server, logs_dir: Path, caplog: pytest.LogCaptureFixture,
+    s3_server: S3Server, everything_shown: Callable[[str], str],
 ) -> None:  # fmt: skip
-    caplog.set_level(logging.DEBUG)
     bucket, name = s3_server.bucket(), f"s3-{uuid.uuid4().hex[:8]}"
     requests = [completion("a", "The capital of France is"),
                 completion("b", "No tokens", max_tokens=0), completion("c", "One, two,")]  # fmt: skip
@@ -77,7 +81,7 @@ def test_a_batchjob_reads_a_bucket_and_writes_its_results_into_it_with_a_secrets
     # committed whole: no parts and no marker are left beside the objects
     assert s3_server.keys(bucket) == ["in/requests.jsonl", "out/answers.errors.jsonl",
                                       "out/answers.jsonl"]  # fmt: skip
-    shown = everything_shown(crd, batchjobs, name, logs_of(caplog, logs_dir))
+    shown = everything_shown(name)
     assert f"s3://{bucket}/out/answers.jsonl" in shown
     assert s3_server.secret_key not in shown
 
@@ -105,9 +109,8 @@ def test_a_parquet_batchjob_is_read_a_request_per_row(
 
 def test_a_wrong_secret_fails_the_batchjob_naming_the_url_and_showing_no_secret(
     batchjobs: BatchJobs, operator: Any, crd: KubeApi, s3_server: S3Server,
-    logs_dir: Path, caplog: pytest.LogCaptureFixture,
+    everything_shown: Callable[[str], str],
 ) -> None:  # fmt: skip
-    caplog.set_level(logging.DEBUG)
     bucket, name = s3_server.bucket(), f"bad-{uuid.uuid4().hex[:8]}"
     s3_server.put(bucket, "in.jsonl", json.dumps(completion("a", "Hi")).encode() + b"\n")
     wrong = f"wrong-{uuid.uuid4().hex}"
@@ -119,7 +122,7 @@ def test_a_wrong_secret_fails_the_batchjob_naming_the_url_and_showing_no_secret(
     assert status["phase"] == "Failed", status
     assert f"s3://{bucket}/in.jsonl" in status["message"]
     assert "input_unreadable" in status["message"] and "wrong credentials" in status["message"]
-    shown = everything_shown(crd, batchjobs, name, logs_of(caplog, logs_dir))
+    shown = everything_shown(name)
     assert wrong not in shown and s3_server.secret_key not in shown
 
 
@@ -135,9 +138,8 @@ def test_a_missing_secret_fails_the_batchjob_naming_it(batchjobs: BatchJobs, ope
 
 def test_outputs_refused_wait_in_finalizing_and_are_written_once_the_secret_is_fixed(
     batchjobs: BatchJobs, operator: Any, cpu_worker: Service, crd: KubeApi,
-    s3_server: S3Server, logs_dir: Path, caplog: pytest.LogCaptureFixture,
+    s3_server: S3Server, everything_shown: Callable[[str], str],
 ) -> None:  # fmt: skip
-    caplog.set_level(logging.DEBUG)
     bucket, name = s3_server.bucket(), f"fix-{uuid.uuid4().hex[:8]}"
     wrong = f"wrong-{uuid.uuid4().hex}"
     secret = credentials_secret(crd, s3_server, secret_key=wrong)
@@ -156,5 +158,5 @@ def test_outputs_refused_wait_in_finalizing_and_are_written_once_the_secret_is_f
     assert status["phase"] == "Succeeded", status
     outputs = s3_server.get(bucket, "answers.jsonl").decode().splitlines()
     assert [json.loads(o)["custom_id"] for o in outputs] == ["a"]
-    shown = everything_shown(crd, batchjobs, name, logs_of(caplog, logs_dir))
+    shown = everything_shown(name)
     assert wrong not in shown and s3_server.secret_key not in shown
