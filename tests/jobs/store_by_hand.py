@@ -14,13 +14,30 @@ import numpy as np
 from services_testbed import free_port, start_planner, start_worker, wait_for_port
 
 from prefixgrove.jobs.ingest import IngestedBatch, JobPlan
-from prefixgrove.jobs.redis_store.schema import GroupRecord, JobState, RequestRecord, ResultRecord
+from prefixgrove.jobs.redis_store.schema import (
+    GroupRecord,
+    JobKeys,
+    JobState,
+    RequestRecord,
+    ResultRecord,
+)
 from prefixgrove.jobs.redis_store.store import JobStore
 from prefixgrove.jobs.request_errors import RequestError
 from prefixgrove.jobs.requests import BatchRequest
 
 if TYPE_CHECKING:
     from prefixgrove.planner.client import PlannerClient
+
+
+def started_job(
+    store: JobStore, model: str, total: int, units: list[GroupRecord], idempotency_key: str = ""
+) -> str:
+    """A running job of `total` requests with its groups `units` queued, as the planner leaves it
+    (no request records are written); its id."""
+    job, _ = store.create_job(model, idempotency_key)
+    store.r.hset(JobKeys(job.id).job, "total", total)
+    store.queue_plan(job.id, model, JobPlan(units, 0, len(units)))
+    return job.id
 
 
 def ingest_in_pairs(

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from services_testbed import RedisServer
+from store_by_hand import started_job
 
 from prefixgrove import settings
-from prefixgrove.jobs.ingest import JobPlan
 from prefixgrove.jobs.redis_store.connection import connect
 from prefixgrove.jobs.redis_store.schema import (
     GroupRecord,
@@ -26,16 +26,14 @@ RETENTION_S = 3600
 def queued_job(store: JobStore, requests: int = 2) -> tuple[str, str]:
     """A job with an idempotency key, its requests written and queued one a group, one leased."""
     key = f"idem-{store.r.dbsize()}"
-    job, _ = store.create_job(MODEL, key)
+    units = [GroupRecord(0, [i]) for i in range(requests)]
+    job_id = started_job(store, MODEL, requests, units, key)
     record = RequestRecord("c", "completions", {}, np.arange(3, dtype=np.int32))
     store.r.hset(
-        JobKeys(job.id).requests, mapping={str(i): record.encode() for i in range(requests)}
+        JobKeys(job_id).requests, mapping={str(i): record.encode() for i in range(requests)}
     )
-    store.r.hset(JobKeys(job.id).job, "total", requests)
-    units = [GroupRecord(0, [i]) for i in range(requests)]
-    store.queue_plan(job.id, MODEL, JobPlan(units, 0, requests))
-    store.mark_leased(job.id, "0")
-    return job.id, f"pg:idem:{key}"
+    store.mark_leased(job_id, "0")
+    return job_id, f"pg:idem:{key}"
 
 
 def ttls(store: JobStore, job_id: str, idem: str) -> dict[str, int]:

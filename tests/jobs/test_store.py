@@ -7,8 +7,8 @@ import time
 
 import numpy as np
 from services_testbed import RedisServer
+from store_by_hand import started_job
 
-from prefixgrove.jobs.ingest import JobPlan
 from prefixgrove.jobs.redis_store.connection import connect
 from prefixgrove.jobs.redis_store.queue import GroupQueue, Lease
 from prefixgrove.jobs.redis_store.schema import (
@@ -25,13 +25,6 @@ MODEL = "m"
 
 def store_for(server: RedisServer) -> JobStore:
     return JobStore(connect(server.url))
-
-
-def started_job(store: JobStore, total: int, units: list[GroupRecord]) -> str:
-    job, _ = store.create_job(MODEL)
-    store.r.hset(JobKeys(job.id).job, "total", total)
-    store.queue_plan(job.id, MODEL, JobPlan(units, 0, len(units)))
-    return job.id
 
 
 def ok(i: int) -> ResultRecord:
@@ -54,7 +47,7 @@ def test_records_round_trip() -> None:
 
 def test_first_result_write_wins_and_counts_once(redis_server: RedisServer) -> None:
     store = store_for(redis_server)
-    job_id = started_job(store, 3, [GroupRecord(0, [0, 1, 2])])
+    job_id = started_job(store, MODEL, 3, [GroupRecord(0, [0, 1, 2])])
     assert store.write_results(job_id, [(0, ok(0), 5), (1, ResultRecord(True, "{}"), 0)]) == 2
     assert store.write_results(job_id, [(0, ResultRecord(False, "second"), 9), (1, ok(1), 9)]) == 0
     job = store.get_job(job_id)
@@ -65,7 +58,7 @@ def test_first_result_write_wins_and_counts_once(redis_server: RedisServer) -> N
 
 def test_job_completes_when_the_last_request_is_answered(redis_server: RedisServer) -> None:
     store = store_for(redis_server)
-    job_id = started_job(store, 2, [GroupRecord(0, [0, 1])])
+    job_id = started_job(store, MODEL, 2, [GroupRecord(0, [0, 1])])
     store.write_results(job_id, [(0, ok(0), 1)])
     assert store.job_state(job_id) == JobState.IN_PROGRESS
     store.write_results(job_id, [(1, ok(1), 1)])
@@ -75,7 +68,7 @@ def test_job_completes_when_the_last_request_is_answered(redis_server: RedisServ
 
 def test_a_group_finishes_once(redis_server: RedisServer) -> None:
     store = store_for(redis_server)
-    job_id = started_job(store, 2, [GroupRecord(0, [0]), GroupRecord(0, [1])])
+    job_id = started_job(store, MODEL, 2, [GroupRecord(0, [0]), GroupRecord(0, [1])])
     store.mark_leased(job_id, "0")
     assert store.finish_group(job_id, "0") is True
     assert store.finish_group(job_id, "0") is False
@@ -92,7 +85,7 @@ def test_idempotency_key_returns_the_first_job(redis_server: RedisServer) -> Non
 
 def test_cancel_waits_for_leased_groups(redis_server: RedisServer) -> None:
     store = store_for(redis_server)
-    job_id = started_job(store, 2, [GroupRecord(0, [0]), GroupRecord(0, [1])])
+    job_id = started_job(store, MODEL, 2, [GroupRecord(0, [0]), GroupRecord(0, [1])])
     store.mark_leased(job_id, "0")
     assert store.cancel(job_id) == JobState.CANCELLING
     store.finish_group(job_id, "0")
@@ -101,7 +94,7 @@ def test_cancel_waits_for_leased_groups(redis_server: RedisServer) -> None:
 
 def test_queue_depth_counts_waiting_and_leased(redis_server: RedisServer) -> None:
     store = store_for(redis_server)
-    started_job(store, 3, [GroupRecord(0, [0]), GroupRecord(0, [1]), GroupRecord(0, [2])])
+    started_job(store, MODEL, 3, [GroupRecord(0, [0]), GroupRecord(0, [1]), GroupRecord(0, [2])])
     queue = GroupQueue(store.r, MODEL, "w1", lease_timeout_s=5)
     [lease] = queue.take(1, 0)
     store.mark_leased(lease.job_id, lease.group_id)  # as a worker does before running it
@@ -114,7 +107,7 @@ def test_keepalive_holds_a_lease_and_takeover_follows_a_dead_worker(
     redis_server: RedisServer,
 ) -> None:
     store = store_for(redis_server)
-    started_job(store, 2, [GroupRecord(0, [0]), GroupRecord(0, [1])])
+    started_job(store, MODEL, 2, [GroupRecord(0, [0]), GroupRecord(0, [1])])
     alive = GroupQueue(store.r, MODEL, "alive", lease_timeout_s=1)
     dead = GroupQueue(store.r, MODEL, "dead", lease_timeout_s=1)
     other = GroupQueue(store.r, MODEL, "other", lease_timeout_s=1)
@@ -132,7 +125,7 @@ def test_keepalive_holds_a_lease_and_takeover_follows_a_dead_worker(
 
 def test_a_lease_taken_over_is_reported_lost(redis_server: RedisServer) -> None:
     store = store_for(redis_server)
-    started_job(store, 1, [GroupRecord(0, [0])])
+    started_job(store, MODEL, 1, [GroupRecord(0, [0])])
     slow = GroupQueue(store.r, MODEL, "slow", lease_timeout_s=1)
     [lease] = slow.take(1, 0)
     time.sleep(1.1)
@@ -144,7 +137,7 @@ def test_a_lease_taken_over_is_reported_lost(redis_server: RedisServer) -> None:
 def given_back_and_taken_again(server: RedisServer) -> tuple[Lease, Lease]:
     """One worker takes the only group and gives it back cleanly; the next one takes it."""
     store = store_for(server)
-    started_job(store, 1, [GroupRecord(0, [0])])
+    started_job(store, MODEL, 1, [GroupRecord(0, [0])])
     leaving = GroupQueue(store.r, MODEL, "leaving", lease_timeout_s=30)
     [lease] = leaving.take(1, 0)
     leaving.release(lease, failed=False)
@@ -168,7 +161,7 @@ def test_a_clean_release_keeps_the_delivery_count(redis_server: RedisServer) -> 
 
 def test_a_failed_release_counts_one_more_delivery_each_time(redis_server: RedisServer) -> None:
     store = store_for(redis_server)
-    started_job(store, 1, [GroupRecord(0, [0])])
+    started_job(store, MODEL, 1, [GroupRecord(0, [0])])
     seen = []
     for attempt in range(4):
         queue = GroupQueue(store.r, MODEL, f"w{attempt}", lease_timeout_s=30)
@@ -180,7 +173,7 @@ def test_a_failed_release_counts_one_more_delivery_each_time(redis_server: Redis
 
 def test_trimming_keeps_every_entry_still_leased_or_waiting(redis_server: RedisServer) -> None:
     store = store_for(redis_server)
-    started_job(store, 4, [GroupRecord(0, [i]) for i in range(4)])
+    started_job(store, MODEL, 4, [GroupRecord(0, [i]) for i in range(4)])
     queue = GroupQueue(store.r, MODEL, "w", lease_timeout_s=30)
     first, second = queue.take(2, 0)
     store.finish_group(second.job_id, second.group_id)
@@ -214,7 +207,7 @@ def test_after_redis_lost_a_job_workers_recreate_none_of_its_keys(
     redis_server: RedisServer,
 ) -> None:
     store = store_for(redis_server)
-    job_id = started_job(store, 2, [GroupRecord(0, [0, 1])])
+    job_id = started_job(store, MODEL, 2, [GroupRecord(0, [0, 1])])
     redis_server.client().flushall()  # Redis restarted without persistence
     store.mark_leased(job_id, "0")
     assert store.write_results(job_id, [(0, ResultRecord(False, "{}"), 3)]) == 0
