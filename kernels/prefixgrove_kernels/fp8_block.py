@@ -19,11 +19,14 @@ themselves; the torch references (`*_ref`) dequantize and multiply in fp32.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
 
 from prefixgrove_kernels import checks
+from prefixgrove_kernels.calls import takes_arguments_of
 from prefixgrove_kernels.checks import FP8_KV_DTYPE, FP8_MAX, MIN_SCALE
 from prefixgrove_kernels.fp8_quant import INPUT_DTYPES, ROW_SCALE_OPTIONS, row_scale
 from prefixgrove_kernels.launch import KernelLaunch
@@ -240,16 +243,11 @@ def block_scaled_mm_launch(
     return KernelLaunch(_block_scaled_mm_kernel, grid, args, options), out
 
 
-def block_scaled_mm(
-    a: torch.Tensor,
-    a_scale: torch.Tensor,
-    w: torch.Tensor,
-    w_scale: torch.Tensor,
-    out_dtype: torch.dtype,
-) -> torch.Tensor:
+@takes_arguments_of(block_scaled_mm_launch)
+def block_scaled_mm(*args: Any, **kwargs: Any) -> torch.Tensor:
     """a [M, K] e4m3 with group scales [M, ceil(K / 128)] (`quantize_groups`) times w [N, K] e4m3
     with block scales (either form) transposed -> [M, N] in out_dtype, accumulated in fp32."""
-    launch, out = block_scaled_mm_launch(a, a_scale, w, w_scale, out_dtype)
+    launch, out = block_scaled_mm_launch(*args, **kwargs)
     if launch is not None:
         launch.run()
     return out

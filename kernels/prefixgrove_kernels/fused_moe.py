@@ -31,7 +31,7 @@ one all-reduce after the layer completes.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from prefixgrove_kernels import checks
+from prefixgrove_kernels.calls import takes_arguments_of
 from prefixgrove_kernels.checks import FP8_KV_DTYPE
 from prefixgrove_kernels.fp8_block import (
     GROUP,
@@ -364,25 +365,13 @@ def fused_moe_launches(
     ], out
 
 
-def fused_moe(
-    x: torch.Tensor,
-    w_gate_up: torch.Tensor,
-    w_down: torch.Tensor,
-    topk_ids: torch.Tensor,
-    topk_weights: torch.Tensor,
-    config: MoeTileConfig | None = None,
-    *,
-    w_gate_up_scale: torch.Tensor | None = None,
-    w_down_scale: torch.Tensor | None = None,
-) -> torch.Tensor:
+@takes_arguments_of(fused_moe_launches)
+def fused_moe(*args: Any, **kwargs: Any) -> torch.Tensor:
     """x [tokens, K] through experts w_gate_up [E, 2N, K] and w_down [E, K, N] as routed by
     topk_ids [tokens, top_k] (int32/int64, distinct per token) and topk_weights [tokens, top_k]
     (float32 or x's dtype) -> [tokens, K] in x's dtype. config: the tiles (default: the table's,
     `moe_configs.tile_config`). FP8 experts (e4m3) take their float32 scales by keyword."""
-    launches, out = fused_moe_launches(
-        x, w_gate_up, w_down, topk_ids, topk_weights, config,
-        w_gate_up_scale=w_gate_up_scale, w_down_scale=w_down_scale,
-    )  # fmt: skip
+    launches, out = fused_moe_launches(*args, **kwargs)
     for launch in launches:
         launch.run()
     return out
