@@ -16,6 +16,8 @@ from engine_checkpoints import (
 )
 from transformers import PreTrainedModel
 
+from prefixgrove import CompletionOutput
+
 # Several lengths in one call: below, at and across block boundaries (block_size 16).
 LENGTHS = (1, 7, 16, 33, 70)
 MAX_TOKENS = 12
@@ -46,6 +48,22 @@ def hf_logprobs(model: PreTrainedModel, prompt: list[int], generated: list[int])
     return logits.float().log_softmax(dim=-1)
 
 
+def assert_logprobs_match(
+    model: PreTrainedModel, prompt: list[int], completion: CompletionOutput, top: int = 0
+) -> None:
+    """Each generated token's logprob, and those of the `top` likeliest tokens at its step, within
+    1e-4 of transformers' log_softmax (test_logprobs_match_transformers_log_softmax says why)."""
+    tokens = completion.token_ids
+    expected = hf_logprobs(model, prompt, tokens)
+    assert completion.logprobs is not None and len(completion.logprobs) == len(tokens)
+    for step, (token, entry) in enumerate(zip(tokens, completion.logprobs, strict=True)):
+        assert entry[token].logprob == pytest.approx(expected[step, token].item(), abs=1e-4)
+        best = expected[step].topk(top)
+        for tid, value in zip(best.indices.tolist(), best.values.tolist(), strict=True):
+            assert tid in entry, f"step {step}: top-{top} token {tid} missing"
+            assert entry[tid].logprob == pytest.approx(value, abs=1e-4)
+
+
 def test_greedy_tokens_match_transformers_generate(checkpoint):
     arch, path, model = checkpoint
     prompts = random_prompts(LENGTHS, seed=1)
@@ -73,18 +91,9 @@ def test_logprobs_match_transformers_log_softmax(checkpoint):
     architectures (logits spread ~1.2). 1e-4 leaves a 15x margin and is still far below what a real
     mistake costs: dropping the llama3 rope scaling moves logprobs by 1.3, zeroing Qwen2's qkv biases
     by 4."""
-    arch, path, model = checkpoint
+    _, path, model = checkpoint
     prompts = random_prompts((9, 40), seed=3)
     outs = run(engine(path), prompts, greedy(6, ignore_eos=True, logprobs=5))
     for prompt, out in zip(prompts, outs, strict=True):
-        completion = out.outputs[0]
-        expected = hf_logprobs(model, prompt, completion.token_ids)
-        assert completion.logprobs is not None and len(completion.logprobs) == 6
-        for step, (token, entry) in enumerate(
-            zip(completion.token_ids, completion.logprobs, strict=True)
-        ):
-            assert entry[token].logprob == pytest.approx(expected[step, token].item(), abs=1e-4)
-            top = expected[step].topk(5)
-            for tid, value in zip(top.indices.tolist(), top.values.tolist(), strict=True):
-                assert tid in entry, f"{arch} step {step}: top-5 token {tid} missing"
-                assert entry[tid].logprob == pytest.approx(value, abs=1e-4)
+        assert len(out.outputs[0].token_ids) == 6
+        assert_logprobs_match(model, prompt, out.outputs[0], top=5)
