@@ -28,7 +28,7 @@ class AffinitySettings:
         metadata={HELP: "group prefixes a worker advertises at most (those it leased last)"},
     )
     affinity_backlog: int = field(
-        default=8,
+        default=64,
         metadata={HELP: "groups sent to one worker and not taken by it yet, at most; a group "
                   "past it is leased by the worker that read it"},
     )  # fmt: skip

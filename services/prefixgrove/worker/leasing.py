@@ -53,7 +53,9 @@ class Leasing:
             ask = self.budget.groups_to_ask(held)
             if ask <= 0:
                 return
+            sent = self.queue.sent
             leases = self.queue.take(ask, block_ms, suspects=False)
+            self.metrics.groups_sent.inc(self.queue.sent - sent)
             self._start_all(leases)
             if len(leases) < ask:
                 return  # nothing more queued now

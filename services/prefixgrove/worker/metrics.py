@@ -44,6 +44,8 @@ _METRICS = (
     _Metric("groups_done", Counter, "prefixgrove_worker_groups_done", "Groups finished"),
     _Metric("groups_taken_over", Counter, "prefixgrove_worker_groups_taken_over",
             "Groups taken from a dead worker"),
+    _Metric("groups_sent", Counter, "prefixgrove_worker_groups_sent",
+            "New groups sent to the worker holding their prefix (prefix-affine leasing)"),
     _Metric("requests_done", Counter, "prefixgrove_worker_requests_done", "Requests answered"),
     _Metric("requests_failed", Counter, "prefixgrove_worker_requests_failed",
             "Requests refused by the engine"),
@@ -86,6 +88,7 @@ class WorkerMetrics:
     groups_leased: Gauge
     groups_done: Counter
     groups_taken_over: Counter
+    groups_sent: Counter
     requests_done: Counter
     requests_failed: Counter
     prompt_tokens: Counter
