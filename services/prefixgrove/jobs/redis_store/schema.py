@@ -15,13 +15,13 @@ Layout (prefix `pg:`; `{...}` in a key is a literal Redis Cluster hash tag, `<..
   pg:job:{<id>}:res         hash: line index -> ResultRecord (first write wins)
   pg:job:{<id>}:leased      set of group ids a worker holds now
   pg:job:{<id>}:done        set of group ids finished (or dropped by a cancel)
-  pg:queue:<model>          stream of {job, group}; consumer group `workers`; an entry given back is
-                            pending under the consumer `given-back` until a worker claims it
+  pg:queue:<model>          stream of {job, group, prefix}; consumer group `workers`; an entry given
+                            back is pending under the consumer `given-back`, one sent to the worker
+                            holding its prefix under `for:<worker>`, until a worker claims it
+  pg:holds:<model>:<worker>, pg:holders:<model>: the prefixes workers hold (affinity.py)
   pg:models                 set of models that have a queue
-  pg:active:<model>         set of job ids with groups on the model's queue, not yet known to be
-                            finished
-  pg:ingesting              hash: job id -> planner instance streaming its input in (an upload's
-                            own keys: uploads.py)
+  pg:active:<model>         set of job ids with groups on the model's queue, not known finished yet
+  pg:ingesting              hash: job id -> planner streaming its input in (uploads.py: its keys)
   pg:planner:<instance>     a live planner's heartbeat (expires when it stops)
 
 Cluster rules: every key of one job carries the job id as its hash tag, so they share one slot and
