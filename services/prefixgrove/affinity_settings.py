@@ -21,7 +21,7 @@ class AffinitySettings:
     affinity_wait_s: float = field(
         default=5.0,
         metadata={HELP: "how long a group sent to the worker holding its prefix waits for it "
-                  "before any worker may take it (at most half of --lease-timeout-s)"},
+                  "before any worker may take it (cut to half of --lease-timeout-s)"},
     )  # fmt: skip
     affinity_prefixes: int = field(
         default=256,
@@ -36,12 +36,8 @@ class AffinitySettings:
     def __post_init__(self) -> None:
         positive(self, "affinity_wait_s", "affinity_prefixes", "affinity_backlog")
 
-    def check_lease_timeout(self, lease_timeout_s: float) -> None:
-        """A group sent to a worker must stay claimable by it alone for its whole wait, and a lease
-        kept alive every third of the timeout must never look that idle: the wait takes at most
-        half of the lease timeout."""
-        if self.prefix_affinity and self.affinity_wait_s > lease_timeout_s / 2:
-            raise ValueError(
-                f"affinity_wait_s={self.affinity_wait_s} is invalid with lease_timeout_s="
-                f"{lease_timeout_s}: expected at most half of it ({lease_timeout_s / 2})"
-            )
+    def wait_s(self, lease_timeout_s: float) -> float:
+        """The wait a worker keeps to: affinity_wait_s, cut to half the lease timeout. A group sent
+        to a worker starts that much short of the lease timeout's idle time, and a lease kept alive
+        every third of the timeout must never look as idle as a group sent and waiting."""
+        return min(self.affinity_wait_s, lease_timeout_s / 2)

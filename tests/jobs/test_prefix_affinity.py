@@ -144,10 +144,11 @@ def test_two_jobs_over_one_document_name_its_prefix_alike() -> None:
     assert first.units[0].prefix_len != second.units[0].prefix_len  # not the same prefix whole
 
 
-def test_affinity_settings_come_from_the_environment_and_fit_the_lease_timeout() -> None:
+def test_affinity_settings_come_from_the_environment_and_wait_half_a_lease_at_most() -> None:
     settings = load(AffinitySettings, env={"PREFIXGROVE_PREFIX_AFFINITY": "false",
                                            "PREFIXGROVE_AFFINITY_WAIT_S": "20"})  # fmt: skip
     assert not settings.prefix_affinity and settings.affinity_wait_s == 20
     assert load(AffinitySettings, env={}).prefix_affinity
-    with pytest.raises(ValueError, match="affinity_wait_s=20"):
-        AffinitySettings(affinity_wait_s=20).check_lease_timeout(30)
+    assert settings.wait_s(lease_timeout_s=30) == 15 and settings.wait_s(lease_timeout_s=60) == 20
+    with pytest.raises(ValueError, match="affinity_wait_s=0"):
+        AffinitySettings(affinity_wait_s=0)

@@ -84,11 +84,11 @@ class Worker:
 
     def _affinity(self, settings: AffinitySettings | None) -> PrefixAffinity | None:
         settings = settings or AffinitySettings()
-        settings.check_lease_timeout(self.settings.lease_timeout_s)
         if not settings.prefix_affinity:
             return None
+        lease_timeout_s = self.settings.lease_timeout_s
         return PrefixAffinity(self.store.r, self.settings.served_name, self.consumer,
-                              ttl_s=self.settings.lease_timeout_s, wait_s=settings.affinity_wait_s,
+                              ttl_s=lease_timeout_s, wait_s=settings.wait_s(lease_timeout_s),
                               max_prefixes=settings.affinity_prefixes,
                               backlog=settings.affinity_backlog)  # fmt: skip
 
