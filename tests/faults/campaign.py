@@ -45,7 +45,18 @@ from prefixgrove_proto import planner_pb2 as pb
 
 _POLL_S = 0.2
 UPLOAD_KEY = "fault-campaign"
-_AT_SUBMIT = ("upload", "resubmit")  # the faults the submit itself meets
+_AT_SUBMIT = ("upload", "resubmit")  # the faults the submit itself meets: at most one each
+# Each kind of fault (fault_schedule.KINDS): its flag, how many the campaign fires by default, and
+# what one is.
+FAULTS = {
+    "upload": ("--upload-kills", 1, "planner replicas killed in the middle of the upload"),
+    "worker": ("--worker-kills", 2, "workers killed"),
+    "planner": ("--planner-kills", 1, "planner replicas killed"),
+    "redis": ("--redis-kills", 1, "times Redis is killed"),
+    "resubmit": ("--resubmits", 1, "a client killed mid-upload before the job is submitted again"),
+    "stall": ("--stalls", 1, "clients stalling streams"),
+    "oom": ("--ooms", 1, "times Redis runs out of memory"),
+}
 T = TypeVar("T")
 _ENDED = (pb.JOB_STATE_COMPLETED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED)
 
@@ -79,25 +90,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="submit to files; over is a violation",
     )
     parser.add_argument("--poison", type=int, default=2, help="poison requests in the job")
-    parser.add_argument("--upload-kills", type=int, choices=[0, 1], default=1)
-    parser.add_argument("--worker-kills", type=int, default=2)
-    parser.add_argument("--planner-kills", type=int, default=1)
-    parser.add_argument("--redis-kills", type=int, default=1)
-    parser.add_argument(
-        "--resubmits",
-        type=int,
-        choices=[0, 1],
-        default=1,
-        help="a client killed mid-upload before the job is submitted again",
-    )
-    parser.add_argument("--stalls", type=int, default=1, help="clients stalling streams")
+    for kind, (flag, default, what) in FAULTS.items():
+        choices = [0, 1] if kind in _AT_SUBMIT else None
+        parser.add_argument(
+            flag, type=int, choices=choices, default=default, help=what, dest=kind, metavar="N"
+        )
     parser.add_argument(
         "--stalled-streams",
         type=int,
         default=4,
         help="uploads, and as many watches, each stall holds",
     )
-    parser.add_argument("--ooms", type=int, default=1, help="times Redis runs out of memory")
     parser.add_argument(
         "--max-deliveries", type=int, help="the workers' --max-deliveries (default: theirs)"
     )
@@ -300,9 +303,7 @@ def attack(
 def campaign(args: argparse.Namespace, workdir: Path) -> dict:
     job = build_job(workdir / "in.jsonl", args.requests, args.poison, args.job_seed)
     ref = reference(job.path, args.reference_cache, workdir)
-    counts = {"upload": args.upload_kills, "worker": args.worker_kills,
-              "planner": args.planner_kills, "redis": args.redis_kills,
-              "resubmit": args.resubmits, "stall": args.stalls, "oom": args.ooms}  # fmt: skip
+    counts = {kind: getattr(args, kind) for kind in FAULTS}
     kills = plan_kills(args.seed, counts, {"worker": args.workers, "planner": args.planners})
     flags = () if args.max_deliveries is None else ("--max-deliveries", str(args.max_deliveries))
     stack = FaultStack.start(workdir, args.planners, args.workers, flags)
