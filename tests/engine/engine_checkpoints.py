@@ -192,11 +192,21 @@ def save_checkpoint(
     **overrides: Any,
 ) -> str:
     """Saves the model and the byte tokenizer; `overrides` are config attributes to change first."""
-    model = build_model(arch, seed, **overrides)
+    _save(build_model(arch, seed, **overrides), path, max_shard_size)
+    return str(path)
+
+
+def save_model(arch: str, path: Path, **overrides: Any) -> PreTrainedModel:
+    """`save_checkpoint`, returning the model saved: transformers' side of a parity test."""
+    model = build_model(arch, **overrides)
+    _save(model, path)
+    return model
+
+
+def _save(model: PreTrainedModel, path: Path, max_shard_size: str | int | None = None) -> None:
     kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
     model.save_pretrained(path, **kwargs)
     byte_tokenizer().save_pretrained(path)
-    return str(path)
 
 
 def random_prompts(lengths: Sequence[int], seed: int = 0, vocab: int = 256) -> list[list[int]]:

@@ -12,12 +12,11 @@ import re
 import pytest
 from engine_checkpoints import (
     ARCHES,
-    build_model,
     engine,
     greedy,
     random_prompts,
     run,
-    save_checkpoint,
+    save_model,
 )
 from test_hf_parity import assert_logprobs_match, hf_greedy
 
@@ -28,15 +27,15 @@ from prefixgrove.engine.models.fp8_linear import Fp8Linear
 
 @pytest.fixture(scope="module", params=["gemma2", "gemma3"])
 def gemma(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    path = save_checkpoint(request.param, tmp_path_factory.mktemp(request.param))
-    return request.param, path
+    path = tmp_path_factory.mktemp(request.param)
+    return request.param, str(path), save_model(request.param, path)
 
 
 def test_triton_cascade_over_a_prefix_longer_than_the_window_matches_transformers(gemma) -> None:
     """An 80-token prefix (the window is 24; the cascade takes prefixes of 64 and more) shared by
     two prompts: grouped, so every pass of the cascade runs in Triton's interpreter, its forms for
     CUDA asked for by name."""
-    arch, path = gemma
+    arch, path, model = gemma
     prefix = random_prompts([80], seed=7)[0]
     prompts = [prefix + tail for tail in random_prompts([3, 6], seed=8)]
     llm = engine(
@@ -47,7 +46,6 @@ def test_triton_cascade_over_a_prefix_longer_than_the_window_matches_transformer
     )
     outputs = run(llm, prompts, greedy(4, logprobs=1))
     assert llm.engine.metrics.kv_blocks_shared > 0
-    model = build_model(arch)
     for prompt, out in zip(prompts, outputs, strict=True):
         assert out.outputs[0].token_ids == hf_greedy(model, prompt, 4), arch
         assert_logprobs_match(model, prompt, out.outputs[0])
@@ -56,7 +54,7 @@ def test_triton_cascade_over_a_prefix_longer_than_the_window_matches_transformer
 def test_fp8_quantizes_every_projection_of_gemma_layers(gemma) -> None:
     """Every projection of each layer runs in FP8 behind Gemma's norms and activation; grouped and
     ungrouped runs still agree."""
-    _, path = gemma
+    _, path, _ = gemma
     prefix = random_prompts([80], seed=5)[0]
     prompts = [prefix + tail for tail in random_prompts([5, 9], seed=6)]
     grouped = engine(path, quantization="fp8")
@@ -70,7 +68,7 @@ def test_fp8_quantizes_every_projection_of_gemma_layers(gemma) -> None:
 
 
 def test_structured_outputs_hold_on_gemma(gemma) -> None:
-    _, path = gemma
+    _, path, _ = gemma
     constraint = StructuredOutputsParams(regex="[a-d]{4}x")
     params = greedy(8, structured_outputs=constraint)
     out = run(engine(path), random_prompts([30], seed=9), params)[0]

@@ -7,12 +7,11 @@ import torch
 from engine_checkpoints import (
     ARCHES,
     EOS_IDS,
-    build_model,
     engine,
     greedy,
     random_prompts,
     run,
-    save_checkpoint,
+    save_model,
 )
 from transformers import PreTrainedModel
 
@@ -26,8 +25,7 @@ MAX_TOKENS = 12
 @pytest.fixture(scope="module", params=list(ARCHES))
 def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     path = tmp_path_factory.mktemp(request.param)
-    save_checkpoint(request.param, path)
-    return request.param, str(path), build_model(request.param)
+    return request.param, str(path), save_model(request.param, path)
 
 
 def hf_greedy(model: PreTrainedModel, prompt: list[int], max_tokens: int) -> list[int]:

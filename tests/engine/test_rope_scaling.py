@@ -10,7 +10,15 @@ from typing import Any
 
 import pytest
 import torch
-from engine_checkpoints import build_model, engine, greedy, random_prompts, run, save_checkpoint
+from engine_checkpoints import (
+    build_model,
+    engine,
+    greedy,
+    random_prompts,
+    run,
+    save_checkpoint,
+    save_model,
+)
 from test_hf_parity import hf_greedy
 
 from prefixgrove.catalog.presets import PRESETS
@@ -69,8 +77,8 @@ PRESET_TABLES = {
 @pytest.fixture(scope="module", params=list(CASES))
 def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     arch, overrides = CASES[request.param]
-    path = save_checkpoint(arch, tmp_path_factory.mktemp(request.param), **overrides)
-    return request.param, path, build_model(arch, **overrides)
+    path = tmp_path_factory.mktemp(request.param)
+    return request.param, str(path), save_model(arch, path, **overrides)
 
 
 def assert_greedy_matches(llm: Any, model: Any, prompts: list[list[int]], max_tokens: int) -> None:
@@ -91,9 +99,10 @@ def test_greedy_tokens_match_transformers(checkpoint):
 def test_greedy_tokens_match_transformers_on_triton_backend(tmp_path: Path):
     """yarn scales cos and sin by its attention factor; few tokens, the kernels are interpreted here."""
     arch, overrides = CASES["yarn"]
-    llm = engine(save_checkpoint(arch, tmp_path, **overrides), attention_backend="triton")
+    model = save_model(arch, tmp_path, **overrides)
+    llm = engine(str(tmp_path), attention_backend="triton")
     assert llm.engine.runner.backend.name == "triton"
-    assert_greedy_matches(llm, build_model(arch, **overrides), random_prompts((5, 21), seed=2), 4)
+    assert_greedy_matches(llm, model, random_prompts((5, 21), seed=2), 4)
 
 
 def test_qwen25_style_rope_scaling_config_loads_as_yarn(tmp_path: Path):
