@@ -111,14 +111,16 @@ class GroupQueue:
     def _send(self, read: list[Lease]) -> list[Lease]:
         """Sends each group whose prefix another live worker holds to it, while fewer than the
         backlog wait for that worker; returns the groups kept."""
-        holders = self.affinity.holders(lease.prefix for lease in read) if self.affinity else {}
+        if self.affinity is None:
+            return read
+        holders = self.affinity.holders(lease.prefix for lease in read)
         if not holders:
             return read
         waiting, kept = self._sent_waiting(), []
         pipe = self.r.pipeline(transaction=False)
         for lease in read:
             holder = holders.get(lease.prefix)
-            if holder is None or waiting.get(holder, 0) >= self.affinity.backlog:  # type: ignore[union-attr]
+            if holder is None or waiting.get(holder, 0) >= self.affinity.backlog:
                 kept.append(lease)
                 continue
             waiting[holder] = waiting.get(holder, 0) + 1
