@@ -90,7 +90,9 @@ def follow(runner: ModelRunner, connection: Connection) -> int:
             logger.error("rank 0 is gone: this follower ends")
             return 1
         if op == "stop":
-            # rank 0 tears the group down at the same time: NCCL's teardown needs both sides
+            # rank 0 tears the group down at the same time: NCCL's teardown needs both sides, and
+            # it waits for the graphs that captured its collectives to be gone
+            runner.release_graphs()
             torch.distributed.destroy_process_group()
             return 0
         handlers[op](*args)

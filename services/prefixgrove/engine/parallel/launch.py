@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -120,12 +121,22 @@ class Followers:
         with contextlib.suppress(OSError):  # a follower already gone
             self.link.send("stop")
         if dist.is_initialized():
-            dist.destroy_process_group()
+            _within(_STOP_GRACE_S, dist.destroy_process_group)
         for process in self.processes:
             try:
                 process.wait(timeout=_STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+def _within(seconds: float, call: Callable[[], object]) -> None:
+    """Runs `call` for at most `seconds`: a teardown that does not end (NCCL's can wait forever on
+    a rank that never joins it) must not keep the engine's process from ending."""
+    thread = threading.Thread(target=call, daemon=True, name="tensor-parallel-teardown")
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        logger.warning("the tensor-parallel group's teardown did not end in %.0f s: left", seconds)
 
 
 def start_followers(config: EngineConfig) -> tuple[TensorParallel, Followers]:

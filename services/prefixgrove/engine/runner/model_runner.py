@@ -8,6 +8,7 @@ What it launched whose tokens the host has not seen yet (a step, or a window) is
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Iterator
@@ -137,6 +138,15 @@ class ModelRunner:
             cascade=self.config.enable_cascade_attention,
         )
         self.graphs.capture()
+
+    def release_graphs(self) -> None:
+        """Frees the decode graphs before a tensor-parallel group is torn down: NCCL's teardown
+        waits until every graph that captured one of its collectives is destroyed (pytorch#115388),
+        so with them alive `destroy_process_group` never returns."""
+        self.graphs = None
+        gc.collect()  # the CUDAGraph objects go now, not whenever a cycle is collected
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     # -- steps ------------------------------------------------------------------------------------------
 
