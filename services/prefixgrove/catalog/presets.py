@@ -77,7 +77,8 @@ _LLAMA_31_70B = _Llama3Shape(
 
 def _qwen3_30b_a3b() -> Qwen3MoeConfig:
     """Qwen3-30B-A3B's published config: 128 experts of width 768, 8 per token, every layer sparse."""
-    return Qwen3MoeConfig(
+    # head_dim and rope_theta travel through the config's **kwargs in transformers 5
+    return Qwen3MoeConfig(  # type: ignore[call-arg]
         vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
         num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
         num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1,
