@@ -147,12 +147,10 @@ def test_a_size_that_does_not_divide_the_heads_is_refused_by_name() -> None:
 
 
 def _script(body: str) -> subprocess.Popen[str]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(
-            str(REPO / p) for p in ("services", "kernels", "operator", "proto")
-        ),
-    }
+    """`body` in a Python process of its own, the checkout's roots first on its path, then the
+    path this one was given (a machine's folder of wheels)."""
+    roots = [str(REPO / p) for p in ("services", "kernels", "operator", "proto")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*roots, os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(body)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

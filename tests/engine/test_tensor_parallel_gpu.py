@@ -3,17 +3,14 @@ captured): 2 and 4 ranks compute what one computes in fp32, and a lost rank ends
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
-import textwrap
 import time
 
 import pytest
 import torch
 from engine_checkpoints import assert_same_tokens_and_logprobs, run, save_checkpoint
-from test_tensor_parallel import REPO, _job
+from test_tensor_parallel import _job, _script
 
 from prefixgrove import LLM
 from prefixgrove.engine.parallel.launch import RANK_LOST_EXIT
@@ -51,12 +48,6 @@ def test_fp32_ranks_with_graphs_compute_what_one_gpu_computes(qwen2_dir: str, si
 
 def test_a_rank_killed_mid_step_ends_the_engine_within_a_minute() -> None:
     _needs(2)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(
-            str(REPO / p) for p in ("services", "kernels", "operator", "proto")
-        ),
-    }
     body = """
         import os, signal, threading, time
         from prefixgrove import LLM, SamplingParams
@@ -69,10 +60,11 @@ def test_a_rank_killed_mid_step_ends_the_engine_within_a_minute() -> None:
             llm.generate([{"prompt_token_ids": [1, 2, 3]}] * 64,
                          SamplingParams(max_tokens=2000, ignore_eos=True), use_tqdm=False)
     """  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(body)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = _script(body)
     assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "killing"
+    if proc.stdout.readline().strip() != "killing":
+        proc.kill()
+        raise AssertionError(f"the engine did not start: {proc.communicate()[1][-3000:]}")
     killed = time.monotonic()
     try:
         _, err = proc.communicate(timeout=60)
