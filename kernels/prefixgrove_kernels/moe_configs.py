@@ -13,7 +13,7 @@ A key's entry maps token counts to tiles: a call with T tokens takes the tile of
 >= T, and the largest count's tile beyond them. A key without an entry takes DEFAULT_TILES. One tile
 serves both GEMMs of a call, since both walk the same padded runs of BLOCK_M rows.
 
-TUNED_TILES is empty: its entries come from tuning runs on the GPUs (H100, H200).
+TUNED_TILES holds the shapes tuned so far on the GPUs (benchmarks/RESULTS.md, "Mixture of experts").
 """
 
 from __future__ import annotations
@@ -75,7 +75,21 @@ DEFAULT_TILES: TileTable = {
     512: MoeTileConfig(block_m=32, block_n=64, block_k=64, group_m=8),
     4096: MoeTileConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3),
 }
-TUNED_TILES: Mapping[MoeShape, TileTable] = {}
+# `python benchmarks/moe.py tune` on the GPU named in the key (its best of the grid per token count);
+# counts beyond the tuned ones keep DEFAULT_TILES' prefill tile, which the tuning did not reach.
+_QWEN3_30B_A3B_H200 = MoeShape("NVIDIA H200", 128, 768, 2048, "bfloat16")
+TUNED_TILES: Mapping[MoeShape, TileTable] = {
+    _QWEN3_30B_A3B_H200: {
+        16: MoeTileConfig(block_m=16, block_n=64, block_k=128, group_m=8, num_stages=3),
+        64: MoeTileConfig(block_m=16, block_n=64, block_k=128, group_m=8, num_stages=3),
+        256: MoeTileConfig(block_m=32, block_n=64, block_k=128, group_m=8, num_stages=3),
+        512: MoeTileConfig(
+            block_m=64, block_n=64, block_k=64, group_m=8, num_warps=8, num_stages=3
+        ),
+        1024: MoeTileConfig(block_m=64, block_n=64, block_k=64, group_m=8, num_stages=3),
+        4096: DEFAULT_TILES[4096],
+    },
+}
 
 
 def tile_config(
