@@ -66,34 +66,30 @@ class JobState(enum.StrEnum):
         return self in (JobState.VALIDATING, JobState.IN_PROGRESS)
 
 
+class _JobKey:
+    """A key beside a job's hash: the hash's name and a suffix, so that it inherits the hash tag."""
+
+    def __init__(self, suffix: str) -> None:
+        self.suffix = suffix
+
+    def __get__(self, keys: JobKeys, owner: type[JobKeys]) -> str:
+        return f"{keys.job}:{self.suffix}"
+
+
 @dataclass(frozen=True)
 class JobKeys:
     job_id: str
 
+    requests = _JobKey("req")
+    groups = _JobKey("grp")
+    results = _JobKey("res")
+    leased = _JobKey("leased")
+    done = _JobKey("done")
+
     @property
     def job(self) -> str:
-        """The job hash, and the base of every other key of the job (they inherit its hash tag)."""
+        """The job hash, and the base of every other key of the job."""
         return f"{PREFIX}job:{{{self.job_id}}}"
-
-    @property
-    def requests(self) -> str:
-        return f"{self.job}:req"
-
-    @property
-    def groups(self) -> str:
-        return f"{self.job}:grp"
-
-    @property
-    def results(self) -> str:
-        return f"{self.job}:res"
-
-    @property
-    def leased(self) -> str:
-        return f"{self.job}:leased"
-
-    @property
-    def done(self) -> str:
-        return f"{self.job}:done"
 
     def all(self) -> list[str]:
         return [self.job, self.requests, self.groups, self.results, self.leased, self.done]
@@ -264,12 +260,21 @@ local function reply(result)
 end
 """
 
+# The job is gone (expired, or deleted): a script that would write into it recreates nothing.
+_UNLESS_GONE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return reply(0) end
+"""
+
+
+def _job_script(body: str, *, unless_gone: bool = False) -> str:
+    """A job script: reply() beside `body`, and with `unless_gone` nothing done on a job gone."""
+    return _REPLY + (_UNLESS_GONE if unless_gone else "") + body
+
+
 # ARGV: now, then (index, blob, failed 0|1, completion_tokens) per result.
 # A result already written is left as it was and moves no counter. Result: how many were new.
-WRITE_RESULTS = (
-    _REPLY
-    + """
-if redis.call('EXISTS', KEYS[1]) == 0 then return reply(0) end  -- the job is gone: recreate nothing
+WRITE_RESULTS = _job_script(
+    """
 local written, completed, failed, tokens = 0, 0, 0, 0
 for i = 2, #ARGV, 4 do
   if redis.call('HSETNX', KEYS[4], ARGV[i], ARGV[i + 1]) == 1 then
@@ -288,14 +293,13 @@ if h[1] == 'in_progress' and tonumber(h[3]) + tonumber(h[4]) >= tonumber(h[2]) t
   redis.call('HSET', KEYS[1], 'state', 'completed', 'finished_at', ARGV[1])
 end
 return reply(written)
-"""
+""",
+    unless_gone=True,
 )
 
 # ARGV: group id, now. Result: 1 the first time a group finishes.
-FINISH_GROUP = (
-    _REPLY
-    + """
-if redis.call('EXISTS', KEYS[1]) == 0 then return reply(0) end  -- the job is gone: recreate nothing
+FINISH_GROUP = _job_script(
+    """
 local first = redis.call('SADD', KEYS[6], ARGV[1])
 if first == 1 then redis.call('HINCRBY', KEYS[1], 'groups_done', 1) end
 redis.call('SREM', KEYS[5], ARGV[1])
@@ -303,23 +307,22 @@ if redis.call('HGET', KEYS[1], 'state') == 'cancelling' and redis.call('SCARD', 
   redis.call('HSET', KEYS[1], 'state', 'cancelled', 'finished_at', ARGV[2])
 end
 return reply(first)
-"""
+""",
+    unless_gone=True,
 )
 
 # ARGV: group id. A worker holds the group now (taken before it reads the job's state).
-MARK_LEASED = (
-    _REPLY
-    + """
-if redis.call('EXISTS', KEYS[1]) == 0 then return reply(0) end  -- the job is gone: recreate nothing
+MARK_LEASED = _job_script(
+    """
 redis.call('SADD', KEYS[5], ARGV[1])
 return reply(1)
-"""
+""",
+    unless_gone=True,
 )
 
 # ARGV: now. Result: the state after the call.
-CANCEL = (
-    _REPLY
-    + """
+CANCEL = _job_script(
+    """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == 'validating' or state == 'in_progress' then
   state = 'cancelling'
@@ -334,9 +337,8 @@ return reply(state)
 )
 
 # ARGV: error code, message, now.
-FAIL = (
-    _REPLY
-    + """
+FAIL = _job_script(
+    """
 redis.call('HSET', KEYS[1], 'state', 'failed', 'error_code', ARGV[1], 'error_message', ARGV[2],
            'finished_at', ARGV[3])
 return reply('failed')
@@ -349,9 +351,8 @@ FAIL_WHEN_FULL = "#!lua flags=allow-oom\n" + FAIL
 
 # ARGV: now, the plan (JSON), the prompt tokens grouping saves. Ends a validating dry run as
 # completed with its plan; its request records go, as nothing will run them. Result: the state.
-END_DRY_RUN = (
-    _REPLY
-    + """
+END_DRY_RUN = _job_script(
+    """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state ~= 'validating' then return reply(state) end
 redis.call('HSET', KEYS[1], 'state', 'completed', 'plan', ARGV[2], 'prefix_tokens_saved', ARGV[3],
@@ -363,9 +364,8 @@ return reply('completed')
 
 # ARGV: now. Moves a validating job to in_progress, or straight to completed when every
 # request is already answered (all invalid). Result: the state after the call.
-START = (
-    _REPLY
-    + """
+START = _job_script(
+    """
 local h = redis.call('HMGET', KEYS[1], 'state', 'total', 'completed', 'failed')
 if h[1] ~= 'validating' then return reply(h[1]) end
 local state = 'in_progress'
