@@ -24,6 +24,7 @@ from services_testbed import (
 )
 
 from prefixgrove.jobs.ingest import JobPlan
+from prefixgrove.jobs.redis_store.alone_note import AloneNote
 from prefixgrove.jobs.redis_store.connection import connect
 from prefixgrove.jobs.redis_store.queue import GroupQueue, Lease
 from prefixgrove.jobs.redis_store.schema import (
@@ -200,13 +201,13 @@ def test_a_request_running_alone_at_one_death_runs_again_and_answers(
     job_id = queue_job(store, groups=1, per_group=3)
     lease = fail_deliveries(store, 3)
     # as if the third delivery's worker was killed from outside while request 1 ran alone
-    store.mark_alone(job_id, lease.group_id, 1, lease.deliveries)
+    store.mark_alone(job_id, lease.group_id, AloneNote(1, lease.deliveries))
     workers.append(start_faulty_worker(redis_server, tmp_path / "worker.log", "die"))
     wait_until(lambda: completed(store, job_id), 240, "the job to complete")
     got = results(store, job_id)
     assert sorted(got) == [0, 1, 2] and not any(r.is_error for r in got.values())
     # the last one noted: request 2, no strike of its own, the group's one death blamed on request 1
-    assert store.ran_alone(job_id, lease.group_id) == (2, 4, 0, 1)
+    assert store.ran_alone(job_id, lease.group_id) == AloneNote(2, 4, strikes=0, blamed=1)
 
 
 def test_deaths_that_caught_a_request_alone_do_not_count_against_max_deliveries(
@@ -215,7 +216,7 @@ def test_deaths_that_caught_a_request_alone_do_not_count_against_max_deliveries(
     job_id = queue_job(store, groups=1, per_group=4, poisoned=frozenset({2}))
     lease = fail_deliveries(store, 4)
     # the fourth delivery's worker was killed from outside while request 0 ran alone
-    store.mark_alone(job_id, lease.group_id, 0, lease.deliveries)
+    store.mark_alone(job_id, lease.group_id, AloneNote(0, lease.deliveries))
     started = workers_until_done(redis_server, store, job_id, tmp_path, workers)
     # deliveries 5 and 6 die on request 2 alone; the 7th (past max_deliveries=5) fails it alone
     assert started == 3

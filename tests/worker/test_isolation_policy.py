@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from prefixgrove.grouping import PrefixGroup
+from prefixgrove.jobs.redis_store.alone_note import AloneNote
 from prefixgrove.jobs.redis_store.queue import Lease
 from prefixgrove.jobs.redis_store.schema import RequestRecord
 from prefixgrove.jobs.request_errors import RequestError
@@ -27,13 +28,12 @@ class Notes:
     """The job store's alone notes, in a dict."""
 
     def __init__(self) -> None:
-        self.notes: dict[tuple[str, str], tuple[int, int, int, int]] = {}
+        self.notes: dict[tuple[str, str], AloneNote] = {}
 
-    def mark_alone(self, job_id: str, group_id: str, index: int, delivery: int, strikes: int = 0,
-                   blamed: int = 0) -> None:  # fmt: skip
-        self.notes[(job_id, group_id)] = (index, delivery, strikes, blamed)
+    def mark_alone(self, job_id: str, group_id: str, note: AloneNote) -> None:
+        self.notes[(job_id, group_id)] = note
 
-    def ran_alone(self, job_id: str, group_id: str) -> tuple[int, int, int, int] | None:
+    def ran_alone(self, job_id: str, group_id: str) -> AloneNote | None:
         return self.notes.get((job_id, group_id))
 
 
@@ -132,7 +132,7 @@ def test_a_group_that_failed_two_deliveries_runs_request_by_request_each_noted_f
     for index, rid in enumerate(ids(flight, 0, 1, 2, 3)):
         rig.policy.next_piece()
         assert rig.engine.added[-1] == (PREFIX_LEN, [rid])  # alone, with its group's prefix
-        assert rig.notes.ran_alone(JOB, "g") == (index, 3, 0, 0)
+        assert rig.notes.ran_alone(JOB, "g") == AloneNote(index, 3)
         rig.answer(rid)
     rig.policy.next_piece()
     assert not rig.policy.active
@@ -140,19 +140,19 @@ def test_a_group_that_failed_two_deliveries_runs_request_by_request_each_noted_f
 
 def test_the_first_two_deliveries_read_no_note() -> None:
     rig = Rig()
-    rig.notes.mark_alone(JOB, "g", 2, delivery=1)
+    rig.notes.mark_alone(JOB, "g", AloneNote(2, delivery=1))
     assert rig.policy.history(Lease("2-0", JOB, "g", 2)) == AloneHistory()
 
 
 def test_a_death_while_a_request_ran_alone_is_its_strike_not_the_groups_failure() -> None:
     rig = Rig()
-    rig.notes.mark_alone(JOB, "g", 2, delivery=3, strikes=0, blamed=0)
+    rig.notes.mark_alone(JOB, "g", AloneNote(2, delivery=3, strikes=0, blamed=0))
     assert rig.policy.history(Lease("4-0", JOB, "g", 4)) == AloneHistory(blamed=1, struck=(2, 1))
 
 
 def test_a_note_of_an_earlier_delivery_keeps_its_blame_and_strikes_nobody() -> None:
     rig = Rig()
-    rig.notes.mark_alone(JOB, "g", 2, delivery=3, strikes=1, blamed=1)
+    rig.notes.mark_alone(JOB, "g", AloneNote(2, delivery=3, strikes=1, blamed=1))
     assert rig.policy.history(Lease("5-0", JOB, "g", 5)) == AloneHistory(blamed=1)
 
 
@@ -162,7 +162,7 @@ def test_a_request_struck_once_runs_first_and_its_note_carries_the_strike() -> N
     rig.policy.run_group(flight, AloneHistory(blamed=1, struck=(2, 1)))
     rig.policy.next_piece()
     assert rig.engine.ran() == [ids(flight, 2)]
-    assert rig.notes.ran_alone(JOB, "g") == (2, 4, 1, 1)
+    assert rig.notes.ran_alone(JOB, "g") == AloneNote(2, 4, strikes=1, blamed=1)
     assert not rig.failed
 
 
@@ -218,7 +218,8 @@ def test_requests_gone_meanwhile_are_neither_run_nor_noted() -> None:
     rig.policy.next_piece()
     assert rig.engine.added == [] and rig.notes.ran_alone(JOB, "g") is None
     rig.policy.next_piece()
-    assert rig.engine.ran() == [ids(flight, 1)] and rig.notes.ran_alone(JOB, "g") == (1, 3, 0, 0)
+    assert rig.engine.ran() == [ids(flight, 1)]
+    assert rig.notes.ran_alone(JOB, "g") == AloneNote(1, 3)
 
 
 def test_a_waiting_suspect_keeps_other_groups_out_and_is_taken_once_the_worker_is_idle() -> None:

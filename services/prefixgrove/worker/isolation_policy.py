@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from prefixgrove.jobs.redis_store.alone_note import AloneNote
 from prefixgrove.jobs.redis_store.queue import Lease
 from prefixgrove.jobs.request_errors import RequestError
 from prefixgrove.worker.engine_requests import EngineRequests
@@ -40,18 +41,10 @@ _STRIKES_TO_FAIL = 2
 class AloneNotes(Protocol):
     """Where a group's request running alone is noted (the job store)."""
 
-    def mark_alone(
-        self,
-        job_id: str,
-        group_id: str,
-        index: int,
-        delivery: int,
-        strikes: int = 0,
-        blamed: int = 0,
-    ) -> None: ...
+    def mark_alone(self, job_id: str, group_id: str, note: AloneNote) -> None: ...
 
-    def ran_alone(self, job_id: str, group_id: str) -> tuple[int, int, int, int] | None:
-        """(line index, delivery, strikes, blamed) of the last note, if any."""
+    def ran_alone(self, job_id: str, group_id: str) -> AloneNote | None:
+        """The last note, if any."""
 
 
 class SuspectQueue(Protocol):
@@ -129,10 +122,9 @@ class IsolationPolicy:
         last = self.notes.ran_alone(lease.job_id, lease.group_id)
         if last is None:
             return AloneHistory()
-        index, delivery, strikes, blamed = last
-        if delivery != lease.deliveries - 1:  # that worker ran on, or stopped cleanly
-            return AloneHistory(blamed)
-        return AloneHistory(blamed + 1, (index, strikes + 1))
+        if last.delivery != lease.deliveries - 1:  # that worker ran on, or stopped cleanly
+            return AloneHistory(last.blamed)
+        return AloneHistory(last.blamed + 1, (last.index, last.strikes + 1))
 
     def run_group(self, flight: InFlight, history: AloneHistory) -> None:
         """Hands a leased group's requests to the engine: all together, or one at a time once
@@ -209,6 +201,5 @@ class IsolationPolicy:
         index = flight.requests[rid][0]
         strikes = flight.strikes.get(rid, 0)
         lease = flight.lease
-        self.notes.mark_alone(
-            lease.job_id, lease.group_id, index, lease.deliveries, strikes, flight.blamed
-        )
+        note = AloneNote(index, lease.deliveries, strikes, flight.blamed)
+        self.notes.mark_alone(lease.job_id, lease.group_id, note)

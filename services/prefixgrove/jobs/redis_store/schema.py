@@ -103,10 +103,6 @@ def planner_key(instance: str) -> str:
     return f"{PREFIX}planner:{instance}"
 
 
-def alone_field(group_id: str) -> str:
-    return f"{group_id}:alone"
-
-
 def queue_key(model: str) -> str:
     return f"{PREFIX}queue:{model}"
 

@@ -15,6 +15,7 @@ from redis.commands.core import Script
 from prefixgrove.jobs.ingest import IngestedBatch, JobPlan
 from prefixgrove.jobs.output_lines import run_tag
 from prefixgrove.jobs.redis_store import schema
+from prefixgrove.jobs.redis_store.alone_note import AloneNote, alone_field
 from prefixgrove.jobs.redis_store.connection import Redis
 from prefixgrove.jobs.redis_store.idempotency import IdempotencyKeys
 from prefixgrove.jobs.redis_store.schema import (
@@ -259,30 +260,14 @@ class JobStore:
     def finish_group(self, job_id: str, group_id: str) -> bool:
         return bool(self._run(self._finish_group, job_id, [group_id, time.time()]))
 
-    def mark_alone(
-        self,
-        job_id: str,
-        group_id: str,
-        index: int,
-        delivery: int,
-        strikes: int = 0,
-        blamed: int = 0,
-    ) -> None:
-        """Notes the request a worker now runs alone, in which delivery of its group, at how many
-        earlier deaths it was the one running alone (its strikes), and how many of the group's
-        failed deliveries caught a request running alone (blamed on it, not on the group)."""
-        note = f"{index}:{delivery}:{strikes}:{blamed}"
-        self.r.hset(JobKeys(job_id).groups, schema.alone_field(group_id), note)
+    def mark_alone(self, job_id: str, group_id: str, note: AloneNote) -> None:
+        """Notes the request a worker now runs alone (alone_note.py)."""
+        self.r.hset(JobKeys(job_id).groups, alone_field(group_id), note.encode())
 
-    def ran_alone(self, job_id: str, group_id: str) -> tuple[int, int, int, int] | None:
-        """(line index, delivery, strikes, blamed) of the request of the group a worker last ran
-        alone."""
-        raw = self.r.hget(JobKeys(job_id).groups, schema.alone_field(group_id))
-        if raw is None:
-            return None
-        index, delivery, *counts = (int(x) for x in _s(raw).split(":"))  # type: ignore[arg-type]
-        strikes, blamed = [*counts, 0, 0][:2]  # a note written before these were kept: none
-        return index, delivery, strikes, blamed
+    def ran_alone(self, job_id: str, group_id: str) -> AloneNote | None:
+        """The note of the request of the group a worker last ran alone."""
+        raw = self.r.hget(JobKeys(job_id).groups, alone_field(group_id))
+        return None if raw is None else AloneNote.decode(raw)  # type: ignore[arg-type]
 
     def is_group_done(self, job_id: str, group_id: str) -> bool:
         return bool(self.r.sismember(JobKeys(job_id).done, group_id))
