@@ -40,31 +40,25 @@ def find_job(store: JobStore, job_id: str, context: grpc.ServicerContext) -> Job
     return job  # type: ignore[return-value]
 
 
+# JobRecord's fields that pb.Job carries under the same name, as they are
+_SAME_FIELDS = ("id", "idempotency_key", "model", "groups_total", "groups_done",
+                "prefix_tokens_saved", "prompt_tokens", "completion_tokens", "created_at",
+                "in_progress_at", "finished_at", "metadata")  # fmt: skip
+
+
 def job_to_pb(job: JobRecord, store: JobStore) -> pb.Job:
+    error = pb.JobError(code=job.error_code, message=job.error_message) if job.error_code else None
     return pb.Job(
-        id=job.id,
-        idempotency_key=job.idempotency_key,
-        model=job.model,
         state=_PB_STATES[job.state],
         request_counts=pb.RequestCounts(
             total=job.total, completed=job.completed, failed=job.failed
         ),
         queue=queue_depth_to_pb(store.job_queue(job)),
-        groups_total=job.groups_total,
-        groups_done=job.groups_done,
-        prefix_tokens_saved=job.prefix_tokens_saved,
-        prompt_tokens=job.prompt_tokens,
-        completion_tokens=job.completion_tokens,
-        created_at=job.created_at,
-        in_progress_at=job.in_progress_at,
-        finished_at=job.finished_at,
-        error=pb.JobError(code=job.error_code, message=job.error_message)
-        if job.error_code
-        else None,
-        metadata=job.metadata,
+        error=error,
         plan=plan_to_pb(job.plan) if job.plan else None,
         dry_run=bool(job.dry_run),
         eta_s=eta_seconds(job, time.time()),
+        **{name: getattr(job, name) for name in _SAME_FIELDS},
     )
 
 
