@@ -101,6 +101,18 @@ def gemma_arch_of(config: Any, arch: str) -> GemmaArch | None:
     )
 
 
+# ModelArch's fields that a transformers config holds as they are: ours -> the config's name
+_AS_IN_HF_CONFIG = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "intermediate_size": "intermediate_size",
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "rms_norm_eps": "rms_norm_eps",
+    "max_position_embeddings": "max_position_embeddings",
+}
+
+
 @dataclass(frozen=True)
 class ModelArch:
     """Shapes and switches of a Llama-family decoder; one type covers Llama 2/3, Mistral, Qwen2 and Qwen3."""
@@ -188,17 +200,10 @@ class ModelArch:
         qwen2 = arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
         return cls(
             architecture=arch,
-            vocab_size=config.vocab_size,
-            hidden_size=config.hidden_size,
-            intermediate_size=config.intermediate_size,
-            num_layers=config.num_hidden_layers,
-            num_heads=config.num_attention_heads,
             num_kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
             head_dim=head_dim,
-            rms_norm_eps=config.rms_norm_eps,
             rope_theta=float(theta if theta is not None else 10000.0),
             rope_scaling=dict(scaling) if scaling else None,
-            max_position_embeddings=config.max_position_embeddings,
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
             qkv_bias=qwen2 or bool(getattr(config, "attention_bias", False)),
             qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"),
@@ -206,4 +211,5 @@ class ModelArch:
             eos_token_ids=eos_ids,
             moe=moe_arch_of(config, config.num_hidden_layers),
             gemma=gemma_arch_of(config, arch),
+            **{ours: getattr(config, theirs) for ours, theirs in _AS_IN_HF_CONFIG.items()},
         )
