@@ -10,6 +10,8 @@ The features, per engine (one replica: `tensor_parallel` devices):
 - steps: prefill steps (prefill tokens over the step's token budget) and decode steps (decoded
   tokens over the batch: the engine's request limit, or what the KV cache holds);
 - decode_tokens: one per decoded token.
+Tensor parallelism adds its all-reduces to each prefill and decode step, in seconds measured per
+device kind and rank count (allreduce.py): no calibrated coefficient multiplies them.
 Replicas split a job's requests evenly; each device of a replica is busy while it runs.
 """
 
@@ -18,9 +20,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from prefixgrove.costmodel.allreduce import (
+    all_reduce_curve,
+    all_reduce_seconds,
+    all_reduces_per_step,
+)
 from prefixgrove.costmodel.calibration import Calibration
 from prefixgrove.costmodel.devices import DeviceKind
-from prefixgrove.costmodel.shape import ModelShape
+from prefixgrove.costmodel.shape import ModelShape, dtype_bytes
 from prefixgrove.costmodel.workload import Workload
 
 
@@ -60,6 +67,7 @@ class Prediction:
     features: dict[str, float]
     calibration: str  # the table's row, "KIND/DTYPE"
     borrowed: bool  # the row is another kind's
+    all_reduces_measured: bool = True  # False: tensor parallel on a kind without a curve
 
     @property
     def engine_s(self) -> float:
@@ -83,6 +91,7 @@ def features(work: Workload, shape: ModelShape, where: Placement, cal: Calibrati
     batch = batch_size(work, shape, where)
     decode_steps = max(work.decode_tokens / batch, work.longest_decode) if batch else 0.0
     kv = shape.kv_bytes_per_token(where.kv_dtype)
+    prefill_steps = math.ceil(work.prefill_tokens / where.max_num_batched_tokens)
     return {
         "prefill_compute": (work.prefill_tokens * linear + work.requests * head) / matmul
         + shape.attention_flops(work.prefill_pairs) / attention,
@@ -92,25 +101,45 @@ def features(work: Workload, shape: ModelShape, where: Placement, cal: Calibrati
             decode_steps * shape.weight_bytes(where.weight_dtype) + work.decode_kv_reads * kv
         )
         / bandwidth,
-        "prefill_steps": math.ceil(work.prefill_tokens / where.max_num_batched_tokens),
+        "prefill_steps": prefill_steps,
         "decode_steps": decode_steps,
         "decode_tokens": float(work.decode_tokens),
         "batch": batch,
+        "prefill_all_reduce": _all_reduce_s(
+            shape, where, prefill_steps, work.prefill_tokens / max(prefill_steps, 1)
+        ),
+        "decode_all_reduce": _all_reduce_s(shape, where, decode_steps, batch),
     }
+
+
+def _all_reduce_s(shape: ModelShape, where: Placement, steps: float, rows: float) -> float:
+    """Seconds of the all-reduces of `steps` steps of `rows` rows each (0 without tensor
+    parallelism, or on a kind whose all-reduces were never measured)."""
+    curve = all_reduce_curve(where.kind.name, where.tensor_parallel)
+    if where.tensor_parallel == 1 or curve is None or not steps:
+        return 0.0
+    nbytes = rows * shape.hidden * dtype_bytes(where.activation_dtype)
+    return steps * all_reduces_per_step(shape.layers) * all_reduce_seconds(curve, nbytes)
 
 
 def predict(work: Workload, shape: ModelShape, where: Placement, cal: Calibration) -> Prediction:
     """One engine's prefill and decode seconds for the whole job."""
     f = features(work, shape, where, cal)
     c = cal.coefficients
-    prefill = c.prefill_compute * f["prefill_compute"] + c.steps * f["prefill_steps"]
+    prefill = (
+        c.prefill_compute * f["prefill_compute"]
+        + c.steps * f["prefill_steps"]
+        + f["prefill_all_reduce"]
+    )
     decode = (
         c.decode_compute * f["decode_compute"]
         + c.decode_memory * f["decode_memory"]
         + c.steps * f["decode_steps"]
         + c.decode_tokens * f["decode_tokens"]
+        + f["decode_all_reduce"]
     )
-    return Prediction(prefill, decode, f["batch"], f, cal.key, cal.borrowed)
+    measured = where.tensor_parallel == 1 or all_reduce_curve(where.kind.name, where.tensor_parallel) is not None  # fmt: skip
+    return Prediction(prefill, decode, f["batch"], f, cal.key, cal.borrowed, measured)
 
 
 def fit_row(f: dict[str, float]) -> list[float]:
