@@ -18,7 +18,7 @@
 Prints one JSON line per measurement. Usage:
   python benchmarks/moe.py roofline [--model qwen3-30b-a3b-random] [--tokens 64,256,512,4096]
   python benchmarks/moe.py tune [--tokens 1,16,64,128,256,512,1024,4096]
-  python benchmarks/moe.py canonical --groups 64
+  python benchmarks/moe.py canonical [--groups 32]
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=["roofline", "tune", "canonical"])
     ap.add_argument("--tokens", type=lambda s: [int(x) for x in s.split(",")], default=None)
-    add_canonical_args(ap, groups=64)
+    add_canonical_args(ap, groups=32)  # one wave of 512: the per-expert loop takes minutes
     ap.set_defaults(model="qwen3-30b-a3b-random")
     args = ap.parse_args()
     defaults = {"roofline": [64, 256, 512, 4096], "tune": [1, 16, 64, 128, 256, 512, 1024, 4096]}
