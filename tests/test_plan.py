@@ -97,6 +97,21 @@ def test_every_kind_is_predicted_and_the_cost_follows_the_price(
     assert result["devices"]["a100"]["borrowed"]
 
 
+def test_tensor_parallel_plans_add_the_measured_all_reduces_or_say_they_are_left_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = job(tmp_path, exact_lines(8, max_tokens=20))
+    devices = plan(path, capsys, "--gpus", "2", "--tensor-parallel-size", "2")["devices"]
+    assert devices["h200"]["all_reduces_measured"] and devices["h100"]["all_reduces_measured"]
+    assert not devices["a100"]["all_reduces_measured"]
+    assert cli(["plan", str(path), "--model", MODEL, "--max-model-len", str(MAX_MODEL_LEN),
+                "--gpus", "2", "--tensor-parallel-size", "2"]) == 0  # fmt: skip
+    lines = {line.split()[0].rstrip("*"): line for line in capsys.readouterr().out.splitlines()
+             if line.split() and line.split()[0].rstrip("*") in devices}  # fmt: skip
+    assert "all-reduces not measured" in lines["a100"]
+    assert "all-reduces not measured" not in lines["h200"]
+
+
 def test_a_kind_that_cannot_run_the_engine_says_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     result = plan(job(tmp_path, exact_lines(2)), capsys, "--quantization", "fp8")
     assert "a100 has none" in result["devices"]["a100"]

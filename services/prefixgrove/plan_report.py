@@ -58,9 +58,11 @@ def _device_line(kind: str, d: DeviceEstimate) -> str:
     low, high = d.wall_s_range
     span = f"{duration(low)} - {duration(high)}"
     cost = "-" if d.cost is None else f"{d.cost:,.2f}"
-    borrowed = " (no run of this kind: borrowed)" if d.borrowed else ""
+    notes = " (no run of this kind: borrowed)" if d.borrowed else ""
+    if not d.all_reduces_measured:
+        notes += " (its all-reduces not measured: left out)"
     return (
         f"{kind:<6} {d.gpus:>4} {d.tensor_parallel:>3} {duration(d.prefill_s):>9} "
         f"{duration(d.decode_s):>9} {d.gpu_hours:>10.3f} {duration(d.wall_s):>9}  {span:<21} "
-        f"{cost:>10}  {d.calibration}{borrowed}"
+        f"{cost:>10}  {d.calibration}{notes}"
     )

@@ -34,6 +34,8 @@ class DeviceEstimate:
     cost: float | None  # at the price given
     calibration: str  # the table's row
     borrowed: bool  # that row was fitted to another kind's runs
+    # False: tensor parallel on a kind whose all-reduces were never measured (left out of the time)
+    all_reduces_measured: bool = True
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,7 @@ def _on(
         cost=None if price is None else hours * price,
         calibration=best.calibration,
         borrowed=best.borrowed,
+        all_reduces_measured=best.all_reduces_measured,
     )
 
 
