@@ -213,5 +213,4 @@ class LLMEngine:
     def close(self) -> None:
         """Stops the engine's other ranks, if it spans devices (at exit otherwise)."""
         if self.followers is not None:
-            self.runner.release_graphs()  # before the group's teardown, which waits for them
-            self.followers.close()
+            self.followers.close()  # the runner's decode graphs first, then the group

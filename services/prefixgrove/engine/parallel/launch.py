@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -78,6 +79,9 @@ class Followers:
     link: FollowerLink
     closing: bool = False
     _watchers: list[threading.Thread] = field(default_factory=list)
+    # Rank 0's runner, weakly (the exit hook must not keep an engine's memory alive): its decode
+    # graphs go before the group's teardown, which waits for them
+    runner: weakref.ref[ModelRunner] | None = None
 
     def watch(self) -> None:
         for rank, process in enumerate(self.processes, start=1):
@@ -118,6 +122,9 @@ class Followers:
         if self.closing:
             return
         self.closing = True
+        runner = self.runner() if self.runner is not None else None
+        if runner is not None:
+            runner.release_graphs()
         with contextlib.suppress(OSError):  # a follower already gone
             self.link.send("stop")
         if dist.is_initialized():
@@ -175,4 +182,5 @@ def start_runner(config: EngineConfig) -> tuple[ModelRunner, Followers | None]:
     parallel, followers = start_followers(config)
     runner = ModelRunner(config, parallel)
     runner.link = followers.link
+    followers.runner = weakref.ref(runner)  # closed at exit too, where no one closed the engine
     return runner, followers
