@@ -44,7 +44,7 @@ def built(monkeypatch: pytest.MonkeyPatch) -> list[EngineConfig]:
         configs.append(config)
         init(self, config)
 
-    def worker(settings: Any, engine: Any) -> Any:
+    def worker(settings: Any, engine: Any, *rest: Any) -> Any:  # the engine is built by now
         raise _Built
 
     monkeypatch.setattr(llm_engine.LLMEngine, "__init__", record)
