@@ -243,11 +243,14 @@ def run_job(
         counts = got.request_counts
         progress = (counts.completed + counts.failed) / max(counts.total, 1)
         while pending and pending[0].mark <= progress:
-            kill = pending.pop(0)
+            kill = pending[0]
             killed = fire(stack, kill, run.job_id, streams)
-            run.kills[kill.kind] += killed is not None
+            if killed is None:  # every target is down (killed, or dead by a poison request): the
+                break  # fault waits for one to be back, and the later ones behind it, in order
+            pending.pop(0)
+            run.kills[kill.kind] += 1
             _log(f"+{time.monotonic() - started:.1f} s, {progress:.3f} answered: kill {kill.kind} "
-                 f"{'(none up)' if killed is None else killed}, down {kill.down_s} s")  # fmt: skip
+                 f"{killed}, down {kill.down_s} s")  # fmt: skip
         time.sleep(_POLL_S)
 
 
