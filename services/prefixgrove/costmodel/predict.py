@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 from prefixgrove.costmodel.allreduce import (
+    Curve,
     all_reduce_curve,
     all_reduce_seconds,
     all_reduces_per_step,
@@ -112,11 +113,18 @@ def features(work: Workload, shape: ModelShape, where: Placement, cal: Calibrati
     }
 
 
+def _curve(where: Placement) -> Curve | None:
+    """The all-reduce curve of `where`'s ranks; None without tensor parallelism or where its kind's
+    all-reduces were never measured."""
+    if where.tensor_parallel == 1:
+        return None
+    return all_reduce_curve(where.kind.name, where.tensor_parallel)
+
+
 def _all_reduce_s(shape: ModelShape, where: Placement, steps: float, rows: float) -> float:
-    """Seconds of the all-reduces of `steps` steps of `rows` rows each (0 without tensor
-    parallelism, or on a kind whose all-reduces were never measured)."""
-    curve = all_reduce_curve(where.kind.name, where.tensor_parallel)
-    if where.tensor_parallel == 1 or curve is None or not steps:
+    """Seconds of the all-reduces of `steps` steps of `rows` rows each (0 where `_curve` is None)."""
+    curve = _curve(where)
+    if curve is None or not steps:
         return 0.0
     nbytes = rows * shape.hidden * dtype_bytes(where.activation_dtype)
     return steps * all_reduces_per_step(shape.layers) * all_reduce_seconds(curve, nbytes)
@@ -138,7 +146,7 @@ def predict(work: Workload, shape: ModelShape, where: Placement, cal: Calibratio
         + c.decode_tokens * f["decode_tokens"]
         + f["decode_all_reduce"]
     )
-    measured = where.tensor_parallel == 1 or all_reduce_curve(where.kind.name, where.tensor_parallel) is not None  # fmt: skip
+    measured = where.tensor_parallel == 1 or _curve(where) is not None
     return Prediction(prefill, decode, f["batch"], f, cal.key, cal.borrowed, measured)
 
 
