@@ -212,12 +212,14 @@ def canonical(args: argparse.Namespace) -> None:
     ):
         SparseMoe.forward = forward  # type: ignore[method-assign]
         args.enforce_eager = eager
-        record = batchllm.run_mode("group-cascade", prompts, args)
+        try:
+            record = batchllm.run_mode("group-cascade", prompts, args)
+        finally:
+            SparseMoe.forward = fused_forward  # type: ignore[method-assign]
         records[way] = record
         emit({**record, "bench": "moe.canonical", "model": args.model, "way": way})
         gc.collect()
         torch.cuda.empty_cache()
-    SparseMoe.forward = fused_forward  # type: ignore[method-assign]
     loop = records["per-expert-loop"]["requests_per_s"]
     emit({
         "bench": "moe.canonical.ratios", "device": device_name(), "model": args.model,
