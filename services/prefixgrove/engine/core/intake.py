@@ -60,7 +60,8 @@ class Intake:
         self._seeds = random.Random(self.config.model.seed)
 
     def prepare(self, params: SamplingParams) -> SamplingParams:
-        """The engine's own checked copy of `params`: ValueError naming the field."""
+        """The engine's own checked copy of `params` (they may have changed since they were made):
+        ValueError naming the field; token ids are checked against the vocabulary."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"expected SamplingParams, got {type(params).__name__}")
         prepared = params.prepared(self.tokenizer, self.eos_token_ids)
@@ -91,7 +92,7 @@ class Intake:
         return resolved
 
     def validate(self, prompt_token_ids: Seq[int], params: SamplingParams) -> list[int]:
-        """Raises ValueError naming the problem; returns the ids as Python ints."""
+        """Raises ValueError naming the problem (nothing is queued); returns the ids as Python ints."""
         ids = checked_token_ids(prompt_token_ids, self.config.model.arch.vocab_size)
         if params.structured_outputs is not None:  # compiled once per constraint, then cached
             self.grammars.compile(params.structured_outputs)
@@ -127,7 +128,11 @@ class Intake:
         *,
         validated: bool = False,
     ) -> None:
-        """Queues one request (`LLMEngine.add_request`)."""
+        """Queues one request; `params` become the engine's own checked copy (`prepare`) unless they
+        are one already. validated: its ids are the list `validate` returned for these params
+        (LLM.generate checks a whole job before queuing any of it), not checked or copied again.
+        With params.n = k > 1 its k samples share the whole prompt as a group, and it is answered
+        once, when all k finished (as `LLM.generate` answers it)."""
         if params.n > 1:
             group = PrefixGroup(len(prompt_token_ids), (0,))
             self.add_group(request_id, group, [(request_id, prompt_token_ids, params)],
@@ -150,7 +155,15 @@ class Intake:
         *,
         validated: bool = False,
     ) -> None:
-        """Queues a group's requests, their shared prefix computed once (`LLMEngine.add_group`)."""
+        """Adds `requests[i]` for each position i of the group; the prefix their prompts share is
+        computed once for all.
+
+        The prefix is cut to whole KV blocks and to leave every request at least one token of its own.
+        If nothing worth sharing is left, or a request does not start with the prefix (the planner
+        groups by block hashes), the requests run on their own. Every request is checked before any
+        is queued (validated: as in `add_request`, their ids were checked already). A request of
+        n > 1 samples takes part with all of them.
+        """
         begin = time.perf_counter()
         members = self._check_group(group_id, group, requests, validated)
         # A request asking for prompt logprobs needs logits at every prompt position, which a shared

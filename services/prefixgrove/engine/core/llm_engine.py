@@ -12,13 +12,11 @@ from collections.abc import Sequence as Seq
 
 from prefixgrove.catalog.generation import generation_eos_token_ids
 from prefixgrove.catalog.presets import load_tokenizer
-from prefixgrove.grouping import PrefixGroup
 
 from ..config import EngineConfig
 from ..parallel.launch import start_runner
 from ..sampling.output_processor import OutputProcessor
 from ..sampling.outputs import RequestOutput
-from ..sampling.sampling_params import SamplingParams
 from ..steps.ahead import AheadSteps
 from ..steps.jump_forward import JumpForward
 from ..steps.ledger import StepLedger, StepParts
@@ -27,7 +25,7 @@ from ..steps.windows import DecodeWindows
 from ..structured.grammars import GrammarCompiler
 from .block_manager import BlockManager
 from .in_flight_tokens import InFlightTokens
-from .intake import Intake, NewRequest
+from .intake import Intake
 from .metrics import EngineMetrics
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import SeqStatus
@@ -70,6 +68,11 @@ class LLMEngine:
             runner=self.runner,
             metrics=self.metrics,
         )
+        # Taking requests in is the intake's job: its methods are the engine's (intake.py).
+        self.prepare = self.intake.prepare
+        self.validate = self.intake.validate
+        self.add_request = self.intake.add_request
+        self.add_group = self.intake.add_group
         self._build_steps()
         # Requests that finished outside a step (an abort waits for the work in flight), for the
         # next step to return.
@@ -84,52 +87,6 @@ class LLMEngine:
         self.plain = PlainSteps(parts)
         self.ahead = AheadSteps(parts, s)
         self.jump_forward = JumpForward(parts, s, self.runner)
-
-    # -- intake (intake.py) -----------------------------------------------------------------------------
-
-    def prepare(self, params: SamplingParams) -> SamplingParams:
-        """The engine's own checked copy of `params` (they may have changed since they were made):
-        ValueError naming the field; token ids are checked against the vocabulary."""
-        return self.intake.prepare(params)
-
-    def validate(self, prompt_token_ids: Seq[int], params: SamplingParams) -> list[int]:
-        """Raises ValueError naming the problem (nothing is queued); returns the ids as Python ints."""
-        return self.intake.validate(prompt_token_ids, params)
-
-    def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: Seq[int],
-        params: SamplingParams,
-        prompt: str | None = None,
-        *,
-        validated: bool = False,
-    ) -> None:
-        """Queues one request; `params` become the engine's own checked copy (`prepare`) unless they
-        are one already. validated: its ids are the list `validate` returned for these params
-        (LLM.generate checks a whole job before queuing any of it), not checked or copied again.
-        With params.n = k > 1 its k samples share the whole prompt as a group, and it is answered
-        once, when all k finished (as `LLM.generate` answers it)."""
-        self.intake.add_request(request_id, prompt_token_ids, params, prompt, validated=validated)
-
-    def add_group(
-        self,
-        group_id: str,
-        group: PrefixGroup,
-        requests: Seq[NewRequest],
-        *,
-        validated: bool = False,
-    ) -> None:
-        """Adds `requests[i]` for each position i of the group; the prefix their prompts share is
-        computed once for all.
-
-        The prefix is cut to whole KV blocks and to leave every request at least one token of its own.
-        If nothing worth sharing is left, or a request does not start with the prefix (the planner
-        groups by block hashes), the requests run on their own. Every request is checked before any
-        is queued (validated: as in `add_request`, their ids were checked already). A request of
-        n > 1 samples takes part with all of them.
-        """
-        self.intake.add_group(group_id, group, requests, validated=validated)
 
     def abort(self, request_ids: Seq[str]) -> None:
         flight = self.ahead.take()
