@@ -50,6 +50,11 @@ class CausalLM(nn.Module, ABC):
         super().__init__()
         self.arch = arch
         self.parallel = parallel or TensorParallel.single()
+        self.build(max_positions, ops)
+
+    @abstractmethod
+    def build(self, max_positions: int, ops: ModelOps) -> None:
+        """Creates the family's layers and buffers for `self.arch` (run once, by `__init__`)."""
 
     @abstractmethod
     def forward(

@@ -216,14 +216,8 @@ _FUSED = {
 class LlamaForCausalLM(CausalLM):
     attention: type[Attention] = Attention  # a variant's own attention (OLMoE's q/k norms)
 
-    def __init__(
-        self,
-        arch: ModelArch,
-        max_positions: int,
-        ops: ModelOps,
-        parallel: TensorParallel | None = None,
-    ) -> None:
-        super().__init__(arch, max_positions, ops, parallel)
+    def build(self, max_positions: int, ops: ModelOps) -> None:
+        arch = self.arch
         p, local = self.parallel, local_arch(arch, self.parallel.size)
         self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, p)
         self.layers = nn.ModuleList(
