@@ -53,17 +53,9 @@ class QuantizedRows:
 class Fp8Linear(Fp8Layer):
     """y = x @ W.T (+ bias) with W in e4m3 and per-output-channel scales, x quantized per token."""
 
-    def __init__(
-        self,
-        weight: torch.Tensor,
-        weight_scale: torch.Tensor,
-        bias: torch.Tensor | None,
-        out_dtype: torch.dtype,
-        input_scale: torch.Tensor | None = None,
-    ) -> None:
-        super().__init__(weight, weight_scale, bias, out_dtype)
-        # A checkpoint's static activation scale (one for the layer); None: per token at run time.
-        self.input_scale = None if input_scale is None else float(input_scale)
+    # A checkpoint's static activation scale (one for the layer, set by `from_linear`); None: per
+    # token at run time.
+    input_scale: float | None = None
 
     def held_scales(self, weight_scale: torch.Tensor) -> torch.Tensor:
         scale = weight_scale.float().reshape(-1)
@@ -92,7 +84,10 @@ class Fp8Linear(Fp8Layer):
             scale = weight_scale.float().reshape(-1, 1).to(weight.device)
             q = to_e4m3_ref(weight, scale)
         bias = None if linear.bias is None else linear.bias.detach()
-        return cls(q, scale, bias, weight.dtype, input_scale)
+        layer = cls(q, scale, bias, weight.dtype)
+        if input_scale is not None:
+            layer.input_scale = float(input_scale)
+        return layer
 
     def _quantize_input(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.input_scale is None:
