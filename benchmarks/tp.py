@@ -6,13 +6,14 @@ agreement with one GPU.
              smallest that fits, scaled by --flops-ratio when that size ran another model)
   allreduce  the all-reduce of one decode step's hidden states ([rows, hidden] bf16) on --tp-sizes
              GPUs, replayed from a CUDA graph as the decode graphs replay it: microseconds each,
-             and per decode step (two per layer, one for the embedding)
+             and per decode step (two per layer, one for the embedding), for each of --ways
+             (NCCL, the peer-memory one-shot and two-shot, and `auto`, the engine's choice)
   agreement  teacher-forced top-1 agreement of TP = N with TP = 1 in bf16: TP = 1 generates
              greedily, TP = N scores the same sequences (prompt logprobs); the share of generated
              positions whose top-1 is the token TP = 1 chose
 Prints one JSON line per measurement. Usage:
   python benchmarks/tp.py canonical --tp-sizes 1,2,4 [--groups 400] [--baseline-req-per-s X] [engine flags]
-  python benchmarks/tp.py allreduce --tp-sizes 2,4 [--hidden 4096 --layers 32]
+  python benchmarks/tp.py allreduce --tp-sizes 2,4 [--hidden 4096 --layers 32] [--ways nccl,auto]
   python benchmarks/tp.py agreement --tp-sizes 2,4 [--model llama-3.1-8b-random]
 """
 
@@ -78,25 +79,35 @@ def _allreduce_rank(rank: int, size: int, args: argparse.Namespace, path: str) -
     from prefixgrove.engine.parallel.launch import join_group
 
     port = 29600 + size
-    join_group(rank, size, "cuda", f"tcp://127.0.0.1:{port}")
-    parallel = TensorParallel(rank, size, torch.distributed.group.WORLD)
+    parallel = join_group(rank, size, "cuda", f"tcp://127.0.0.1:{port}")
+    peer = parallel.peer
+    nccl = TensorParallel(rank, size, parallel.group)  # the same group, NCCL only
+    ways = {
+        "nccl": nccl.all_reduce,
+        "auto": parallel.all_reduce,  # what the engine calls: peer memory where it takes x
+        "one-shot": lambda x: peer(x, "one-shot"),  # type: ignore[misc]
+        "two-shot": lambda x: peer(x, "two-shot"),  # type: ignore[misc]
+    }
     for rows in args.rows:
         x = torch.randn(rows, args.hidden, dtype=torch.bfloat16, device=f"cuda:{rank}")
-        us = _graphed_us(lambda x=x: parallel.all_reduce(x), reps=50)
-        if rank == 0:
-            record = {
-                "bench": "tp.allreduce",
-                "device": device_name(),
-                "tensor_parallel_size": size,
-                "rows": rows,
-                "hidden": args.hidden,
-                "bytes": x.numel() * x.element_size(),
-                "us_per_allreduce": us,
-                "us_per_decode_step": us * (2 * args.layers + 1),
-            }
-            with open(path, "a") as f:
-                f.write(json.dumps(record) + "\n")
+        for way in args.ways:
+            if way in ("one-shot", "two-shot") and (peer is None or not peer.takes(x)):
+                continue  # a message the peer buffer does not take, or no peer memory here
+            us = _graphed_us(lambda x=x, way=way: ways[way](x), reps=50)
+            if rank == 0:
+                _append(path, {
+                    "bench": "tp.allreduce", "device": device_name(), "tensor_parallel_size": size,
+                    "way": way, "rows": rows, "hidden": args.hidden,
+                    "bytes": x.numel() * x.element_size(), "us_per_allreduce": us,
+                    "us_per_decode_step": us * (2 * args.layers + 1),
+                })  # fmt: skip
+    parallel.peer = None  # its buffer goes before the group
     torch.distributed.destroy_process_group()
+
+
+def _append(path: str, record: dict[str, Any]) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
 
 
 def _graphed_us(fn: Any, reps: int) -> float:
@@ -190,6 +201,12 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--rows", type=lambda s: [int(x) for x in s.split(",")], default=[1, 64, 512])
+    ap.add_argument(
+        "--ways",
+        type=lambda s: s.split(","),
+        default=["nccl", "one-shot", "two-shot", "auto"],
+        help="allreduce: NCCL, peer memory one-shot / two-shot, and the engine's choice",
+    )
     ap.add_argument("--sequences", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--out", default="")
@@ -208,7 +225,7 @@ def main() -> None:
 
 
 _OWN = {"--tp-sizes", "--groups", "--flops-ratio", "--baseline-req-per-s", "--hidden", "--layers", "--rows",
-        "--sequences", "--output-len", "--out", "--tp"}  # fmt: skip
+        "--ways", "--sequences", "--output-len", "--out", "--tp"}  # fmt: skip
 
 
 def _engine_flags(argv: list[str]) -> list[str]:

@@ -74,6 +74,10 @@ class EngineSettings:
         None, "devices one engine spans, one process each, the model split across them; unset: "
         "1, and for a worker every GPU it was given"
     )  # fmt: skip
+    disable_custom_all_reduce: bool = _knob(
+        False, "tensor parallel on GPUs: every all-reduce through NCCL; off: decode-sized ones "
+        "over the GPUs' peer memory where they can map it"
+    )  # fmt: skip
     attention_backend: str = _knob(
         "auto", "triton, torch or auto (triton on a GPU where the head size fits its kernels)"
     )

@@ -146,11 +146,12 @@ def test_a_size_that_does_not_divide_the_heads_is_refused_by_name() -> None:
         LLM("tiny-random-llama", device="cpu", tensor_parallel_size=3)
 
 
-def _script(body: str) -> subprocess.Popen[str]:
-    """`body` in a Python process of its own, the checkout's roots first on its path, then the
-    path this one was given (a machine's folder of wheels)."""
+def _script(body: str, **variables: str) -> subprocess.Popen[str]:
+    """`body` in a Python process of its own (with environment `variables`), the checkout's roots
+    first on its path, then the path this one was given (a machine's folder of wheels)."""
     roots = [str(REPO / p) for p in ("services", "kernels", "operator", "proto")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*roots, os.environ.get("PYTHONPATH", "")])}
+    path = os.pathsep.join([*roots, os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, **variables, "PYTHONPATH": path}
     return subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(body)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -217,3 +218,25 @@ def test_a_worker_spans_every_gpu_it_was_given_unless_told(monkeypatch: pytest.M
     finally:
         engine.close()
     assert make_engine("tiny-random-llama", EngineSettings(device="cpu")).followers is None
+
+
+def test_a_hung_rank_ends_the_engine_with_a_clear_error() -> None:
+    proc = _script(
+        """
+        import os, signal
+        from prefixgrove import LLM, SamplingParams
+        llm = LLM("tiny-random-llama", device="cpu", tensor_parallel_size=2, skip_tokenizer_init=True)
+        follower = llm.engine.followers.processes[0].pid
+        print(follower, flush=True)
+        os.kill(follower, signal.SIGSTOP)  # alive, and answering nothing
+        while True:
+            llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=50), use_tqdm=False)
+        """,
+        PREFIXGROVE_TP_TIMEOUT_S="5",
+    )
+    assert proc.stdout is not None
+    follower = int(proc.stdout.readline())
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == RANK_LOST_EXIT, err[-2000:]
+    assert "collective failed with every rank alive" in err and "PREFIXGROVE_TP_TIMEOUT_S" in err
+    assert not _alive(follower), "the hung rank was left behind"

@@ -3,9 +3,13 @@ captured): 2 and 4 ranks compute what one computes in fp32, and a lost rank ends
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -34,6 +38,8 @@ def _outputs(model: str, size: int) -> list:
               gpu_memory_utilization=0.3)  # fmt: skip
     try:
         assert llm.engine.runner.graphs is not None, "the decode steps must replay graphs"
+        if size > 1:
+            assert llm.engine.runner.parallel.peer is not None, "these GPUs map each other's memory"
         return run(llm, prompts, params)
     finally:
         llm.engine.close()
@@ -44,6 +50,16 @@ def test_fp32_ranks_with_graphs_compute_what_one_gpu_computes(qwen2_dir: str, si
     _needs(size)
     one = _outputs(qwen2_dir, 1)
     assert_same_tokens_and_logprobs(one, _outputs(qwen2_dir, size), tolerance=1e-3)
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_the_peer_all_reduce_sums_what_nccl_sums(size: int) -> None:
+    _needs(size)
+    check = Path(__file__).with_name("peer_allreduce_check.py")
+    proc = subprocess.run(
+        [sys.executable, str(check), str(size)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def test_a_rank_killed_mid_step_ends_the_engine_within_a_minute() -> None:
@@ -74,3 +90,36 @@ def test_a_rank_killed_mid_step_ends_the_engine_within_a_minute() -> None:
     assert proc.returncode == RANK_LOST_EXIT, err[-3000:]
     assert "tensor-parallel rank 1" in err
     print(f"ended {time.monotonic() - killed - 3.0:.1f} s after the kill")
+
+
+def test_a_hung_rank_ends_the_engine_within_its_timeout() -> None:
+    """A stopped follower answers nothing: rank 0's next collective times out (the peer
+    all-reduce's barrier waits with it) and the engine ends, not waits."""
+    _needs(2)
+    body = """
+        import os, signal, threading
+        from prefixgrove import LLM, SamplingParams
+        llm = LLM("tiny-random-llama", tensor_parallel_size=2, skip_tokenizer_init=True,
+                  gpu_memory_utilization=0.3)
+        pid = llm.engine.followers.processes[0].pid
+        threading.Timer(3.0, os.kill, (pid, signal.SIGSTOP)).start()
+        print(pid, flush=True)
+        while True:
+            llm.generate([{"prompt_token_ids": [1, 2, 3]}] * 64,
+                         SamplingParams(max_tokens=2000, ignore_eos=True), use_tqdm=False)
+    """  # fmt: skip
+    proc = _script(body, PREFIXGROVE_TP_TIMEOUT_S="20")
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if not line.isdigit():
+        proc.kill()
+        raise AssertionError(f"the engine did not start: {proc.communicate()[1][-3000:]}")
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)
+        raise AssertionError("the engine outlived its hung rank by two minutes") from None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(line), signal.SIGKILL)  # NCCL's watchdog may end rank 0 first
+    assert proc.returncode != 0, err[-3000:]

@@ -128,6 +128,8 @@ class EngineConfig:
     # Ranks of one engine, one process and one device each (engine/parallel/): the model's heads,
     # columns and vocabulary are split over them
     tensor_parallel_size: int = 1
+    # The ranks' all-reduces always through NCCL, never over peer memory (parallel/peer_allreduce.py)
+    disable_custom_all_reduce: bool = False
     tokenizer: str | None = None
     # No tokenizer is loaded: prompts come as token ids and outputs carry ids only (vLLM's option)
     skip_tokenizer_init: bool = False
@@ -236,6 +238,7 @@ class EngineConfig:
             # the torch references synchronise: no CUDA graphs
             enforce_eager=s.enforce_eager or not cuda or backend == "torch",
             tensor_parallel_size=s.tensor_parallel_size or 1,
+            disable_custom_all_reduce=s.disable_custom_all_reduce,
             tokenizer=s.tokenizer,
             skip_tokenizer_init=s.skip_tokenizer_init,
         )

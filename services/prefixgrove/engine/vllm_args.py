@@ -44,9 +44,7 @@ _WHY = {
     "convert": "only generation and embeddings are served",
 }
 # Accepted and without effect here: they tune what vLLM does and prefixgrove does not.
-IGNORED = frozenset(
-    {"swap_space", "disable_log_stats", "max_seq_len_to_capture", "disable_custom_all_reduce"}
-)
+IGNORED = frozenset({"swap_space", "disable_log_stats", "max_seq_len_to_capture"})
 
 
 # vLLM's methods of `LLM` that prefixgrove's does not have, and what each would have done.

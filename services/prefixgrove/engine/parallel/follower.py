@@ -115,7 +115,13 @@ def main() -> None:
     threading.Thread(target=_exit_with_parent, daemon=True).start()
     if config.device == "cpu":  # the ranks share the machine's cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.tensor_parallel_size))
-    parallel = join_group(rank, config.tensor_parallel_size, config.device, init_method)
+    parallel = join_group(
+        rank,
+        config.tensor_parallel_size,
+        config.device,
+        init_method,
+        not config.disable_custom_all_reduce,
+    )
     runner = ModelRunner(config, parallel)
     os._exit(follow(runner, connection))  # no interpreter teardown: the group is gone
 

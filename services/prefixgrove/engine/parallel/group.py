@@ -2,29 +2,36 @@
 
 One engine of N ranks runs one process per device. Each layer holds its rank's shard (heads, columns,
 rows, vocabulary rows) and meets the others in an all-reduce after each row-parallel product and an
-all-gather of the vocabulary's logits. With N = 1 every collective is the identity and nothing of
+all-gather of the vocabulary's logits. On GPUs that map each other's memory the all-reduces of decode-sized
+messages go through `peer_allreduce` rather than NCCL. With N = 1 every collective is the identity and nothing of
 torch.distributed is touched, so a single-device engine runs exactly as it did.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from .peer_allreduce import PeerAllReduce
 
 # torch 2.13 renamed all_gather_into_tensor; the GPU machine's torch 2.11 has only the old name
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class TensorParallel:
-    def __init__(self, rank: int = 0, size: int = 1, group: Any = None) -> None:
+    def __init__(
+        self, rank: int = 0, size: int = 1, group: Any = None, peer: PeerAllReduce | None = None
+    ) -> None:
         if not 0 <= rank < size:
             raise ValueError(f"rank {rank} is outside a tensor-parallel group of {size}")
         self.rank = rank
         self.size = size
         self.group = group
+        self.peer = peer  # the all-reduce over peer memory, where the GPUs have one
         # Called with the error when a collective fails (gloo raises when a peer is gone): rank 0
         # finds out which rank was lost and ends the engine (launch.Followers)
         self.on_error: Callable[[BaseException], None] | None = None
@@ -47,9 +54,13 @@ class TensorParallel:
         return self.rank == 0
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sums `x` over the ranks, in place (a row-parallel product's partial sums)."""
-        if self.size > 1:
-            self._collective(dist.all_reduce, x, group=self.group)
+        """Sums `x` over the ranks (a row-parallel product's partial sums): in place through NCCL
+        or gloo, into a new tensor through peer memory. Callers use the returned tensor."""
+        if self.size == 1:
+            return x
+        if self.peer is not None and self.peer.takes(x):
+            return self.peer(x)
+        self._collective(dist.all_reduce, x, group=self.group)
         return x
 
     def gather_columns(self, x: torch.Tensor) -> torch.Tensor:

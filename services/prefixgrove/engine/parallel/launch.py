@@ -9,7 +9,9 @@ NCCL on GPUs, gloo on the CPU.
 A lost rank is a lost engine: every step needs every shard. When a follower exits while the engine
 runs, rank 0 logs which one and how, and ends its own process with RANK_LOST_EXIT (a collective it
 may be blocked in would otherwise wait for the timeout). A follower ends when rank 0's pipe closes.
-A rank that hangs inside a collective is ended by the collective's timeout, PREFIXGROVE_TP_TIMEOUT_S.
+A rank that hangs makes rank 0's next collective time out (PREFIXGROVE_TP_TIMEOUT_S): rank 0 then
+kills the followers and ends the same way, saying so. (On GPUs NCCL's own watchdog may end rank 0
+first, with its timeout message; the followers then end with it.)
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from ..config import EngineConfig
 from ..runner.model_runner import ModelRunner
 from .group import TensorParallel
 from .leader import FollowerLink
+from .peer_allreduce import PeerAllReduce
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +51,11 @@ def collective_timeout() -> timedelta:
     return timedelta(seconds=float(os.environ.get("PREFIXGROVE_TP_TIMEOUT_S", "300")))
 
 
-def join_group(rank: int, size: int, engine_device: str, init_method: str) -> TensorParallel:
-    """This process as rank `rank` of `size`, on its device of the engine's."""
+def join_group(
+    rank: int, size: int, engine_device: str, init_method: str, peer_all_reduce: bool = True
+) -> TensorParallel:
+    """This process as rank `rank` of `size`, on its device of the engine's; on GPUs, with the
+    all-reduce over peer memory unless `peer_all_reduce` is off (the same on every rank)."""
     device = TensorParallel(rank, size).device_of(engine_device)
     cuda = device.startswith("cuda")
     if cuda:
@@ -62,7 +68,9 @@ def join_group(rank: int, size: int, engine_device: str, init_method: str) -> Te
         timeout=collective_timeout(),
         device_id=torch.device(device) if cuda else None,
     )
-    return TensorParallel(rank, size, dist.group.WORLD)
+    group = dist.group.WORLD
+    peer = PeerAllReduce.create(group, torch.device(device)) if cuda and peer_all_reduce else None
+    return TensorParallel(rank, size, group, peer)
 
 
 def _free_port() -> int:
@@ -97,21 +105,35 @@ class Followers:
             self._end(rank, process.pid, code)
 
     def collective_failed(self, error: BaseException) -> None:
-        """A collective of rank 0 failed: if a follower is gone (it may take a moment to be
-        reaped), the engine ends as for any lost rank; otherwise the error is the caller's."""
+        """A collective of rank 0 failed. If a follower is gone (it may take a moment to be
+        reaped), the engine ends as for any lost rank. If every follower lives, one of them hangs
+        (the collective timed out) or the group broke: a failed group cannot be used again, so
+        the followers are killed and the engine ends all the same, naming the error."""
         deadline = time.monotonic() + _REAP_WAIT_S
         while time.monotonic() < deadline:
             for rank, process in enumerate(self.processes, start=1):
                 if process.poll() is not None:
                     self._end(rank, process.pid, process.returncode)
             time.sleep(0.05)
+        self.closing = True  # the watchers are not to report the kills below as lost ranks
+        for process in self.processes:
+            process.kill()
+        self._exit(
+            f"prefixgrove: a tensor-parallel collective failed with every rank alive ({error}); "
+            f"a rank that does not answer within PREFIXGROVE_TP_TIMEOUT_S "
+            f"({collective_timeout().total_seconds():.0f} s) hangs, and every step needs every "
+            f"rank: its processes were killed and this one ends too (exit {RANK_LOST_EXIT})"
+        )
 
     def _end(self, rank: int, pid: int, code: int | None) -> None:
-        message = (
+        self._exit(
             f"prefixgrove: tensor-parallel rank {rank} (pid {pid}) exited with code {code} "
             f"while the engine ran; every step needs every rank, so this process ends too "
             f"(exit {RANK_LOST_EXIT})"
         )
+
+    @staticmethod
+    def _exit(message: str) -> None:
         logger.critical(message)
         print(message, file=sys.stderr, flush=True)
         os._exit(RANK_LOST_EXIT)
@@ -169,7 +191,7 @@ def start_followers(config: EngineConfig) -> tuple[TensorParallel, Followers]:
     followers = Followers(processes, FollowerLink(connections))
     followers.watch()
     atexit.register(followers.close)
-    parallel = join_group(0, size, config.device, init_method)
+    parallel = join_group(0, size, config.device, init_method, not config.disable_custom_all_reduce)
     parallel.on_error = followers.collective_failed
     logger.info("tensor parallelism: %d ranks (%s)", size, dist.get_backend())
     return parallel, followers

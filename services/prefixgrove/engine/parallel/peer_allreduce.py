@@ -1,0 +1,117 @@
+"""An all-reduce that reads the other GPUs' memory directly, for the small messages of decode steps.
+
+A decode step's all-reduces carry a few MB at most (two per layer, [rows, hidden]), and there NCCL's
+fixed cost per call is most of the time, a large share of a step once the matmuls are split N ways.
+vLLM and SGLang answer with their own all-reduce over peer memory; this is ours, on torch's
+symmetric memory: each rank allocates one buffer that every other rank maps, so a kernel reads its
+peers' partial sums over NVLink with plain loads.
+
+- one-shot: each rank copies its partial sum into its buffer, meets the others at a barrier, and
+  sums all N buffers itself. One kernel, N reads of the message: best for small messages.
+- two-shot: each rank sums one N-th of the message from every buffer, then gathers the other ranks'
+  sums. Half the traffic at N = 4, one more barrier: better for the largest decode messages.
+
+Both are one kernel launch with barriers in and out on signal pads, so CUDA graphs capture them
+like any kernel, and a buffer is never rewritten while a peer still reads it. Multicast (NVLS) is
+never used: the GPU machines keep it off (TORCH_SYMM_MEM_DISABLE_MULTICAST=1).
+
+What does not fit (a message over the buffer, a dtype the kernels do not take, a machine whose GPUs
+cannot map each other's memory) takes NCCL, as does every engine started with
+disable_custom_all_reduce. Which way a size takes is `choose_way`, from the timings in
+benchmarks/RESULTS.md (`tp.py allreduce`).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+# The largest message taken: a 70B decode step of 512 rows (512 x 8,192 bf16) is 8 MiB.
+MAX_BYTES = 8 << 20
+WAYS = ("one-shot", "two-shot")
+_DTYPES = (torch.bfloat16, torch.float32)  # what torch's symmetric-memory kernels dispatch on
+
+
+def choose_way(nbytes: int, ranks: int) -> str:
+    """One-shot reads N messages per rank, two-shot about two: one-shot wins while the barrier and
+    launch dominate (small messages, and any size at N = 2, where both read the same amount)."""
+    if ranks == 2:
+        return "one-shot"
+    return "one-shot" if nbytes <= (512 << 10) else "two-shot"
+
+
+class PeerAllReduce:
+    """One rank's symmetric buffer and the sums through it. `create` builds one on every rank or on
+    none (a collective: every rank of the group calls it)."""
+
+    def __init__(self, group: Any, device: torch.device, max_bytes: int = MAX_BYTES) -> None:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        self.group_name: str = group.group_name
+        self.max_bytes = max_bytes
+        self.buffer = symm_mem.empty(max_bytes, dtype=torch.uint8, device=device)
+        with warnings.catch_warnings():  # a no-op (deprecated) on newer torch, needed on older
+            warnings.simplefilter("ignore")
+            if hasattr(symm_mem, "enable_symm_mem_for_group"):
+                symm_mem.enable_symm_mem_for_group(self.group_name)
+        handle = symm_mem.rendezvous(self.buffer, self.group_name)
+        self.ranks: int = handle.world_size
+        self._ops = torch.ops.symm_mem
+
+    @classmethod
+    def create(cls, group: Any, device: torch.device) -> PeerAllReduce | None:
+        """This rank's, when every rank can map every other's memory; else None on every rank."""
+        devices = torch.empty(dist.get_world_size(group), dtype=torch.int64, device=device)
+        dist.all_gather_into_tensor(
+            devices, torch.tensor([device.index], device=device), group=group
+        )
+        peers = [d for d in devices.tolist() if d != device.index]
+        usable = _symmetric_memory_ops() and all(
+            torch.cuda.can_device_access_peer(device, p) for p in peers
+        )
+        flag = torch.tensor([int(usable)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)  # one rank's "no" is everyone's
+        if not flag.item():
+            logger.info("peer all-reduce unavailable here (no symmetric memory or P2P): NCCL")
+            return None
+        return cls(group, device)
+
+    def takes(self, x: torch.Tensor) -> bool:
+        return (
+            x.dtype in _DTYPES
+            and x.is_contiguous()
+            and x.numel() * x.element_size() <= self.max_bytes
+        )
+
+    def __call__(self, x: torch.Tensor, way: str | None = None) -> torch.Tensor:
+        """The sum of `x` over the ranks, in a new tensor (the caller checked `takes(x)`)."""
+        way = way or choose_way(x.numel() * x.element_size(), self.ranks)
+        flat, out = x.view(-1), torch.empty_like(x)
+        staged = self.buffer.view(x.dtype)[: flat.numel()]  # offset 0: the op finds its peers'
+        if way == "one-shot":
+            self._ops.one_shot_all_reduce_copy_out(
+                staged, flat, "sum", self.group_name, out.view(-1)
+            )
+        elif way == "two-shot":
+            staged.copy_(flat)
+            self._ops.two_shot_all_reduce_out(staged, "sum", self.group_name, out.view(-1))
+        else:
+            raise ValueError(f"all-reduce way {way!r}: expected one of {WAYS}")
+        return out
+
+
+def _symmetric_memory_ops() -> bool:
+    try:
+        import torch.distributed._symmetric_memory  # its Python side defines ops of its own
+    except ImportError:
+        return False
+    ops = torch.ops.symm_mem
+    return all(
+        hasattr(ops, name) for name in ("one_shot_all_reduce_copy_out", "two_shot_all_reduce_out")
+    )
