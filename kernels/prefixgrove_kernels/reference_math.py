@@ -41,7 +41,19 @@ def attend(
     """
     if q.device.type == "cpu":
         return _attend_row_invariant(q, k, v, scale, allowed, softcap)
-    return _attend_whole(q, k, v, scale, allowed, softcap)
+    # Elsewhere every row at once, in one pair of einsums.
+    n_q, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    group = num_heads // num_kv_heads
+    # Query heads h*group .. h*group+group-1 share kv head h: no need to repeat K/V.
+    qg = q.float().reshape(n_q, num_kv_heads, group, head_dim)
+    scores = cap_scores(torch.einsum("qhgd,khd->hgqk", qg, k.float()) * scale, softcap)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # [kvh, group, n_q]
+    finite = torch.isfinite(lse)
+    probs = torch.exp(scores - torch.where(finite, lse, 0.0).unsqueeze(-1))
+    o = torch.einsum("hgqk,khd->qhgd", probs, v.float()).reshape(n_q, num_heads, head_dim)
+    return o, lse.permute(2, 0, 1).reshape(n_q, num_heads)
 
 
 def cap_scores(scores: torch.Tensor, softcap: float) -> torch.Tensor:
@@ -58,28 +70,6 @@ def causal_window(
     if window:
         allowed &= key_positions[None, :] > positions[:, None] - window
     return allowed
-
-
-def _attend_whole(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    scale: float,
-    allowed: torch.Tensor,
-    softcap: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    n_q, num_heads, head_dim = q.shape
-    num_kv_heads = k.shape[1]
-    group = num_heads // num_kv_heads
-    # Query heads h*group .. h*group+group-1 share kv head h: no need to repeat K/V.
-    qg = q.float().reshape(n_q, num_kv_heads, group, head_dim)
-    scores = cap_scores(torch.einsum("qhgd,khd->hgqk", qg, k.float()) * scale, softcap)
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)  # [kvh, group, n_q]
-    finite = torch.isfinite(lse)
-    probs = torch.exp(scores - torch.where(finite, lse, 0.0).unsqueeze(-1))
-    o = torch.einsum("hgqk,khd->qhgd", probs, v.float()).reshape(n_q, num_heads, head_dim)
-    return o, lse.permute(2, 0, 1).reshape(n_q, num_heads)
 
 
 def _attend_row_invariant(
