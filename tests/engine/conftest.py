@@ -2,10 +2,13 @@
 tests/conftest.py)."""
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
-from engine_checkpoints import SharedEngines, save_checkpoint, smollm2_file
+from engine_checkpoints import SMOLLM2, SharedEngines, save_checkpoint, smollm2_file
+
+from prefixgrove.catalog.presets import load_tokenizer
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -31,3 +34,10 @@ def smollm2_engines() -> Iterator[SharedEngines]:
     engines = SharedEngines()
     yield engines
     engines.close()
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer() -> Any:
+    """The trained model's tokenizer, loaded once for the modules that build its chat prompts."""
+    smollm2_file()
+    return load_tokenizer(SMOLLM2)

@@ -7,20 +7,12 @@ as its request comes in."""
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import pytest
-from engine_checkpoints import (
-    SMOLLM2,
-    assert_no_leak,
-    chat_ids,
-    engine,
-    run,
-    smollm2_file,
-    token_ids,
-)
+from engine_checkpoints import SMOLLM2, assert_no_leak, chat_ids, engine, run, token_ids
 
 from prefixgrove import SamplingParams
-from prefixgrove.catalog.presets import load_tokenizer
 from prefixgrove.engine.structured import StructuredOutputsParams
 
 # A prefix of tokens each forced alone, a choice the model makes, a forced `",`, then a rule of 3,000
@@ -35,12 +27,9 @@ WIDE_ERROR = "Current row has 3001 items"
 
 
 @pytest.fixture(scope="module")
-def prompts() -> list[list[int]]:
-    smollm2_file()
+def prompts(smollm2_tokenizer: Any) -> list[list[int]]:
     notes = ["The parcel came late.", "Great service, thanks!", "Refund me now.", "All good."]
-    return chat_ids(
-        load_tokenizer(SMOLLM2), [("Judge the note; answer in JSON.", n) for n in notes]
-    )
+    return chat_ids(smollm2_tokenizer, [("Judge the note; answer in JSON.", n) for n in notes])
 
 
 def failing(seed: int | None = None) -> SamplingParams:

@@ -16,18 +16,9 @@ from typing import Any
 
 import jsonschema
 import pytest
-from engine_checkpoints import (
-    SMOLLM2,
-    assert_no_leak,
-    chat_ids,
-    engine,
-    run,
-    smollm2_file,
-    token_ids,
-)
+from engine_checkpoints import SMOLLM2, assert_no_leak, chat_ids, engine, run, token_ids
 
 from prefixgrove import LLM, RequestOutput, SamplingParams
-from prefixgrove.catalog.presets import load_tokenizer
 from prefixgrove.engine.core.metrics import EngineMetrics
 from prefixgrove.engine.structured import StructuredOutputsParams
 from prefixgrove.engine.structured.masks import MaskStats
@@ -54,9 +45,8 @@ SCHEMA = {
 
 
 @pytest.fixture(scope="module")
-def prompts() -> list[list[int]]:
-    smollm2_file()
-    return chat_ids(load_tokenizer(SMOLLM2), [(SYSTEM, note) for note in NOTES])
+def prompts(smollm2_tokenizer: Any) -> list[list[int]]:
+    return chat_ids(smollm2_tokenizer, [(SYSTEM, note) for note in NOTES])
 
 
 def json_params() -> list[SamplingParams]:

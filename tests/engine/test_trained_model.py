@@ -6,6 +6,7 @@ calls between top tokens that random weights lack, so this is the parity check t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -13,7 +14,6 @@ from engine_checkpoints import SharedEngines, chat_ids, engine, smollm2_file
 from transformers import AutoModelForCausalLM
 
 from prefixgrove import LLM, SamplingParams
-from prefixgrove.catalog.presets import load_tokenizer
 
 MODEL = "smollm2-135m-instruct"
 SYSTEM = (
@@ -37,9 +37,9 @@ def model_file() -> str:
 
 
 @pytest.fixture(scope="module")
-def prompts(model_file: str) -> list[list[int]]:
+def prompts(smollm2_tokenizer: Any) -> list[list[int]]:
     """Chat prompts that share one system prompt, so grouping has a real prefix to share."""
-    return chat_ids(load_tokenizer(MODEL), [(SYSTEM, q) for q in QUESTIONS])
+    return chat_ids(smollm2_tokenizer, [(SYSTEM, q) for q in QUESTIONS])
 
 
 @pytest.fixture(scope="module")
