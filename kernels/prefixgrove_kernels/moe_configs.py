@@ -76,8 +76,11 @@ DEFAULT_TILES: TileTable = {
     4096: MoeTileConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3),
 }
 # `python benchmarks/moe.py tune` on the GPU named in the key (its best of the grid per token count);
-# counts beyond the tuned ones keep DEFAULT_TILES' prefill tile, which the tuning did not reach.
+# decode sizes (16-1,024 tokens) and prefill chunks (4,096 and 16,384) both tuned.
 _QWEN3_30B_A3B_H200 = MoeShape("NVIDIA H200", 128, 768, 2048, "bfloat16")
+_PREFILL_TILES_H200 = MoeTileConfig(
+    block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3
+)
 TUNED_TILES: Mapping[MoeShape, TileTable] = {
     _QWEN3_30B_A3B_H200: {
         16: MoeTileConfig(block_m=16, block_n=64, block_k=128, group_m=8, num_stages=3),
@@ -87,7 +90,8 @@ TUNED_TILES: Mapping[MoeShape, TileTable] = {
             block_m=64, block_n=64, block_k=64, group_m=8, num_warps=8, num_stages=3
         ),
         1024: MoeTileConfig(block_m=64, block_n=64, block_k=64, group_m=8, num_stages=3),
-        4096: DEFAULT_TILES[4096],
+        4096: _PREFILL_TILES_H200,
+        16384: _PREFILL_TILES_H200,  # a prefill step's chunk (max_num_batched_tokens)
     },
 }
 
