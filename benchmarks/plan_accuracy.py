@@ -26,7 +26,8 @@ from prefixgrove.costmodel.calibration import calibration_for  # noqa: E402
 from prefixgrove.costmodel.predict import predict  # noqa: E402
 from prefixgrove.engine_settings import EngineSettings  # noqa: E402
 
-CANONICAL_64 = Job(1024, 16, 2000, 200, 100)  # the canonical shape at 64 groups
+CANONICAL_32 = Job(512, 16, 2000, 200, 100)  # the canonical shape at 32 groups
+CANONICAL_64 = Job(1024, 16, 2000, 200, 100)
 CANONICAL_200 = Job(3200, 16, 2000, 200, 100)
 
 
@@ -42,12 +43,16 @@ class Run:
     model: str = "llama-3.1-8b-random"
     engine: dict[str, Any] = field(default_factory=dict)
     kind: str = "h200"
+    mean_output: float | None = None  # a structured job's observed mean output tokens
 
 
 _H200 = "RESULTS.md, H200 2026-11-28"
 RUNS = [
     Run("8B canonical", JOBS["canonical"], 79.11, f"{_H200}, entry points, 20c33d3"),
     Run("8B decode-heavy", JOBS["decode-heavy"], 51.89, f"{_H200}, decode.py, 20c33d3"),
+    Run("8B no sharing", JOBS["no-sharing"], 35.29, f"{_H200}, throughput.py, d40b3ad"),
+    Run("8B structured (JSON schema)", JOBS["structured"], 58.05,
+        f"{_H200}, structured.py constrained, d40b3ad", mean_output=35.2),
     Run("8B canonical TP=2", JOBS["canonical"], 48.87, f"{_H200}, tp.py, 4904b77",
         engine={"tensor_parallel_size": 2}),
     Run("8B canonical TP=4", JOBS["canonical"], 31.30, f"{_H200}, tp.py, 4904b77",
@@ -56,7 +61,7 @@ RUNS = [
         model="llama-3.1-70b-random", engine={"tensor_parallel_size": 4}),
     Run("Gemma-3-12B canonical (200 groups)", CANONICAL_200, 73.40, f"{_H200}, batchllm.py, 20c33d3",
         model="gemma-3-12b-random"),
-    Run("Qwen3-30B-A3B canonical (64 groups)", CANONICAL_64, 13.55, f"{_H200}, moe.py, 20c33d3",
+    Run("Qwen3-30B-A3B canonical (32 groups)", CANONICAL_32, 5.51, f"{_H200}, moe.py, 51bbff0",
         model="qwen3-30b-a3b-random"),
 ]  # fmt: skip
 
@@ -64,7 +69,7 @@ RUNS = [
 def check(run: Run, folder: Path) -> dict[str, Any]:
     engine = EngineSettings(device="cuda", **run.engine)
     path = write_job(run.job, folder, 128_000)
-    planned = plan_job(path, run.model, engine, run.kind, None)
+    planned = plan_job(path, run.model, engine, run.kind, run.mean_output)
     cal = calibration_for(run.kind, planned.where.weight_dtype)
     prediction = predict(planned.work, planned.shape, planned.where, cal)
     return {

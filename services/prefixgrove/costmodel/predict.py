@@ -11,7 +11,8 @@ The features, per engine (one replica: `tensor_parallel` devices):
   tokens over the batch: the engine's request limit, or what the KV cache holds);
 - decode_tokens: one per decoded token.
 Tensor parallelism adds its all-reduces to each prefill and decode step, in seconds measured per
-device kind and rank count (allreduce.py): no calibrated coefficient multiplies them.
+device kind and rank count (allreduce.py), and a mixture of experts its experts' grouped GEMMs at
+their kernels' measured rates (experts.py): no calibrated coefficient multiplies either.
 Replicas split a job's requests evenly; each device of a replica is busy while it runs.
 """
 
@@ -28,6 +29,7 @@ from prefixgrove.costmodel.allreduce import (
 )
 from prefixgrove.costmodel.calibration import Calibration
 from prefixgrove.costmodel.devices import DeviceKind
+from prefixgrove.costmodel.experts import decode_expert_s, expert_rates, prefill_expert_s
 from prefixgrove.costmodel.shape import ModelShape, dtype_bytes
 from prefixgrove.costmodel.workload import Workload
 
@@ -88,20 +90,23 @@ def features(work: Workload, shape: ModelShape, where: Placement, cal: Calibrati
     matmul = (c.peak_flops or where.kind.flops(where.weight_dtype)) * t
     attention = (c.peak_flops or where.kind.flops(where.activation_dtype)) * t
     bandwidth = (c.bytes_per_s or where.kind.bytes_per_s) * t
-    linear, head = 2.0 * shape.active_params, 2.0 * shape.head_params
+    # the experts are priced apart (experts.py) on the kinds where their kernels were measured
+    apart = expert_rates(where.kind.name) is not None
+    linear = 2.0 * (shape.active_params - (shape.active_expert_params if apart else 0))
+    weights = shape.weight_bytes(where.weight_dtype)
+    weights -= shape.expert_weight_bytes(where.weight_dtype) if apart else 0
+    head = 2.0 * shape.head_params
     batch = batch_size(work, shape, where)
     decode_steps = max(work.decode_tokens / batch, work.longest_decode) if batch else 0.0
     kv = shape.kv_bytes_per_token(where.kv_dtype)
     prefill_steps = math.ceil(work.prefill_tokens / where.max_num_batched_tokens)
+    expert_dtype = where.weight_dtype
     return {
         "prefill_compute": (work.prefill_tokens * linear + work.requests * head) / matmul
         + shape.attention_flops(work.prefill_pairs) / attention,
         "decode_compute": work.decode_tokens * (linear + head) / matmul
         + shape.attention_flops(work.decode_pairs) / attention,
-        "decode_memory": (
-            decode_steps * shape.weight_bytes(where.weight_dtype) + work.decode_kv_reads * kv
-        )
-        / bandwidth,
+        "decode_memory": (decode_steps * weights + work.decode_kv_reads * kv) / bandwidth,
         "prefill_steps": prefill_steps,
         "decode_steps": decode_steps,
         "decode_tokens": float(work.decode_tokens),
@@ -110,6 +115,10 @@ def features(work: Workload, shape: ModelShape, where: Placement, cal: Calibrati
             shape, where, prefill_steps, work.prefill_tokens / max(prefill_steps, 1)
         ),
         "decode_all_reduce": _all_reduce_s(shape, where, decode_steps, batch),
+        "prefill_experts": prefill_expert_s(
+            shape, where.kind, expert_dtype, work.prefill_tokens, t
+        ),
+        "decode_experts": decode_expert_s(shape, where.kind, expert_dtype, decode_steps, batch, t),
     }
 
 
@@ -138,6 +147,7 @@ def predict(work: Workload, shape: ModelShape, where: Placement, cal: Calibratio
         c.prefill_compute * f["prefill_compute"]
         + c.steps * f["prefill_steps"]
         + f["prefill_all_reduce"]
+        + f["prefill_experts"]
     )
     decode = (
         c.decode_compute * f["decode_compute"]
@@ -145,6 +155,7 @@ def predict(work: Workload, shape: ModelShape, where: Placement, cal: Calibratio
         + c.steps * f["decode_steps"]
         + c.decode_tokens * f["decode_tokens"]
         + f["decode_all_reduce"]
+        + f["decode_experts"]
     )
     measured = where.tensor_parallel == 1 or _curve(where) is not None
     return Prediction(prefill, decode, f["batch"], f, cal.key, cal.borrowed, measured)

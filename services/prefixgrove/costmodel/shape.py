@@ -59,6 +59,15 @@ class ModelShape:
         return self.layers * (self.attention_params + mlp)
 
     @property
+    def active_expert_params(self) -> int:
+        """The expert parameters one token multiplies through (0 for a dense model)."""
+        return self.layers * self.experts_per_token * self.expert_params
+
+    def expert_weight_bytes(self, weight_dtype: str) -> int:
+        """Every expert's weights, every layer."""
+        return self.layers * self.experts * self.expert_params * dtype_bytes(weight_dtype)
+
+    @property
     def stored_params(self) -> int:
         """Every linear parameter a decode step may read (all experts), the head included."""
         mlp = self.dense_mlp_params + self.experts * self.expert_params
