@@ -6,7 +6,9 @@ For Llama-3.1-8B's four projections, at the row counts the engine runs (a full 1
   - bf16 `F.linear`;
   - `torch._scaled_mm` with row-wise scales (Fp8Linear's product), with and without fast accumulation;
   - the same with one per-tensor scale each side (to see whether row-wise scaling costs a slower kernel);
-  - the per-token quantization kernel alone (what Fp8Linear adds before each product).
+  - the per-token quantization kernel alone (what Fp8Linear adds before each product);
+  - block scales (128x128 weight blocks, 1x128 activation groups): the Triton GEMM with a scale
+    per weight row, torch's blockwise-scaled GEMM, and the group quantization kernel.
 Usage: cd benchmarks && python -m probes.fp8_matmul_shapes [--rows 256,512,16384] [--iters 50]
 """
 
@@ -18,6 +20,13 @@ import torch
 import torch.nn.functional as F
 from probes.matmul_shapes import SHAPES, parse_args, time_call
 
+from prefixgrove_kernels.fp8_block import (
+    block_scaled_mm,
+    block_scaled_mm_native,
+    quantize_blocks_ref,
+    quantize_groups,
+    row_scales,
+)
 from prefixgrove_kernels.fp8_quant import quantize_rows
 
 from _common import device_name, emit
@@ -44,6 +53,19 @@ def variants(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[], object]
         "fp8_tensorwise": scaled(False, False),
         "fp8_tensorwise_fast_accum": scaled(True, False),
         "quantize_rows": lambda: quantize_rows(x),
+        **block_variants(x, w),
+    }
+
+
+def block_variants(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[], object]]:
+    g, g_scale = quantize_groups(x)
+    w_codes, w_blocks = quantize_blocks_ref(w)
+    w_rows = row_scales(w_blocks, w.shape[0])  # the layout the Triton GEMM reads
+    bf16 = torch.bfloat16
+    return {
+        "fp8_block_triton": lambda: block_scaled_mm(g, g_scale, w_codes, w_rows, bf16),
+        "fp8_block_native": lambda: block_scaled_mm_native(g, g_scale, w_codes, w_blocks, bf16),
+        "quantize_groups": lambda: quantize_groups(x),
     }
 
 

@@ -264,3 +264,63 @@ def block_scaled_mm_ref(
     _check_product(a, a_scale, w, w_scale)
     x = a.float() * expand_group_scales(a_scale, a.shape[1])
     return (x @ dequantize_blocks(w, w_scale).T).to(out_dtype)
+
+
+def whole_block_scales(scale: torch.Tensor) -> torch.Tensor | None:
+    """Per-row weight scales [N, G] as one scale per 128x128 block [N / 128, G], where every
+    block of 128 rows shares its scales (N a multiple of 128, and a fused matrix whose parts fill
+    whole blocks); None otherwise."""
+    rows = scale.shape[0]
+    if rows % GROUP:
+        return None
+    blocks = scale[::GROUP].contiguous()
+    return blocks if torch.equal(blocks.repeat_interleave(GROUP, dim=0), scale) else None
+
+
+def block_scaled_mm_native(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    w: torch.Tensor,
+    w_blocks: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """`block_scaled_mm` through torch's own blockwise-scaled GEMM (cuBLAS on Hopper, CUDA 12.9
+    and later): a's 1x128 group scales and w's 128x128 block scales [N / 128, K / 128], both
+    read by the GEMM itself. It wants a's scales outer-dim-major (rows contiguous)."""
+    return torch._scaled_mm(
+        a,
+        w.t(),
+        scale_a=a_scale.t().contiguous().t(),
+        scale_b=w_blocks.t(),
+        out_dtype=out_dtype,
+    )
+
+
+_NATIVE: dict[torch.device, bool] = {}
+
+
+def native_block_scaled_mm_works(device: torch.device) -> bool:
+    """Whether `block_scaled_mm_native` runs on `device` and gives this module's Triton GEMM's
+    result (this torch, CUDA and GPU offering the blockwise scaling), checked once per device
+    at a few row counts; never while a CUDA graph is being captured (answers False then)."""
+    if device not in _NATIVE:
+        if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+            return False
+        _NATIVE[device] = _native_matches(device)
+    return _NATIVE[device]
+
+
+def _native_matches(device: torch.device) -> bool:
+    gen = torch.Generator(device=device).manual_seed(0)
+    w = torch.randn(256, 384, device=device, generator=gen)
+    w_codes, w_blocks = quantize_blocks_ref(w)
+    for rows in (1, 5, 128):
+        a, a_scale = quantize_groups(torch.randn(rows, 384, device=device, generator=gen))
+        try:
+            got = block_scaled_mm_native(a, a_scale, w_codes, w_blocks, torch.float32)
+        except RuntimeError:  # no blockwise scaling in this torch or on this GPU
+            return False
+        want = block_scaled_mm(a, a_scale, w_codes, w_blocks, torch.float32)
+        if not torch.allclose(got, want, rtol=1e-3, atol=1e-3):
+            return False
+    return True

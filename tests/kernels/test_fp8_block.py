@@ -11,12 +11,15 @@ import torch
 from prefixgrove_kernels.fp8_block import (
     GROUP,
     block_scaled_mm,
+    block_scaled_mm_native,
     block_scaled_mm_ref,
     dequantize_blocks,
+    native_block_scaled_mm_works,
     quantize_blocks_ref,
     quantize_groups,
     quantize_groups_ref,
     row_scales,
+    whole_block_scales,
 )
 from prefixgrove_kernels.fused_moe import fused_moe, fused_moe_reference
 from prefixgrove_kernels.moe_configs import MoeTileConfig
@@ -118,6 +121,34 @@ def test_gemm_in_bfloat16_on_the_gpu():
     got = block_scaled_mm(a, a_scale, codes.cuda(), w_scale.cuda(), torch.bfloat16)
     want = block_scaled_mm_ref(a.cpu(), a_scale.cpu(), codes, w_scale, torch.float32)
     torch.testing.assert_close(got.float().cpu(), want, rtol=2**-7, atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 7, 300, 4096])
+def test_torchs_blockwise_gemm_is_the_triton_gemms_on_the_gpu(rows):
+    """The engine takes torch's blockwise-scaled GEMM where it runs (Hopper, CUDA 12.9+)."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("blockwise-scaled FP8 GEMMs need Hopper or later")
+    dev = torch.device("cuda")
+    assert native_block_scaled_mm_works(dev), "this GPU and torch offer blockwise scaling"
+    a, a_scale = quantize_groups(spread(rows, 1024, seed=rows).to(torch.bfloat16).to(dev))
+    codes, blocks = quantize_blocks_ref(spread(768, 1024, seed=9) / 16)
+    codes, blocks = codes.to(dev), blocks.to(dev)
+    got = block_scaled_mm_native(a, a_scale, codes, blocks, torch.bfloat16)
+    want = block_scaled_mm(a, a_scale, codes, blocks, torch.bfloat16)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-3)
+
+
+def test_per_row_scales_fold_back_into_blocks_only_where_blocks_are_whole():
+    _, blocks = quantize_blocks_ref(spread(256, 256, seed=3))
+    assert torch.equal(whole_block_scales(row_scales(blocks, 256)), blocks)
+    # a fused q|k whose 64-row k starts mid-block: its rows' scales change inside a block
+    _, q = quantize_blocks_ref(spread(128, 256, seed=4))
+    _, k = quantize_blocks_ref(spread(64, 256, seed=5))
+    fused = torch.cat([row_scales(q, 128), row_scales(k, 64), row_scales(k, 64) * 2])
+    assert whole_block_scales(fused) is None
+    assert whole_block_scales(row_scales(blocks, 256)[:200]) is None  # not a multiple of 128
+    assert not native_block_scaled_mm_works(torch.device("cpu"))
 
 
 # ---- block-scaled experts (fused_moe) ----------------------------------------------------------

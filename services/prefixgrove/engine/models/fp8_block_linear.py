@@ -9,7 +9,9 @@ A layer keeps its scales one per row and group ([N, ceil(K / 128)], each block's
 over its rows): a fused matrix (q|k|v, gate|up) stacks its parts' blocks as they are, whether or
 not a part fills whole blocks of rows (a 64-row k_proj has one block of 64 rows).
 
-On CUDA the product is `fp8_block.block_scaled_mm` (a Triton GEMM); on the CPU both sides are
+On CUDA the product is torch's blockwise-scaled GEMM (`fp8_block.block_scaled_mm_native`, cuBLAS)
+where this torch and GPU offer it and the layer's blocks all start on a 128th row, else
+`fp8_block.block_scaled_mm` (a Triton GEMM reading a scale per row); on the CPU both sides are
 dequantized and multiplied in fp32 through `row_invariant_linear`, so a row's result does not depend
 on its batch (its activation scales are its own).
 """
@@ -23,12 +25,17 @@ from torch import nn
 
 from prefixgrove_kernels.fp8_block import (
     GROUP,
+    block_scaled_mm,
+    block_scaled_mm_native,
     dequantize_blocks,
     expand_group_scales,
     groups_of,
+    native_block_scaled_mm_works,
     quantize_blocks_ref,
+    quantize_groups,
     quantize_groups_ref,
     row_scales,
+    whole_block_scales,
 )
 from prefixgrove_kernels.reference_math import to_e4m3_ref
 
@@ -50,6 +57,11 @@ class Fp8BlockLinear(Fp8Layer):
                 f"weight_scale {tuple(weight_scale.shape)} has {scale.shape[1]} column blocks "
                 f"for {self.in_features} input features (expected {groups_of(self.in_features)})"
             )
+        # torch's blockwise GEMM takes one scale per block; a layer whose blocks do not all
+        # start on a 128th row (a fused matrix of parts that do not fill whole blocks) keeps the
+        # Triton GEMM, which reads a scale per row
+        blocks = whole_block_scales(scale) if self.in_features % GROUP == 0 else None
+        self.register_buffer("block_scales", blocks, persistent=False)
         return scale.contiguous()
 
     @classmethod
@@ -79,10 +91,13 @@ class Fp8BlockLinear(Fp8Layer):
         """x: [..., in_features] in the model's dtype -> [..., out_features]."""
         rows = x.reshape(-1, self.in_features)
         if rows.is_cuda:
-            from prefixgrove_kernels.fp8_block import block_scaled_mm, quantize_groups
-
             codes, scales = quantize_groups(rows)
-            out = block_scaled_mm(codes, scales, self.weight, self.weight_scale, self.out_dtype)
+            if self.block_scales is not None and native_block_scaled_mm_works(rows.device):
+                out = block_scaled_mm_native(
+                    codes, scales, self.weight, self.block_scales, self.out_dtype
+                )
+            else:
+                out = block_scaled_mm(codes, scales, self.weight, self.weight_scale, self.out_dtype)
         else:
             # Exact emulation: both sides dequantized, multiplied in fp32 in the CPU's row blocks.
             # The weight is dequantized per call, so memory stays at one byte a value.
