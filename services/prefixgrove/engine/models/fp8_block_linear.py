@@ -92,10 +92,9 @@ class Fp8BlockLinear(Fp8Layer):
         rows = x.reshape(-1, self.in_features)
         if rows.is_cuda:
             codes, scales = quantize_groups(rows)
-            if self.block_scales is not None and native_block_scaled_mm_works(rows.device):
-                out = block_scaled_mm_native(
-                    codes, scales, self.weight, self.block_scales, self.out_dtype
-                )
+            blocks: torch.Tensor | None = self.block_scales  # type: ignore[assignment]
+            if blocks is not None and native_block_scaled_mm_works(rows.device):
+                out = block_scaled_mm_native(codes, scales, self.weight, blocks, self.out_dtype)
             else:
                 out = block_scaled_mm(codes, scales, self.weight, self.weight_scale, self.out_dtype)
         else:
