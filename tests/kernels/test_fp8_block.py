@@ -10,6 +10,7 @@ import torch
 
 from prefixgrove_kernels.fp8_block import (
     GROUP,
+    accumulation_bound,
     block_scaled_mm,
     block_scaled_mm_native,
     block_scaled_mm_ref,
@@ -38,7 +39,7 @@ def spread(rows: int, cols: int, seed: int, decades: float = 2.0) -> torch.Tenso
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-@pytest.mark.parametrize(("rows", "cols"), [(5, 96), (3, 300), (2, 1024)])
+@pytest.mark.parametrize(("rows", "cols"), [(5, 96), (3, 300), (2, 1024), (37, 300)])
 def test_group_quantization_writes_the_reference_bytes(device, dtype, rows, cols):
     x = spread(rows, cols, seed=cols).to(dtype)
     x[0, :GROUP] = 0.0  # an all-zero group keeps a finite scale
@@ -120,7 +121,9 @@ def test_gemm_in_bfloat16_on_the_gpu():
     codes, w_scale = quantize_blocks_ref(w)
     got = block_scaled_mm(a, a_scale, codes.cuda(), w_scale.cuda(), torch.bfloat16)
     want = block_scaled_mm_ref(a.cpu(), a_scale.cpu(), codes, w_scale, torch.float32)
-    torch.testing.assert_close(got.float().cpu(), want, rtol=2**-7, atol=1e-3)
+    # the tensor cores' FP8 accumulation errs by the products' magnitudes, not the result's
+    bound = accumulation_bound(a.cpu(), a_scale.cpu(), codes, w_scale)
+    assert ((got.float().cpu() - want).abs() <= bound).all()
 
 
 @pytest.mark.gpu
@@ -135,8 +138,8 @@ def test_torchs_blockwise_gemm_is_the_triton_gemms_on_the_gpu(rows):
     codes, blocks = quantize_blocks_ref(spread(768, 1024, seed=9) / 16)
     codes, blocks = codes.to(dev), blocks.to(dev)
     got = block_scaled_mm_native(a, a_scale, codes, blocks, torch.bfloat16)
-    want = block_scaled_mm(a, a_scale, codes, blocks, torch.bfloat16)
-    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-3)
+    want = block_scaled_mm_ref(a, a_scale, codes, blocks, torch.float32)
+    assert ((got.float() - want).abs() <= accumulation_bound(a, a_scale, codes, blocks)).all()
 
 
 def test_per_row_scales_fold_back_into_blocks_only_where_blocks_are_whole():
