@@ -19,6 +19,7 @@ themselves; the torch references (`*_ref`) dequantize and multiply in fp32.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ GROUP = 128  # columns per activation group; a weight block is GROUP x GROUP
 OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+logger = logging.getLogger(__name__)
 _QUANT_ROWS = 16
 
 
@@ -298,14 +300,16 @@ def block_scaled_mm_native(
 ) -> torch.Tensor:
     """`block_scaled_mm` through torch's own blockwise-scaled GEMM (cuBLAS on Hopper, CUDA 12.9
     and later): a's 1x128 group scales and w's 128x128 block scales [N / 128, K / 128], both
-    read by the GEMM itself. It wants a's scales outer-dim-major (rows contiguous)."""
-    return torch._scaled_mm(
+    read by the GEMM itself. It wants a's scales outer-dim-major (rows contiguous), and answers
+    in bf16 (cuBLAS's blockwise scaling writes no other dtype)."""
+    out = torch._scaled_mm(
         a,
         w.t(),
         scale_a=a_scale.t().contiguous().t(),
         scale_b=w_blocks.t(),
-        out_dtype=out_dtype,
+        out_dtype=torch.bfloat16,
     )
+    return out if out_dtype == torch.bfloat16 else out.to(out_dtype)
 
 
 _NATIVE: dict[torch.device, bool] = {}
@@ -330,10 +334,12 @@ def _native_matches(device: torch.device) -> bool:
         a, a_scale = quantize_groups(torch.randn(rows, 384, device=device, generator=gen))
         try:
             got = block_scaled_mm_native(a, a_scale, w_codes, w_blocks, torch.float32)
-        except RuntimeError:  # no blockwise scaling in this torch or on this GPU
+        except RuntimeError as error:  # no blockwise scaling in this torch or on this GPU
+            logger.info("torch's blockwise-scaled GEMM does not run here (%s): Triton's", error)
             return False
         want = block_scaled_mm(a, a_scale, w_codes, w_blocks, torch.float32)
         if ((got - want).abs() > accumulation_bound(a, a_scale, w_codes, w_blocks)).any():
+            logger.warning("torch's blockwise-scaled GEMM differs from Triton's here: Triton's")
             return False
     return True
 
