@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from probes.matmul_shapes import SHAPES, parse_args, time_call
 
 from prefixgrove_kernels.fp8_block import (
+    NATIVE_ROWS,
     block_scaled_mm,
     block_scaled_mm_native,
     quantize_blocks_ref,
@@ -59,12 +60,13 @@ def variants(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[], object]
 
 def block_variants(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[], object]]:
     g, g_scale = quantize_groups(x)
+    native = quantize_groups(x, NATIVE_ROWS, group_major=True)  # its layout for torch's GEMM
     w_codes, w_blocks = quantize_blocks_ref(w)
     w_rows = row_scales(w_blocks, w.shape[0])  # the layout the Triton GEMM reads
     bf16 = torch.bfloat16
     return {
         "fp8_block_triton": lambda: block_scaled_mm(g, g_scale, w_codes, w_rows, bf16),
-        "fp8_block_native": lambda: block_scaled_mm_native(g, g_scale, w_codes, w_blocks, bf16),
+        "fp8_block_native": lambda: block_scaled_mm_native(*native, w_codes, w_blocks, bf16),
         "quantize_groups": lambda: quantize_groups(x),
     }
 

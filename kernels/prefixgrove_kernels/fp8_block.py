@@ -40,6 +40,7 @@ OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 logger = logging.getLogger(__name__)
 _QUANT_ROWS = 16
+NATIVE_ROWS = 4  # torch's blockwise GEMM takes a multiple of this many rows
 
 
 def groups_of(columns: int) -> int:
@@ -57,6 +58,7 @@ def _quantize_groups_kernel(
     x_stride,
     q_stride,
     scale_stride,
+    scale_group_stride,
     FP8_MAX: tl.constexpr,
     MIN_SCALE: tl.constexpr,
     GROUP: tl.constexpr,
@@ -71,7 +73,7 @@ def _quantize_groups_kernel(
     x = tl.load(x_ptr + r[:, None] * x_stride + cols[None, :], mask=inside, other=0.0)
     x = x.to(tl.float32)
     scale = row_scale(tl.max(tl.abs(x), axis=1), FP8_MAX, MIN_SCALE)
-    tl.store(scale_ptr + r * scale_stride + group, scale, mask=row_ok)
+    tl.store(scale_ptr + r * scale_stride + group * scale_group_stride, scale, mask=row_ok)
     q = to_e4m3(x, scale[:, None])
     tl.store(q_ptr + r[:, None] * q_stride + cols[None, :], q, mask=inside)
 
@@ -82,27 +84,37 @@ def _check_activations(x: torch.Tensor) -> None:
 
 
 def quantize_groups_launch(
-    x: torch.Tensor,
+    x: torch.Tensor, pad_rows_to: int = 1, group_major: bool = False
 ) -> tuple[KernelLaunch | None, torch.Tensor, torch.Tensor]:
     """Checks the argument and plans the launch `quantize_groups` makes, with the outputs it fills."""
     _check_activations(x)
     rows, cols = x.shape
-    q = torch.empty((rows, cols), dtype=FP8_KV_DTYPE, device=x.device)
-    scale = torch.empty((rows, groups_of(cols)), dtype=torch.float32, device=x.device)
+    padded = -(-rows // pad_rows_to) * pad_rows_to
+    q = torch.empty((padded, cols), dtype=FP8_KV_DTYPE, device=x.device)
+    groups = groups_of(cols)
+    if group_major:  # [rows, G] whose rows are contiguous: stored as [G, rows]
+        scale = torch.empty((groups, padded), dtype=torch.float32, device=x.device).t()
+    else:
+        scale = torch.empty((padded, groups), dtype=torch.float32, device=x.device)
     if rows == 0 or cols == 0:
         return None, q, scale
-    args = (x, q, scale, rows, cols, x.stride(0), q.stride(0), scale.stride(0))
+    args = (x, q, scale, rows, cols, x.stride(0), q.stride(0), scale.stride(0), scale.stride(1))
     # a [16, 128] tile a program: one (row, group) each left the GPU mostly launching programs
     block = min(_QUANT_ROWS, triton.next_power_of_2(rows))
     options = {**ROW_SCALE_OPTIONS, "GROUP": GROUP, "ROWS": block, "num_warps": 4}
-    grid = (triton.cdiv(rows, block), scale.shape[1])
+    grid = (triton.cdiv(rows, block), groups)
     return KernelLaunch(_quantize_groups_kernel, grid, args, options), q, scale
 
 
-def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_groups(
+    x: torch.Tensor, pad_rows_to: int = 1, group_major: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x [rows, C] -> (e4m3 values [rows, C], float32 scales [rows, ceil(C / 128)]): each row's
-    group g of 128 columns stands for values[:, g] * scales[:, g]."""
-    launch, q, scale = quantize_groups_launch(x)
+    group g of 128 columns stands for values[:, g] * scales[:, g]. `pad_rows_to`: both outputs
+    rounded up to a multiple of that many rows, the added rows left unwritten (a GEMM's rows are
+    independent: their results are dropped); `group_major`: the scales stored group by group (rows
+    contiguous), as torch's blockwise-scaled GEMM reads them."""
+    launch, q, scale = quantize_groups_launch(x, pad_rows_to, group_major)
     if launch is not None:
         launch.run()
     return q, scale
@@ -300,14 +312,16 @@ def block_scaled_mm_native(
 ) -> torch.Tensor:
     """`block_scaled_mm` through torch's own blockwise-scaled GEMM (cuBLAS on Hopper, CUDA 12.9
     and later): a's 1x128 group scales and w's 128x128 block scales [N / 128, K / 128], both
-    read by the GEMM itself. It wants a's scales outer-dim-major (rows contiguous), and answers
-    in bf16 (cuBLAS's blockwise scaling writes no other dtype)."""
+    read by the GEMM itself. cuBLAS wants a's scales group-major (`quantize_groups(x,
+    NATIVE_ROWS, group_major=True)`: rows contiguous, their count a multiple of NATIVE_ROWS, so
+    that each group's column starts 16 bytes aligned), and answers in bf16 only."""
+    if a.shape[0] % NATIVE_ROWS or a_scale.stride(0) != 1:
+        raise ValueError(
+            f"a [{a.shape[0]}, ...] and its scales must be quantize_groups(x, {NATIVE_ROWS}, "
+            "group_major=True)'s: rows a multiple of 4, scales group-major"
+        )
     out = torch._scaled_mm(
-        a,
-        w.t(),
-        scale_a=a_scale.t().contiguous().t(),
-        scale_b=w_blocks.t(),
-        out_dtype=torch.bfloat16,
+        a, w.t(), scale_a=a_scale, scale_b=w_blocks.t(), out_dtype=torch.bfloat16
     )
     return out if out_dtype == torch.bfloat16 else out.to(out_dtype)
 
@@ -331,7 +345,8 @@ def _native_matches(device: torch.device) -> bool:
     w = torch.randn(256, 384, device=device, generator=gen)
     w_codes, w_blocks = quantize_blocks_ref(w)
     for rows in (1, 5, 128):
-        a, a_scale = quantize_groups(torch.randn(rows, 384, device=device, generator=gen))
+        x = torch.randn(rows, 384, device=device, generator=gen)
+        a, a_scale = quantize_groups(x, NATIVE_ROWS, group_major=True)
         try:
             got = block_scaled_mm_native(a, a_scale, w_codes, w_blocks, torch.float32)
         except RuntimeError as error:  # no blockwise scaling in this torch or on this GPU

@@ -10,6 +10,7 @@ import torch
 
 from prefixgrove_kernels.fp8_block import (
     GROUP,
+    NATIVE_ROWS,
     accumulation_bound,
     block_scaled_mm,
     block_scaled_mm_native,
@@ -48,6 +49,11 @@ def test_group_quantization_writes_the_reference_bytes(device, dtype, rows, cols
     assert scale_ref.shape == (rows, -(-cols // GROUP))
     assert torch.equal(scale.cpu(), scale_ref)
     assert torch.equal(q.cpu().view(torch.uint8), q_ref.view(torch.uint8))
+    # torch's blockwise GEMM's layout: rows padded to a multiple, scales group-major, same values
+    q_p, scale_p = quantize_groups(x.to(device), NATIVE_ROWS, group_major=True)
+    assert q_p.shape[0] % NATIVE_ROWS == 0 and scale_p.stride(0) == 1
+    assert torch.equal(scale_p[:rows].cpu(), scale_ref)
+    assert torch.equal(q_p[:rows].cpu().view(torch.uint8), q_ref.view(torch.uint8))
     # each group under its own scale: its largest value becomes 448
     assert float(scale_ref[0, 0]) == pytest.approx(1e-12)
     assert q_ref[1].float().abs().view(-1)[:GROUP].max() == 448.0
@@ -135,10 +141,12 @@ def test_torchs_blockwise_gemm_is_the_triton_gemms_on_the_gpu(rows):
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("blockwise-scaled FP8 GEMMs need Hopper or later")
     dev = torch.device("cuda")
-    a, a_scale = quantize_groups(spread(rows, 1024, seed=rows).to(torch.bfloat16).to(dev))
+    x = spread(rows, 1024, seed=rows).to(torch.bfloat16).to(dev)
+    a, a_scale = quantize_groups(x, NATIVE_ROWS, group_major=True)
     codes, blocks = quantize_blocks_ref(spread(768, 1024, seed=9) / 16)
     codes, blocks = codes.to(dev), blocks.to(dev)
-    got = block_scaled_mm_native(a, a_scale, codes, blocks, torch.bfloat16)
+    got = block_scaled_mm_native(a, a_scale, codes, blocks, torch.bfloat16)[:rows]
+    a, a_scale = a[:rows], a_scale[:rows]  # the padding rows are not written
     want = block_scaled_mm_ref(a, a_scale, codes, blocks, torch.float32)
     assert ((got.float() - want).abs() <= accumulation_bound(a, a_scale, codes, blocks)).all()
     assert native_block_scaled_mm_works(dev), "this GPU and torch offer blockwise scaling"

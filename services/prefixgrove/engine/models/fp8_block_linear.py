@@ -25,6 +25,7 @@ from torch import nn
 
 from prefixgrove_kernels.fp8_block import (
     GROUP,
+    NATIVE_ROWS,
     block_scaled_mm,
     block_scaled_mm_native,
     dequantize_blocks,
@@ -91,11 +92,13 @@ class Fp8BlockLinear(Fp8Layer):
         """x: [..., in_features] in the model's dtype -> [..., out_features]."""
         rows = x.reshape(-1, self.in_features)
         if rows.is_cuda:
-            codes, scales = quantize_groups(rows)
             blocks: torch.Tensor | None = self.block_scales  # type: ignore[assignment]
             if blocks is not None and native_block_scaled_mm_works(rows.device):
+                codes, scales = quantize_groups(rows, NATIVE_ROWS, group_major=True)
                 out = block_scaled_mm_native(codes, scales, self.weight, blocks, self.out_dtype)
+                out = out[: rows.shape[0]]
             else:
+                codes, scales = quantize_groups(rows)
                 out = block_scaled_mm(codes, scales, self.weight, self.weight_scale, self.out_dtype)
         else:
             # Exact emulation: both sides dequantized, multiplied in fp32 in the CPU's row blocks.
