@@ -330,8 +330,8 @@ _NATIVE: dict[torch.device, bool] = {}
 
 
 def native_block_scaled_mm_works(device: torch.device) -> bool:
-    """Whether `block_scaled_mm_native` runs on `device` and gives this module's Triton GEMM's
-    result (this torch, CUDA and GPU offering the blockwise scaling), checked once per device
+    """Whether `block_scaled_mm_native` runs on `device` and gives the exact sums within the
+    tensor cores' error (this torch, CUDA and GPU offering the blockwise scaling), checked once per device
     at a few row counts; never while a CUDA graph is being captured (answers False then)."""
     if device not in _NATIVE:
         if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
@@ -352,11 +352,10 @@ def _native_matches(device: torch.device) -> bool:
         except RuntimeError as error:  # no blockwise scaling in this torch or on this GPU
             logger.info("torch's blockwise-scaled GEMM does not run here (%s): Triton's", error)
             return False
-        a, a_scale = a[:rows], a_scale[:rows].contiguous()  # the Triton GEMM's layout
-        want = block_scaled_mm(a, a_scale, w_codes, w_blocks, torch.float32)
-        got = got[:rows]
-        if ((got - want).abs() > accumulation_bound(a, a_scale, w_codes, w_blocks)).any():
-            logger.warning("torch's blockwise-scaled GEMM differs from Triton's here: Triton's")
+        a, a_scale = a[:rows], a_scale[:rows].contiguous()  # the rows asked for
+        want = block_scaled_mm_ref(a, a_scale, w_codes, w_blocks, torch.float32)
+        if ((got[:rows] - want).abs() > accumulation_bound(a, a_scale, w_codes, w_blocks)).any():
+            logger.warning("torch's blockwise-scaled GEMM misses the exact sums here: Triton's")
             return False
     return True
 
