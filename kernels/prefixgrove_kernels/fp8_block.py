@@ -41,6 +41,8 @@ OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 logger = logging.getLogger(__name__)
 _QUANT_ROWS = 16
 NATIVE_ROWS = 4  # torch's blockwise GEMM takes a multiple of this many rows
+# and of this many 128-column blocks: with 3 it returned wrong sums on an H200 (cuBLAS, CUDA 13)
+NATIVE_K_BLOCKS = 4
 
 
 def groups_of(columns: int) -> int:
@@ -315,6 +317,10 @@ def block_scaled_mm_native(
     read by the GEMM itself. cuBLAS wants a's scales group-major (`quantize_groups(x,
     NATIVE_ROWS, group_major=True)`: rows contiguous, their count a multiple of NATIVE_ROWS, so
     that each group's column starts 16 bytes aligned), and answers in bf16 only."""
+    if a.shape[1] % (NATIVE_K_BLOCKS * GROUP):
+        raise ValueError(
+            f"a has {a.shape[1]} columns: torch's blockwise GEMM takes multiples of 512"
+        )
     if a.shape[0] % NATIVE_ROWS or a_scale.stride(0) != 1:
         raise ValueError(
             f"a [{a.shape[0]}, ...] and its scales must be quantize_groups(x, {NATIVE_ROWS}, "
@@ -342,10 +348,10 @@ def native_block_scaled_mm_works(device: torch.device) -> bool:
 
 def _native_matches(device: torch.device) -> bool:
     gen = torch.Generator(device=device).manual_seed(0)
-    w = torch.randn(256, 384, device=device, generator=gen)
+    w = torch.randn(256, 512, device=device, generator=gen)
     w_codes, w_blocks = quantize_blocks_ref(w)
     for rows in (1, 5, 128):
-        x = torch.randn(rows, 384, device=device, generator=gen)
+        x = torch.randn(rows, 512, device=device, generator=gen)
         a, a_scale = quantize_groups(x, NATIVE_ROWS, group_major=True)
         try:
             got = block_scaled_mm_native(a, a_scale, w_codes, w_blocks, torch.float32)

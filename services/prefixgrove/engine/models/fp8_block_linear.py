@@ -25,6 +25,7 @@ from torch import nn
 
 from prefixgrove_kernels.fp8_block import (
     GROUP,
+    NATIVE_K_BLOCKS,
     NATIVE_ROWS,
     block_scaled_mm,
     block_scaled_mm_native,
@@ -58,10 +59,12 @@ class Fp8BlockLinear(Fp8Layer):
                 f"weight_scale {tuple(weight_scale.shape)} has {scale.shape[1]} column blocks "
                 f"for {self.in_features} input features (expected {groups_of(self.in_features)})"
             )
-        # torch's blockwise GEMM takes one scale per block; a layer whose blocks do not all
-        # start on a 128th row (a fused matrix of parts that do not fill whole blocks) keeps the
-        # Triton GEMM, which reads a scale per row
-        blocks = whole_block_scales(scale) if self.in_features % GROUP == 0 else None
+        # torch's blockwise GEMM takes one scale per block, and input widths of a multiple of
+        # 4 blocks (cuBLAS misreads the scales of others); a layer whose blocks do not all start
+        # on a 128th row (a fused matrix of parts that do not fill whole blocks) or of another
+        # width keeps the Triton GEMM, which reads a scale per row
+        takes = self.in_features % (NATIVE_K_BLOCKS * GROUP) == 0
+        blocks = whole_block_scales(scale) if takes else None
         self.register_buffer("block_scales", blocks, persistent=False)
         return scale.contiguous()
 
