@@ -321,6 +321,8 @@ def block_scaled_mm_native(
         raise ValueError(
             f"a has {a.shape[1]} columns: torch's blockwise GEMM takes multiples of 512"
         )
+    if a.shape[0] == 0:  # cuBLAS takes no empty product
+        return torch.empty((0, w.shape[0]), dtype=out_dtype, device=a.device)
     if a.shape[0] % NATIVE_ROWS or a_scale.stride(0) != 1:
         raise ValueError(
             f"a [{a.shape[0]}, ...] and its scales must be quantize_groups(x, {NATIVE_ROWS}, "

@@ -150,6 +150,8 @@ def test_torchs_blockwise_gemm_is_the_triton_gemms_on_the_gpu(rows):
     want = block_scaled_mm_ref(a, a_scale, codes, blocks, torch.float32)
     assert ((got.float() - want).abs() <= accumulation_bound(a, a_scale, codes, blocks)).all()
     assert native_block_scaled_mm_works(dev), "this GPU and torch offer blockwise scaling"
+    empty = block_scaled_mm_native(a[:0], a_scale[:0], codes, blocks, torch.bfloat16)
+    assert empty.shape == (0, 768)  # a step with no rows for this layer
 
 
 def test_per_row_scales_fold_back_into_blocks_only_where_blocks_are_whole():
