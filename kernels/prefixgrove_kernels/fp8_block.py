@@ -378,3 +378,30 @@ def accumulation_bound(
     rounding, far below what a wrong index or scale gives."""
     x = a.float().abs() * expand_group_scales(a_scale, a.shape[1])
     return (x @ dequantize_blocks(w, w_scale).abs().T) * 2.0**-8
+
+
+def native_block_scales(scale: torch.Tensor, in_features: int) -> torch.Tensor | None:
+    """A layer's block scales [N / 128, G] for torch's blockwise GEMM, from its per-row scales
+    [N, G]: None where that GEMM cannot take the layer (an input width not a multiple of 512,
+    or blocks that do not all start on a 128th row, as in a fused matrix whose parts do not fill
+    whole blocks), which then keeps the Triton GEMM."""
+    if in_features % (NATIVE_K_BLOCKS * GROUP):
+        return None
+    return whole_block_scales(scale)
+
+
+def block_linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    w_row_scales: torch.Tensor,
+    w_blocks: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """x [M, K] (the model's dtype, on a GPU) quantized per token and 128 columns, times w [N, K]
+    e4m3 under its block scales: through torch's blockwise GEMM where `w_blocks` is given and it
+    runs here, else through the Triton GEMM with the per-row scales. -> [M, N] in out_dtype."""
+    if w_blocks is not None and native_block_scaled_mm_works(x.device):
+        a, a_scale = quantize_groups(x, NATIVE_ROWS, group_major=True)
+        return block_scaled_mm_native(a, a_scale, w, w_blocks, out_dtype)[: x.shape[0]]
+    a, a_scale = quantize_groups(x)
+    return block_scaled_mm(a, a_scale, w, w_row_scales, out_dtype)

@@ -62,64 +62,55 @@ def test_the_peer_all_reduce_sums_what_nccl_sums(size: int) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def test_a_rank_killed_mid_step_ends_the_engine_within_a_minute() -> None:
-    _needs(2)
-    body = """
-        import os, signal, threading, time
-        from prefixgrove import LLM, SamplingParams
-        llm = LLM("tiny-random-llama", tensor_parallel_size=2, skip_tokenizer_init=True,
-                  gpu_memory_utilization=0.3)
-        pid = llm.engine.followers.processes[0].pid
-        threading.Timer(3.0, os.kill, (pid, signal.SIGKILL)).start()
-        print("killing", flush=True)
-        while True:
-            llm.generate([{"prompt_token_ids": [1, 2, 3]}] * 64,
-                         SamplingParams(max_tokens=2000, ignore_eos=True), use_tqdm=False)
-    """  # fmt: skip
-    proc = _script(body)
-    assert proc.stdout is not None
-    if proc.stdout.readline().strip() != "killing":
-        proc.kill()
-        raise AssertionError(f"the engine did not start: {proc.communicate()[1][-3000:]}")
-    killed = time.monotonic()
-    try:
-        _, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGKILL)
-        raise AssertionError("the engine outlived its lost rank by a minute") from None
-    assert proc.returncode == RANK_LOST_EXIT, err[-3000:]
-    assert "tensor-parallel rank 1" in err
-    print(f"ended {time.monotonic() - killed - 3.0:.1f} s after the kill")
-
-
-def test_a_hung_rank_ends_the_engine_within_its_timeout() -> None:
-    """A stopped follower answers nothing: rank 0's next collective times out (the peer
-    all-reduce's barrier waits with it) and the engine ends, not waits."""
-    _needs(2)
-    body = """
+def _signal_a_follower_mid_job(sig: str, within_s: float, **variables: str) -> tuple[int, str, int]:
+    """A TP = 2 engine on a long job whose follower gets signal `sig` 3 s in: (the script's exit
+    code, its stderr, the follower's pid), or an AssertionError if it runs past `within_s`."""
+    proc = _script(
+        f"""
         import os, signal, threading
         from prefixgrove import LLM, SamplingParams
         llm = LLM("tiny-random-llama", tensor_parallel_size=2, skip_tokenizer_init=True,
                   gpu_memory_utilization=0.3)
         pid = llm.engine.followers.processes[0].pid
-        threading.Timer(3.0, os.kill, (pid, signal.SIGSTOP)).start()
+        threading.Timer(3.0, os.kill, (pid, signal.{sig})).start()
         print(pid, flush=True)
         while True:
-            llm.generate([{"prompt_token_ids": [1, 2, 3]}] * 64,
+            llm.generate([{{"prompt_token_ids": [1, 2, 3]}}] * 64,
                          SamplingParams(max_tokens=2000, ignore_eos=True), use_tqdm=False)
-    """  # fmt: skip
-    proc = _script(body, PREFIXGROVE_TP_TIMEOUT_S="20")
+        """,
+        **variables,
+    )  # fmt: skip
     assert proc.stdout is not None
     line = proc.stdout.readline().strip()
     if not line.isdigit():
         proc.kill()
         raise AssertionError(f"the engine did not start: {proc.communicate()[1][-3000:]}")
+    started = time.monotonic()
     try:
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=within_s)
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGKILL)
-        raise AssertionError("the engine outlived its hung rank by two minutes") from None
+        raise AssertionError(f"the engine outlived its {sig} rank by {within_s} s") from None
     finally:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(int(line), signal.SIGKILL)  # NCCL's watchdog may end rank 0 first
-    assert proc.returncode != 0, err[-3000:]
+            os.kill(int(line), signal.SIGKILL)  # a stopped follower outlives its rank 0
+    print(f"ended {time.monotonic() - started - 3.0:.1f} s after the {sig}")
+    return proc.returncode, err, int(line)
+
+
+def test_a_rank_killed_mid_step_ends_the_engine_within_a_minute() -> None:
+    _needs(2)
+    code, err, _ = _signal_a_follower_mid_job("SIGKILL", within_s=60)
+    assert code == RANK_LOST_EXIT, err[-3000:]
+    assert "tensor-parallel rank 1" in err
+
+
+def test_a_hung_rank_ends_the_engine_within_its_timeout() -> None:
+    """A stopped follower answers nothing: rank 0's next collective times out (the peer
+    all-reduce's barrier waits with it) and the engine ends, not waits; NCCL's watchdog may
+    end it first, with its own message."""
+    _needs(2)
+    code, err, _ = _signal_a_follower_mid_job(
+        "SIGSTOP", within_s=120, PREFIXGROVE_TP_TIMEOUT_S="20"
+    )
+    assert code != 0, err[-3000:]

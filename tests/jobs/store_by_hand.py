@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from services_testbed import free_port, start_planner, start_worker, wait_for_port
+from services_testbed import RedisServer, free_port, start_planner, start_worker, wait_for_port
 
 from prefixgrove.jobs.ingest import IngestedBatch, JobPlan
+from prefixgrove.jobs.redis_store.connection import connect
 from prefixgrove.jobs.redis_store.schema import (
     GroupRecord,
     JobKeys,
@@ -27,6 +28,13 @@ from prefixgrove.jobs.requests import BatchRequest
 
 if TYPE_CHECKING:
     from prefixgrove.planner.client import PlannerClient
+
+MODEL = "m"  # the model the hand-made jobs name
+
+
+def store_on(server: RedisServer, **options: int) -> JobStore:
+    """A job store on `server`'s Redis (`options`: JobStore's own, such as retention_s)."""
+    return JobStore(connect(server.url), **options)
 
 
 def started_job(

@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from services_testbed import RedisServer
-from store_by_hand import started_job
+from store_by_hand import MODEL, started_job, store_on
 
 from prefixgrove import settings
-from prefixgrove.jobs.redis_store.connection import connect
 from prefixgrove.jobs.redis_store.schema import (
     GroupRecord,
     JobKeys,
@@ -19,7 +18,6 @@ from prefixgrove.jobs.redis_store.schema import (
 from prefixgrove.jobs.redis_store.store import JobStore
 from prefixgrove.settings import PlannerSettings
 
-MODEL = "m"
 RETENTION_S = 3600
 
 
@@ -48,7 +46,7 @@ def answer(store: JobStore, job_id: str, indices: range) -> None:
 
 @pytest.fixture
 def store(redis_server: RedisServer) -> JobStore:
-    return JobStore(connect(redis_server.url), retention_s=RETENTION_S)
+    return store_on(redis_server, retention_s=RETENTION_S)
 
 
 def test_a_running_job_keeps_its_keys(store: JobStore) -> None:
@@ -102,7 +100,7 @@ def test_an_expired_job_leaves_the_job_list(store: JobStore) -> None:
 
 
 def test_retention_zero_keeps_a_finished_job(redis_server: RedisServer) -> None:
-    store = JobStore(connect(redis_server.url), retention_s=0)
+    store = store_on(redis_server, retention_s=0)
     job_id, idem = queued_job(store)
     answer(store, job_id, range(2))
     assert store.job_state(job_id) == JobState.COMPLETED

@@ -7,9 +7,8 @@ import time
 
 import numpy as np
 from services_testbed import RedisServer
-from store_by_hand import started_job
+from store_by_hand import MODEL, started_job, store_on
 
-from prefixgrove.jobs.redis_store.connection import connect
 from prefixgrove.jobs.redis_store.queue import GroupQueue, Lease
 from prefixgrove.jobs.redis_store.schema import (
     GroupRecord,
@@ -18,13 +17,6 @@ from prefixgrove.jobs.redis_store.schema import (
     RequestRecord,
     ResultRecord,
 )
-from prefixgrove.jobs.redis_store.store import JobStore
-
-MODEL = "m"
-
-
-def store_for(server: RedisServer) -> JobStore:
-    return JobStore(connect(server.url))
 
 
 def ok(i: int) -> ResultRecord:
@@ -46,7 +38,7 @@ def test_records_round_trip() -> None:
 
 
 def test_first_result_write_wins_and_counts_once(redis_server: RedisServer) -> None:
-    store = store_for(redis_server)
+    store = store_on(redis_server)
     job_id = started_job(store, MODEL, 3, [GroupRecord(0, [0, 1, 2])])
     assert store.write_results(job_id, [(0, ok(0), 5), (1, ResultRecord(True, "{}"), 0)]) == 2
     assert store.write_results(job_id, [(0, ResultRecord(False, "second"), 9), (1, ok(1), 9)]) == 0
@@ -57,7 +49,7 @@ def test_first_result_write_wins_and_counts_once(redis_server: RedisServer) -> N
 
 
 def test_job_completes_when_the_last_request_is_answered(redis_server: RedisServer) -> None:
-    store = store_for(redis_server)
+    store = store_on(redis_server)
     job_id = started_job(store, MODEL, 2, [GroupRecord(0, [0, 1])])
     store.write_results(job_id, [(0, ok(0), 1)])
     assert store.job_state(job_id) == JobState.IN_PROGRESS
@@ -67,7 +59,7 @@ def test_job_completes_when_the_last_request_is_answered(redis_server: RedisServ
 
 
 def test_a_group_finishes_once(redis_server: RedisServer) -> None:
-    store = store_for(redis_server)
+    store = store_on(redis_server)
     job_id = started_job(store, MODEL, 2, [GroupRecord(0, [0]), GroupRecord(0, [1])])
     store.mark_leased(job_id, "0")
     assert store.finish_group(job_id, "0") is True
@@ -77,14 +69,14 @@ def test_a_group_finishes_once(redis_server: RedisServer) -> None:
 
 
 def test_idempotency_key_returns_the_first_job(redis_server: RedisServer) -> None:
-    store = store_for(redis_server)
+    store = store_on(redis_server)
     first, created = store.create_job(MODEL, "uid-1")
     again, created_again = store.create_job(MODEL, "uid-1")
     assert created and not created_again and again.id == first.id
 
 
 def test_cancel_waits_for_leased_groups(redis_server: RedisServer) -> None:
-    store = store_for(redis_server)
+    store = store_on(redis_server)
     job_id = started_job(store, MODEL, 2, [GroupRecord(0, [0]), GroupRecord(0, [1])])
     store.mark_leased(job_id, "0")
     assert store.cancel(job_id) == JobState.CANCELLING
@@ -93,7 +85,7 @@ def test_cancel_waits_for_leased_groups(redis_server: RedisServer) -> None:
 
 
 def test_queue_depth_counts_waiting_and_leased(redis_server: RedisServer) -> None:
-    store = store_for(redis_server)
+    store = store_on(redis_server)
     started_job(store, MODEL, 3, [GroupRecord(0, [0]), GroupRecord(0, [1]), GroupRecord(0, [2])])
     queue = GroupQueue(store.r, MODEL, "w1", lease_timeout_s=5)
     [lease] = queue.take(1, 0)
@@ -106,7 +98,7 @@ def test_queue_depth_counts_waiting_and_leased(redis_server: RedisServer) -> Non
 def test_keepalive_holds_a_lease_and_takeover_follows_a_dead_worker(
     redis_server: RedisServer,
 ) -> None:
-    store = store_for(redis_server)
+    store = store_on(redis_server)
     started_job(store, MODEL, 2, [GroupRecord(0, [0]), GroupRecord(0, [1])])
     alive = GroupQueue(store.r, MODEL, "alive", lease_timeout_s=1)
     dead = GroupQueue(store.r, MODEL, "dead", lease_timeout_s=1)
@@ -124,7 +116,7 @@ def test_keepalive_holds_a_lease_and_takeover_follows_a_dead_worker(
 
 
 def test_a_lease_taken_over_is_reported_lost(redis_server: RedisServer) -> None:
-    store = store_for(redis_server)
+    store = store_on(redis_server)
     started_job(store, MODEL, 1, [GroupRecord(0, [0])])
     slow = GroupQueue(store.r, MODEL, "slow", lease_timeout_s=1)
     [lease] = slow.take(1, 0)
@@ -136,7 +128,7 @@ def test_a_lease_taken_over_is_reported_lost(redis_server: RedisServer) -> None:
 
 def given_back_and_taken_again(server: RedisServer) -> tuple[Lease, Lease]:
     """One worker takes the only group and gives it back cleanly; the next one takes it."""
-    store = store_for(server)
+    store = store_on(server)
     started_job(store, MODEL, 1, [GroupRecord(0, [0])])
     leaving = GroupQueue(store.r, MODEL, "leaving", lease_timeout_s=30)
     [lease] = leaving.take(1, 0)
@@ -160,7 +152,7 @@ def test_a_clean_release_keeps_the_delivery_count(redis_server: RedisServer) -> 
 
 
 def test_a_failed_release_counts_one_more_delivery_each_time(redis_server: RedisServer) -> None:
-    store = store_for(redis_server)
+    store = store_on(redis_server)
     started_job(store, MODEL, 1, [GroupRecord(0, [0])])
     seen = []
     for attempt in range(4):
@@ -172,7 +164,7 @@ def test_a_failed_release_counts_one_more_delivery_each_time(redis_server: Redis
 
 
 def test_trimming_keeps_every_entry_still_leased_or_waiting(redis_server: RedisServer) -> None:
-    store = store_for(redis_server)
+    store = store_on(redis_server)
     started_job(store, MODEL, 4, [GroupRecord(0, [i]) for i in range(4)])
     queue = GroupQueue(store.r, MODEL, "w", lease_timeout_s=30)
     first, second = queue.take(2, 0)
@@ -187,7 +179,7 @@ def test_trimming_keeps_every_entry_still_leased_or_waiting(redis_server: RedisS
 
 
 def test_a_failed_ingest_frees_its_idempotency_key(redis_server: RedisServer) -> None:
-    store = store_for(redis_server)
+    store = store_on(redis_server)
     first, _ = store.create_job(MODEL, "uid-2")
     store.fail_ingest(first.id, "ingest_interrupted", "the planner stopped during the upload")
     again, created = store.create_job(MODEL, "uid-2")
@@ -195,7 +187,7 @@ def test_a_failed_ingest_frees_its_idempotency_key(redis_server: RedisServer) ->
 
 
 def test_freeing_a_key_never_frees_another_jobs_claim_on_it(redis_server: RedisServer) -> None:
-    store = store_for(redis_server)
+    store = store_on(redis_server)
     first, _ = store.create_job(MODEL, "uid-3")
     store.fail_ingest(first.id, "empty_file", "no lines")
     second, _ = store.create_job(MODEL, "uid-3")
@@ -206,7 +198,7 @@ def test_freeing_a_key_never_frees_another_jobs_claim_on_it(redis_server: RedisS
 def test_after_redis_lost_a_job_workers_recreate_none_of_its_keys(
     redis_server: RedisServer,
 ) -> None:
-    store = store_for(redis_server)
+    store = store_on(redis_server)
     job_id = started_job(store, MODEL, 2, [GroupRecord(0, [0, 1])])
     redis_server.client().flushall()  # Redis restarted without persistence
     store.mark_leased(job_id, "0")
@@ -217,7 +209,7 @@ def test_after_redis_lost_a_job_workers_recreate_none_of_its_keys(
 
 
 def test_the_remains_of_a_job_record_are_no_job(redis_server: RedisServer) -> None:
-    store = store_for(redis_server)
+    store = store_on(redis_server)
     redis_server.client().hset(JobKeys("job_gone").results, "0", "o{}")
     redis_server.client().hset(JobKeys("job_gone").job, "completed", 1)
     assert store.get_job("job_gone") is None

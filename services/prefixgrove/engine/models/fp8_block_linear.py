@@ -9,7 +9,7 @@ A layer keeps its scales one per row and group ([N, ceil(K / 128)], each block's
 over its rows): a fused matrix (q|k|v, gate|up) stacks its parts' blocks as they are, whether or
 not a part fills whole blocks of rows (a 64-row k_proj has one block of 64 rows).
 
-On CUDA the product is torch's blockwise-scaled GEMM (`fp8_block.block_scaled_mm_native`, cuBLAS)
+On CUDA the product is `fp8_block.block_linear`: torch's blockwise-scaled GEMM (cuBLAS)
 where this torch and GPU offer it and the layer's blocks all start on a 128th row, else
 `fp8_block.block_scaled_mm` (a Triton GEMM reading a scale per row); on the CPU both sides are
 dequantized and multiplied in fp32 through `row_invariant_linear`, so a row's result does not depend
@@ -25,19 +25,14 @@ from torch import nn
 
 from prefixgrove_kernels.fp8_block import (
     GROUP,
-    NATIVE_K_BLOCKS,
-    NATIVE_ROWS,
-    block_scaled_mm,
-    block_scaled_mm_native,
+    block_linear,
     dequantize_blocks,
     expand_group_scales,
     groups_of,
-    native_block_scaled_mm_works,
+    native_block_scales,
     quantize_blocks_ref,
-    quantize_groups,
     quantize_groups_ref,
     row_scales,
-    whole_block_scales,
 )
 from prefixgrove_kernels.reference_math import to_e4m3_ref
 
@@ -59,12 +54,7 @@ class Fp8BlockLinear(Fp8Layer):
                 f"weight_scale {tuple(weight_scale.shape)} has {scale.shape[1]} column blocks "
                 f"for {self.in_features} input features (expected {groups_of(self.in_features)})"
             )
-        # torch's blockwise GEMM takes one scale per block, and input widths of a multiple of
-        # 4 blocks (cuBLAS misreads the scales of others); a layer whose blocks do not all start
-        # on a 128th row (a fused matrix of parts that do not fill whole blocks) or of another
-        # width keeps the Triton GEMM, which reads a scale per row
-        takes = self.in_features % (NATIVE_K_BLOCKS * GROUP) == 0
-        blocks = whole_block_scales(scale) if takes else None
+        blocks = native_block_scales(scale, self.in_features)  # None: the Triton GEMM's
         self.register_buffer("block_scales", blocks, persistent=False)
         return scale.contiguous()
 
@@ -96,13 +86,7 @@ class Fp8BlockLinear(Fp8Layer):
         rows = x.reshape(-1, self.in_features)
         if rows.is_cuda:
             blocks: torch.Tensor | None = self.block_scales  # type: ignore[assignment]
-            if blocks is not None and native_block_scaled_mm_works(rows.device):
-                codes, scales = quantize_groups(rows, NATIVE_ROWS, group_major=True)
-                out = block_scaled_mm_native(codes, scales, self.weight, blocks, self.out_dtype)
-                out = out[: rows.shape[0]]
-            else:
-                codes, scales = quantize_groups(rows)
-                out = block_scaled_mm(codes, scales, self.weight, self.weight_scale, self.out_dtype)
+            out = block_linear(rows, self.weight, self.weight_scale, blocks, self.out_dtype)
         else:
             # Exact emulation: both sides dequantized, multiplied in fp32 in the CPU's row blocks.
             # The weight is dequantized per call, so memory stays at one byte a value.
