@@ -75,12 +75,15 @@ class PeerAllReduce:
         usable = _symmetric_memory_ops() and all(
             torch.cuda.can_device_access_peer(device, p) for p in peers
         )
-        flag = torch.tensor([int(usable)], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)  # one rank's "no" is everyone's
-        if not flag.item():
+        if not _every_rank(usable, group, device):
             logger.info("peer all-reduce unavailable here (no symmetric memory or P2P): NCCL")
             return None
-        return cls(group, device)
+        try:
+            peer: PeerAllReduce | None = cls(group, device)
+        except Exception as error:  # any failure to map the buffers leaves NCCL
+            logger.warning("peer all-reduce could not map the ranks' buffers (%s): NCCL", error)
+            peer = None
+        return peer if _every_rank(peer is not None, group, device) else None
 
     def takes(self, x: torch.Tensor) -> bool:
         return (
@@ -104,6 +107,13 @@ class PeerAllReduce:
         else:
             raise ValueError(f"all-reduce way {way!r}: expected one of {WAYS}")
         return out
+
+
+def _every_rank(yes: bool, group: Any, device: torch.device) -> bool:
+    """Whether every rank of `group` said yes: one rank's no is everyone's (a collective)."""
+    flag = torch.tensor([int(yes)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(flag.item())
 
 
 def _symmetric_memory_ops() -> bool:
