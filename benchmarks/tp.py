@@ -11,7 +11,8 @@ agreement with one GPU.
   agreement  teacher-forced top-1 agreement of TP = N with TP = 1 in bf16: TP = 1 generates
              greedily, TP = N scores the same sequences (prompt logprobs); the share of generated
              positions whose top-1 is the token TP = 1 chose
-Prints one JSON line per measurement. Usage:
+Prints one JSON line per measurement; flags a mode does not know go on to the runs it starts (the
+engine's, batchllm.py's). Usage:
   python benchmarks/tp.py canonical --tp-sizes 1,2,4 [--groups 400] [--baseline-req-per-s X] [engine flags]
   python benchmarks/tp.py allreduce --tp-sizes 2,4 [--hidden 4096 --layers 32] [--ways nccl,auto]
   python benchmarks/tp.py agreement --tp-sizes 2,4 [--model llama-3.1-8b-random]
@@ -137,11 +138,11 @@ def _graphed_us(fn: Any, reps: int) -> float:
 def agreement(args: argparse.Namespace, engine_flags: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         sequences = os.path.join(tmp, "sequences.json")
-        _child("tp.py", ["_generate", "--out", sequences, *engine_flags])
+        shape = ["--sequences", str(args.sequences), "--output-len", str(args.output_len)]
+        _child("tp.py", ["_generate", "--out", sequences, *shape, *engine_flags])
         for size in args.tp_sizes:
-            (record,) = _child(
-                "tp.py", ["_score", "--out", sequences, "--tp", str(size), *engine_flags]
-            )
+            run = ["_score", "--out", sequences, "--tp", str(size), *shape, *engine_flags]
+            (record,) = _child("tp.py", run)
             emit(record)
 
 
@@ -183,62 +184,62 @@ def _score(args: argparse.Namespace, engine_flags: list[str]) -> None:
     llm.engine.close()
 
 
+def _sizes(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+def _parser() -> argparse.ArgumentParser:
+    """This script's own options, per mode. Everything else on the command line (the engine's
+    flags, batchllm.py's workload flags) passes through to the runs each mode starts."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    modes = ap.add_subparsers(dest="what", required=True)
+    canonical = modes.add_parser("canonical", help="the canonical job at each TP size")
+    canonical.add_argument("--groups", type=int, default=400)
+    canonical.add_argument("--flops-ratio", type=float, default=1.0, help="70B's over 8B's")
+    canonical.add_argument(
+        "--baseline-req-per-s",
+        type=float,
+        default=0.0,
+        help="TP = 1's req/s measured apart (default: the first size's)",
+    )
+    allreduce = modes.add_parser("allreduce", help="one decode step's all-reduce, each way")
+    allreduce.add_argument("--hidden", type=int, default=4096)
+    allreduce.add_argument("--layers", type=int, default=32)
+    allreduce.add_argument("--rows", type=_sizes, default=[1, 64, 512])
+    allreduce.add_argument(
+        "--ways",
+        type=lambda s: s.split(","),
+        default=["nccl", "one-shot", "two-shot", "auto"],
+        help="NCCL, peer memory one-shot / two-shot, and the engine's choice",
+    )
+    agreement = modes.add_parser("agreement", help="TP = N's top-1 against TP = 1's, in bf16")
+    for mode in (canonical, allreduce, agreement):
+        mode.add_argument("--tp-sizes", type=_sizes, default=[1, 2])
+    runs = [modes.add_parser(name) for name in ("_generate", "_score")]  # agreement's processes
+    for run in runs:
+        run.add_argument("--out", required=True)
+        run.add_argument("--tp", type=int, default=1)
+    for mode in (agreement, *runs):
+        mode.add_argument("--sequences", type=int, default=32)
+        mode.add_argument("--output-len", type=int, default=64)
+    return ap  # fmt: skip
+
+
 def main() -> None:
     ensure_prefixgrove()
     from _common import add_engine_args
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["canonical", "allreduce", "agreement", "_generate", "_score"])
-    ap.add_argument("--tp-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
-    ap.add_argument("--groups", type=int, default=400)
-    ap.add_argument("--flops-ratio", type=float, default=1.0)
-    ap.add_argument(
-        "--baseline-req-per-s",
-        type=float,
-        default=0.0,
-        help="canonical: TP = 1's req/s measured apart (default: the first size's)",
-    )
-    ap.add_argument("--hidden", type=int, default=4096)
-    ap.add_argument("--layers", type=int, default=32)
-    ap.add_argument("--rows", type=lambda s: [int(x) for x in s.split(",")], default=[1, 64, 512])
-    ap.add_argument(
-        "--ways",
-        type=lambda s: s.split(","),
-        default=["nccl", "one-shot", "two-shot", "auto"],
-        help="allreduce: NCCL, peer memory one-shot / two-shot, and the engine's choice",
-    )
-    ap.add_argument("--sequences", type=int, default=32)
-    ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--out", default="")
-    ap.add_argument("--tp", type=int, default=1)
-    add_engine_args(ap)
-    args, _ = ap.parse_known_args()
-    # the engine's flags as given, for the child runs (each takes them as a user would)
-    engine_flags = _engine_flags(sys.argv[2:])
+    args, passthrough = _parser().parse_known_args()
+    engine = argparse.ArgumentParser(add_help=False)
+    add_engine_args(engine)
+    args = argparse.Namespace(**{**vars(engine.parse_known_args(passthrough)[0]), **vars(args)})
     {
-        "canonical": lambda: canonical(args, engine_flags),
+        "canonical": lambda: canonical(args, passthrough),
         "allreduce": lambda: allreduce(args),
-        "agreement": lambda: agreement(args, engine_flags),
-        "_generate": lambda: _generate(args, engine_flags),
-        "_score": lambda: _score(args, engine_flags),
+        "agreement": lambda: agreement(args, passthrough),
+        "_generate": lambda: _generate(args, passthrough),
+        "_score": lambda: _score(args, passthrough),
     }[args.what]()
-
-
-_OWN = {"--tp-sizes", "--groups", "--flops-ratio", "--baseline-req-per-s", "--hidden", "--layers", "--rows",
-        "--ways", "--sequences", "--output-len", "--out", "--tp"}  # fmt: skip
-
-
-def _engine_flags(argv: list[str]) -> list[str]:
-    """argv without this script's own options (each takes one value)."""
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg.split("=")[0] in _OWN:
-            skip = "=" not in arg
-        else:
-            out.append(arg)
-    return out
 
 
 if __name__ == "__main__":
