@@ -101,32 +101,30 @@ def paged_launches(dtype: torch.dtype, kv_dtype: torch.dtype) -> list[tuple[str,
     return out
 
 
+def _zero_rows(count: int, blocks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A batch of `count` rows as the metadata holds it, all zeros: cumulative query offsets
+    [count + 1], lengths [count] and block tables [count, blocks] (the contents are never read:
+    nothing launches)."""
+    index = torch.zeros(count + 1, dtype=torch.int32)
+    return index, index[:count], torch.zeros(count, blocks, dtype=torch.int32)
+
+
 def zero_groups(num_groups: int, max_group_q: int) -> Any:
-    """Groups of the given count and tile hint (the contents are never read: nothing launches)."""
+    """Groups of the given count and tile hint."""
     from prefixgrove_kernels.launch import CascadeMetadata
 
-    index = torch.zeros(num_groups + 1, dtype=torch.int32)
-    return CascadeMetadata(
-        group_cu_q=index,
-        group_prefix_lens=index[:num_groups],
-        group_block_tables=torch.zeros(num_groups, 500, dtype=torch.int32),
-        max_group_q=max_group_q,
-    )
+    cu_q, prefix_lens, tables = _zero_rows(num_groups, 500)
+    return CascadeMetadata(group_cu_q=cu_q, group_prefix_lens=prefix_lens,
+                           group_block_tables=tables, max_group_q=max_group_q)  # fmt: skip
 
 
 def zero_seqs(count: int, max_query_len: int, grouped: bool) -> Any:
-    """`count` sequences of the given query-length hint, with kv_start where `grouped` (the
-    contents are never read: nothing launches)."""
+    """`count` sequences of the given query-length hint, with kv_start where `grouped`."""
     from prefixgrove_kernels.launch import PagedMetadata
 
-    index = torch.zeros(count + 1, dtype=torch.int32)
-    return PagedMetadata(
-        cu_seqlens_q=index,
-        seq_lens=index[:count],
-        block_tables=torch.zeros(count, 160, dtype=torch.int32),
-        max_query_len=max_query_len,
-        kv_start=index[:count] if grouped else None,
-    )
+    cu_q, lens, tables = _zero_rows(count, 160)
+    return PagedMetadata(cu_seqlens_q=cu_q, seq_lens=lens, block_tables=tables,
+                         max_query_len=max_query_len, kv_start=lens if grouped else None)  # fmt: skip
 
 
 class CascadeShape(NamedTuple):
