@@ -51,12 +51,19 @@ def calibration_for(kind: str, dtype: str) -> Calibration:
     dtype = "bfloat16" if dtype == "float16" else dtype  # the same tensor cores, the same rate
     own = f"{kind}/{dtype}"
     if own in table:
-        return Calibration(Coefficients(**table[own]), own, False)
+        return Calibration(_coefficients(own), own, False)
     other = f"{_BORROW.get(kind, '')}/{dtype}"
     if other in table and kind != "cpu":
-        return Calibration(Coefficients(**table[other]), other, True)
+        return Calibration(_coefficients(other), other, True)
     known = ", ".join(sorted(table))
     raise ValueError(
         f"no calibration for {dtype} on {kind}: the table has {known} "
         "(benchmarks/calibrate.py adds a row from runs on that device)"
     )
+
+
+def _coefficients(key: str) -> Coefficients:
+    """The row under `key`; a row fitted to several kinds' runs together stands under the first
+    kind's key, and the others' keys name it."""
+    row = calibration_table.TABLE[key]
+    return Coefficients(**(calibration_table.TABLE[row] if isinstance(row, str) else row))
