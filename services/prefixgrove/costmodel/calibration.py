@@ -66,4 +66,7 @@ def _coefficients(key: str) -> Coefficients:
     """The row under `key`; a row fitted to several kinds' runs together stands under the first
     kind's key, and the others' keys name it."""
     row = calibration_table.TABLE[key]
-    return Coefficients(**(calibration_table.TABLE[row] if isinstance(row, str) else row))
+    if isinstance(row, str):
+        row = calibration_table.TABLE[row]
+    assert not isinstance(row, str), f"{key}: a row names a row that names another"
+    return Coefficients(**row)
