@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import redis
-from services_testbed import RedisClusterProcesses, shared_prefix_job, wait_until
+from redis_topologies import RedisClusterProcesses
+from services_testbed import shared_prefix_job, wait_until
 from store_by_hand import answer, assert_each_answered_once, ingest_in_pairs, planner_and_worker
 
 from prefixgrove.jobs.redis_store import schema

@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from services_testbed import RedisSentinelProcesses, shared_prefix_job, wait_until
+from redis_topologies import RedisSentinelProcesses
+from services_testbed import shared_prefix_job, wait_until
 from store_by_hand import answer, assert_each_answered_once, ingest_in_pairs, planner_and_worker
 
 from prefixgrove.jobs.redis_store.connection import connect
