@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_fused_elementwise import MANTISSA_BITS, NORM_ULPS, SILU_ULPS, randn
+from elementwise_checks import MANTISSA_BITS, NORM_ULPS, SILU_ULPS, randn
 
 from prefixgrove_kernels.activation import silu_and_mul, silu_and_mul_fp8, silu_and_mul_fp8_ref
 from prefixgrove_kernels.fp8_quant import MIN_SCALE, quantize_rows

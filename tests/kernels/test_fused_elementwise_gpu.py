@@ -16,13 +16,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_fused_elementwise import (
-    HeadShape,
-    assert_mostly_equal,
-    assert_ulps,
-    fused_qkv_views,
-    randn,
-)
+from elementwise_checks import assert_mostly_equal, assert_ulps, randn
+from test_fused_rotary import HeadShape, fused_qkv_views
 
 from prefixgrove.engine.models.rotary import rotary_table
 from prefixgrove_kernels.activation import silu_and_mul, silu_and_mul_ref

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from elementwise_checks import randn
 from test_fp8_fused import assert_same_bytes, gate_up
-from test_fused_elementwise import randn
 
 from prefixgrove_kernels.activation import (
     gelu_tanh_and_mul,

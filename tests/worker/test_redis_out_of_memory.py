@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import redis
 from queued_jobs import queue_shared_prefix_job
-from services_testbed import MODEL, Process, RedisProcess, free_port, start_worker, wait_until
+from redis_topologies import RedisProcess
+from services_testbed import MODEL, Process, free_port, start_worker, wait_until
 
 from prefixgrove.engine import EngineConfig, LLMEngine
 from prefixgrove.jobs.redis_store.connection import connect
