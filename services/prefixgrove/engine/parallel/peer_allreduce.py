@@ -17,8 +17,9 @@ never used: the GPU machines keep it off (TORCH_SYMM_MEM_DISABLE_MULTICAST=1).
 
 What does not fit (a message over the buffer, a dtype the kernels do not take, a machine whose GPUs
 cannot map each other's memory) takes NCCL, as does every engine started with
-disable_custom_all_reduce. Which way a size takes is `choose_way`, from the timings in
-benchmarks/RESULTS.md (`tp.py allreduce`).
+disable_custom_all_reduce. As the engine starts, every rank sums known integers both ways and
+through NCCL (`sums_what_nccl_sums`): one rank's difference sends every rank back to NCCL. Which
+way a size takes is `choose_way`.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class PeerAllReduce:
         usable = _symmetric_memory_ops() and all(
             torch.cuda.can_device_access_peer(device, p) for p in peers
         )
-        if not _every_rank(usable, group, device):
+        if not every_rank(usable, group, device):
             logger.info("peer all-reduce unavailable here (no symmetric memory or P2P): NCCL")
             return None
         try:
@@ -83,7 +84,25 @@ class PeerAllReduce:
         except Exception as error:  # any failure to map the buffers leaves NCCL
             logger.warning("peer all-reduce could not map the ranks' buffers (%s): NCCL", error)
             peer = None
-        return peer if _every_rank(peer is not None, group, device) else None
+        if not every_rank(peer is not None, group, device):
+            return None
+        assert peer is not None
+        return peer if every_rank(peer.sums_what_nccl_sums(group, device), group, device) else None
+
+    def sums_what_nccl_sums(self, group: Any, device: torch.device) -> bool:
+        """Both ways give NCCL's sums, to the bit, of integers fp32 adds exactly (a small and a
+        decode-sized message): checked once as the engine starts, on every rank at once, so that
+        a machine where the peer reads go wrong keeps NCCL rather than wrong activations."""
+        rank, right = dist.get_rank(group), True
+        for numel in (1024, 1 << 20):  # every rank makes every call: no early way out
+            x = (torch.arange(numel, device=device) % 251 + 7 * rank).float()
+            want = x.clone()
+            dist.all_reduce(want, group=group)
+            for way in WAYS:
+                if not torch.equal(self(x, way), want):
+                    logger.warning("peer all-reduce (%s) differs from NCCL here: NCCL", way)
+                    right = False
+        return right
 
     def takes(self, x: torch.Tensor) -> bool:
         return (
@@ -109,7 +128,7 @@ class PeerAllReduce:
         return out
 
 
-def _every_rank(yes: bool, group: Any, device: torch.device) -> bool:
+def every_rank(yes: bool, group: Any, device: torch.device) -> bool:
     """Whether every rank of `group` said yes: one rank's no is everyone's (a collective)."""
     flag = torch.tensor([int(yes)], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
