@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prefixgrove.costmodel.devices import DeviceKind
-from prefixgrove.costmodel.shape import ModelShape, dtype_bytes
+from prefixgrove.costmodel.shape import ModelShape
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,8 @@ def touched_experts(shape: ModelShape, rows: float) -> float:
 
 
 def prefill_expert_s(shape: ModelShape, kind: DeviceKind, dtype: str, tokens: float, ranks: int) -> float:  # fmt: skip
-    """Seconds of the experts' grouped GEMMs over `tokens` prefill tokens."""
+    """Seconds of the experts' grouped GEMMs over `tokens` tokens at their FLOPs' measured rate
+    (0 where the kind's rates were never measured)."""
     rates = expert_rates(kind.name)
     flops = 2.0 * tokens * shape.active_expert_params
     return flops / (rates.prefill_flops_share * kind.flops(dtype) * ranks) if rates else 0.0
@@ -55,14 +56,8 @@ def decode_expert_s(shape: ModelShape, kind: DeviceKind, dtype: str, steps: floa
     """Seconds of the experts over `steps` decode steps of `rows` rows: the weights of the experts
     touched, read once a step, or their FLOPs where those take longer."""
     rates = expert_rates(kind.name)
-    if not rates or not steps:
+    if not rates or not steps or not shape.experts:
         return 0.0
-    read = touched_experts(shape, rows) * shape.expert_params * shape.layers * dtype_bytes(dtype)
+    read = shape.expert_weight_bytes(dtype) * touched_experts(shape, rows) / shape.experts
     memory = read / (rates.decode_bytes_share * kind.bytes_per_s * ranks)
-    compute = (
-        2.0
-        * rows
-        * shape.active_expert_params
-        / (rates.prefill_flops_share * kind.flops(dtype) * ranks)
-    )
-    return steps * max(memory, compute)
+    return steps * max(memory, prefill_expert_s(shape, kind, dtype, rows, ranks))

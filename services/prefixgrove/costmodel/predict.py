@@ -93,14 +93,13 @@ def features(work: Workload, shape: ModelShape, where: Placement, cal: Calibrati
     # the experts are priced apart (experts.py) on the kinds where their kernels were measured
     apart = expert_rates(where.kind.name) is not None
     linear = 2.0 * (shape.active_params - (shape.active_expert_params if apart else 0))
-    weights = shape.weight_bytes(where.weight_dtype)
-    weights -= shape.expert_weight_bytes(where.weight_dtype) if apart else 0
+    dtype = where.weight_dtype
+    weights = shape.weight_bytes(dtype) - (shape.expert_weight_bytes(dtype) if apart else 0)
     head = 2.0 * shape.head_params
     batch = batch_size(work, shape, where)
     decode_steps = max(work.decode_tokens / batch, work.longest_decode) if batch else 0.0
     kv = shape.kv_bytes_per_token(where.kv_dtype)
     prefill_steps = math.ceil(work.prefill_tokens / where.max_num_batched_tokens)
-    expert_dtype = where.weight_dtype
     return {
         "prefill_compute": (work.prefill_tokens * linear + work.requests * head) / matmul
         + shape.attention_flops(work.prefill_pairs) / attention,
@@ -115,10 +114,8 @@ def features(work: Workload, shape: ModelShape, where: Placement, cal: Calibrati
             shape, where, prefill_steps, work.prefill_tokens / max(prefill_steps, 1)
         ),
         "decode_all_reduce": _all_reduce_s(shape, where, decode_steps, batch),
-        "prefill_experts": prefill_expert_s(
-            shape, where.kind, expert_dtype, work.prefill_tokens, t
-        ),
-        "decode_experts": decode_expert_s(shape, where.kind, expert_dtype, decode_steps, batch, t),
+        "prefill_experts": prefill_expert_s(shape, where.kind, dtype, work.prefill_tokens, t),
+        "decode_experts": decode_expert_s(shape, where.kind, dtype, decode_steps, batch, t),
     }
 
 
