@@ -10,12 +10,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from prefixgrove.engine.parallel.peer_allreduce import (
-    MAX_BYTES,
-    PeerAllReduce,
-    choose_way,
-    every_rank,
-)
+from prefixgrove.engine.parallel.group import TensorParallel
+from prefixgrove.engine.parallel.peer_allreduce import MAX_BYTES, PeerAllReduce, choose_way
 
 
 def test_one_shot_for_two_ranks_and_small_messages_two_shot_for_the_largest() -> None:
@@ -47,12 +43,13 @@ class _Wrong(_Summing):
 def _rank(rank: int, port: int, answers: list[bool]) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        group, cpu = dist.group.WORLD, torch.device("cpu")
-        right = _Summing().sums_what_nccl_sums(group, cpu)
-        wrong = _Wrong().sums_what_nccl_sums(group, cpu)
+        parallel, cpu = TensorParallel(rank, 2, dist.group.WORLD), torch.device("cpu")
+        right = _Summing().sums_what_nccl_sums(parallel, cpu)
+        wrong = _Wrong().sums_what_nccl_sums(parallel, cpu)
         assert (right, wrong) == tuple(answers), (rank, right, wrong)
-        # rank 1 alone saw its wrong sums: every_rank makes its no everyone's, as create() does
-        assert every_rank(right, group, cpu) and not every_rank(wrong, group, cpu)
+        # rank 1 alone saw its wrong sums: the agreement create() takes makes its no everyone's
+        assert parallel.min_over_ranks(int(right), cpu) == 1
+        assert parallel.min_over_ranks(int(wrong), cpu) == 0
     finally:
         dist.destroy_process_group()
 

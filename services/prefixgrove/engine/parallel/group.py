@@ -23,15 +23,14 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 
 
 class TensorParallel:
-    def __init__(
-        self, rank: int = 0, size: int = 1, group: Any = None, peer: PeerAllReduce | None = None
-    ) -> None:
+    def __init__(self, rank: int = 0, size: int = 1, group: Any = None) -> None:
         if not 0 <= rank < size:
             raise ValueError(f"rank {rank} is outside a tensor-parallel group of {size}")
         self.rank = rank
         self.size = size
         self.group = group
-        self.peer = peer  # the all-reduce over peer memory, where the GPUs have one
+        # the all-reduce over peer memory, where the GPUs have one (launch.join_group sets it)
+        self.peer: PeerAllReduce | None = None
         # Called with the error when a collective fails (gloo raises when a peer is gone): rank 0
         # finds out which rank was lost and ends the engine (launch.Followers)
         self.on_error: Callable[[BaseException], None] | None = None

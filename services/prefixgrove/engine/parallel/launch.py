@@ -68,9 +68,10 @@ def join_group(
         timeout=collective_timeout(),
         device_id=torch.device(device) if cuda else None,
     )
-    group = dist.group.WORLD
-    peer = PeerAllReduce.create(group, torch.device(device)) if cuda and peer_all_reduce else None
-    return TensorParallel(rank, size, group, peer)
+    parallel = TensorParallel(rank, size, dist.group.WORLD)
+    if cuda and peer_all_reduce:
+        parallel.peer = PeerAllReduce.create(parallel, torch.device(device))
+    return parallel
 
 
 def _free_port() -> int:

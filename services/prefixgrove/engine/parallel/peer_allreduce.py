@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from .group import TensorParallel
 
 logger = logging.getLogger(__name__)
 
@@ -66,38 +69,43 @@ class PeerAllReduce:
         self._ops = torch.ops.symm_mem
 
     @classmethod
-    def create(cls, group: Any, device: torch.device) -> PeerAllReduce | None:
-        """This rank's, when every rank can map every other's memory; else None on every rank."""
-        devices = torch.empty(dist.get_world_size(group), dtype=torch.int64, device=device)
+    def create(cls, parallel: TensorParallel, device: torch.device) -> PeerAllReduce | None:
+        """This rank's, when every rank can map every other's memory and sums as NCCL does; else
+        None on every rank (a collective: every rank of `parallel` calls it)."""
+        devices = torch.empty(parallel.size, dtype=torch.int64, device=device)
         dist.all_gather_into_tensor(
-            devices, torch.tensor([device.index], device=device), group=group
+            devices, torch.tensor([device.index], device=device), group=parallel.group
         )
         peers = [d for d in devices.tolist() if d != device.index]
         usable = _symmetric_memory_ops() and all(
             torch.cuda.can_device_access_peer(device, p) for p in peers
         )
-        if not every_rank(usable, group, device):
+        if not _every_rank(parallel, usable, device):
             logger.info("peer all-reduce unavailable here (no symmetric memory or P2P): NCCL")
             return None
         try:
-            peer: PeerAllReduce | None = cls(group, device)
+            peer: PeerAllReduce | None = cls(parallel.group, device)
         except Exception as error:  # any failure to map the buffers leaves NCCL
             logger.warning("peer all-reduce could not map the ranks' buffers (%s): NCCL", error)
             peer = None
-        if not every_rank(peer is not None, group, device):
+        if not _every_rank(parallel, peer is not None, device):
             return None
         assert peer is not None
-        return peer if every_rank(peer.sums_what_nccl_sums(group, device), group, device) else None
+        return (
+            peer
+            if _every_rank(parallel, peer.sums_what_nccl_sums(parallel, device), device)
+            else None
+        )
 
-    def sums_what_nccl_sums(self, group: Any, device: torch.device) -> bool:
+    def sums_what_nccl_sums(self, parallel: TensorParallel, device: torch.device) -> bool:
         """Both ways give NCCL's sums, to the bit, of integers fp32 adds exactly (a small and a
         decode-sized message): checked once as the engine starts, on every rank at once, so that
         a machine where the peer reads go wrong keeps NCCL rather than wrong activations."""
-        rank, right = dist.get_rank(group), True
+        right = True
         for numel in (1024, 1 << 20):  # every rank makes every call: no early way out
-            x = (torch.arange(numel, device=device) % 251 + 7 * rank).float()
+            x = (torch.arange(numel, device=device) % 251 + 7 * parallel.rank).float()
             want = x.clone()
-            dist.all_reduce(want, group=group)
+            dist.all_reduce(want, group=parallel.group)
             for way in WAYS:
                 if not torch.equal(self(x, way), want):
                     logger.warning("peer all-reduce (%s) differs from NCCL here: NCCL", way)
@@ -128,11 +136,9 @@ class PeerAllReduce:
         return out
 
 
-def every_rank(yes: bool, group: Any, device: torch.device) -> bool:
-    """Whether every rank of `group` said yes: one rank's no is everyone's (a collective)."""
-    flag = torch.tensor([int(yes)], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
-    return bool(flag.item())
+def _every_rank(parallel: TensorParallel, yes: bool, device: torch.device) -> bool:
+    """Whether every rank said yes: one rank's no is everyone's."""
+    return parallel.min_over_ranks(int(yes), device) == 1
 
 
 def _symmetric_memory_ops() -> bool:
