@@ -319,14 +319,15 @@ def block_scaled_mm_native(
     that each group's column starts 16 bytes aligned), and answers in bf16 only."""
     if a.shape[1] % (NATIVE_K_BLOCKS * GROUP):
         raise ValueError(
-            f"a has {a.shape[1]} columns: torch's blockwise GEMM takes multiples of 512"
+            f"a has {a.shape[1]} columns: torch's blockwise GEMM takes multiples of "
+            f"{NATIVE_K_BLOCKS * GROUP}"
         )
     if a.shape[0] == 0:  # cuBLAS takes no empty product
         return torch.empty((0, w.shape[0]), dtype=out_dtype, device=a.device)
     if a.shape[0] % NATIVE_ROWS or a_scale.stride(0) != 1:
         raise ValueError(
             f"a [{a.shape[0]}, ...] and its scales must be quantize_groups(x, {NATIVE_ROWS}, "
-            "group_major=True)'s: rows a multiple of 4, scales group-major"
+            f"group_major=True)'s: rows a multiple of {NATIVE_ROWS}, scales group-major"
         )
     out = torch._scaled_mm(
         a, w.t(), scale_a=a_scale, scale_b=w_blocks.t(), out_dtype=torch.bfloat16
