@@ -22,6 +22,7 @@ from typing import Any
 
 from prefixgrove.jobs.redis_store import schema
 from prefixgrove.jobs.redis_store.connection import Redis
+from prefixgrove.jobs.redis_store.schema import text
 
 SENT_TO = "for:"  # the stream consumer `for:<consumer>` holds the groups sent to that worker
 
@@ -90,7 +91,7 @@ class PrefixAffinity:
         if not wanted:
             return {}
         live: Any = self.r.zrangebyscore(holders_key(self.model), time.time(), "+inf")
-        others = [c for c in (_s(c) for c in live) if c != self.consumer]
+        others = [c for c in (text(c) for c in live) if c != self.consumer]
         if not others:
             return {}
         pipe = self.r.pipeline(transaction=False)
@@ -108,7 +109,3 @@ class PrefixAffinity:
 
 def _ttl(seconds: float) -> int:
     return max(int(seconds + 0.999), 1)
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from prefixgrove.jobs.redis_store.schema import text
+
 
 def alone_field(group_id: str) -> str:
     """The group hash's field that holds the group's note."""
@@ -27,6 +29,5 @@ class AloneNote:
 
     @classmethod
     def decode(cls, raw: bytes | str) -> AloneNote:
-        text = raw.decode() if isinstance(raw, bytes) else raw
-        index, delivery, *counts = (int(x) for x in text.split(":"))
+        index, delivery, *counts = (int(x) for x in text(raw).split(":"))
         return cls(index, delivery, *counts[:2])  # a note from before strikes and blamed: none

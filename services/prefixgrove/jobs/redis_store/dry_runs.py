@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from prefixgrove.jobs.redis_store.schema import END_DRY_RUN, JobKeys, JobState, RequestRecord
+from prefixgrove.jobs.redis_store.schema import END_DRY_RUN, JobKeys, JobState, RequestRecord, text
 from prefixgrove.jobs.redis_store.store import JobStore
 
 _READ_BATCH = 1000
@@ -48,9 +48,5 @@ class DryRuns:
             keys=JobKeys(job_id).all(), args=[time.time(), json.dumps(plan), saved]
         )
         if idempotency_key:  # the keys expire with the job, the key in its own slot too
-            self.store.keys.expire(_s(idempotency_key), job_id, int(retention_s))
-        return JobState(_s(result))
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+            self.store.keys.expire(text(idempotency_key), job_id, int(retention_s))
+        return JobState(text(result))

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from prefixgrove.jobs.redis_store import schema
 from prefixgrove.jobs.redis_store.connection import Redis
-from prefixgrove.jobs.redis_store.schema import JobRecord
+from prefixgrove.jobs.redis_store.schema import JobRecord, text
 
 # KEYS: the idempotency key; ARGV: the job id, retention. Expires the key only while it still
 # names this job.
@@ -65,7 +65,7 @@ class IdempotencyKeys:
             named = self.r.get(name)
             if named is None:
                 continue
-            existing = find(_s(named))  # type: ignore[arg-type]
+            existing = find(text(named))  # type: ignore[arg-type]
             if existing is not None:
                 return existing
             if self._replace(keys=[name], args=[named, job_id]):
@@ -91,7 +91,3 @@ def check_same_input(job: JobRecord, lines: int, digest: str) -> None:
             f"one ({lines} request lines, digest {digest[:16]}): submit this input under another "
             "key, or leave the key out"
         )
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

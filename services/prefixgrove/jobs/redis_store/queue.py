@@ -39,6 +39,7 @@ import redis
 from prefixgrove.jobs.redis_store import schema
 from prefixgrove.jobs.redis_store.affinity import SENT_TO, PrefixAffinity, sent_to
 from prefixgrove.jobs.redis_store.connection import Redis
+from prefixgrove.jobs.redis_store.schema import text
 
 log = logging.getLogger(__name__)
 _GIVEN_BACK_IDLE_MS = 7 * 24 * 3600 * 1000  # idle past any lease timeout: claimable at once
@@ -134,7 +135,7 @@ class GroupQueue:
         """Per worker, the groups sent to it that it has not taken yet."""
         summary: Any = self.r.xpending(self.key, schema.CONSUMER_GROUP)
         consumers = (summary or {}).get("consumers") or []
-        names = ((_s(c["name"]), int(c["pending"])) for c in consumers)
+        names = ((text(c["name"]), int(c["pending"])) for c in consumers)
         return {name.removeprefix(SENT_TO): n for name, n in names if name.startswith(SENT_TO)}
 
     def _claim_sent(self, count: int) -> list[Lease]:
@@ -167,7 +168,7 @@ class GroupQueue:
         pending: Any = self.r.xpending_range(
             self.key, schema.CONSUMER_GROUP, "-", "+", count, idle=self.lease_timeout_ms
         )
-        return [(_s(p["message_id"]), int(p["times_delivered"])) for p in pending]
+        return [(text(p["message_id"]), int(p["times_delivered"])) for p in pending]
 
     def _claim(self, entry_ids: list[Any]) -> list[Lease]:
         """Takes these entries over, those still idle past the lease timeout (another worker may
@@ -231,7 +232,7 @@ class GroupQueue:
         if not held:
             return
         owned = {
-            _s(p["message_id"])  # type: ignore[arg-type]
+            text(p["message_id"])  # type: ignore[arg-type]
             for p in self.r.xpending_range(
                 self.key,
                 schema.CONSUMER_GROUP,
@@ -268,9 +269,5 @@ class GroupQueue:
 
 
 def _lease(entry_id: bytes | str, fields: dict[bytes, bytes], deliveries: int = 1) -> Lease:
-    prefix = _s(fields.get(b"prefix", b""))
-    return Lease(_s(entry_id), _s(fields[b"job"]), _s(fields[b"group"]), deliveries, prefix)
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    prefix = text(fields.get(b"prefix", b""))
+    return Lease(text(entry_id), text(fields[b"job"]), text(fields[b"group"]), deliveries, prefix)

@@ -145,7 +145,7 @@ class JobRecord:
 
     @classmethod
     def decode(cls, raw: dict[bytes, bytes] | dict[str, str]) -> JobRecord:
-        h = {_s(k): _s(v) for k, v in raw.items()}
+        h = {text(k): text(v) for k, v in raw.items()}
         ints = ("total", "completed", "failed", "groups_total", "groups_done",
                 "prefix_tokens_saved", "prompt_tokens", "completion_tokens", "retention_s",
                 "input_lines")  # fmt: skip
@@ -224,7 +224,8 @@ class ResultRecord:
         return cls(blob[:1] == b"e", blob[1:].decode())
 
 
-def _s(value: bytes | str) -> str:
+def text(value: bytes | str) -> str:
+    """A Redis reply's value as str: bytes from a client that returns them, str as it is."""
     return value.decode() if isinstance(value, bytes) else value
 
 

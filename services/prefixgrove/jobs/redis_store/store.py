@@ -24,6 +24,7 @@ from prefixgrove.jobs.redis_store.schema import (
     JobRecord,
     JobState,
     ResultRecord,
+    text,
 )
 from prefixgrove.jobs.request_errors import RequestError
 
@@ -99,7 +100,7 @@ class JobStore:
         expire, the job's idempotency key, in a slot of its own, gets the same retention."""
         result, idempotency_key, retention_s = script(keys=JobKeys(job_id).all(), args=args)
         if idempotency_key:
-            self.keys.expire(_s(idempotency_key), job_id, int(retention_s))
+            self.keys.expire(text(idempotency_key), job_id, int(retention_s))
         return result
 
     def get_job(self, job_id: str) -> JobRecord | None:
@@ -117,7 +118,7 @@ class JobStore:
     def list_jobs(self, limit: int, start: int = 0) -> tuple[list[JobRecord], bool]:
         """Up to `limit` jobs, newest first, from position `start`; and whether more follow."""
         raw = self.r.zrevrange(schema.JOBS, start, start + limit)  # one more: is there a next page?
-        ids = [_s(i) for i in raw[:limit]]  # type: ignore[index,arg-type]
+        ids = [text(i) for i in raw[:limit]]  # type: ignore[index,arg-type]
         jobs = [self.get_job(i) for i in ids]
         expired = [i for i, j in zip(ids, jobs, strict=True) if j is None]
         if expired:
@@ -163,7 +164,7 @@ class JobStore:
             self.r.zrem(schema.JOBS, job_id)
 
     def cancel(self, job_id: str) -> JobState:
-        return JobState(_s(self._run(self._cancel, job_id, [time.time()])))
+        return JobState(text(self._run(self._cancel, job_id, [time.time()])))
 
     # --- ingest -----------------------------------------------------------------------------
     def write_requests(
@@ -204,7 +205,7 @@ class JobStore:
         })  # fmt: skip
         for model, plan in plans.items():
             self._queue_units(job_id, model, plan, ranges[model][0])
-        return JobState(_s(self._run(self._start, job_id, [time.time()])))
+        return JobState(text(self._run(self._start, job_id, [time.time()])))
 
     def _queue_units(self, job_id: str, model: str, plan: JobPlan, first: int) -> None:
         """Each unit's record and stream entry: {job, group, prefix (affinity.py) if it has one}."""
@@ -303,7 +304,7 @@ class JobStore:
     def index_active_jobs(self) -> int:
         """Puts every queued job that may still run into its model's active set (jobs queued
         before the set existed); returns how many are there."""
-        ids = [_s(i) for i in self.r.zrange(schema.JOBS, 0, -1)]  # type: ignore[union-attr,arg-type]
+        ids = [text(i) for i in self.r.zrange(schema.JOBS, 0, -1)]  # type: ignore[union-attr,arg-type]
         found = 0
         for start in range(0, len(ids), _BATCH):
             chunk = ids[start : start + _BATCH]
@@ -311,8 +312,8 @@ class JobStore:
             for job_id in chunk:
                 pipe.hmget(JobKeys(job_id).job, ["state", "model", "groups_total", "model_groups"])
             for job_id, (state, model, groups, ranges) in zip(chunk, pipe.execute(), strict=True):
-                if state is not None and JobState(_s(state)).runnable and int(groups or 0) > 0:
-                    for name in json.loads(ranges) if ranges else [_s(model)]:
+                if state is not None and JobState(text(state)).runnable and int(groups or 0) > 0:
+                    for name in json.loads(ranges) if ranges else [text(model)]:
                         self.r.sadd(schema.active_key(name), job_id)
                     found += 1
         return found
@@ -321,18 +322,18 @@ class JobStore:
         """Drops stream entries every worker is done with: older than the oldest one leased and
         than the last one delivered. Returns how many went."""
         removed = 0
-        for model in sorted(_s(m) for m in self.r.smembers(schema.MODELS)):  # type: ignore[union-attr]
+        for model in sorted(text(m) for m in self.r.smembers(schema.MODELS)):  # type: ignore[union-attr]
             key = schema.queue_key(model)
             try:
-                groups = {_s(g["name"]): g for g in self.r.xinfo_groups(key)}
+                groups = {text(g["name"]): g for g in self.r.xinfo_groups(key)}
                 pending: Any = self.r.xpending(key, schema.CONSUMER_GROUP)
             except redis.ResponseError:
                 continue
             if schema.CONSUMER_GROUP not in groups:
                 continue
-            keep_from = _s(groups[schema.CONSUMER_GROUP]["last-delivered-id"])
+            keep_from = text(groups[schema.CONSUMER_GROUP]["last-delivered-id"])
             if pending and pending.get("pending"):
-                keep_from = min(keep_from, _s(pending["min"]), key=_entry_id)
+                keep_from = min(keep_from, text(pending["min"]), key=_entry_id)
             removed += int(self.r.xtrim(key, minid=keep_from, approximate=False))  # type: ignore[arg-type]
         return removed
 
@@ -345,11 +346,11 @@ class JobStore:
         back; a group taken over stays in it). A cancelling, cancelled, failed or completed job
         counts nothing, whatever its stream entries still say; terminal jobs leave the model's
         active set here."""
-        models = [model] if model else sorted(_s(m) for m in self.r.smembers(schema.MODELS))  # type: ignore[union-attr]
+        models = [model] if model else sorted(text(m) for m in self.r.smembers(schema.MODELS))  # type: ignore[union-attr]
         total = QueueDepth(0, 0)
         for name in models:
             active = schema.active_key(name)
-            ids = sorted(_s(i) for i in self.r.smembers(active))  # type: ignore[union-attr]
+            ids = sorted(text(i) for i in self.r.smembers(active))  # type: ignore[union-attr]
             if not ids:
                 continue
             pipe = self.r.pipeline(transaction=False)
@@ -362,9 +363,9 @@ class JobStore:
                 )
             finished = []
             for job_id, (state, groups, done, leased) in zip(ids, pipe.execute(), strict=True):
-                if not state or JobState(_s(state)).terminal:
+                if not state or JobState(text(state)).terminal:
                     finished.append(job_id)
-                elif JobState(_s(state)).runnable:
+                elif JobState(text(state)).runnable:
                     depth = _depth(int(groups or 0), int(done or 0), int(leased))
                     total = QueueDepth(total.waiting + depth.waiting, total.leased + depth.leased)
             if finished:
@@ -379,7 +380,3 @@ def _depth(groups_total: int, groups_done: int, leased: int) -> QueueDepth:
 def _entry_id(entry: str) -> tuple[int, int]:
     ms, _, seq = entry.partition("-")
     return int(ms), int(seq or 0)
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

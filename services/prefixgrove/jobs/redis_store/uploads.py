@@ -33,7 +33,7 @@ from prefixgrove.jobs.ingest import JobPlan, ModelLines, UploadClosed, UploadCou
 from prefixgrove.jobs.prompt_parts import groupable
 from prefixgrove.jobs.redis_store import schema
 from prefixgrove.jobs.redis_store.connection import Redis
-from prefixgrove.jobs.redis_store.schema import JobKeys, RequestRecord
+from prefixgrove.jobs.redis_store.schema import JobKeys, RequestRecord, text
 from prefixgrove.settings import IngestSettings
 
 _READ_BATCH = 1000
@@ -207,7 +207,7 @@ class Uploads:
 
     def open_jobs(self) -> list[str]:
         """Every job with an upload open, whichever replica takes it."""
-        return [_s(job) for job in self.r.hkeys(schema.INGESTING)]  # type: ignore[union-attr]
+        return [text(job) for job in self.r.hkeys(schema.INGESTING)]  # type: ignore[union-attr]
 
     # --- which planner streams a job in -------------------------------------------------------
     def claim_ingest(self, job_id: str, instance: str) -> None:
@@ -218,7 +218,7 @@ class Uploads:
 
     def orphaned_ingests(self) -> list[str]:
         """Jobs still streaming in whose planner has stopped beating (JobStore.heartbeat)."""
-        owners = {_s(k): _s(v) for k, v in self.r.hgetall(schema.INGESTING).items()}  # type: ignore[union-attr]
+        owners = {text(k): text(v) for k, v in self.r.hgetall(schema.INGESTING).items()}  # type: ignore[union-attr]
         pipe = self.r.pipeline(transaction=False)
         for owner in owners.values():
             pipe.exists(schema.planner_key(owner))
@@ -232,14 +232,14 @@ class Uploads:
         keys = [UploadKeys(job_id).upload]
         reply = self._claim_seal(keys=keys, args=[instance, "", time.time()])
         if reply and int(reply[0]) == 0:
-            holder = _s(reply[1])
+            holder = text(reply[1])
             if self._alive(holder):
                 return SealClaim(holder=holder)
             reply = self._claim_seal(keys=keys, args=[instance, holder, time.time()])
         if not reply:
             return SealClaim()
         if int(reply[0]) == 0:
-            return SealClaim(holder=_s(reply[1]))
+            return SealClaim(holder=text(reply[1]))
         return SealClaim(counts=_counts(reply[1:]))
 
     def release_seal(self, job_id: str, instance: str) -> None:
@@ -288,7 +288,7 @@ class Uploads:
         live planner seals it; the first replica to ask is the one told yes."""
         key = UploadKeys(job_id).upload
         sealer = self.r.hget(key, "sealer")
-        stopped = _s(sealer) if sealer and not self._alive(_s(sealer)) else ""  # type: ignore[arg-type]
+        stopped = text(sealer) if sealer and not self._alive(text(sealer)) else ""  # type: ignore[arg-type]
         return bool(self._claim_idle(keys=[key], args=[now - idle_s, time.time(), stopped]))
 
     def _alive(self, instance: str) -> bool:
@@ -327,7 +327,7 @@ class RedisLedger:
         if code == -3:
             raise LineDiffers(job_id, int(reply[1]))
         skipped = int(reply[2])
-        self._placed = (code, len(digests) - skipped, _s(reply[1]) or None)
+        self._placed = (code, len(digests) - skipped, text(reply[1]) or None)
         return skipped
 
     def reserve(self, lines: int) -> tuple[int, str | None]:
@@ -389,10 +389,6 @@ def rebuild_plan(
 
 
 def _counts(fields: Sequence[bytes | str | None]) -> UploadCounts:
-    lines, json_lines, prompt_tokens, encoding = (_s(f) if f else "" for f in fields)
+    lines, json_lines, prompt_tokens, encoding = (text(f) if f else "" for f in fields)
     return UploadCounts(int(lines or 0), int(json_lines or 0), int(prompt_tokens or 0),
                         encoding or None)  # fmt: skip
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
