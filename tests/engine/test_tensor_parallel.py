@@ -240,3 +240,34 @@ def test_a_hung_rank_ends_the_engine_with_a_clear_error() -> None:
     assert proc.returncode == RANK_LOST_EXIT, err[-2000:]
     assert "collective failed with every rank alive" in err and "PREFIXGROVE_TP_TIMEOUT_S" in err
     assert not _alive(follower), "the hung rank was left behind"
+
+
+def test_a_broken_pipe_to_a_dead_follower_ends_the_engine_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A follower's pipe can break a moment before its process is reaped (its sockets close
+    first as it exits): rank 0's next send must end the engine as for a lost rank, naming it, not
+    raise into the caller (who would tear down a group with a rank missing)."""
+    import socket
+    from multiprocessing.connection import Connection
+
+    from prefixgrove.engine.parallel import launch
+    from prefixgrove.engine.parallel.leader import FollowerLink
+
+    ours, theirs = socket.socketpair()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    theirs.close()
+    followers = launch.Followers([dead], FollowerLink([Connection(ours.detach())]))
+    followers.link.on_error = followers.contact_failed
+    said: list[str] = []
+
+    def exit_(message: str) -> None:
+        said.append(message)
+        raise SystemExit(RANK_LOST_EXIT)
+
+    monkeypatch.setattr(launch.Followers, "_exit", staticmethod(exit_))
+    with pytest.raises(SystemExit):
+        for _ in range(64):  # the first sends may land in the socket's buffer
+            followers.link.send("step", b"x" * 65536)
+    assert said and f"rank 1 (pid {dead.pid}) exited with code 0" in said[0]

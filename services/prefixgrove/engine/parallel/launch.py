@@ -105,11 +105,12 @@ class Followers:
         if not self.closing:
             self._end(rank, process.pid, code)
 
-    def collective_failed(self, error: BaseException) -> None:
-        """A collective of rank 0 failed. If a follower is gone (it may take a moment to be
-        reaped), the engine ends as for any lost rank. If every follower lives, one of them hangs
-        (the collective timed out) or the group broke: a failed group cannot be used again, so
-        the followers are killed and the engine ends all the same, naming the error."""
+    def contact_failed(self, error: BaseException) -> None:
+        """A collective of rank 0 failed, or a follower's pipe broke. If a follower is gone (it
+        may take a moment to be reaped), the engine ends as for any lost rank. If every follower
+        lives, one of them hangs (the collective timed out) or the group broke: a failed group
+        cannot be used again, so the followers are killed and the engine ends all the same,
+        naming the error."""
         deadline = time.monotonic() + _REAP_WAIT_S
         while time.monotonic() < deadline:
             for rank, process in enumerate(self.processes, start=1):
@@ -193,7 +194,7 @@ def start_followers(config: EngineConfig) -> tuple[TensorParallel, Followers]:
     followers.watch()
     atexit.register(followers.close)
     parallel = join_group(0, size, config.device, init_method, not config.disable_custom_all_reduce)
-    parallel.on_error = followers.collective_failed
+    parallel.on_error = followers.link.on_error = followers.contact_failed
     logger.info("tensor parallelism: %d ranks (%s)", size, dist.get_backend())
     return parallel, followers
 

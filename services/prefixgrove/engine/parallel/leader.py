@@ -8,13 +8,22 @@ for hours, longer than any collective's timeout should be.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 
 class FollowerLink:
     def __init__(self, connections: list[Connection]) -> None:
         self.connections = connections
+        # Called with the error when a pipe breaks: a follower died, and its pipe may say so a
+        # moment before its process can be reaped (launch.Followers ends the engine, naming it)
+        self.on_error: Callable[[BaseException], None] | None = None
 
     def send(self, op: str, *args: object) -> None:
         for connection in self.connections:
-            connection.send((op, args))
+            try:
+                connection.send((op, args))
+            except OSError as error:
+                if self.on_error is not None:
+                    self.on_error(error)
+                raise
