@@ -47,16 +47,21 @@ class Run:
 
 
 _H200 = "RESULTS.md, H200 2026-11-28"
+_H200_29 = "RESULTS.md, two H200s 2026-11-29"
 RUNS = [
     Run("8B canonical", JOBS["canonical"], 79.11, f"{_H200}, entry points, 20c33d3"),
     Run("8B decode-heavy", JOBS["decode-heavy"], 51.89, f"{_H200}, decode.py, 20c33d3"),
     Run("8B no sharing", JOBS["no-sharing"], 35.29, f"{_H200}, throughput.py, d40b3ad"),
     Run("8B structured (JSON schema)", JOBS["structured"], 58.05,
         f"{_H200}, structured.py constrained, d40b3ad", mean_output=35.2),
-    Run("8B canonical TP=2", JOBS["canonical"], 48.87, f"{_H200}, tp.py, 4904b77",
+    Run("8B canonical TP=2", JOBS["canonical"], 47.81, f"{_H200_29}, tp.py, 4ddb68e",
         engine={"tensor_parallel_size": 2}),
     Run("8B canonical TP=4", JOBS["canonical"], 31.30, f"{_H200}, tp.py, 4904b77",
         engine={"tensor_parallel_size": 4}),
+    Run("70B canonical (64 groups) TP=2", CANONICAL_64, 56.88, f"{_H200_29}, tp.py, 4ddb68e",
+        model="llama-3.1-70b-random", engine={"tensor_parallel_size": 2}),
+    Run("70B canonical (64 groups) TP=2 FP8", CANONICAL_64, 36.22, f"{_H200_29}, tp.py, 4ddb68e",
+        model="llama-3.1-70b-random", engine={"tensor_parallel_size": 2, "quantization": "fp8"}),
     Run("70B canonical (64 groups) TP=4", CANONICAL_64, 32.91, f"{_H200}, tp.py, 4904b77",
         model="llama-3.1-70b-random", engine={"tensor_parallel_size": 4}),
     Run("Gemma-3-12B canonical (200 groups)", CANONICAL_200, 73.40, f"{_H200}, batchllm.py, 20c33d3",

@@ -14,8 +14,11 @@ from prefixgrove.engine.parallel.group import TensorParallel
 from prefixgrove.engine.parallel.peer_allreduce import MAX_BYTES, PeerAllReduce, choose_way
 
 
-def test_one_shot_for_two_ranks_and_small_messages_two_shot_for_the_largest() -> None:
-    assert choose_way(MAX_BYTES, 2) == "one-shot"  # both read the same bytes at two ranks
+def test_one_shot_for_small_messages_two_shot_for_the_largest() -> None:
+    # two ranks: measured on H200s, one-shot up to 1 MiB, two-shot from 2 MiB
+    assert choose_way(128 * 4096 * 2, 2) == "one-shot"  # a 128-row 8B decode step
+    assert choose_way(256 * 4096 * 2, 2) == "two-shot"
+    assert choose_way(MAX_BYTES, 2) == "two-shot"
     assert choose_way(64 * 4096 * 2, 4) == "one-shot"  # a 64-row decode step: latency-bound
     assert choose_way(512 * 4096 * 2, 4) == "two-shot"  # 512 rows: a quarter of the reads
 
