@@ -10,8 +10,9 @@ the experts' shape and the dtype (vLLM's per-device MoE config files, as one Pyt
 | dtype           | the activations' dtype ("bfloat16", "float16", "float32"), or "fp8_w8a8"     |
 
 A key's entry maps token counts to tiles: a call with T tokens takes the tile of the smallest count
->= T, and the largest count's tile beyond them. A key without an entry takes DEFAULT_TILES. One tile
-serves both GEMMs of a call, since both walk the same padded runs of BLOCK_M rows.
+>= T, and the largest count's tile beyond them. A key without an entry takes the entry of a device
+with the same SMs (SAME_SMS), else DEFAULT_TILES. One tile serves both GEMMs of a call, since both
+walk the same padded runs of BLOCK_M rows.
 
 TUNED_TILES holds the shapes tuned so far on the GPUs (benchmarks/RESULTS.md, "Mixture of experts").
 """
@@ -96,12 +97,18 @@ TUNED_TILES: Mapping[MoeShape, TileTable] = {
 }
 
 
+# The H100 SXM is the H200's GH100 with less and slower HBM: the same 132 SMs, shared memory and
+# clocks, so the same tiles fit it (tuned on an H200; no H100 has been lent since the table began).
+SAME_SMS = {"NVIDIA H100 80GB HBM3": "NVIDIA H200"}
+
+
 def tile_config(
     shape: MoeShape, tokens: int, tuned: Mapping[MoeShape, TileTable] = TUNED_TILES
 ) -> MoeTileConfig:
     """The tile for `tokens` tokens through experts of `shape`: from `tuned`'s entry for the shape,
     else from DEFAULT_TILES (see the module docstring)."""
-    table = tuned.get(shape, DEFAULT_TILES)
+    twin = shape._replace(device=SAME_SMS.get(shape.device, shape.device))
+    table = tuned.get(shape) or tuned.get(twin, DEFAULT_TILES)
     if not table:
         raise ValueError(f"the tile table of {shape} has no entries")
     fitting = [count for count in table if count >= tokens]

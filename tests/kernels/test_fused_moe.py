@@ -246,10 +246,18 @@ def test_tile_table_takes_the_smallest_count_at_or_above_the_tokens():
 
 def test_a_shape_without_an_entry_takes_the_defaults():
     tuned = {SHAPE: {64: SMALL}}
-    other_device = SHAPE._replace(device="NVIDIA H100 80GB HBM3")
+    other_device = SHAPE._replace(device="NVIDIA A100-SXM4-80GB")
     for tokens in (1, 100, 100_000):
         assert tile_config(other_device, tokens, tuned) == tile_config(other_device, tokens, {})
     assert tile_config(other_device, 1, tuned) == DEFAULT_TILES[min(DEFAULT_TILES)]
+
+
+def test_an_h100_sxm_takes_the_h200s_tiles_unless_it_has_its_own():
+    h100 = SHAPE._replace(device="NVIDIA H100 80GB HBM3")
+    assert tile_config(h100, 64, {SHAPE: {64: SMALL}}) == SMALL
+    assert tile_config(h100, 64, {SHAPE: {64: SMALL}, h100: {64: LARGE}}) == LARGE
+    h100_pcie = SHAPE._replace(device="NVIDIA H100 PCIe")  # 114 SMs: not the H200's
+    assert tile_config(h100_pcie, 64, {SHAPE: {64: SMALL}}) == tile_config(h100_pcie, 64, {})
 
 
 def test_the_key_names_device_experts_shape_and_dtype():
