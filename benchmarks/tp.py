@@ -3,7 +3,9 @@ agreement with one GPU.
 
   canonical  the canonical job (batchllm.py's group-cascade mode) at each --tp-sizes, each in its
              own process; per GPU req/s and scaling efficiency against the first size (1, or the
-             smallest that fits, scaled by --flops-ratio when that size ran another model)
+             smallest that fits, scaled by --flops-ratio when that size ran another model); above
+             one GPU, a full decode step's all-reduces timed right after, and their share of the
+             run's mean decode step
   allreduce  the all-reduce of one decode step's hidden states ([rows, hidden] bf16) on --tp-sizes
              GPUs, replayed from a CUDA graph as the decode graphs replay it: microseconds each,
              and per decode step (two per layer, one for the embedding), for each of --ways
@@ -61,7 +63,29 @@ def canonical(args: argparse.Namespace, engine_flags: list[str]) -> None:
         record["scaling_efficiency"] = (
             record["req_per_s_per_gpu"] * args.flops_ratio / base["req_per_s_per_gpu"]
         )
+        if size > 1:
+            record.update(_allreduce_share(record, size, args.model))
         emit({"bench": "tp.canonical", **record})
+
+
+def _allreduce_share(record: dict[str, Any], size: int, model: str) -> dict[str, float]:
+    """A full decode step's all-reduces (max_num_seqs rows, the way the engine takes), timed on the
+    same GPUs right after the run, against the run's mean decode step: an upper bound of their
+    share, since the mean step includes the smaller batches of a job's tail."""
+    from prefixgrove.catalog.presets import load_hf_config
+
+    config = load_hf_config(model)
+    (measured,) = _child("tp.py", [
+        "allreduce", "--tp-sizes", str(size), "--rows", str(record["max_num_seqs"]),
+        "--ways", "auto", "--hidden", str(config.hidden_size),
+        "--layers", str(config.num_hidden_layers),
+    ])  # fmt: skip
+    step_us = record["decode_seconds"] / record["decode_steps"] * 1e6
+    return {
+        "decode_ms_per_step": round(step_us / 1000, 3),
+        "allreduce_us_per_full_decode_step": round(measured["us_per_decode_step"], 1),
+        "allreduce_share_of_decode_step": round(measured["us_per_decode_step"] / step_us, 4),
+    }
 
 
 def allreduce(args: argparse.Namespace) -> None:
