@@ -7,8 +7,9 @@ hands each its rank and the engine's config over a socket pair, and joins them i
 NCCL on GPUs, gloo on the CPU.
 
 A lost rank is a lost engine: every step needs every shard. When a follower exits while the engine
-runs, rank 0 logs which one and how, and ends its own process with RANK_LOST_EXIT (a collective it
-may be blocked in would otherwise wait for the timeout). A follower ends when rank 0's pipe closes.
+runs (its process watched, or its pipe broken under rank 0's next send, whichever comes first),
+rank 0 logs which one and how, and ends its own process with RANK_LOST_EXIT (a collective it may be
+blocked in would otherwise wait for the timeout). A follower ends when rank 0's pipe closes.
 A rank that hangs makes rank 0's next collective time out (PREFIXGROVE_TP_TIMEOUT_S): rank 0 then
 kills the followers and ends the same way, saying so. (On GPUs NCCL's own watchdog may end rank 0
 first, with its timeout message; the followers then end with it.)
@@ -105,12 +106,11 @@ class Followers:
         if not self.closing:
             self._end(rank, process.pid, code)
 
-    def contact_failed(self, error: BaseException) -> None:
-        """A collective of rank 0 failed, or a follower's pipe broke. If a follower is gone (it
-        may take a moment to be reaped), the engine ends as for any lost rank. If every follower
-        lives, one of them hangs (the collective timed out) or the group broke: a failed group
-        cannot be used again, so the followers are killed and the engine ends all the same,
-        naming the error."""
+    def collective_failed(self, error: BaseException) -> None:
+        """A collective of rank 0 failed. If a follower is gone (it may take a moment to be
+        reaped), the engine ends as for any lost rank. If every follower lives, one of them hangs
+        (the collective timed out) or the group broke: a failed group cannot be used again, so
+        the followers are killed and the engine ends all the same, naming the error."""
         deadline = time.monotonic() + _REAP_WAIT_S
         while time.monotonic() < deadline:
             for rank, process in enumerate(self.processes, start=1):
@@ -127,9 +127,19 @@ class Followers:
             f"rank: its processes were killed and this one ends too (exit {RANK_LOST_EXIT})"
         )
 
+    def pipe_broke(self, rank: int, error: BaseException) -> None:
+        """Rank `rank`'s pipe broke: its process closed it, so it is exiting, never hung. Its
+        sockets close before it can be reaped (a GPU process may take seconds to let go of its
+        memory), so it gets that long to give its exit code; the engine ends either way."""
+        process = self.processes[rank - 1]
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=_REAP_WAIT_S)
+        self._end(rank, process.pid, process.returncode)
+
     def _end(self, rank: int, pid: int, code: int | None) -> None:
+        how = f"with code {code}" if code is not None else "(its pipe closed)"
         self._exit(
-            f"prefixgrove: tensor-parallel rank {rank} (pid {pid}) exited with code {code} "
+            f"prefixgrove: tensor-parallel rank {rank} (pid {pid}) exited {how} "
             f"while the engine ran; every step needs every rank, so this process ends too "
             f"(exit {RANK_LOST_EXIT})"
         )
@@ -194,7 +204,8 @@ def start_followers(config: EngineConfig) -> tuple[TensorParallel, Followers]:
     followers.watch()
     atexit.register(followers.close)
     parallel = join_group(0, size, config.device, init_method, not config.disable_custom_all_reduce)
-    parallel.on_error = followers.link.on_error = followers.contact_failed
+    parallel.on_error = followers.collective_failed
+    followers.link.on_lost = followers.pipe_broke
     logger.info("tensor parallelism: %d ranks (%s)", size, dist.get_backend())
     return parallel, followers
 

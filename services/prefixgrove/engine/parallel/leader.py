@@ -15,15 +15,15 @@ from multiprocessing.connection import Connection
 class FollowerLink:
     def __init__(self, connections: list[Connection]) -> None:
         self.connections = connections
-        # Called with the error when a pipe breaks: a follower died, and its pipe may say so a
-        # moment before its process can be reaped (launch.Followers ends the engine, naming it)
-        self.on_error: Callable[[BaseException], None] | None = None
+        # Called with the follower's rank when its pipe breaks: it is exiting, and its pipe may say
+        # so a moment before its process can be reaped (launch.Followers ends the engine, naming it)
+        self.on_lost: Callable[[int, BaseException], None] | None = None
 
     def send(self, op: str, *args: object) -> None:
-        for connection in self.connections:
+        for rank, connection in enumerate(self.connections, start=1):
             try:
                 connection.send((op, args))
             except OSError as error:
-                if self.on_error is not None:
-                    self.on_error(error)
+                if self.on_lost is not None:
+                    self.on_lost(rank, error)
                 raise
