@@ -79,6 +79,7 @@ DEFAULT_TILES: TileTable = {
 # `python benchmarks/moe.py tune` on the GPU named in the key (its best of the grid per token count);
 # decode sizes (16-1,024 tokens) and prefill chunks (4,096 and 16,384) both tuned.
 _QWEN3_30B_A3B_H200 = MoeShape("NVIDIA H200", 128, 768, 2048, "bfloat16")
+_OLMOE_1B_7B_H200 = MoeShape("NVIDIA H200", 64, 1024, 2048, "bfloat16")
 _PREFILL_TILES_H200 = MoeTileConfig(
     block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3
 )
@@ -93,6 +94,17 @@ TUNED_TILES: Mapping[MoeShape, TileTable] = {
         1024: MoeTileConfig(block_m=64, block_n=64, block_k=64, group_m=8, num_stages=3),
         4096: _PREFILL_TILES_H200,
         16384: _PREFILL_TILES_H200,  # a prefill step's chunk (max_num_batched_tokens)
+    },
+    _OLMOE_1B_7B_H200: {
+        16: MoeTileConfig(
+            block_m=16, block_n=64, block_k=128, group_m=8, num_warps=8, num_stages=3
+        ),
+        64: MoeTileConfig(block_m=16, block_n=64, block_k=128, group_m=8, num_stages=3),
+        256: MoeTileConfig(
+            block_m=64, block_n=64, block_k=64, group_m=8, num_warps=8, num_stages=3
+        ),
+        1024: MoeTileConfig(block_m=64, block_n=64, block_k=64, group_m=8, num_stages=3),
+        16384: _PREFILL_TILES_H200,  # 4,096 tokens too
     },
 }
 
