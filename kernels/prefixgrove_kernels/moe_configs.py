@@ -80,6 +80,7 @@ DEFAULT_TILES: TileTable = {
 # decode sizes (16-1,024 tokens) and prefill chunks (4,096 and 16,384) both tuned.
 _QWEN3_30B_A3B_H200 = MoeShape("NVIDIA H200", 128, 768, 2048, "bfloat16")
 _OLMOE_1B_7B_H200 = MoeShape("NVIDIA H200", 64, 1024, 2048, "bfloat16")
+_MIXTRAL_8X7B_H200 = MoeShape("NVIDIA H200", 8, 14336, 4096, "bfloat16")
 _PREFILL_TILES_H200 = MoeTileConfig(
     block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3
 )
@@ -105,6 +106,17 @@ TUNED_TILES: Mapping[MoeShape, TileTable] = {
         ),
         1024: MoeTileConfig(block_m=64, block_n=64, block_k=64, group_m=8, num_stages=3),
         16384: _PREFILL_TILES_H200,  # 4,096 tokens too
+    },
+    _MIXTRAL_8X7B_H200: {
+        16: MoeTileConfig(
+            block_m=16, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=3
+        ),
+        64: MoeTileConfig(block_m=32, block_n=64, block_k=128, group_m=8, num_stages=3),
+        256: MoeTileConfig(block_m=64, block_n=64, block_k=64, group_m=8, num_stages=4),
+        512: MoeTileConfig(
+            block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=4
+        ),
+        1024: _PREFILL_TILES_H200,  # and beyond: measured best at 4,096 (16,384 not tuned)
     },
 }
 
