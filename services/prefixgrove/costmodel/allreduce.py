@@ -7,8 +7,8 @@ time does not shrink with the rank count: at 4 ranks NCCL's 20-50 us per all-red
 of an 8B decode step (benchmarks/RESULTS.md, "Tensor parallelism"). It is no calibrated
 efficiency but a measured curve, per device kind and rank count: microseconds per all-reduce
 against its bytes (`benchmarks/tp.py allreduce`, the way the engine takes, replayed from a CUDA
-graph as the decode graphs hold it), interpolated between the measured sizes and extended along the last segment's
-slope beyond them (a prefill step's 16,384 rows are 134 MB at hidden 4,096).
+graph as the decode graphs hold it), interpolated between the measured sizes and extended along
+the last segment's slope beyond them (a prefill step's 16,384 rows are 134 MB at hidden 4,096).
 """
 
 from __future__ import annotations
