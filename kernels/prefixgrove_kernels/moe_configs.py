@@ -130,7 +130,8 @@ def tile_config(
     shape: MoeShape, tokens: int, tuned: Mapping[MoeShape, TileTable] = TUNED_TILES
 ) -> MoeTileConfig:
     """The tile for `tokens` tokens through experts of `shape`: from `tuned`'s entry for the shape,
-    else from DEFAULT_TILES (see the module docstring)."""
+    else for the same shape on a device with the same SMs (SAME_SMS), else from DEFAULT_TILES (see
+    the module docstring)."""
     twin = shape._replace(device=SAME_SMS.get(shape.device, shape.device))
     table = tuned.get(shape) or tuned.get(twin, DEFAULT_TILES)
     if not table:

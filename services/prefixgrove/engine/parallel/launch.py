@@ -159,7 +159,9 @@ class Followers:
         runner = self.runner() if self.runner is not None else None
         if runner is not None:
             runner.release_graphs()
-        with contextlib.suppress(OSError):  # a follower already gone
+        # a follower already gone ends this process as a lost rank (link.on_lost): its group could
+        # not be torn down; without the hook (a link not started here) its error is ignored
+        with contextlib.suppress(OSError):
             self.link.send("stop")
         if dist.is_initialized():
             _within(_STOP_GRACE_S, dist.destroy_process_group)
