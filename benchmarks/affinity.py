@@ -9,15 +9,22 @@ Reports, per mode (`affinity`, `no_affinity`):
   prefill_tokens    prompt tokens the workers' engines computed (their prompt_tokens_computed)
   reused_tokens     prompt tokens taken from a cached or shared prefix instead
   seconds           first submission to the last answer of the three jobs
-  requests_per_s    the three jobs' requests over that span
+  requests_per_s    the three jobs' requests over that span (mostly the delays between them)
+  job_requests_per_s  the jobs' requests over the sum of their own seconds: the rate while a job
+                    is in the system, which the span's delays do not dilute
   jobs              per job: seconds from its submission to its last answer, and requests/s
   worker_requests   requests each worker answered (the share of the work each took)
   groups_sent       groups sent to the worker holding their prefix
-and across the modes `prefill_ratio` (no_affinity / affinity), `throughput_ratio` (affinity /
-no_affinity) and `job_seconds_ratio` (per job, affinity / no_affinity: over 1, the job waited
-longer with affinity), which is how fairness across jobs is measured.
+and across the modes `prefill_ratio` (no_affinity / affinity), `throughput_ratio` and
+`job_throughput_ratio` (affinity / no_affinity, over the span and over the jobs' own seconds) and
+`job_seconds_ratio` (per job, affinity / no_affinity: over 1, the job waited longer with
+affinity), which is how fairness across jobs is measured. `documents_once` is the prefill of
+perfect placement: each worker's system prompt, each document once, and every request's own
+tokens, which start at its group prefix's last whole KV block (a group shares whole blocks, so the
+document's tokens past its last whole block are computed per request, in both modes).
 
   cd benchmarks && python3 affinity.py             # the issue's shape, two GPUs
+  python3 affinity.py --gpus 1 --worker-arg=--gpu-memory-utilization=0.42   # both on one GPU
   python3 benchmarks/affinity.py --model tiny-random-llama --device cpu --vocab 256 --delay-s 0.5 \\
       --system-len 32 --documents 8 --document-len 128 --questions 2 --question-len 8 \\
       --output-len 2 --max-groups-in-flight 2
@@ -102,6 +109,7 @@ def run_mode(mode: str, args: argparse.Namespace, d: Path) -> dict[str, Any]:
     """Starts the stack with affinity on or off, warms it up, and runs the three jobs."""
     stack_args = argparse.Namespace(
         redis_server=args.redis_server, model=args.model, device=args.device, tensor_parallel_size=1,
+        gpus=args.gpus,
         worker_arg=[*args.worker_arg, "--prefix-affinity", MODES[mode],
                     "--max-groups-in-flight", str(args.max_groups_in_flight)],
     )  # fmt: skip
@@ -127,10 +135,19 @@ def _delta(metrics: list[tuple[dict, dict]], name: str) -> list[float]:
     return [after.get(name, 0.0) - before.get(name, 0.0) for before, after in metrics]
 
 
+def documents_once(args: argparse.Namespace) -> int:
+    """The prefill of perfect placement (module docstring): no worker computes a document twice."""
+    shared = args.system_len + args.document_len
+    own = shared % args.block_size + args.question_len  # past the group prefix's last whole block
+    requests = args.jobs * args.documents * args.questions
+    return args.workers * args.system_len + args.documents * args.document_len + requests * own
+
+
 def mode_report(records: list[dict], metrics: list[tuple[dict, dict]]) -> dict[str, Any]:
     start = min(r["submitted"] for r in records)
     seconds = max(r["done"] for r in records) - start
     requests = sum(r["completed"] for r in records)
+    job_seconds = sum(r["done"] - r["submitted"] for r in records)
     jobs = [{"seconds": round(r["done"] - r["submitted"], 2),
              "requests_per_s": round(r["completed"] / (r["done"] - r["submitted"]), 2)}
             for r in records]  # fmt: skip
@@ -139,6 +156,7 @@ def mode_report(records: list[dict], metrics: list[tuple[dict, dict]]) -> dict[s
         "reused_tokens": int(sum(_delta(metrics, "prefix_tokens_reused_total"))),
         "seconds": round(seconds, 2),
         "requests_per_s": round(requests / seconds, 2),
+        "job_requests_per_s": round(requests / job_seconds, 2),
         "jobs": jobs,
         "worker_requests": [int(n) for n in _delta(metrics, "requests_done_total")],
         "groups_sent": int(sum(_delta(metrics, "groups_sent_total"))),
@@ -150,6 +168,7 @@ def compare(reports: dict[str, dict]) -> dict[str, Any]:
     return {
         "prefill_ratio": round(off["prefill_tokens"] / max(on["prefill_tokens"], 1), 3),
         "throughput_ratio": round(on["requests_per_s"] / off["requests_per_s"], 3),
+        "job_throughput_ratio": round(on["job_requests_per_s"] / off["job_requests_per_s"], 3),
         "job_seconds_ratio": [round(a["seconds"] / b["seconds"], 3)
                               for a, b in zip(on["jobs"], off["jobs"], strict=True)],
     }  # fmt: skip
@@ -160,7 +179,9 @@ def main() -> None:
     ap.add_argument("--model", default="llama-3.1-8b-random")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--vocab", type=int, default=128256, help="prompt token ids are below it")
-    ap.add_argument("--workers", type=int, default=2, help="one a GPU (CUDA_VISIBLE_DEVICES=i)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--gpus", type=int, default=None,
+                    help="GPUs the workers take in turn (default: one a worker); fewer share them")
     ap.add_argument("--jobs", type=int, default=3)
     ap.add_argument("--delay-s", type=float, default=10.0, help="between two jobs' submissions")
     ap.add_argument("--system-len", type=int, default=2000, help="the system prompt's tokens")
@@ -169,6 +190,7 @@ def main() -> None:
     ap.add_argument("--questions", type=int, default=16, help="a job's questions per document")
     ap.add_argument("--question-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--block-size", type=int, default=16, help="the workers' KV block size")
     ap.add_argument(
         "--max-groups-in-flight",
         type=int,
@@ -184,8 +206,8 @@ def main() -> None:
             reports[mode] = run_mode(mode, args, Path(tmp))
     emit({"benchmark": "affinity", "device": device_name(), "workers": args.workers,
           "jobs": args.jobs, "requests_per_job": args.documents * args.questions,
-          "delay_s": args.delay_s, "worker_args": args.worker_arg, **reports,
-          **compare(reports)})  # fmt: skip
+          "delay_s": args.delay_s, "worker_args": args.worker_arg, "gpus": args.gpus or args.workers,
+          "documents_once": documents_once(args), **reports, **compare(reports)})  # fmt: skip
 
 
 if __name__ == "__main__":

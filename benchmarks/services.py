@@ -134,9 +134,11 @@ def start_stack(d: Path, args: argparse.Namespace, gpus: int) -> Stack:
     spawn("planner", cli("serve", "planner", "--redis-url", stack.redis_url, "--port",
                          str(planner_port), "--model", args.model))  # fmt: skip
     tp = args.tensor_parallel_size
+    shared = getattr(args, "gpus", None)  # fewer GPUs than the workers need: they take them in turn
     for worker, metrics in enumerate(stack.worker_metrics):
         # a worker's tp GPUs; the engine starts a process per GPU
-        gpu_ids = ",".join(str(worker * tp + rank) for rank in range(tp))
+        ids = (worker * tp + rank for rank in range(tp))
+        gpu_ids = ",".join(str(i % shared if shared else i) for i in ids)
         spawn(f"worker{worker}", cli("serve", "worker", "--redis-url", stack.redis_url, "--model", args.model,
                                      "--device", args.device, "--consumer", f"w{worker}", "--metrics-port",
                                      str(metrics), "--tensor-parallel-size", str(tp), *args.worker_arg),
