@@ -68,13 +68,15 @@ def job_prompts(args: argparse.Namespace, job: int, seed: int = 0) -> list[list[
     ]  # fmt: skip
 
 
-def run_job(port: int, path: Path, total: int, delay_s: float, t0: float, out: dict) -> None:
+def run_job(port: int, path: Path, total: int, delay_s: float, t0: float, out: dict,
+            metrics_ports: list[int]) -> None:  # fmt: skip
     """Submits the job `delay_s` after t0 and notes when it was submitted and when its last
-    request was answered."""
+    request was answered, with the workers' counters at both."""
     from prefixgrove.planner.client import PlannerClient
 
     time.sleep(max(t0 + delay_s - time.monotonic(), 0.0))
     client = PlannerClient(f"127.0.0.1:{port}")
+    out["before"] = [worker_metrics(p) for p in metrics_ports]
     out["submitted"] = time.monotonic()
     job_id = client.submit_file(path).id
     while True:
@@ -83,6 +85,7 @@ def run_job(port: int, path: Path, total: int, delay_s: float, t0: float, out: d
             break
         time.sleep(_POLL_S)
     out.update(done=time.monotonic(), completed=counts.completed, failed=counts.failed)
+    out["after"] = [worker_metrics(p) for p in metrics_ports]
     client.close()
 
 
@@ -92,7 +95,8 @@ def run_jobs(stack: Stack, jobs: list[Path], totals: list[int], delay_s: float) 
     records: list[dict] = [{} for _ in jobs]
     threads = [
         threading.Thread(target=run_job, daemon=True,
-                         args=(stack.planner_port, path, total, i * delay_s, t0, record))
+                         args=(stack.planner_port, path, total, i * delay_s, t0, record,
+                               stack.worker_metrics))
         for i, (path, total, record) in enumerate(zip(jobs, totals, records, strict=True))
     ]  # fmt: skip
     for thread in threads:
@@ -148,18 +152,36 @@ def mode_report(records: list[dict], metrics: list[tuple[dict, dict]]) -> dict[s
     seconds = max(r["done"] for r in records) - start
     requests = sum(r["completed"] for r in records)
     job_seconds = sum(r["done"] - r["submitted"] for r in records)
-    jobs = [{"seconds": round(r["done"] - r["submitted"], 2),
-             "requests_per_s": round(r["completed"] / (r["done"] - r["submitted"]), 2)}
-            for r in records]  # fmt: skip
     return {
         "prefill_tokens": int(sum(_delta(metrics, "prompt_tokens_computed_total"))),
         "reused_tokens": int(sum(_delta(metrics, "prefix_tokens_reused_total"))),
         "seconds": round(seconds, 2),
         "requests_per_s": round(requests / seconds, 2),
         "job_requests_per_s": round(requests / job_seconds, 2),
-        "jobs": jobs,
+        "jobs": [job_report(r) for r in records],
         "worker_requests": [int(n) for n in _delta(metrics, "requests_done_total")],
         "groups_sent": int(sum(_delta(metrics, "groups_sent_total"))),
+    }
+
+
+def job_report(record: dict) -> dict[str, Any]:
+    """One job's seconds and rate, and what the workers' counters moved by over its span (the
+    counters of jobs that overlap it too, where any do): prefill, groups sent to their prefix's
+    holder, and the mean seconds a group waited to be leased and took to run."""
+    seconds = record["done"] - record["submitted"]
+    moved = list(zip(record["before"], record["after"], strict=True))
+
+    def mean(name: str) -> float:
+        count = sum(_delta(moved, f"{name}_count"))
+        return round(sum(_delta(moved, f"{name}_sum")) / count, 3) if count else 0.0
+
+    return {
+        "seconds": round(seconds, 2),
+        "requests_per_s": round(record["completed"] / seconds, 2),
+        "prefill_tokens": int(sum(_delta(moved, "prompt_tokens_computed_total"))),
+        "groups_sent": int(sum(_delta(moved, "groups_sent_total"))),
+        "queue_wait_s": mean("group_queue_wait_seconds"),
+        "group_run_s": mean("group_run_seconds"),
     }
 
 
