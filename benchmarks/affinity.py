@@ -202,8 +202,12 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--vocab", type=int, default=128256, help="prompt token ids are below it")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--gpus", type=int, default=None,
-                    help="GPUs the workers take in turn (default: one a worker); fewer share them")
+    ap.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        help="GPUs the workers take in turn (default: one a worker); fewer share them",
+    )
     ap.add_argument("--jobs", type=int, default=3)
     ap.add_argument("--delay-s", type=float, default=10.0, help="between two jobs' submissions")
     ap.add_argument("--system-len", type=int, default=2000, help="the system prompt's tokens")

@@ -65,25 +65,50 @@ def test_nested_prefixes_give_each_document_its_own_group() -> None:
 
 
 def test_small_child_is_enlarged_into_its_parents_group() -> None:
-    system = toks(64, 1)
+    system = toks(256, 1)
     prompts = [system + toks(20, 10 + i) for i in range(6)]
-    extra = toks(16, 2)  # two requests share one more block: 1 * 16 <= 64, so they merge
+    extra = toks(16, 2)  # two requests share one more block
     prompts += [system + extra + toks(20, 30 + i) for i in range(2)]
     result = group_prompts(prompts)
-    assert as_sets(result) == {(64, frozenset(range(8)))}
-    assert result.tokens_saved == 7 * 64
+    # Apart, the two compute the block once (16 prompt tokens saved) but read a 272-token prefix
+    # of their own each decode step: 0.25 * 272 = 68 > 1.25 * 2 * 16 - 16 = 24.
+    assert as_sets(result) == {(256, frozenset(range(8)))}
+    assert result.tokens_saved == 7 * 256
 
 
-def test_child_merges_when_its_extra_blocks_save_less_than_the_whole_parent_prefix() -> None:
+def test_nested_prefixes_with_few_requests_a_document_still_group_by_document() -> None:
+    system, docs = toks(512, 1), [toks(256, 2 + d) for d in range(4)]
+    prompts = [system + docs[d] + toks(20, 10 + 2 * d + i) for d in range(4) for i in range(2)]
+    result = group_prompts(prompts)
+    # One group on the system prompt would compute each document twice; a group a document
+    # computes it once and takes the system prompt from the prefix cache.
+    assert as_sets(result) == {(768, frozenset([2 * d, 2 * d + 1])) for d in range(4)}
+    assert result.prefix_tokens_computed == 512 + 4 * 256
+    assert result.tokens_saved == 8 * 768 - (512 + 4 * 256)
+    # With decode reads dominant the rule is BatchLLM's: 7 * 512 saved beats 4 * 768.
+    batchllm = group_prompts(prompts, GroupingConfig(decode_weight=1e6))
+    assert as_sets(batchllm) == {(512, frozenset(range(8)))}
+
+
+@pytest.mark.parametrize("decode_weight", [0.25, 1e6])
+def test_child_merges_when_its_extra_blocks_save_less_than_the_whole_parent_prefix(
+    decode_weight: float,
+) -> None:
     system, topic, detail = toks(64, 1), toks(16, 2), toks(16, 3)
     prompts = [system + toks(20, 5)]
     prompts += [system + topic + toks(20, 10 + i) for i in range(10)]
     prompts += [system + topic + detail + toks(20, 30 + i) for i in range(3)]
-    result = group_prompts(prompts)
-    # A rule comparing (3 - 1) * 16 with the parent's 16-token edge keeps the three apart and
-    # saves 2 * 96 + 9 * 80 = 912; comparing with the parent's whole 80-token prefix merges them.
-    assert as_sets(result) == {(80, frozenset(range(1, 14)))}
-    assert result.tokens_saved == 12 * 80
+    result = group_prompts(prompts, GroupingConfig(decode_weight=decode_weight))
+    if decode_weight > 1:
+        # BatchLLM's rule: comparing (3 - 1) * 16 with the parent's 16-token edge keeps the three
+        # apart and saves 2 * 96 + 9 * 80 = 912; with the parent's whole 80-token prefix they merge.
+        assert as_sets(result) == {(80, frozenset(range(1, 14)))}
+        assert result.tokens_saved == 12 * 80
+    else:
+        # Prefill first: the detail block once, not three times (1.25 * 3 * 16 - 16 = 44 against
+        # 0.25 * 96 = 24 of decode reads).
+        assert as_sets(result) == {(80, frozenset(range(1, 11))), (96, frozenset(range(11, 14)))}
+        assert result.tokens_saved == 10 * 80 + 3 * 96 - 96
 
 
 def test_child_keeps_its_deeper_prefix_when_that_saves_more() -> None:
@@ -103,9 +128,12 @@ def test_identical_prompts_share_all_but_their_last_block() -> None:
 def test_prompt_equal_to_the_prefix_joins_one_block_shorter_when_that_saves_more() -> None:
     prefix = toks(64, 1)
     prompts = [prefix + toks(10, 10 + i) for i in range(3)] + [list(prefix)]
-    result = group_prompts(prompts)
-    # 3 * 48 tokens saved with it, 2 * 64 without it.
+    # Decode reads dominant: 3 * 48 tokens saved with it, 2 * 64 without it.
+    result = group_prompts(prompts, GroupingConfig(decode_weight=1e6))
     assert as_sets(result) == {(48, frozenset(range(4)))}
+    # Prefill first: left out, it still takes its 48 tokens from the group's cached prefix.
+    result = group_prompts(prompts)
+    assert as_sets(result) == {(64, frozenset(range(3)))} and result.ungrouped == [3]
 
 
 def test_prompt_equal_to_the_prefix_is_left_out_when_the_group_saves_more_without_it() -> None:
@@ -261,6 +289,8 @@ def test_grouping_does_not_depend_on_the_hash_seed() -> None:
         ({"max_group_tokens": 33}, "max_group_tokens"),
         ({"block_size": 16.0}, "block_size"),
         ({"min_group_size": True}, "min_group_size"),
+        ({"decode_weight": -0.5}, "decode_weight"),
+        ({"decode_weight": float("nan")}, "decode_weight"),
     ],
 )
 def test_invalid_config_names_the_bad_value(kwargs: dict[str, object], field: str) -> None:
@@ -336,23 +366,37 @@ def common_len(a: list[int], b: list[int]) -> int:
     return n
 
 
-def best_by_brute_force(prompts: list[list[int]], cfg: GroupingConfig) -> int:
-    """The most tokens any partition of the job into groups saves."""
+def value(prompts: list[list[int]], groups: list[list[int]], cfg: GroupingConfig) -> float:
+    """grouping.py's value of these groups (parts too small or sharing too little are no group):
+    each request's longest prefix some group's prefix holds, less the distinct prefix tokens,
+    plus the decode reads saved, weighted."""
     b = cfg.block_size
     heads = [p[: (len(p) - 1) // b * b] for p in prompts]
-
-    def saved(group: list[int]) -> int:
+    prefixes = []
+    for group in groups:
         common = min(common_len(heads[group[0]], heads[i]) for i in group) // b * b
-        return (len(group) - 1) * common if len(group) > 1 and common >= cfg.min_prefix_len else 0
+        if len(group) >= cfg.min_group_size and common >= cfg.min_prefix_len:
+            prefixes.append((heads[group[0]][:common], len(group)))
+    trie = {tuple(p[: k * b]) for p, _ in prefixes for k in range(1, len(p) // b + 1)}
+    cached = sum(max([common_len(h, p) // b * b for p, _ in prefixes], default=0) for h in heads)
+    decode = sum((size - 1) * len(p) for p, size in prefixes)
+    return cached - len(trie) * b + cfg.decode_weight * decode
 
-    return max(sum(saved(g) for g in part) for part in partitions(list(range(len(prompts)))))
+
+def best_by_brute_force(prompts: list[list[int]], cfg: GroupingConfig) -> float:
+    """The most value any partition of the job into groups has."""
+    return max(value(prompts, part, cfg) for part in partitions(list(range(len(prompts)))))
 
 
 @pytest.mark.parametrize("seed", range(60))
-def test_grouping_saves_as_much_as_the_best_partition(seed: int) -> None:
+def test_grouping_is_worth_as_much_as_the_best_partition(seed: int) -> None:
     rng = np.random.default_rng(100 + seed)
     prompts = random_job(rng, int(rng.integers(3, 9)))
     cfg = GroupingConfig(
-        min_prefix_len=int(rng.integers(1, 10)), block_size=int(rng.integers(1, 4))
+        min_prefix_len=int(rng.integers(1, 10)),
+        block_size=int(rng.integers(1, 4)),
+        decode_weight=[0.0, 0.25, 1.0, 4.0][seed % 4],
     )
-    assert group_prompts(prompts, cfg).tokens_saved == best_by_brute_force(prompts, cfg)
+    result = group_prompts(prompts, cfg)
+    got = value(prompts, [list(g.request_indices) for g in result.groups], cfg)
+    assert got == best_by_brute_force(prompts, cfg)

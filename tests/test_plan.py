@@ -62,6 +62,18 @@ def test_plan_groups_the_job_as_a_run_does(
     assert result["invalid_lines"] == ran.failed == 1
 
 
+def test_a_system_prompt_shared_by_grouped_documents_is_prefilled_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # token ids: a 64-token system prompt, four 48-token documents, two 3-token questions each
+    system, docs = list(range(1, 65)), [[60 + 48 * d + j for j in range(48)] for d in range(4)]
+    lines = [batch_line(f"d{d}q{i}", {"prompt": [*system, *docs[d], 20 + 2 * d + i, 7, 9],
+                                      "max_tokens": 2}) for d in range(4) for i in range(2)]  # fmt: skip
+    result = plan(job(tmp_path, lines), capsys)
+    assert (result["groups"], result["group_sizes"]) == (4, {"2-3": 4})
+    assert result["prefill_tokens"] == 64 + 4 * 48 + 8 * 3  # the engine's own count of this job
+
+
 def test_outputs_are_exact_where_max_tokens_binds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     result = plan(job(tmp_path, exact_lines(4, max_tokens=7)), capsys)
     assert result["output_exact"] and result["output_tokens"] == 28

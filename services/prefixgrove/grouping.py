@@ -6,12 +6,27 @@ logits (a prompt equal to a shared prefix therefore shares one block less than t
 The shareable parts are sorted as bytes (C-level comparisons) and the longest common prefix of
 sorted neighbours, in whole blocks, defines the radix tree of the job (its LCP intervals).
 
-Grouping rule: one prefix per request (one cascade level), maximising
-``tokens_saved = sum over groups of (size - 1) * prefix_len``. It is solved exactly by dynamic
-programming over the tree: a leaf belongs to its deepest chosen ancestor, and each node is chosen
-or not given the deepest chosen node above it. This contains BatchLLM's prefix enlargement
-(a child of ``k`` leaves merges into its parent's group when ``(k - 1) * (len_child - len_parent)
-<= len_parent``) but also sees when the parent has too few other members for its group to pay.
+Grouping rule: one prefix per request (one cascade level), the groups chosen to maximise
+
+    value = sum over requests r of cached_r - trie({prefix_g})          (prefill saved)
+            + w * sum over groups g of (size_g - 1) * prefix_g         (decode reads saved, a step)
+
+Prefill: a group computes its prefix once, and the engine's prefix cache gives the blocks it
+shares with another group's prefix, so trie({prefix_g}) counts the groups' prefix tokens once
+however many groups share them (a system prompt before many documents is computed once, though
+each document is a group of its own); cached_r is the longest leading part of request r that the
+groups' prefixes hold (its own group's prefix at least), and the rest of it is its own to compute.
+Decode: cascade attention reads a group's prefix once a step, not once per member. w
+(`decode_weight`) weighs the second against the first: a step's read of a KV token costs about a
+thousandth of computing one (an 8B model: 128 KiB against 16 GFLOP), over a request's hundreds of
+steps. With the cache in the sum, a system prompt shared by documents of two or three requests
+each no longer pulls them all into one group (each document computed per request, and the whole
+job one lease); as w grows the rule becomes BatchLLM's one-level saving, sum of (size_g - 1) *
+prefix_g, with its prefix enlargement (a child of k leaves merges into its parent's group when
+(k - 1) * (len_child - len_parent) <= len_parent).
+
+It is solved exactly by dynamic programming over the tree (prefix_tree.py): a request belongs to its
+deepest chosen ancestor, and each node is chosen or not given the deepest chosen node above it.
 Groups over ``max_group_size`` / ``max_group_tokens`` are then split into several groups with the
 same prefix (the same ``prefix_id``); requests that fit in no group stay ungrouped.
 """
@@ -24,6 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from prefixgrove.prefix_tree import PrefixTree
 
 Prompt = Sequence[int] | np.ndarray
 _U32 = next(code for code in "IL" if array.array(code).itemsize == 4)
@@ -38,6 +55,8 @@ class GroupingConfig:
     block_size: int = 16
     max_group_size: int | None = None
     max_group_tokens: int | None = None
+    # decode reads saved against prefill saved (module docstring): about 250 decode steps
+    decode_weight: float = 0.25
 
     def __post_init__(self) -> None:
         _check_int("block_size", self.block_size, 1)
@@ -48,6 +67,9 @@ class GroupingConfig:
         if self.max_group_tokens is not None:
             smallest = self.min_shared_len + self.min_group_size
             _check_int("max_group_tokens", self.max_group_tokens, smallest)
+        weight = self.decode_weight
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight >= 0:
+            raise ValueError(f"GroupingConfig.decode_weight must be a number >= 0, got {weight!r}")
 
     @property
     def min_shared_len(self) -> int:
@@ -117,10 +139,21 @@ class GroupingResult:
     ungrouped: list[int]
     num_requests: int
     num_tokens: int
+    # the groups' prefix tokens, each counted once however many groups share it (None: each
+    # group's prefix apart, for groups formed outside grouping)
+    distinct_prefix_tokens: int | None = None
+
+    @property
+    def prefix_tokens_computed(self) -> int:
+        """The groups' prefix tokens one engine computes: shared leading blocks once."""
+        if self.distinct_prefix_tokens is not None:
+            return self.distinct_prefix_tokens
+        return sum(g.prefix_len for g in self.groups)
 
     @property
     def tokens_saved(self) -> int:
-        return sum((g.size - 1) * g.prefix_len for g in self.groups)
+        """Prompt tokens the groups' members take from their prefixes instead of computing."""
+        return sum(g.size * g.prefix_len for g in self.groups) - self.prefix_tokens_computed
 
     @property
     def stats(self) -> GroupingStats:
@@ -148,10 +181,11 @@ def group_prompts(
     order = sorted(range(len(keys)), key=keys.__getitem__)
     lcp = _neighbour_lcp_blocks(keys, order, cfg.block_size)
     del keys
-    tree = _Tree.build(lcp, len(order))
-    chosen = tree.choose(cfg)
+    tree = PrefixTree.build(lcp, len(order))
+    chosen = tree.choose(cfg.block_size, cfg.min_prefix_len, cfg.min_group_size, cfg.decode_weight)
     members = tree.assign(chosen, candidates[np.asarray(order, dtype=np.int64)])
     members = _drop_small_groups(tree, chosen, members, cfg.min_group_size)
+    distinct = tree.distinct_blocks(list(members)) * cfg.block_size
     groups: list[PrefixGroup] = []
     for prefix_id, (node, indices) in enumerate(sorted(members.items(), key=lambda kv: kv[1][0])):
         prefix_len = tree.depth[node] * cfg.block_size
@@ -161,7 +195,7 @@ def group_prompts(
     for g in groups:
         in_groups[list(g.request_indices)] = True
     ungrouped = np.flatnonzero(~in_groups).tolist()
-    return GroupingResult(groups, ungrouped, len(prompts), int(lengths.sum()))
+    return GroupingResult(groups, ungrouped, len(prompts), int(lengths.sum()), distinct)
 
 
 def _encode(prompt: Prompt, length: int, index: int) -> bytes:
@@ -208,115 +242,13 @@ def _neighbour_lcp_blocks(keys: list[bytes], order: list[int], block_size: int) 
     return lcp
 
 
-@dataclass
-class _Tree:
-    """LCP intervals of the sorted keys: node v covers sorted positions lb[v]..rb[v]."""
-
-    depth: list[int]  # shared prefix of the node, in blocks
-    lb: list[int]
-    rb: list[int]
-    children: list[list[int]]
-    postorder: list[int]  # children before parents; node 0 is the root (depth 0)
-
-    @classmethod
-    def build(cls, lcp: list[int], n: int) -> _Tree:
-        tree = cls([0], [0], [max(n - 1, 0)], [[]], [])
-        stack = [0]
-        for i in range(n):
-            cur = lcp[i] if i < n - 1 else 0
-            left, last = i, -1
-            while cur < tree.depth[stack[-1]]:
-                v = stack.pop()
-                tree.rb[v] = i
-                tree.postorder.append(v)
-                left, last = tree.lb[v], v
-                if cur <= tree.depth[stack[-1]]:
-                    tree.children[stack[-1]].append(v)
-                    last = -1
-            if cur > tree.depth[stack[-1]]:
-                stack.append(tree._add(cur, left, [last] if last >= 0 else []))
-        tree.postorder.append(0)
-        return tree
-
-    def _add(self, depth: int, lb: int, children: list[int]) -> int:
-        self.depth.append(depth)
-        self.lb.append(lb)
-        self.rb.append(lb)
-        self.children.append(children)
-        return len(self.depth) - 1
-
-    def size(self, v: int) -> int:
-        return self.rb[v] - self.lb[v] + 1
-
-    def choose(self, cfg: GroupingConfig) -> list[bool]:
-        """Nodes whose groups maximise tokens_saved (exact DP, ignoring the size caps)."""
-        n_nodes = len(self.depth)
-        choosable = [
-            self.depth[v] * cfg.block_size >= cfg.min_prefix_len
-            and self.size(v) >= cfg.min_group_size
-            for v in range(n_nodes)
-        ]
-        # chain[v]: depths (tokens) a leaf under v can go to: 0 (none), then choosable ancestors.
-        chain = [np.zeros(1, dtype=np.int64)] * n_nodes
-        for v in reversed(self.postorder):
-            here = np.append(chain[v], self.depth[v] * cfg.block_size) if choosable[v] else chain[v]
-            for c in self.children[v]:
-                chain[c] = here
-        # best[v][i]: best value under v when the deepest chosen ancestor is chain[v][i]. It rises
-        # with i, so node v is chosen exactly when i < threshold[v]; ties go to fewer groups.
-        best: list[np.ndarray] = [chain[0]] * n_nodes
-        threshold = [0] * n_nodes
-        for v in self.postorder:
-            k = len(chain[v])
-            summed = np.zeros(k + choosable[v], dtype=np.int64)
-            leaves = self.size(v)
-            for c in self.children[v]:
-                summed += best[c]
-                leaves -= self.size(c)
-            skip = summed[:k] + leaves * chain[v]
-            if choosable[v]:
-                take = int(summed[k]) + (leaves - 1) * self.depth[v] * cfg.block_size
-                threshold[v] = int(np.searchsorted(skip, take, side="left"))
-                np.maximum(skip, take, out=skip)
-            best[v] = skip
-        chosen = [False] * n_nodes
-        index = [0] * n_nodes
-        for v in reversed(self.postorder):
-            chosen[v] = index[v] < threshold[v]
-            for c in self.children[v]:
-                index[c] = len(chain[v]) if chosen[v] else index[v]
-        return chosen
-
-    def assign(self, chosen: list[bool], original: np.ndarray) -> dict[int, list[int]]:
-        """Each sorted position goes to its deepest chosen node; members in input order."""
-        owner = np.full(len(original), -1, dtype=np.int64)
-        for v in reversed(self.postorder):
-            if chosen[v]:
-                owner[self.lb[v] : self.rb[v] + 1] = v
-        taken = owner >= 0
-        owners, indices = owner[taken], original[taken]
-        by_owner = np.lexsort((indices, owners))
-        owners, indices = owners[by_owner], indices[by_owner]
-        cuts = np.flatnonzero(np.diff(owners)) + 1
-        return {
-            int(part_owner[0]): part.tolist()
-            for part_owner, part in zip(
-                np.split(owners, cuts), np.split(indices, cuts), strict=True
-            )
-            if len(part)
-        }
-
-
 def _drop_small_groups(
-    tree: _Tree, chosen: list[bool], members: dict[int, list[int]], min_size: int
+    tree: PrefixTree, chosen: list[bool], members: dict[int, list[int]], min_size: int
 ) -> dict[int, list[int]]:
     """Groups under min_group_size hand their members to the nearest chosen ancestor."""
     if all(len(m) >= min_size for m in members.values()):
         return members
-    parent = [0] * len(tree.depth)
-    for v in tree.postorder:
-        for c in tree.children[v]:
-            parent[c] = v
+    parent = tree.parent
     chosen, members = list(chosen), {v: list(m) for v, m in members.items()}
     for v in tree.postorder:
         if v not in members or len(members[v]) >= min_size:

@@ -7,10 +7,10 @@ import numpy as np
 from prefixgrove.costmodel.workload import RequestTable, Workload
 
 
-def table(prompt, prefix, group, samples=None) -> RequestTable:
+def table(prompt, prefix, group, samples=None, overlap=0) -> RequestTable:
     n = len(prompt)
     return RequestTable(np.array(prompt), np.array(prefix), np.array(group),
-                        np.array(samples or [1] * n))  # fmt: skip
+                        np.array(samples or [1] * n), overlap)  # fmt: skip
 
 
 def test_a_groups_prefix_is_prefilled_once() -> None:
@@ -18,6 +18,12 @@ def test_a_groups_prefix_is_prefilled_once() -> None:
     work = Workload.of(table([40, 48, 10], [32, 32, 0], [0, 0, -1]), np.array([1, 1, 1]))
     assert work.prefill_tokens == 32 + 8 + 16 + 10
     assert work.prefill_pairs == 32 * 33 / 2 + (8 * 32 + 8 * 9 / 2) + (16 * 32 + 16 * 17 / 2) + 10 * 11 / 2  # fmt: skip
+
+
+def test_prefix_blocks_two_groups_share_are_prefilled_once() -> None:
+    # two documents' groups of two behind one 16-token system prompt: 32-token prefixes, 16 shared
+    work = Workload.of(table([40] * 4, [32] * 4, [0, 0, 1, 1], overlap=16), np.array([1] * 4))
+    assert work.prefill_tokens == 16 + 2 * 16 + 4 * 8
 
 
 def test_the_first_output_token_takes_no_decode_step() -> None:

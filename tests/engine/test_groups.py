@@ -138,6 +138,21 @@ def test_prefix_is_prefilled_once_per_group(llama_dir, job):
     assert m.requests_finished == len(job)
 
 
+def test_a_system_prompt_before_grouped_documents_is_prefilled_once(llama_dir):
+    # two requests a document behind one system prompt: a group a document, whose prefixes take
+    # the system prompt from the prefix cache after the first; grouping counts what the engine does
+    system, docs = random_prompts([64], seed=3)[0], random_prompts([48] * 4, seed=4)
+    prompts = [
+        system + doc + [200 + 2 * d + i, 7, 9] for d, doc in enumerate(docs) for i in range(2)
+    ]
+    plan = group_prompts(prompts, GroupingConfig(block_size=16))
+    assert [g.prefix_len for g in plan.groups] == [112] * 4
+    llm = engine(llama_dir)
+    run(llm, prompts, PARAMS)
+    assert llm.engine.metrics.prefill_tokens == 64 + 4 * 48 + 8 * 3
+    assert llm.engine.metrics.prefill_tokens == sum(map(len, prompts)) - plan.tokens_saved
+
+
 def test_ungrouped_uncached_run_shares_nothing(llama_dir, job):
     llm = engine(llama_dir, enable_prefix_grouping=False, enable_prefix_caching=False)
     run(llm, job, PARAMS)

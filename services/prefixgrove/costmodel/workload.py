@@ -18,6 +18,9 @@ class RequestTable:
     prefix: np.ndarray
     group: np.ndarray
     samples: np.ndarray
+    # tokens of the groups' prefixes that another group's prefix computed first (leading blocks
+    # they share): the prefix cache gives them, so the prefill counts them once
+    prefix_overlap: int = 0
 
     def __len__(self) -> int:
         return int(self.prompt.size)
@@ -27,7 +30,7 @@ class RequestTable:
 class Workload:
     requests: int
     sequences: int  # requests times their samples: what decodes
-    prefill_tokens: int  # each group's prefix once, every request's own tokens
+    prefill_tokens: int  # the groups' prefixes (shared leading blocks once), every request's own
     prefill_pairs: float  # causal (query, key) pairs of the prefill
     output_tokens: int
     decode_tokens: int  # the tokens decode steps take in: each sequence's outputs but its first
@@ -53,7 +56,7 @@ class Workload:
         return cls(
             requests=len(table),
             sequences=int(sequences),
-            prefill_tokens=int(own.sum() + prefixes.sum()),
+            prefill_tokens=int(own.sum() + prefixes.sum()) - table.prefix_overlap,
             prefill_pairs=float(
                 (own * prefix + own * (own + 1) / 2).sum() + (prefixes * (prefixes + 1) / 2).sum()
             ),

@@ -161,6 +161,9 @@ class JobPlan:
     num_groups: int
     # per unit, the name of its prefix that workers advertise (PrefixIndex.affinity_key; "": none)
     affinity_keys: list[str] = field(default_factory=list)
+    # the groups' prefix tokens one engine computes, leading blocks that groups share once (the
+    # prefix cache gives them to the later groups); None: each group's prefix apart
+    prefix_tokens_computed: int | None = None
 
 
 def plan_groups(index: PrefixIndex, line_indices: Sequence[int], settings: IngestSettings) -> JobPlan:  # fmt: skip
@@ -178,7 +181,9 @@ def plan_groups(index: PrefixIndex, line_indices: Sequence[int], settings: Inges
     for start in range(0, len(rest), s.ungrouped_chunk):
         units.append(GroupRecord(0, rest[start : start + s.ungrouped_chunk]))
         keys.append("")
-    return JobPlan(units, result.tokens_saved, len(result.groups), keys)
+    return JobPlan(
+        units, result.tokens_saved, len(result.groups), keys, result.prefix_tokens_computed
+    )
 
 
 class JobIngestor:

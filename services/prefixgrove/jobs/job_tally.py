@@ -77,13 +77,17 @@ class JobTally:
         order = np.argsort(index, kind="stable")
         prefix = np.zeros(index.size, dtype=np.int64)
         group = np.full(index.size, -1, dtype=np.int64)
+        each_apart = 0  # the groups' prefixes, each group's counted
         for number, unit in enumerate(plan.units if grouping else []):
             rows = order[np.searchsorted(index, unit.indices, sorter=order)]
             if unit.prefix_len and rows.size >= 2:
                 prefix[rows], group[rows] = unit.prefix_len, number
+                each_apart += unit.prefix_len
+        computed = plan.prefix_tokens_computed if grouping else None
         return RequestTable(
             np.array(self._prompt, dtype=np.int64), prefix, group,
             np.array(self._samples, dtype=np.int64),
+            prefix_overlap=max(each_apart - computed, 0) if computed is not None else 0,
         )  # fmt: skip
 
     def outputs(self) -> OutputBounds:

@@ -74,7 +74,9 @@ class PrefixIndex:
         groups = [
             PrefixGroup(g.prefix_len * bs, g.request_indices, g.prefix_id) for g in result.groups
         ]
-        return GroupingResult(groups, result.ungrouped, result.num_requests, result.num_tokens * bs)
+        distinct = result.prefix_tokens_computed * bs
+        return GroupingResult(groups, result.ungrouped, result.num_requests, result.num_tokens * bs,
+                              distinct)  # fmt: skip
 
 
 class _BlockPrompts(Sequence[np.ndarray]):
