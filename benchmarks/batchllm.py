@@ -19,6 +19,11 @@ Modes, each on a fresh engine in this one process (so their ratios are measured 
   group-cascade-fp8  group-cascade with FP8 W8A8 linear layers (quantization="fp8"), whatever
                     --quantization says, so that bf16 and FP8 run side by side
   group-cascade-fp8-kv  group-cascade-fp8 with an FP8 KV cache as well (kv_cache_dtype="fp8")
+  group-cascade-one-level  group-cascade grouped by BatchLLM's one-level rule (decode reads saved
+                    only: grouping.py's decode_weight taken as unbounded), against the default rule
+                    that counts the prefix cache; they differ where sharing nests (--system-len)
+With --system-len N every prompt starts with one N-token system prompt before its group's prefix (a
+document), as in a job asking a few questions about each of many documents.
 A mode may be named more than once (alternating runs in one process share its warm kernel caches).
 Prints one JSON line per mode. Usage: python benchmarks/batchllm.py [--groups 400] [--modes a,b]
 """
@@ -61,7 +66,9 @@ MODES = (
     "group-cascade-unfused",
     "group-cascade-fp8",
     "group-cascade-fp8-kv",
+    "group-cascade-one-level",
 )
+ONE_LEVEL = 1e12  # a decode weight past any job's tokens: grouping's rule becomes BatchLLM's
 
 
 # Groups the warm-up takes beyond those that fit at once (max_num_seqs): later ones are admitted
@@ -118,6 +125,8 @@ def run_job(llm: LLM, mode: str, prompts: list[list[int]], output_len: int) -> T
     them (garbage collections, kernel variants compiled, the allocator's activity)."""
     inputs = sorted(prompts) if mode == "sorted-nogroup" else prompts
     config = GroupingConfig(block_size=llm.config.cache.block_size)
+    if mode == "group-cascade-one-level":
+        config = GroupingConfig(block_size=config.block_size, decode_weight=ONE_LEVEL)
     groups = GroupingResult([], list(range(len(inputs))), len(inputs), 0)
     grouping_s = 0.0
     params = greedy_params(output_len)
@@ -201,11 +210,14 @@ def main() -> None:
     add_canonical_args(ap, groups=400)
     # the FP8 modes run when named (they are a comparison of their own)
     ap.add_argument("--modes", default=",".join(m for m in MODES if "fp8" not in m))
+    ap.add_argument("--system-len", type=int, default=0, help="a system prompt before every prefix")
     args = ap.parse_args()
     vocab = 128256
     prompts = shared_prefix_prompts(
         args.groups, args.per_group, args.prefix_len, args.suffix_len, vocab, seed=0
     )
+    system = random.Random(2).choices(range(vocab), k=args.system_len)
+    prompts = [system + p for p in prompts]
     random.Random(1).shuffle(prompts)
     for mode in args.modes.split(","):
         if mode not in MODES:
