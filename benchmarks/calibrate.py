@@ -54,7 +54,8 @@ TABLE = ROOT / "services/prefixgrove/costmodel/calibration_table.py"
 class Job:
     """A benchmark's shape: `requests` prompts, each `per_group` sharing a `prefix`-token block,
     then `own` tokens of their own, making `output` tokens (EOS ignored) or, `structured`, at most
-    `output` tokens of EXTRACTION_SCHEMA's JSON."""
+    `output` tokens of EXTRACTION_SCHEMA's JSON; `system` tokens shared by every prompt before its
+    group's block (documents behind one system prompt)."""
 
     requests: int
     per_group: int
@@ -62,6 +63,7 @@ class Job:
     own: int
     output: int
     structured: bool = False
+    system: int = 0
 
     def scaled(self, scale: float, lengths: float = 1.0) -> Job:
         """`scale` of its requests (whole groups), each of its lengths times `lengths`."""
@@ -161,10 +163,11 @@ RECORDED = {
 def job_lines(job: Job, vocab: int, seed: int = 0) -> Iterator[str]:
     """The job as completions lines of token ids (random, below `vocab`)."""
     rng = random.Random(seed)
+    system = [rng.randrange(vocab) for _ in range(job.system)]
     prefix: list[int] = []
     for i in range(job.requests):
         if i % job.per_group == 0:
-            prefix = [rng.randrange(vocab) for _ in range(job.prefix)]
+            prefix = system + [rng.randrange(vocab) for _ in range(job.prefix)]
         body: dict[str, Any] = {
             "prompt": prefix + [rng.randrange(vocab) for _ in range(job.own)],
             "max_tokens": job.output,
@@ -178,7 +181,8 @@ def job_lines(job: Job, vocab: int, seed: int = 0) -> Iterator[str]:
 
 
 def write_job(job: Job, folder: Path, vocab: int) -> Path:
-    path = folder / f"job-{job.requests}-{job.per_group}-{job.prefix}-{job.own}-{job.output}.jsonl"
+    shape = f"{job.requests}-{job.per_group}-{job.prefix}-{job.own}-{job.output}-{job.system}"
+    path = folder / f"job-{shape}.jsonl"
     if not path.exists():
         with path.open("w") as out:
             out.writelines(job_lines(job, vocab))

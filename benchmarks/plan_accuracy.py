@@ -12,7 +12,7 @@ Usage: python benchmarks/plan_accuracy.py
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from prefixgrove.engine_settings import EngineSettings  # noqa: E402
 CANONICAL_32 = Job(512, 16, 2000, 200, 100)  # the canonical shape at 32 groups
 CANONICAL_64 = Job(1024, 16, 2000, 200, 100)
 CANONICAL_200 = Job(3200, 16, 2000, 200, 100)
+DOCUMENTS = Job(800, 2, 1000, 32, 16, system=2000)  # two questions a document, one system prompt
 
 
 @dataclass(frozen=True)
@@ -48,12 +49,16 @@ class Run:
 
 _H200 = "RESULTS.md, H200 2026-11-28"
 _H200_29 = "RESULTS.md, two H200s 2026-11-29"
+_ONE_29 = "RESULTS.md, one H200 2026-11-29"
 RUNS = [
     Run("8B canonical", JOBS["canonical"], 79.11, f"{_H200}, entry points, 20c33d3"),
     Run("8B decode-heavy", JOBS["decode-heavy"], 51.89, f"{_H200}, decode.py, 20c33d3"),
     Run("8B no sharing", JOBS["no-sharing"], 35.29, f"{_H200}, throughput.py, d40b3ad"),
     Run("8B structured (JSON schema)", JOBS["structured"], 58.05,
         f"{_H200}, structured.py constrained, d40b3ad", mean_output=35.2),
+    Run("8B documents behind a system prompt", DOCUMENTS, 12.66, f"{_ONE_29}, batchllm.py, 31aa7d6"),
+    Run("8B documents behind a system prompt, 128 out", replace(DOCUMENTS, output=128), 20.12,
+        f"{_ONE_29}, batchllm.py, 31aa7d6"),
     Run("8B canonical TP=2", JOBS["canonical"], 47.81, f"{_H200_29}, tp.py, 4ddb68e",
         engine={"tensor_parallel_size": 2}),
     Run("8B canonical TP=4", JOBS["canonical"], 31.30, f"{_H200}, tp.py, 4904b77",
