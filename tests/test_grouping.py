@@ -91,9 +91,7 @@ def test_nested_prefixes_with_few_requests_a_document_still_group_by_document() 
 
 
 @pytest.mark.parametrize("decode_weight", [0.25, 1e6])
-def test_child_merges_when_its_extra_blocks_save_less_than_the_whole_parent_prefix(
-    decode_weight: float,
-) -> None:
+def test_child_merges_when_its_blocks_save_less_than_its_own_group_costs(decode_weight: float) -> None:  # fmt: skip
     system, topic, detail = toks(64, 1), toks(16, 2), toks(16, 3)
     prompts = [system + toks(20, 5)]
     prompts += [system + topic + toks(20, 10 + i) for i in range(10)]
