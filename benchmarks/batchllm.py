@@ -23,7 +23,8 @@ Modes, each on a fresh engine in this one process (so their ratios are measured 
                     only: grouping.py's decode_weight taken as unbounded), against the default rule
                     that counts the prefix cache; they differ where sharing nests (--system-len)
 With --system-len N every prompt starts with one N-token system prompt before its group's prefix (a
-document), as in a job asking a few questions about each of many documents.
+document), as in a job asking a few questions about each of many documents; --keep-order leaves a
+document's requests side by side, as such a job lists them, instead of shuffling the input.
 A mode may be named more than once (alternating runs in one process share its warm kernel caches).
 Prints one JSON line per mode. Usage: python benchmarks/batchllm.py [--groups 400] [--modes a,b]
 """
@@ -211,6 +212,8 @@ def main() -> None:
     # the FP8 modes run when named (they are a comparison of their own)
     ap.add_argument("--modes", default=",".join(m for m in MODES if "fp8" not in m))
     ap.add_argument("--system-len", type=int, default=0, help="a system prompt before every prefix")
+    ap.add_argument("--keep-order", action="store_true",
+                    help="a group's requests side by side, as a job lists them, not shuffled")  # fmt: skip
     args = ap.parse_args()
     vocab = 128256
     prompts = shared_prefix_prompts(
@@ -218,7 +221,8 @@ def main() -> None:
     )
     system = random.Random(2).choices(range(vocab), k=args.system_len)
     prompts = [system + p for p in prompts]
-    random.Random(1).shuffle(prompts)
+    if not args.keep_order:
+        random.Random(1).shuffle(prompts)
     for mode in args.modes.split(","):
         if mode not in MODES:
             raise SystemExit(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
