@@ -107,7 +107,8 @@ class PrefixTree:
                  take_wins: list[np.ndarray]) -> list[bool]:  # fmt: skip
         """Top down: a node holding a choice is chosen where taking it wins, and passes its
         children the deepest chosen prefix; a child holds a choice where that is worth more than
-        none (one is made to where its parent's value needs a choice below it)."""
+        none, and where its unchosen parent's value counted a choice below it that no child is
+        worth more with, the child that loses least by it holds it."""
         chosen = [False] * len(self.depth)
         at = [-1] * len(self.depth)  # a node holding a choice: its chain index; -1: none below
         at[0] = 0
