@@ -70,8 +70,7 @@ def test_small_child_is_enlarged_into_its_parents_group() -> None:
     extra = toks(16, 2)  # two requests share one more block
     prompts += [system + extra + toks(20, 30 + i) for i in range(2)]
     result = group_prompts(prompts)
-    # Apart, the two compute the block once (16 prompt tokens saved) but read a 272-token prefix
-    # of their own each decode step: 0.25 * 272 = 68 > 1.25 * 2 * 16 - 16 = 24.
+    # Apart, the block is computed once but a 272-token prefix read more: 0.25 * 272 > 1.25 * 2 * 16 - 16
     assert as_sets(result) == {(256, frozenset(range(8)))}
     assert result.tokens_saved == 7 * 256
 
@@ -289,6 +288,7 @@ def test_grouping_does_not_depend_on_the_hash_seed() -> None:
         ({"min_group_size": True}, "min_group_size"),
         ({"decode_weight": -0.5}, "decode_weight"),
         ({"decode_weight": float("nan")}, "decode_weight"),
+        ({"decode_weight": float("inf")}, "decode_weight"),
     ],
 )
 def test_invalid_config_names_the_bad_value(kwargs: dict[str, object], field: str) -> None:

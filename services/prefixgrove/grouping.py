@@ -37,6 +37,7 @@ import array
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from math import inf
 
 import numpy as np
 
@@ -68,8 +69,10 @@ class GroupingConfig:
             smallest = self.min_shared_len + self.min_group_size
             _check_int("max_group_tokens", self.max_group_tokens, smallest)
         weight = self.decode_weight
-        if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight >= 0:
-            raise ValueError(f"GroupingConfig.decode_weight must be a number >= 0, got {weight!r}")
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 <= weight < inf:
+            raise ValueError(
+                f"GroupingConfig.decode_weight must be a finite number >= 0, got {weight!r}"
+            )
 
     @property
     def min_shared_len(self) -> int:
