@@ -6,10 +6,11 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
+from grouping_brute_force import best_by_brute_force, value
 
 from prefixgrove.grouping import GroupingConfig, GroupingResult, PrefixGroup, group_prompts
 
@@ -148,6 +149,7 @@ def test_huge_group_is_split_into_balanced_groups_with_the_same_prefix() -> None
     assert sorted(g.size for g in result.groups) == [12, 12, 13, 13]
     assert {(g.prefix_len, g.prefix_id) for g in result.groups} == {(64, 0)}
     assert result.ungrouped == []
+    assert result.tokens_saved == 49 * 64  # the four groups' one prefix is computed once
 
 
 def test_group_over_max_group_tokens_is_split_within_the_cap() -> None:
@@ -164,6 +166,12 @@ def test_request_too_long_for_max_group_tokens_stays_ungrouped() -> None:
     result = group_prompts(prompts, GroupingConfig(max_group_tokens=200))
     assert as_sets(result) == {(64, frozenset([0, 1, 2]))}
     assert result.ungrouped == [3]
+
+
+def test_a_prefix_the_caps_leave_no_group_counts_nothing() -> None:
+    prompts = [toks(64, 1) + toks(150, 10 + i) for i in range(2)]
+    result = group_prompts(prompts, GroupingConfig(max_group_tokens=200))
+    assert (result.groups, result.prefix_tokens_computed, result.tokens_saved) == ([], 0, 0)
 
 
 def test_no_sharing_leaves_every_request_ungrouped() -> None:
@@ -344,46 +352,6 @@ def test_random_jobs_keep_every_invariant(seed: int) -> None:
         max_group_tokens=None if seed % 3 else 60,
     )
     check_invariants(prompts, group_prompts(prompts, cfg), cfg)
-
-
-def partitions(items: list[int]) -> Iterator[list[list[int]]]:
-    if not items:
-        yield []
-        return
-    first, rest = items[0], items[1:]
-    for part in partitions(rest):
-        yield [[first], *part]
-        for i in range(len(part)):
-            yield [*part[:i], [first, *part[i]], *part[i + 1 :]]
-
-
-def common_len(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
-def value(prompts: list[list[int]], groups: list[list[int]], cfg: GroupingConfig) -> float:
-    """grouping.py's value of these groups (parts too small or sharing too little are no group):
-    each request's longest prefix some group's prefix holds, less the distinct prefix tokens,
-    plus the decode reads saved, weighted."""
-    b = cfg.block_size
-    heads = [p[: (len(p) - 1) // b * b] for p in prompts]
-    prefixes = []
-    for group in groups:
-        common = min(common_len(heads[group[0]], heads[i]) for i in group) // b * b
-        if len(group) >= cfg.min_group_size and common >= cfg.min_prefix_len:
-            prefixes.append((heads[group[0]][:common], len(group)))
-    trie = {tuple(p[: k * b]) for p, _ in prefixes for k in range(1, len(p) // b + 1)}
-    cached = sum(max([common_len(h, p) // b * b for p, _ in prefixes], default=0) for h in heads)
-    decode = sum((size - 1) * len(p) for p, size in prefixes)
-    return cached - len(trie) * b + cfg.decode_weight * decode
-
-
-def best_by_brute_force(prompts: list[list[int]], cfg: GroupingConfig) -> float:
-    """The most value any partition of the job into groups has."""
-    return max(value(prompts, part, cfg) for part in partitions(list(range(len(prompts)))))
 
 
 @pytest.mark.parametrize("seed", range(60))

@@ -188,11 +188,13 @@ def group_prompts(
     chosen = tree.choose(cfg.block_size, cfg.min_prefix_len, cfg.min_group_size, cfg.decode_weight)
     members = tree.assign(chosen, candidates[np.asarray(order, dtype=np.int64)])
     members = _drop_small_groups(tree, chosen, members, cfg.min_group_size)
-    distinct = tree.distinct_blocks(list(members)) * cfg.block_size
     groups: list[PrefixGroup] = []
+    formed: list[int] = []  # the nodes left with a group after the size caps
     for prefix_id, (node, indices) in enumerate(sorted(members.items(), key=lambda kv: kv[1][0])):
-        prefix_len = tree.depth[node] * cfg.block_size
-        groups.extend(_split(prefix_len, indices, lengths, prefix_id, cfg))
+        parts = _split(tree.depth[node] * cfg.block_size, indices, lengths, prefix_id, cfg)
+        groups.extend(parts)
+        formed += [node] if parts else []
+    distinct = tree.distinct_blocks(formed) * cfg.block_size
     groups.sort(key=lambda g: g.request_indices[0])
     in_groups = np.zeros(len(prompts), dtype=bool)
     for g in groups:
