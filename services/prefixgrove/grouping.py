@@ -193,7 +193,8 @@ def group_prompts(
     for prefix_id, (node, indices) in enumerate(sorted(members.items(), key=lambda kv: kv[1][0])):
         parts = _split(tree.depth[node] * cfg.block_size, indices, lengths, prefix_id, cfg)
         groups.extend(parts)
-        formed += [node] if parts else []
+        if parts:
+            formed.append(node)
     distinct = tree.distinct_blocks(formed) * cfg.block_size
     groups.sort(key=lambda g: g.request_indices[0])
     in_groups = np.zeros(len(prompts), dtype=bool)
